@@ -28,6 +28,7 @@ class ConfigError(Exception):
 class EngineConfig:
     socket: str = "/var/run/docker.sock"
     timeout: float = 10.0
+    daemon_json: str = "/etc/docker/daemon.json"
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,13 @@ class Config:
 
 # key -> (type, validator) for each section; the table is the schema.
 _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "engine": {"socket": str, "timeout": (int, float)},
-    "shim": {"socket": str, "mode": (int, str), "group": (str, type(None)),
-             "create_timeout": (int, float)},
+    "engine": {"socket": str, "timeout": (int, float), "daemon_json": str},
+    "shim": {
+        "socket": str,
+        "mode": (int, str),
+        "group": (str, type(None)),
+        "create_timeout": (int, float),
+    },
     "plugin": {"socket": str, "workers": int},
     "policy": {"placement": str, "lock_timeout": (int, float), "pending_ttl": (int, float)},
 }
@@ -164,7 +169,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
         ("state_dir", data.get("state_dir", "/")),
     ):
         if not value.startswith("/"):
-            raise _fail(path, dotted, f"must be an absolute path, got '{value}'")
+            raise _fail(path, dotted, f"must be an absolute path, got '{value}'") from None
     gpus = data.get("gpus", "nvml")
     if gpus != "nvml" and not gpus.startswith("/"):
         gpus = str((Path(path).parent / gpus).resolve())
@@ -185,4 +190,5 @@ def _mode(path: str, value: int | str) -> int:
     try:
         return int(value, 8)
     except ValueError:
-        raise _fail(path, "shim.mode", f"expected an octal mode such as '0660', got '{value}'")
+        why = f"expected an octal mode such as '0660', got '{value}'"
+        raise _fail(path, "shim.mode", why) from None

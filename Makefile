@@ -1,0 +1,65 @@
+# gpu-alloc developer and CI entry points.  Everything runs from the venv explicitly
+# (.venv/bin/...), so nothing depends on an activated shell.
+
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# dockerd and runc live in /usr/sbin, which a non-login root shell may lack.
+export PATH := $(PATH):/usr/sbin:/sbin
+
+.PHONY: venv deps lint test demo bench install clean distclean
+
+venv: $(STAMP)
+
+# Rebuilt only when pyproject.toml changes; an existing venv is reused.
+$(STAMP): pyproject.toml
+	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -e '.[test]'
+	touch $@
+
+# The real-Engine tests need Debian's dockerd 20.10, docker-compose 1.29 and a static busybox.
+# policy-rc.d keeps apt from starting the host's own docker/containerd services: the tests run
+# private engines and must not get a docker0 bridge or iptables rules as a side effect.
+deps:
+	@need=""; \
+	command -v dockerd >/dev/null || need="$$need docker.io"; \
+	command -v docker-compose >/dev/null || need="$$need docker-compose"; \
+	dpkg-query -W -f='$${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' \
+		|| need="$$need busybox-static"; \
+	if [ -z "$$need" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then \
+		echo "make deps: missing$$need; run as root to install (engine tests skip)"; exit 0; \
+	fi; \
+	rc_policy=/usr/sbin/policy-rc.d; own_policy=; \
+	if [ ! -e $$rc_policy ]; then \
+		printf '#!/bin/sh\nexit 101\n' > $$rc_policy && chmod 755 $$rc_policy && own_policy=1; \
+	fi; \
+	trap '[ -z "$$own_policy" ] || rm -f '$$rc_policy EXIT; \
+	apt-get update && \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$need
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: deps venv lint
+	$(BIN)/python -m pytest -q
+
+demo: venv
+	bash tests/demo.sh
+
+# QUICK=1 make bench (or make bench QUICK=1) for a short run.
+bench: venv
+	QUICK="$(QUICK)" $(BIN)/python -m tests.bench
+
+install:
+	bash deploy/install.sh
+
+clean:
+	rm -rf build dist .pytest_cache .ruff_cache .hypothesis .run *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

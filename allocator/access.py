@@ -1,0 +1,521 @@
+"""Which GPUs a container really gets: the one function shim, plugin and status share.
+
+Rules
+-----
+1. Judge what dockerd and the NVIDIA Container Toolkit would do, not how the
+   request is spelled: device paths by the node they resolve to, runtimes by
+   what the Engine maps their name to, env by the value the toolkit reads.
+2. Every way to reach a GPU is a row in a catalogue (`SOURCES`) and yields
+   `Grant`s naming the field that caused it, so a denial can name that field.
+3. A grant gpu-alloc cannot pin to specific GPUs (``Count: N``, ``all``,
+   privileged, a cgroup rule for the whole major, the image's own ENV) is
+   ``gpus=None``: it holds the whole inventory.  Fail closed.
+4. Only two sources are *leasable*: a device request served by the nvidia
+   driver, and the nvidia runtime with an explicit ``NVIDIA_VISIBLE_DEVICES``.
+   Those are what the shim rewrites into UUID leases; every other source is
+   refused at create and adopted as a claim when found on an existing container.
+
+Theory of operation
+-------------------
+`of_create` takes a create body already decoded by `gojson` (so keys are
+canonical; `decide.decode_create` refuses the top-level HostConfig fields old
+API versions read); `of_container` takes ``docker inspect`` output,
+whose env already includes the image's.  Both reduce to `_analyse`, which runs
+each catalogue row over a `View` of the container and returns an `Access`.
+Filesystem questions go through `Host`, so tests hand in their own nodes.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import stat
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from allocator.inventory import Inventory
+
+# The nvidia driver's capability set in dockerd (daemon/nvidia_linux.go): a
+# device request with Driver "" goes to nvidia when one of its AND-sets fits.
+NVIDIA_CAPS = frozenset(
+    {"gpu", "nvidia", "compute", "compat32", "graphics", "utility", "video", "display"}
+)
+# Driver names that reach NVIDIA GPUs in Engines 20.10 to 29.
+NVIDIA_DRIVERS = frozenset({"nvidia", "nvidia.cdi", "nvidia.runtime-hook"})
+CDI_DRIVER = "cdi"
+NVIDIA_MAJOR = 195  # /dev/nvidia0..N (minor = GPU minor), 255 nvidiactl, 254 modeset
+DRM_MAJOR = 226  # /dev/dri/card*, renderD*
+NVIDIA_CONTROL_MINORS = frozenset({254, 255})
+VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+NONE_VALUES = frozenset({"", "none", "void"})
+# The toolkit's volume-mount device list (accept-nvidia-visible-devices-as-volume-mounts).
+SENTINEL_MOUNT_DIR = "/var/run/nvidia-container-devices"
+CDI_ANNOTATION_MARK = "cdi.k8s.io/"
+
+
+class Refusal(Exception):
+    """The request is malformed in a way dockerd would also refuse, or is ambiguous."""
+
+
+@dataclass(frozen=True)
+class Demand:
+    """A leasable ask: ``count`` GPUs, every GPU, or the GPUs named in ``ids``."""
+
+    count: int = 0
+    all: bool = False
+    ids: tuple[str, ...] = ()
+    caps: tuple[str, ...] = ("gpu",)
+
+
+@dataclass(frozen=True)
+class Grant:
+    field: str  # where it came from, e.g. "HostConfig.DeviceRequests[0]"
+    detail: str  # what it asks, in words
+    gpus: frozenset[str] | None  # UUIDs; None: cannot be pinned, holds every GPU
+    demand: Demand | None = None  # set only for leasable sources
+
+    @property
+    def leasable(self) -> bool:
+        return self.demand is not None
+
+    def describe(self) -> str:
+        return f"{self.field}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class Access:
+    grants: tuple[Grant, ...] = ()
+
+    @property
+    def none(self) -> bool:
+        return not self.grants
+
+    @property
+    def pinned(self) -> bool:
+        return all(g.gpus is not None for g in self.grants)
+
+    def gpus(self, inventory: Inventory) -> frozenset[str]:
+        """The UUIDs held; unpinned grants hold the whole inventory."""
+        held: set[str] = set()
+        for g in self.grants:
+            held |= inventory.uuids if g.gpus is None else g.gpus
+        return frozenset(held)
+
+    def refused(self) -> tuple[Grant, ...]:
+        return tuple(g for g in self.grants if not g.leasable)
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """The part of ``GET /info`` that decides whether the toolkit runs."""
+
+    default_runtime: str = "runc"
+    nvidia_runtimes: frozenset[str] = frozenset({"nvidia"})
+
+    @classmethod
+    def from_info(cls, info: Mapping[str, Any]) -> EngineView:
+        runtimes = info.get("Runtimes") or {}
+        nvidia = {
+            name
+            for name, spec in runtimes.items()
+            if "nvidia" in name.lower()
+            or "nvidia" in os.path.basename(str((spec or {}).get("path", ""))).lower()
+        }
+        return cls(str(info.get("DefaultRuntime") or "runc"), frozenset(nvidia))
+
+    def is_nvidia(self, runtime: str) -> bool:
+        return (runtime or self.default_runtime) in self.nvidia_runtimes
+
+
+@dataclass(frozen=True)
+class Host:
+    """Filesystem facts; the defaults read this host, tests pass their own paths."""
+
+    protected: tuple[str, ...] = (
+        "/dev",
+        "/sys",
+        "/proc",
+        "/etc/docker",
+        "/run/docker",
+        "/run/containerd",
+        "/var/lib/docker",
+        "/var/lib/gpu-alloc",
+    )
+    sysfs: str = "/sys"
+
+    def resolve(self, path: str) -> str:
+        return os.path.realpath(path)
+
+    def node(self, path: str) -> os.stat_result | None:
+        try:
+            return os.stat(path)
+        except OSError:
+            return None
+
+    def drm_bus_id(self, minor: int) -> str | None:
+        link = os.path.join(self.sysfs, "dev/char", f"{DRM_MAJOR}:{minor}", "device")
+        try:
+            return os.path.basename(os.path.realpath(link, strict=True))
+        except OSError:
+            return None
+
+    def with_protected(self, *paths: str) -> Host:
+        return Host(tuple(dict.fromkeys((*self.protected, *paths))), self.sysfs)
+
+
+@dataclass(frozen=True)
+class View:
+    """The fields of a container that matter, from a create body or an inspect."""
+
+    env: tuple[str, ...]
+    env_complete: bool  # False for a create: the image's ENV is merged in later
+    host_config: Mapping[str, Any]
+    volumes: tuple[str, ...] = ()
+    mount_points: tuple[tuple[str, str], ...] = ()  # (source, destination) from inspect
+
+
+@dataclass
+class _Ctx:
+    view: View
+    engine: EngineView
+    inventory: Inventory
+    host: Host
+    strict: bool  # True for creates: malformed input is a Refusal, not a claim
+    grants: list[Grant] = field(default_factory=list)
+
+    def add(self, fld: str, detail: str, gpus: Iterable[str] | None, demand=None) -> None:
+        self.grants.append(Grant(fld, detail, None if gpus is None else frozenset(gpus), demand))
+
+    def refuse(self, fld: str, why: str) -> None:
+        if self.strict:
+            raise Refusal(f"{fld}: {why}")
+        self.add(fld, why, None)
+
+
+# ---------------------------------------------------------------- catalogue rows
+
+
+def _device_requests(ctx: _Ctx) -> None:
+    nvidia_seen = False
+    for i, req in enumerate(ctx.view.host_config.get("DeviceRequests") or ()):
+        fld = f"HostConfig.DeviceRequests[{i}]"
+        if not isinstance(req, Mapping):
+            ctx.refuse(fld, "not an object")
+            continue
+        driver = req.get("Driver") or ""
+        caps = _selected_caps(req.get("Capabilities") or ())
+        ids = tuple(req.get("DeviceIDs") or ())
+        count = req.get("Count") or 0
+        if driver == CDI_DRIVER:
+            _cdi_names(ctx, fld, ids)
+            continue
+        if driver not in NVIDIA_DRIVERS and not (driver == "" and caps is not None):
+            ctx.refuse(
+                fld,
+                f"device driver '{driver}' with capabilities "
+                f"{req.get('Capabilities')} is not one gpu-alloc can vet",
+            )
+            continue
+        nvidia_seen = True
+        caps = caps or ("gpu",)
+        if count and ids:
+            ctx.refuse(fld, "sets both Count and DeviceIDs, which dockerd rejects")
+        elif ids:
+            demand = Demand(ids=ids, caps=caps)
+            ctx.add(fld, f"DeviceIDs {','.join(ids)}", _resolve_ids(ctx, fld, ids), demand)
+        elif count < 0:
+            ctx.add(fld, "all GPUs (Count -1)", None, Demand(all=True, caps=caps))
+        elif count > 0:
+            # dockerd turns Count N into indices 0..N-1: pinned by accident, not by intent.
+            ctx.add(
+                fld,
+                f"Count {count} (dockerd gives GPUs 0..{count - 1})",
+                None,
+                Demand(count=count, caps=caps),
+            )
+    if nvidia_seen:
+        _swarm_resources(ctx)
+
+
+def _selected_caps(capabilities: Iterable[Any]) -> tuple[str, ...] | None:
+    """The first AND-set the nvidia driver satisfies, as dockerd selects it."""
+    for andset in capabilities:
+        if isinstance(andset, list) and andset and set(andset) <= NVIDIA_CAPS:
+            return tuple(andset)
+    return None
+
+
+def _resolve_ids(ctx: _Ctx, fld: str, ids: Iterable[str]) -> set[str] | None:
+    uuids: set[str] = set()
+    for ident in ids:
+        if ident in ("all",):
+            return None
+        try:
+            uuids.add(ctx.inventory.resolve(ident).uuid)
+        except LookupError as e:
+            if ctx.strict:
+                raise Refusal(f"{fld}: {e}") from None
+            if ident.isdigit() or not ident.upper().startswith("GPU-"):
+                return None  # an index or MIG id we can't place: fail closed
+            # a departed UUID holds nothing that exists
+    return uuids
+
+
+def _swarm_resources(ctx: _Ctx) -> None:
+    """The toolkit's swarm-resource option reads DOCKER_RESOURCE_* before the request."""
+    for entry in ctx.view.env:
+        if entry.startswith("DOCKER_RESOURCE_"):
+            ctx.refuse("Config.Env", f"{entry.split('=')[0]} can select GPUs in the toolkit")
+
+
+def _runtime_env(ctx: _Ctx) -> None:
+    hc = ctx.view.host_config
+    runtime = hc.get("Runtime") or ""
+    if not ctx.engine.is_nvidia(runtime):
+        return
+    if any(g.field.startswith("HostConfig.DeviceRequests") for g in ctx.grants):
+        return  # dockerd appends the request's NVIDIA_VISIBLE_DEVICES last; it wins
+    name = runtime or f"{ctx.engine.default_runtime} (the Engine's default)"
+    fld = "Config.Env"
+    _swarm_resources(ctx)
+    values = _env_values(ctx.view.env, VISIBLE)
+    if len(values) > 1 and ctx.strict:
+        raise Refusal(f"{fld}: {VISIBLE} is set {len(values)} times; set it once")
+    if not values:
+        if not ctx.view.env_complete:
+            ctx.add(fld, f"runtime {name} without {VISIBLE}: the image's ENV decides", None)
+        elif _legacy_cuda_image(ctx.view.env):
+            ctx.add(fld, f"runtime {name}, legacy CUDA image without {VISIBLE}: all GPUs", None)
+        return
+    value = values[-1].strip()
+    if value in NONE_VALUES:
+        return
+    ids = tuple(v.strip() for v in value.split(","))
+    if value == "all":
+        ctx.add(fld, f"runtime {name} with {VISIBLE}=all", None, Demand(all=True))
+    elif any("=" in i or "/" in i for i in ids):
+        ctx.refuse(fld, f"{VISIBLE}={value}: CDI names in the env are not leasable")
+    else:
+        ctx.add(
+            fld,
+            f"runtime {name} with {VISIBLE}={value}",
+            _resolve_ids(ctx, fld, ids),
+            Demand(ids=ids),
+        )
+
+
+def _legacy_cuda_image(env: Iterable[str]) -> bool:
+    """The toolkit's legacy mode: CUDA_VERSION without NVIDIA_REQUIRE_CUDA means all GPUs."""
+    names = {e.split("=", 1)[0] for e in env}
+    return "CUDA_VERSION" in names and "NVIDIA_REQUIRE_CUDA" not in names
+
+
+def _env_values(env: Iterable[str], name: str) -> list[str]:
+    prefix = name + "="
+    return [e[len(prefix) :] for e in env if e.startswith(prefix)]
+
+
+def _privileged(ctx: _Ctx) -> None:
+    if ctx.view.host_config.get("Privileged"):
+        ctx.add("HostConfig.Privileged", "privileged mode opens every device", None)
+
+
+def _devices(ctx: _Ctx) -> None:
+    for i, dev in enumerate(ctx.view.host_config.get("Devices") or ()):
+        fld = f"HostConfig.Devices[{i}]"
+        path = str((dev or {}).get("PathOnHost") or "")
+        if _is_cdi_name(path):
+            _cdi_names(ctx, fld, (path,))
+            continue
+        if not path.startswith("/"):
+            ctx.refuse(fld, f"PathOnHost '{path}' is not an absolute path")
+            continue
+        real = ctx.host.resolve(path)
+        if ctx.strict and real != os.path.normpath(path):
+            raise Refusal(
+                f"{fld}: PathOnHost {path} is a link to {real}; name the device node itself"
+            )
+        node = ctx.host.node(real)
+        if node is None:
+            ctx.refuse(fld, f"PathOnHost {path} does not exist on this host")
+            continue
+        if stat.S_ISDIR(node.st_mode):
+            for sub in sorted(_walk(real)):
+                _device_node(ctx, fld, sub, ctx.host.node(sub))
+        else:
+            _device_node(ctx, fld, path, node)
+
+
+def _walk(top: str) -> Iterable[str]:
+    for root, _dirs, files in os.walk(top):
+        for f in files:
+            yield os.path.join(root, f)
+
+
+def _device_node(ctx: _Ctx, fld: str, path: str, node: os.stat_result | None) -> None:
+    if node is None or not stat.S_ISCHR(node.st_mode):
+        return
+    major, minor = os.major(node.st_rdev), os.minor(node.st_rdev)
+    if major == NVIDIA_MAJOR and minor not in NVIDIA_CONTROL_MINORS:
+        gpu = ctx.inventory.by_minor(minor)
+        ctx.add(fld, f"device {path} (nvidia {major}:{minor})", None if gpu is None else [gpu.uuid])
+    elif major == NVIDIA_MAJOR or major in _nvidia_dynamic_majors():
+        ctx.add(fld, f"NVIDIA control device {path} ({major}:{minor})", None)
+    elif major == DRM_MAJOR:
+        bus = ctx.host.drm_bus_id(minor)
+        gpu = next((g for g in ctx.inventory.gpus if bus and _same_bus(g.pci_bus_id, bus)), None)
+        ctx.add(fld, f"DRM device {path} ({major}:{minor})", None if gpu is None else [gpu.uuid])
+
+
+def _same_bus(nvml_id: str, sysfs_id: str) -> bool:
+    a, b = nvml_id.lower(), sysfs_id.lower()
+    return bool(a) and (a == b or a.endswith(b) or b.endswith(a[-12:]))
+
+
+@functools.cache
+def _nvidia_dynamic_majors(proc_devices: str = "/proc/devices") -> frozenset[int]:
+    """nvidia-uvm and nvidia-caps get dynamic majors; /proc/devices names them."""
+    try:
+        with open(proc_devices) as f:
+            lines = f.read().split("Block devices:")[0].splitlines()
+    except OSError:
+        return frozenset()
+    return frozenset(
+        int(n)
+        for n, _, name in (ln.strip().partition(" ") for ln in lines)
+        if n.isdigit() and name.startswith("nvidia")
+    )
+
+
+def _is_cdi_name(name: str) -> bool:
+    kind, eq, _ = name.partition("=")
+    return bool(eq) and "/" in kind and not name.startswith("/")
+
+
+def _cdi_names(ctx: _Ctx, fld: str, names: Iterable[str]) -> None:
+    for name in names:
+        kind, _, dev = name.partition("=")
+        if "nvidia" not in kind and "gpu" not in kind:
+            ctx.refuse(fld, f"CDI device '{name}' is not one gpu-alloc can vet")
+            continue
+        ctx.add(fld, f"CDI device {name}", _resolve_ids(ctx, fld, [dev]) if dev != "all" else None)
+
+
+_CGROUP_TYPES = ("a", "c")
+
+
+def _cgroup_rules(ctx: _Ctx) -> None:
+    majors = {str(NVIDIA_MAJOR), str(DRM_MAJOR), "*"} | {str(m) for m in _nvidia_dynamic_majors()}
+    for i, rule in enumerate(ctx.view.host_config.get("DeviceCgroupRules") or ()):
+        fld = f"HostConfig.DeviceCgroupRules[{i}]"
+        parts = str(rule).split()
+        if len(parts) != 3 or parts[1].count(":") != 1:
+            ctx.refuse(fld, f"rule '{rule}' is not of the form 'c MAJOR:MINOR rwm'")
+            continue
+        kind, (major, minor) = parts[0], parts[1].split(":")
+        if kind == "a" or (kind in _CGROUP_TYPES and major in majors):
+            gpu = None
+            if major == str(NVIDIA_MAJOR) and minor.isdigit():
+                gpu = ctx.inventory.by_minor(int(minor))
+            ctx.add(
+                fld,
+                f"device cgroup rule '{rule}' opens GPU devices",
+                None if gpu is None else [gpu.uuid],
+            )
+
+
+def _binds(ctx: _Ctx) -> None:
+    hc = ctx.view.host_config
+    for i, bind in enumerate(hc.get("Binds") or ()):
+        src, _, rest = str(bind).partition(":")
+        dst = rest.split(":")[0]
+        _mount(ctx, f"HostConfig.Binds[{i}]", src if src.startswith("/") else "", dst)
+    for i, m in enumerate(hc.get("Mounts") or ()):
+        m = m or {}
+        fld = f"HostConfig.Mounts[{i}]"
+        kind = str(m.get("Type") or "")
+        src = str(m.get("Source") or "") if kind == "bind" else ""
+        opts = ((m.get("VolumeOptions") or {}).get("DriverConfig") or {}).get("Options") or {}
+        if kind == "volume" and "bind" in str(opts.get("o", "")).split(","):
+            src = str(opts.get("device") or "")
+        _mount(ctx, fld, src, str(m.get("Target") or ""))
+    for vol in ctx.view.volumes:
+        _mount(ctx, "Config.Volumes", "", vol)
+    for src, dst in ctx.view.mount_points:
+        _mount(ctx, "Mounts", src, dst)
+
+
+def _mount(ctx: _Ctx, fld: str, src: str, dst: str) -> None:
+    if dst and _within(os.path.normpath(dst), SENTINEL_MOUNT_DIR):
+        ctx.add(fld, f"mount at {dst} selects GPUs through the toolkit's volume list", None)
+    if not src:
+        return
+    real = ctx.host.resolve(src)
+    for p in ctx.host.protected:
+        if _within(real, p) or _within(p, real):
+            ctx.add(fld, f"bind mount of {src} exposes {p}", None)
+            return
+
+
+def _within(path: str, top: str) -> bool:
+    return PurePosixPath(path).is_relative_to(top)
+
+
+def _annotations(ctx: _Ctx) -> None:
+    for key in ctx.view.host_config.get("Annotations") or {}:
+        if CDI_ANNOTATION_MARK in key:
+            ctx.add(f"HostConfig.Annotations[{key}]", "CDI annotation injects devices", None)
+
+
+# The catalogue: each row reads one family of fields.  Order matters only for
+# _runtime_env, which must see whether a device request already set the env.
+SOURCES: tuple[Callable[[_Ctx], None], ...] = (
+    _device_requests,
+    _runtime_env,
+    _privileged,
+    _devices,
+    _cgroup_rules,
+    _binds,
+    _annotations,
+)
+
+
+def _analyse(
+    view: View, engine: EngineView, inventory: Inventory, host: Host, strict: bool
+) -> Access:
+    ctx = _Ctx(view, engine, inventory, host, strict)
+    for source in SOURCES:
+        source(ctx)
+    return Access(tuple(ctx.grants))
+
+
+def of_create(
+    body: Mapping[str, Any], engine: EngineView, inventory: Inventory, host: Host | None = None
+) -> Access:
+    view = View(
+        env=tuple(str(e) for e in body.get("Env") or ()),
+        env_complete=False,
+        host_config=body.get("HostConfig") or {},
+        volumes=tuple(body.get("Volumes") or ()),
+    )
+    return _analyse(view, engine, inventory, host or Host(), strict=True)
+
+
+def of_container(
+    inspect: Mapping[str, Any], engine: EngineView, inventory: Inventory, host: Host | None = None
+) -> Access:
+    config = inspect.get("Config") or {}
+    view = View(
+        env=tuple(config.get("Env") or ()),
+        env_complete=True,
+        host_config=inspect.get("HostConfig") or {},
+        volumes=tuple(config.get("Volumes") or ()),
+        mount_points=tuple(
+            (str(m.get("Source") or ""), str(m.get("Destination") or ""))
+            for m in inspect.get("Mounts") or ()
+            if m.get("Type") == "bind"
+        ),
+    )
+    return _analyse(view, engine, inventory, host or Host(), strict=False)

@@ -1,0 +1,184 @@
+"""The allocator: ledger + inventory + Engine, for the shim, the plugin and the CLI.
+
+Theory of operation
+-------------------
+A lease is taken under the ledger lock from the GPUs no lease or claim holds.
+The common path makes no Engine call: the ledger knows every lease, and claims
+of containers gpu-alloc did not create are adopted once, by `reconcile`.
+`reconcile` asks the Engine what exists (outside the lock, so a slow Engine
+never holds the lock), then, under the lock, frees leases whose container is
+gone, binds pending leases whose container turned up (found by label), frees
+pending leases past their deadline with no container, and adopts unknown
+containers' GPU access as claims.  It runs at shim start, for `status`, and
+whenever a create finds too few free GPUs: a GPU freed by ``docker rm`` or
+``--rm`` (which never pass the plugin with the container's GPUs) is therefore
+reclaimed exactly when someone needs it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from allocator import access, ledger
+from allocator.access import EngineView, Host
+from allocator.config import Config
+from allocator.decide import LEASE_LABEL, Ask, Facts, Shortage, place
+from allocator.engine import Engine
+from allocator.inventory import Inventory
+from allocator.inventory import load as load_inventory
+from allocator.ledger import Claim, Lease, Ledger, State
+from allocator.placement import POLICIES
+
+INVENTORY_MAX_AGE = 10.0
+ENGINE_VIEW_MAX_AGE = 30.0
+
+
+@dataclass
+class Report:
+    """What a reconcile changed, for logs and ``gpu-alloc repair``."""
+
+    freed: list[str] = field(default_factory=list)
+    bound: list[str] = field(default_factory=list)
+    adopted: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.freed or self.bound or self.adopted or self.dropped)
+
+
+class Allocator:
+    def __init__(self, config: Config, engine: Engine | None = None, host: Host | None = None):
+        self.config = config
+        self.engine = engine
+        self.ledger = Ledger(config.state_dir, config.policy.lock_timeout)
+        self.policy = POLICIES[config.policy.placement]
+        self.host = (host or Host()).with_protected(config.state_dir)
+        self._inventory: tuple[float, Inventory] | None = None
+        self._view: tuple[float, EngineView] | None = None
+        self._no_gpu: set[str] = set()  # containers inspected and found without GPUs
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------- facts
+
+    def inventory(self) -> Inventory:
+        with self._lock:
+            if self._inventory is None or time.monotonic() - self._inventory[0] > INVENTORY_MAX_AGE:
+                self._inventory = (time.monotonic(), load_inventory(self.config.gpus))
+            return self._inventory[1]
+
+    def engine_view(self) -> EngineView:
+        """The Engine's runtimes; without an Engine, assume nothing but runc is safe."""
+        with self._lock:
+            if self._view and time.monotonic() - self._view[0] < ENGINE_VIEW_MAX_AGE:
+                return self._view[1]
+        view = EngineView.from_info(self.engine.info()) if self.engine else EngineView()
+        with self._lock:
+            self._view = (time.monotonic(), view)
+        return view
+
+    def facts(self, engine_view: EngineView | None = None) -> Facts:
+        return Facts(self.inventory(), engine_view or self.engine_view(), self.host)
+
+    # ------------------------------------------------------------ leases
+
+    def lease(self, ask: Ask, name: str = "") -> tuple[Lease, str] | Shortage:
+        """Place and record a pending lease; on shortage, reconcile once and retry."""
+        result = self._try_lease(ask, name)
+        if isinstance(result, Shortage) and self.engine is not None and self.reconcile():
+            result = self._try_lease(ask, name)
+        return result
+
+    def _try_lease(self, ask: Ask, name: str) -> tuple[Lease, str] | Shortage:
+        inventory = self.inventory()
+        with self.ledger.transaction() as state:
+            picked = place(ask, inventory, state.holders(inventory.uuids), self.policy)
+            if isinstance(picked, Shortage):
+                return picked
+            lease, token = state.new_lease(
+                tuple(g.uuid for g in picked), ledger.now(), self.config.policy.pending_ttl
+            )
+            state.leases[lease.id] = Lease(**{**lease.__dict__, "name": name})
+            return state.leases[lease.id], token
+
+    def authorize(self, lease_id: str, token: str, gpus: frozenset[str]) -> str | None:
+        with self.ledger.transaction() as state:
+            return state.authorize(lease_id, token, gpus)
+
+    def bind(self, lease_id: str, container: str) -> bool:
+        with self.ledger.transaction() as state:
+            return state.bind(lease_id, container)
+
+    def release(self, lease_id: str) -> Lease | None:
+        with self.ledger.transaction() as state:
+            return state.release(lease_id)
+
+    # --------------------------------------------------------- reconcile
+
+    def reconcile(self) -> Report:
+        """Make the ledger agree with the Engine; see the module docstring."""
+        if self.engine is None:
+            return Report()
+        listed = self.engine.containers()
+        exists = {c["Id"]: c for c in listed}
+        by_label = {
+            (c.get("Labels") or {}).get(LEASE_LABEL, "").partition(".")[0]: c["Id"]
+            for c in listed
+            if (c.get("Labels") or {}).get(LEASE_LABEL)
+        }
+        snapshot = self.ledger.read()
+        known = {le.container for le in snapshot.leases.values()} | set(snapshot.claims)
+        facts = self.facts()
+        found: dict[str, Claim] = {}
+        for cid, c in exists.items():
+            if cid in known or cid in self._no_gpu:
+                continue
+            label = (c.get("Labels") or {}).get(LEASE_LABEL, "").partition(".")[0]
+            if label in snapshot.leases and snapshot.leases[label].container in (None, cid):
+                continue  # a pending lease's container: bound below
+            claim = self._claim_of(cid, facts)
+            if claim is None:
+                self._no_gpu.add(cid)
+            else:
+                found[cid] = claim
+        self._no_gpu &= set(exists)
+        with self.ledger.transaction() as state:
+            return _apply(state, exists, by_label, found, ledger.now())
+
+    def _claim_of(self, cid: str, facts: Facts) -> Claim | None:
+        info = self.engine.inspect(cid) if self.engine else None
+        if info is None:
+            return None
+        grants = access.of_container(info, facts.engine, facts.inventory, facts.host)
+        if grants.none:
+            return None
+        gpus = tuple(sorted(grants.gpus(facts.inventory))) if grants.pinned else None
+        why = "; ".join(g.describe() for g in grants.grants)
+        return Claim(cid, str(info.get("Name") or "").lstrip("/"), gpus, why)
+
+
+def _apply(state: State, exists: dict, by_label: dict[str, str], found: dict[str, Claim],
+           now: float) -> Report:
+    report = Report()
+    for lease in list(state.leases.values()):
+        if lease.container is not None:
+            if lease.container not in exists:
+                state.release(lease.id)
+                report.freed.append(lease.id)
+        elif lease.id in by_label:
+            state.bind(lease.id, by_label[lease.id])
+            report.bound.append(lease.id)
+        elif now > lease.deadline:
+            state.release(lease.id)
+            report.freed.append(lease.id)
+    for cid in list(state.claims):
+        if cid not in exists:
+            del state.claims[cid]
+            report.dropped.append(cid)
+    for cid, claim in found.items():
+        if state.lease_of(cid) is None:
+            state.claims[cid] = claim
+            report.adopted.append(cid)
+    state.adopted_at = now
+    return report

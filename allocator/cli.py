@@ -1,0 +1,146 @@
+"""``gpu-alloc``: serve the plugin or the shim, show and repair the ledger.
+
+The servers live in plugin/ and shim/; this module only wires a config into
+them, so the library stays free of sockets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from allocator import config as configmod
+from allocator.allocate import Allocator
+from allocator.config import Config, ConfigError
+from allocator.engine import Engine, EngineError
+from allocator.inventory import InventoryError
+from allocator.ledger import StateError
+
+EXIT_FAIL = 1
+EXIT_CONFIG = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "plugin":
+        # gunicorn's gevent workers patch the stdlib; do it before anything imports ssl.
+        from gevent import monkey
+
+        monkey.patch_all()
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    try:
+        cfg = configmod.load(args.config)
+        return int(args.func(cfg, args) or 0)
+    except ConfigError as e:
+        print(f"gpu-alloc: config error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except (StateError, EngineError, InventoryError, StartupError) as e:
+        print(f"gpu-alloc: {e}", file=sys.stderr)
+        return EXIT_FAIL
+
+
+class StartupError(Exception):
+    """The host is configured so that gpu-alloc could not keep its promise."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpu-alloc", description=__doc__.splitlines()[0])
+    p.add_argument("--config", help=f"config file (default: ${configmod.ENV_VAR}, "
+                                    f"else {configmod.DEFAULT_PATH})")
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("plugin", help="serve the Docker authorization plugin").set_defaults(
+        func=cmd_plugin)
+    sub.add_parser("shim", help="serve the rewriting Engine API socket").set_defaults(
+        func=cmd_shim)
+    s = sub.add_parser("status", help="show which GPUs are free and who holds the rest")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--no-reconcile", action="store_true",
+                   help="show the ledger as it is, without asking the Engine")
+    s.set_defaults(func=cmd_status)
+    r = sub.add_parser("repair", help="re-read the Engine and rebuild or clean the ledger")
+    r.add_argument("--reset", action="store_true",
+                   help="start from an empty ledger (after moving a corrupt one aside)")
+    r.set_defaults(func=cmd_repair)
+    return p
+
+
+def _allocator(cfg: Config) -> Allocator:
+    return Allocator(cfg, Engine(cfg.engine.socket, cfg.engine.timeout))
+
+
+def check_default_runtime(cfg: Config, info: dict[str, Any] | None = None) -> None:
+    """Refuse to run where every container would get the toolkit (and so the image's ENV)."""
+    default = None
+    if info is not None:
+        default = info.get("DefaultRuntime")
+    else:
+        try:
+            with open(cfg.engine.daemon_json) as f:
+                default = json.load(f).get("default-runtime")
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            raise StartupError(f"{cfg.engine.daemon_json}: cannot read: {e}") from None
+    if default and "nvidia" in str(default).lower():
+        raise StartupError(
+            f"the Engine's default runtime is '{default}': every container would run the "
+            "NVIDIA hook and an image's own NVIDIA_VISIBLE_DEVICES could grant GPUs. Remove "
+            f"\"default-runtime\" from {cfg.engine.daemon_json}, restart Docker, and request "
+            "GPUs with --gpus instead"
+        )
+
+
+def cmd_plugin(cfg: Config, args: argparse.Namespace) -> int:
+    check_default_runtime(cfg)
+    from plugin.serve import serve
+
+    serve(cfg)
+    return 0
+
+
+def cmd_shim(cfg: Config, args: argparse.Namespace) -> int:
+    alloc = _allocator(cfg)
+    assert alloc.engine is not None
+    check_default_runtime(cfg, alloc.engine.info())
+    report = alloc.reconcile()
+    if report:
+        logging.getLogger("gpu-alloc.shim").info("reconciled at start: %s", report)
+    from shim.serve import serve
+
+    serve(cfg, alloc)
+    return 0
+
+
+def cmd_status(cfg: Config, args: argparse.Namespace) -> int:
+    from allocator.status import render_json, render_table, snapshot
+
+    alloc = _allocator(cfg)
+    warning = None
+    if not args.no_reconcile:
+        try:
+            alloc.reconcile()
+        except EngineError as e:
+            warning = f"showing the ledger only: {e}"
+    snap = snapshot(alloc)
+    if warning:
+        snap["warning"] = warning
+    print(render_json(snap) if args.json else render_table(snap))
+    return 0
+
+
+def cmd_repair(cfg: Config, args: argparse.Namespace) -> int:
+    from allocator.status import repair
+
+    print(repair(_allocator(cfg), reset=args.reset))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

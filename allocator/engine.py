@@ -1,0 +1,67 @@
+"""A thin Engine client for the few calls gpu-alloc makes itself.
+
+Every call has a deadline: the plugin and the shim sit in front of dockerd,
+and a call that hangs would hang Docker.  The docker SDK does the HTTP; the
+client is built lazily so a process can start before dockerd does (the plugin
+must, since dockerd waits for it), and the SDK is imported lazily so the
+plugin's gevent patching comes before anything imports ssl.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+
+class EngineError(Exception):
+    """The Engine could not be asked; callers fail closed."""
+
+
+class Engine:
+    def __init__(self, socket: str, timeout: float = 10.0):
+        self.socket = socket
+        self.timeout = timeout
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def _api(self) -> Any:
+        import docker
+
+        with self._lock:
+            if self._client is None:
+                try:
+                    self._client = docker.APIClient(
+                        base_url=f"unix://{self.socket}", version="auto", timeout=self.timeout
+                    )
+                except docker.errors.DockerException as e:
+                    raise EngineError(f"Engine at {self.socket} is not answering: {e}") from None
+            return self._client
+
+    def _call(self, what: str, fn, *args: Any, **kwargs: Any) -> Any:
+        import docker.errors
+
+        try:
+            return fn(self._api(), *args, **kwargs)
+        except docker.errors.NotFound:
+            return None
+        except (docker.errors.DockerException, OSError) as e:
+            raise EngineError(f"Engine at {self.socket}: {what} failed: {e}") from None
+
+    def info(self) -> dict[str, Any]:
+        return self._call("GET /info", lambda api: api.info())
+
+    def containers(self, label: str | None = None) -> list[dict[str, Any]]:
+        """Every container, stopped ones included: a stopped container keeps its GPUs."""
+        filters = {"label": [label]} if label else None
+        return self._call("GET /containers/json", lambda api: api.containers(
+            all=True, filters=filters)) or []
+
+    def inspect(self, container: str) -> dict[str, Any] | None:
+        return self._call(f"inspect {container}", lambda api: api.inspect_container(container))
+
+    def image(self, name: str) -> dict[str, Any] | None:
+        return self._call(f"inspect image {name}", lambda api: api.inspect_image(name))
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()

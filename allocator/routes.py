@@ -1,0 +1,151 @@
+"""Classify an Engine API request the way dockerd's router would.
+
+Rules
+-----
+1. dockerd (gorilla/mux) routes on the percent-decoded path, with or without a
+   ``/v{version:[0-9.]+}`` prefix; the query string never takes part.  We do the
+   same, so ``/v1.41/containers%2Fcreate`` is a create here as it is there.
+2. Container and image names are ``{name:.*}``: they may contain slashes, and a
+   route is told apart by its fixed suffix.  Patterns below keep that shape.
+3. Reads (GET, HEAD) never change device access.  A write we cannot classify is
+   denied: the table below is the complete list of writes dockerd 20.10 to 29
+   serves, each with the check it needs (`Check`).
+
+The table is data: add a route by adding a row.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+from urllib.parse import unquote_to_bytes, urlsplit
+
+
+class Check(Enum):
+    ALLOW = "allow"  # no device access can change
+    CREATE = "create"  # POST /containers/create: the body decides
+    START = "start"  # a body here is the pre-1.24 HostConfig: refuse it
+    UPDATE = "update"  # container update: no device fields
+    EXEC = "exec"  # exec create: no privileged exec
+    SERVICE = "service"  # swarm services: tasks never pass the plugin
+    PLUGIN_INSTALL = "plugin-install"  # plugin pull/upgrade: privileges in the body
+    PLUGIN_CREATE = "plugin-create"  # a plugin from a tarball: nothing to vet
+    PLUGIN_SET = "plugin-set"  # plugin settings can name devices
+    VOLUME_CREATE = "volume-create"  # a local volume can bind-mount any host path
+    UNKNOWN = "unknown"  # a write we do not know: deny
+
+
+@dataclass(frozen=True)
+class Route:
+    check: Check
+    path: str  # the decoded path without the version prefix
+    version: tuple[int, ...] | None  # the /vX.Y prefix, if any
+    name: str = ""  # the {name} parameter, when the route has one
+
+
+_N = "(?P<name>.*)"
+# (method, path pattern, check); every write route of dockerd's routers.
+_WRITES: tuple[tuple[str, str, Check], ...] = (
+    ("POST", "/containers/create", Check.CREATE),
+    ("POST", "/containers/prune", Check.ALLOW),
+    ("POST", f"/containers/{_N}/start", Check.START),
+    ("POST", f"/containers/{_N}/update", Check.UPDATE),
+    ("POST", f"/containers/{_N}/exec", Check.EXEC),
+    (
+        "POST",
+        f"/containers/{_N}/(?:kill|pause|unpause|restart|stop|wait|resize|attach|copy|rename)",
+        Check.ALLOW,
+    ),
+    ("PUT", f"/containers/{_N}/archive", Check.ALLOW),
+    ("POST", f"/containers/{_N}/checkpoints", Check.ALLOW),
+    ("DELETE", f"/containers/{_N}/checkpoints/(?P<checkpoint>[^/]*)", Check.ALLOW),
+    ("DELETE", f"/containers/{_N}", Check.ALLOW),
+    ("POST", "/commit", Check.ALLOW),
+    ("POST", f"/exec/{_N}/(?:start|resize)", Check.ALLOW),
+    ("POST", "/images/(?:create|load|prune)", Check.ALLOW),
+    ("POST", f"/images/{_N}/(?:push|tag)", Check.ALLOW),
+    ("DELETE", f"/images/{_N}", Check.ALLOW),
+    ("POST", "/build(?:/prune|/cancel)?", Check.ALLOW),
+    ("POST", "/(?:session|grpc)", Check.ALLOW),
+    ("POST", "/auth", Check.ALLOW),
+    ("POST", "/volumes/create", Check.VOLUME_CREATE),
+    ("POST", "/volumes/prune", Check.ALLOW),
+    ("PUT", f"/volumes/{_N}", Check.ALLOW),
+    ("DELETE", f"/volumes/{_N}", Check.ALLOW),
+    ("POST", "/networks/(?:create|prune)", Check.ALLOW),
+    ("POST", f"/networks/{_N}/(?:connect|disconnect)", Check.ALLOW),
+    ("DELETE", f"/networks/{_N}", Check.ALLOW),
+    ("POST", "/plugins/(?:pull)", Check.PLUGIN_INSTALL),
+    ("POST", "/plugins/create", Check.PLUGIN_CREATE),
+    ("POST", f"/plugins/{_N}/upgrade", Check.PLUGIN_INSTALL),
+    ("POST", f"/plugins/{_N}/set", Check.PLUGIN_SET),
+    ("POST", f"/plugins/{_N}/(?:enable|disable|push)", Check.ALLOW),
+    ("DELETE", f"/plugins/{_N}", Check.ALLOW),
+    ("POST", "/services/create", Check.SERVICE),
+    ("POST", f"/services/{_N}/update", Check.SERVICE),
+    ("DELETE", f"/services/{_N}", Check.ALLOW),
+    ("POST", "/swarm/(?:init|join|leave|update|unlock)", Check.ALLOW),
+    ("POST", f"/(?:nodes|secrets|configs)/{_N}/update", Check.ALLOW),
+    ("POST", "/(?:secrets|configs)/create", Check.ALLOW),
+    ("DELETE", f"/(?:nodes|secrets|configs)/{_N}", Check.ALLOW),
+)
+_TABLE: dict[str, tuple[tuple[re.Pattern[str], Check], ...]] = {}
+for _method, _pattern, _check in _WRITES:
+    _TABLE.setdefault(_method, ())
+    _TABLE[_method] += ((re.compile(_pattern + r"\Z", re.DOTALL), _check),)
+
+_VERSION = re.compile(r"/v(?P<v>[0-9.]+)(?=/)")
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class RouteError(ValueError):
+    """The request target cannot be read the way dockerd would read it."""
+
+
+def decode_path(target: str) -> str:
+    """The path dockerd routes on: absolute-form allowed, query dropped, %XX decoded."""
+    if target.startswith(("http://", "https://")):
+        target = urlsplit(target).path or "/"
+    path = target.split("?", 1)[0]
+    if "%" in path:
+        if re.search(r"%(?![0-9A-Fa-f]{2})", path):
+            raise RouteError(f"invalid percent-escape in request path '{target}'")
+        try:
+            path = unquote_to_bytes(path).decode("utf-8")
+        except UnicodeDecodeError:
+            raise RouteError(f"request path '{target}' is not UTF-8 once decoded") from None
+    if not path.startswith("/"):
+        raise RouteError(f"request target '{target}' is not an absolute path")
+    return path
+
+
+def api_version(text: str) -> tuple[int, ...]:
+    """dockerd's versions.compare: numeric dot-separated parts, junk counts as 0."""
+    return tuple(int(p) if p.isdigit() else 0 for p in text.split("."))
+
+
+def classify(method: str, target: str) -> Route:
+    path = decode_path(target)
+    version = None
+    m = _VERSION.match(path)
+    if m:
+        version = api_version(m["v"])
+        path = path[m.end() :]
+    if method in _READS:
+        return Route(Check.ALLOW, path, version)
+    for pattern, check in _TABLE.get(method, ()):
+        hit = pattern.match(path)
+        if hit:
+            return Route(check, path, version, hit.groupdict().get("name") or "")
+    return Route(Check.UNKNOWN, path, version)
+
+
+def needs_check(method: str, target: str) -> bool:
+    """Cheap pre-filter for the shim: everything but reads and harmless writes is vetted."""
+    if method in _READS:
+        return False
+    try:
+        return classify(method, target).check is not Check.ALLOW
+    except RouteError:
+        return True

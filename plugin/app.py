@@ -1,0 +1,134 @@
+"""The authorization plugin: dockerd asks it about every API call, twice.
+
+Theory of operation
+-------------------
+``AuthZReq`` runs before the Engine acts.  Reads and writes that cannot touch
+a device are answered from the route table alone: no body decoding, no lock,
+no file, no Engine call (`decide.authz_request` returns before any of them).
+Creates are decoded the way dockerd decodes them; one that would get GPUs is
+allowed only when its lease label's token matches a pending lease for exactly
+those GPUs, and that token is consumed under the ledger lock (single use).
+``AuthZRes`` runs after the Engine acted: for a leased create it binds the
+lease to the new container id, or frees it when the create failed.
+
+Any error on the way (corrupt state, lock timeout, Engine not answering)
+denies the request with the reason: dockerd shows ``Msg`` to the user.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+from typing import Any
+
+from flask import Flask, Response, request
+
+from allocator import decide
+from allocator.allocate import Allocator
+from allocator.config import Config
+from allocator.engine import Engine, EngineError
+from allocator.inventory import InventoryError
+from allocator.ledger import StateError
+
+log = logging.getLogger("gpu-alloc.plugin")
+_ALLOW = json.dumps({"Allow": True}).encode()
+_ACTIVATE = json.dumps({"Implements": ["authz"]}).encode()
+_FAILURES = (StateError, EngineError, InventoryError)
+
+
+def _json(payload: bytes) -> Response:
+    return Response(payload, status=200, mimetype="application/vnd.docker.plugins.v1+json")
+
+
+def _deny(msg: str) -> Response:
+    return _json(json.dumps({"Allow": False, "Msg": msg}).encode())
+
+
+def _body(req: dict[str, Any]) -> bytes | None:
+    raw = req.get("RequestBody")
+    if not raw:
+        return None
+    try:
+        return base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        return b"\x00unreadable"  # decoding then fails closed with a clear message
+
+
+def create_app(config: Config, allocator: Allocator | None = None) -> Flask:
+    alloc = allocator or Allocator(config, Engine(config.engine.socket, config.engine.timeout))
+    app = Flask("gpu-alloc-plugin")
+
+    @app.post("/Plugin.Activate")
+    def activate() -> Response:
+        return _json(_ACTIVATE)
+
+    @app.post("/AuthZPlugin.AuthZReq")
+    def authz_req() -> Response:
+        try:
+            req = json.loads(request.get_data())
+            method, uri = str(req["RequestMethod"]), str(req["RequestUri"])
+        except (ValueError, KeyError, TypeError):
+            return _deny("gpu-alloc could not read the Engine's authorization request")
+        try:
+            decision = decide.authz_request(method, uri, _body(req), _Facts(alloc))
+            if isinstance(decision, decide.NeedsLease):
+                why = alloc.authorize(decision.lease_id, decision.token, decision.gpus)
+                if why is None:
+                    log.info("allowed leased create (lease %s)", decision.lease_id)
+                    return _json(_ALLOW)
+                decision = decide.Deny(f"gpu-alloc refused the container create: {why}; "
+                                       f"{decide.HINT}")
+        except _FAILURES as e:
+            decision = decide.Deny(f"gpu-alloc refused {method} {uri}: {e}")
+        if isinstance(decision, decide.Deny):
+            log.info("denied %s %s: %s", method, uri, decision.msg)
+            return _deny(decision.msg)
+        return _json(_ALLOW)
+
+    @app.post("/AuthZPlugin.AuthZRes")
+    def authz_res() -> Response:
+        try:
+            req = json.loads(request.get_data())
+            method, uri = str(req["RequestMethod"]), str(req["RequestUri"])
+        except (ValueError, KeyError, TypeError):
+            return _deny("gpu-alloc could not read the Engine's authorization response")
+        if method != "POST":
+            return _json(_ALLOW)
+        outcome = decide.authz_response(
+            method, uri, _body(req), int(req.get("ResponseStatusCode") or 0),
+            _response_body(req),
+        )
+        try:
+            if isinstance(outcome, decide.Bind):
+                alloc.bind(outcome.lease_id, outcome.container)
+            elif isinstance(outcome, decide.Release):
+                alloc.release(outcome.lease_id)
+        except StateError as e:
+            # The container exists already; reconcile binds it by label later.
+            log.error("could not settle lease after %s %s: %s", method, uri, e)
+        return _json(_ALLOW)
+
+    return app
+
+
+def _response_body(req: dict[str, Any]) -> bytes | None:
+    raw = req.get("ResponseBody")
+    try:
+        return base64.b64decode(raw) if raw else None
+    except (binascii.Error, ValueError, TypeError):
+        return None
+
+
+class _Facts:
+    """Facts computed on first use: most requests never need the inventory or /info."""
+
+    def __init__(self, alloc: Allocator):
+        self._alloc = alloc
+        self._facts: decide.Facts | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._facts is None:
+            self._facts = self._alloc.facts()
+        return getattr(self._facts, name)

@@ -1,0 +1,55 @@
+"""Run the plugin under gunicorn on a unix socket.
+
+gevent workers: dockerd's plugin client keeps connections alive, and a handler
+that waits (for the ledger lock) must not stop the same worker from answering
+the calls that touch no GPU, including the ones its own Engine calls cause.
+gunicorn's arbiter restarts a worker that dies; ``timeout`` kills one that hangs.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from gunicorn.app.base import BaseApplication
+
+from allocator.config import Config
+
+
+class _Server(BaseApplication):
+    def __init__(self, config: Config, options: dict[str, Any]):
+        self.gpu_config = config
+        self.options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self.options.items():
+            self.cfg.set(key, value)
+
+    def load(self):
+        from plugin.app import create_app
+
+        return create_app(self.gpu_config)
+
+
+def options(config: Config) -> dict[str, Any]:
+    return {
+        "bind": f"unix:{config.plugin.socket}",
+        "workers": config.plugin.workers,
+        "worker_class": "gevent",
+        "worker_connections": 1000,
+        "keepalive": 120,
+        "timeout": 30,
+        "graceful_timeout": 5,
+        "umask": 0o077,
+        "accesslog": None,
+        "errorlog": "-",
+        "loglevel": "info",
+        "proc_name": "gpu-alloc-plugin",
+        "control_socket_disable": True,  # gunicorn 23+: no stray socket under $HOME
+    }
+
+
+def serve(config: Config) -> None:
+    os.makedirs(os.path.dirname(config.plugin.socket), exist_ok=True)
+    _Server(config, options(config)).run()

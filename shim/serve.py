@@ -1,0 +1,19 @@
+"""Run the shim: the proxy transport with the create interceptor, from a config."""
+
+from __future__ import annotations
+
+from allocator.allocate import Allocator
+from allocator.config import Config
+from shim import proxy
+from shim.create import CreateInterceptor
+
+
+def serve(config: Config, allocator: Allocator) -> None:
+    proxy.run(
+        config.shim.socket,
+        config.engine.socket,
+        CreateInterceptor(allocator),
+        mode=config.shim.mode,
+        group=config.shim.group,
+        forward_timeout=config.shim.create_timeout,
+    )

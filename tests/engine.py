@@ -1,0 +1,595 @@
+"""Real, private Docker Engines for tests and benchmarks.
+
+gpu-alloc sits between clients and dockerd, so the only convincing tests run a
+real dockerd.  Each `Dockerd` here gets its own data-root, exec-root, socket
+and managed containerd (dockerd 20.10 starts one per exec-root), so a test
+engine and a benchmark engine can run side by side and never touch the host's
+own Docker.  There is no network: no bridge, no iptables.
+
+GPUs are faked on the Engine side only: a do-nothing `nvidia-container-runtime-hook`
+on dockerd's PATH makes dockerd register its nvidia device driver (so `--gpus`
+works and sets NVIDIA_VISIBLE_DEVICES), and an `nvidia` runtime that simply
+execs runc lets `--runtime nvidia` be accepted.
+
+Plain functions and classes, no pytest: conftest.py and tests/bench.py both
+build on them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import itertools
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+import docker
+import yaml
+
+BUSYBOX_TAG = "gpu-alloc-test/busybox:latest"
+PLUGIN_SPEC_DIR = Path("/etc/docker/plugins")
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 20.0
+# The deepest socket dockerd makes is <exec-root>/containerd/containerd.sock.ttrpc (49 more
+# bytes below the state dir), and sun_path holds 107: keep well clear of it.
+MAX_STATE_DIR = 48
+
+# Debian's busybox-static has no `printenv` applet; the image gets a tiny script instead.
+BUSYBOX_APPLETS = (
+    "sh", "ash", "echo", "cat", "env", "sleep", "true", "false", "ls", "id", "test", "[",
+    "grep", "sed", "head", "tail", "wc", "touch", "mkdir", "rm", "ps", "kill", "hostname",
+    "printf", "uname", "date", "seq", "tr", "cut", "sort", "timeout", "wget", "nc",
+)  # fmt: skip
+PRINTENV_SCRIPT = """#!/bin/sh
+# printenv for a busybox image whose busybox lacks the applet.
+[ $# -eq 0 ] && exec env
+rc=0
+for name in "$@"; do
+    if eval "[ \\"\\${$name+set}\\" = set ]"; then
+        eval "printf '%s\\n' \\"\\$$name\\""
+    else
+        rc=1
+    fi
+done
+exit $rc
+"""
+
+_counter = itertools.count()
+
+
+class EngineError(RuntimeError):
+    """A private engine (or a process of the stack) did not come up or misbehaved."""
+
+
+def missing_requirements() -> str | None:
+    """Why a private dockerd cannot run here, or None when it can.
+
+    dockerd needs root (mounts, cgroups) and the Debian docker.io package.
+    """
+    if os.geteuid() != 0:
+        return "a private dockerd needs root"
+    for tool in ("dockerd", "containerd", "busybox"):
+        if _which(tool) is None:
+            return f"'{tool}' is not installed (make deps)"
+    if find_runc() is None:
+        return "'runc' is not installed (make deps)"
+    return None
+
+
+def _which(tool: str) -> str | None:
+    # Tests may run with a PATH that lacks the sbin directories where dockerd and runc live.
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin:/usr/bin:/sbin:/bin"])
+    return shutil.which(tool, path=path)
+
+
+def find_runc() -> str | None:
+    """Debian ships runc as /usr/sbin/runc (with a /usr/bin/runc link)."""
+    return _which("runc")
+
+
+def prepare_host_tools(directory: str | os.PathLike[str]) -> Path:
+    """Write the fake NVIDIA host tools into `directory`/bin and return that bin dir."""
+    runc = find_runc()
+    if runc is None:
+        raise EngineError("runc not found; install docker.io (make deps)")
+    bin_dir = Path(directory) / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    scripts = {
+        # Its presence on PATH is all dockerd checks before registering the nvidia driver;
+        # the driver adds it as a prestart hook, where exiting 0 changes nothing.
+        "nvidia-container-runtime-hook": "#!/bin/sh\nexit 0\n",
+        "nvidia-container-runtime": f'#!/bin/sh\nexec {runc} "$@"\n',
+    }
+    for name, text in scripts.items():
+        path = bin_dir / name
+        path.write_text(text)
+        path.chmod(0o755)
+    return bin_dir
+
+
+def ping(sock: str | os.PathLike[str], timeout: float = 2.0) -> bool:
+    """True when an Engine answers GET /_ping with 200 OK on the unix socket `sock`."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(os.fspath(sock))
+            s.sendall(b"GET /_ping HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n")
+            return s.recv(64).startswith(b"HTTP/1.1 200")
+    except OSError:
+        return False
+
+
+def can_connect(sock: str | os.PathLike[str]) -> bool:
+    """True when something accepts connections on the unix socket `sock`."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(2.0)
+            s.connect(os.fspath(sock))
+            return True
+    except OSError:
+        return False
+
+
+def log_tail(path: str | os.PathLike[str], lines: int = 40) -> str:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def wait_until(
+    ready: Callable[[], bool],
+    what: str,
+    proc: subprocess.Popen | None,
+    log: str | os.PathLike[str],
+    timeout: float,
+) -> None:
+    """Poll `ready()` until true; fail early, with the log's tail, if `proc` exits."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc is not None and proc.poll() is not None:
+            raise EngineError(
+                f"{what} exited with status {proc.returncode} before it was ready; "
+                f"log {log}:\n{log_tail(log)}"
+            )
+        if time.monotonic() > deadline:
+            raise EngineError(
+                f"{what} not ready after {timeout:.0f} s; log {log}:\n{log_tail(log)}"
+            )
+        time.sleep(0.1)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM the process group we started, then SIGKILL it if it lingers."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _unmount_under(root: Path) -> None:
+    """Lazily unmount whatever a killed dockerd left mounted below `root` (deepest first)."""
+    prefix = str(root).rstrip("/") + "/"
+    mounts = []
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].encode().decode("unicode_escape")
+            if point.startswith(prefix):
+                mounts.append(point)
+    for point in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
+def check_short(state_dir: Path) -> None:
+    """Refuse a state dir too deep for the unix sockets dockerd and containerd make below it."""
+    if len(str(state_dir)) > MAX_STATE_DIR:
+        raise EngineError(
+            f"{state_dir} is too long for unix socket paths (max {MAX_STATE_DIR} characters); "
+            'use tempfile.mkdtemp(prefix="ga-", dir="/tmp") or pass no directory'
+        )
+
+
+def _spawn(
+    argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None
+) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        # A session of its own: we stop it (and its children) as a group, and a Ctrl-C
+        # in the terminal does not kill it before the test's teardown runs.
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
+            start_new_session=True,
+        )
+
+
+class Dockerd:
+    """A private dockerd under a short /tmp/ga-XXXX state directory.
+
+    Paths stay short because a unix socket path is limited to 108 bytes and
+    dockerd puts containerd's sockets several levels below exec-root.
+    """
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str] | None = None,
+        *,
+        authz_plugin_socket: str | os.PathLike[str] | None = None,
+        plugin_name: str | None = None,
+        extra_args: Iterable[str] = (),
+        start_timeout: float = START_TIMEOUT,
+    ) -> None:
+        self._own_dir = state_dir is None
+        self.dir = Path(state_dir or tempfile.mkdtemp(prefix="ga-", dir="/tmp"))
+        check_short(self.dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.sock = str(self.dir / "docker.sock")
+        self.log = self.dir / "dockerd.log"
+        self.authz_plugin_socket = (
+            os.fspath(authz_plugin_socket) if authz_plugin_socket is not None else None
+        )
+        self.plugin_name = plugin_name or f"gpu-alloc-test-{os.getpid()}-{next(_counter)}"
+        self.spec_path = PLUGIN_SPEC_DIR / f"{self.plugin_name}.spec"
+        self.extra_args = list(extra_args)
+        self.start_timeout = start_timeout
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def namespace(self) -> str:
+        return "ga-" + hashlib.sha256(str(self.dir).encode()).hexdigest()[:12]
+
+    @property
+    def url(self) -> str:
+        return "unix://" + self.sock
+
+    def argv(self) -> list[str]:
+        dockerd = _which("dockerd") or "dockerd"
+        d = self.dir
+        argv = [
+            dockerd,
+            # An empty daemon.json: never pick up the host's /etc/docker/daemon.json.
+            f"--config-file={d / 'daemon.json'}",
+            f"--data-root={d / 'root'}",
+            f"--exec-root={d / 'exec'}",
+            f"--host={self.url}",
+            f"--pidfile={d / 'pid'}",
+            "--bridge=none",
+            "--iptables=false",
+            "--ip-masq=false",
+            "--ip6tables=false",
+            "--shutdown-timeout=2",
+            # dockerd 20.10 uses the host's containerd whenever /run/containerd/containerd.sock
+            # exists (apt starts one on systemd hosts) instead of a managed one under exec-root;
+            # namespaces of our own keep engines sharing it from seeing each other's containers.
+            f"--containerd-namespace={self.namespace}",
+            f"--containerd-plugins-namespace={self.namespace}-plugins",
+            f"--add-runtime=nvidia={d / 'bin' / 'nvidia-container-runtime'}",
+        ]
+        if self.authz_plugin_socket is not None:
+            argv.append(f"--authorization-plugin={self.plugin_name}")
+        return argv + self.extra_args
+
+    def start(self) -> Dockerd:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        bin_dir = prepare_host_tools(self.dir)
+        (self.dir / "daemon.json").write_text("{}\n")
+        if self.authz_plugin_socket is not None:
+            # dockerd waits ~16 s for a named plugin, then exits: the plugin must already
+            # be listening, or the start fails with a clear message rather than a timeout.
+            if not can_connect(self.authz_plugin_socket):
+                raise EngineError(f"authz plugin socket {self.authz_plugin_socket} not listening")
+            PLUGIN_SPEC_DIR.mkdir(parents=True, exist_ok=True)
+            self.spec_path.write_text(f"unix://{self.authz_plugin_socket}\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+        env["PATH"] = os.pathsep.join([str(bin_dir), env.get("PATH", ""), "/usr/sbin:/sbin"])
+        self.proc = _spawn(self.argv(), self.log, env)
+        wait_until(lambda: ping(self.sock), "dockerd", self.proc, self.log, self.start_timeout)
+
+    def stop(self, remove: bool = True) -> None:
+        """Stop dockerd (and its managed containerd); remove the state dir we created."""
+        if self.proc is not None:
+            self._kill_containers()
+            stop_process(self.proc)
+            self.proc = None
+        # After a SIGKILL the managed containerd may outlive dockerd; it is ours to end.
+        pid_file = self.dir / "exec" / "containerd" / "containerd.pid"
+        with contextlib.suppress(OSError, ValueError, ProcessLookupError):
+            os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+        with contextlib.suppress(FileNotFoundError):
+            self.spec_path.unlink()
+        _unmount_under(self.dir)
+        if remove and self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _kill_containers(self) -> None:
+        """SIGKILL running containers: a graceful dockerd shutdown waits 10 s for each one
+        whose PID 1 ignores SIGTERM (any busybox `sleep`). Best effort: the plugin may be down."""
+        if self.proc is None or self.proc.poll() is not None or not ping(self.sock):
+            return
+        with contextlib.suppress(Exception):
+            api = engine_api(self.sock, timeout=5)
+            try:
+                for container in api.containers(quiet=True):
+                    with contextlib.suppress(Exception):
+                        api.kill(container["Id"])
+            finally:
+                api.close()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return log_tail(self.log, lines)
+
+    def __enter__(self) -> Dockerd:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def busybox_rootfs_tar(busybox: str | None = None) -> bytes:
+    """A minimal root filesystem: static busybox plus applet links, as an uncompressed tar."""
+    busybox = busybox or _which("busybox")
+    if busybox is None:
+        raise EngineError("busybox not found; install busybox-static (make deps)")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in ("bin", "etc", "tmp", "proc", "sys", "dev", "root"):
+            info = tarfile.TarInfo(name)
+            info.type = tarfile.DIRTYPE
+            info.mode = 0o1777 if name == "tmp" else 0o755
+            tar.addfile(info)
+        tar.add(busybox, arcname="bin/busybox")
+        for applet in BUSYBOX_APPLETS:
+            info = tarfile.TarInfo(f"bin/{applet}")
+            info.type = tarfile.SYMTYPE
+            info.linkname = "busybox"
+            tar.addfile(info)
+        for name, text, mode in (
+            ("bin/printenv", PRINTENV_SCRIPT, 0o755),
+            ("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n", 0o644),
+            ("etc/group", "root:x:0:\n", 0o644),
+        ):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = mode
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def import_busybox(docker_sock: str | os.PathLike[str], tag: str = BUSYBOX_TAG) -> str:
+    """Import the busybox rootfs as image `tag` (CMD ["sh"]); return the image id."""
+    repo, _, version = tag.rpartition(":")
+    if not repo or "/" in version:
+        repo, version = tag, "latest"
+    api = engine_api(docker_sock)
+    try:
+        api.import_image_from_data(
+            busybox_rootfs_tar(), repository=repo, tag=version, changes=['CMD ["sh"]']
+        )
+        return api.inspect_image(f"{repo}:{version}")["Id"]
+    finally:
+        api.close()
+
+
+def engine_api(sock: str | os.PathLike[str], timeout: float = 60) -> docker.APIClient:
+    """A low-level docker SDK client on the unix socket `sock`."""
+    return docker.APIClient(base_url="unix://" + os.fspath(sock), version="auto", timeout=timeout)
+
+
+def _client_env(sock: str | os.PathLike[str], env: Mapping[str, str] | None) -> dict[str, str]:
+    """The caller's env minus any DOCKER_*, pointed at `sock`, with a throwaway client config."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "COMPOSE_"))}
+    base["DOCKER_HOST"] = "unix://" + os.fspath(sock)
+    base["DOCKER_CONFIG"] = tempfile.mkdtemp(prefix="ga-cfg-", dir="/tmp")
+    base.update(env or {})
+    return base
+
+
+def docker_cli(
+    sock: str | os.PathLike[str],
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    input: str | bytes | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess:
+    """Run the `docker` CLI against `sock`; text output; never raises on a non-zero exit.
+
+    `$GA_DOCKER_CLI` picks a specific binary (several CLI versions may be installed).
+    """
+    docker_bin = os.environ.get("GA_DOCKER_CLI") or _which("docker") or "docker"
+    full_env = _client_env(sock, env)
+    try:
+        return subprocess.run(
+            [docker_bin, "-H", full_env["DOCKER_HOST"], *args],
+            env=full_env,
+            input=input,
+            capture_output=True,
+            text=not isinstance(input, bytes),
+            timeout=timeout,
+            check=False,
+        )
+    finally:
+        shutil.rmtree(full_env["DOCKER_CONFIG"], ignore_errors=True)
+
+
+def docker_compose(
+    sock: str | os.PathLike[str],
+    project_dir: str | os.PathLike[str],
+    *args: str,
+    project_name: str | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 180,
+) -> subprocess.CompletedProcess:
+    """Run Debian's docker-compose 1.29 in `project_dir` (its docker-compose.yml) against `sock`."""
+    compose = _which("docker-compose")
+    if compose is None:
+        raise EngineError("docker-compose not found; install it (make deps)")
+    full_env = _client_env(sock, env)
+    full_env["COMPOSE_PROJECT_NAME"] = project_name or f"ga{os.getpid()}x{next(_counter)}"
+    try:
+        return subprocess.run(
+            [compose, "--no-ansi", *args],
+            cwd=project_dir,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    finally:
+        shutil.rmtree(full_env["DOCKER_CONFIG"], ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The full stack: plugin process + dockerd with --authorization-plugin + shim process.
+# The lead owns the gpu-alloc commands; this only starts them the way an operator would.
+# ---------------------------------------------------------------------------------------------
+
+
+def sim_gpu_uuid(index: int) -> str:
+    return f"GPU-00000000-0000-0000-0000-{index:012d}"
+
+
+def write_sim_gpus(path: str | os.PathLike[str], count: int) -> Path:
+    """A simulated-GPUs YAML file: `count` GPUs, two per NUMA node."""
+    gpus = [
+        {
+            "uuid": sim_gpu_uuid(k),
+            "index": k,
+            "minor": k,
+            "numa_node": k // 2,
+            "name": "Simulated GPU",
+            "memory_mib": 81920,
+            "pci_bus_id": f"00000000:{0x10 + k:02X}:00.0",
+        }
+        for k in range(count)
+    ]
+    path = Path(path)
+    path.write_text(yaml.safe_dump(gpus, sort_keys=False))
+    return path
+
+
+def gpu_alloc_command() -> list[str]:
+    """The `gpu-alloc` console script of the interpreter running the tests (the venv's)."""
+    script = Path(sys.prefix) / "bin" / "gpu-alloc"
+    if not script.exists():
+        raise EngineError(f"{script} missing; run `make venv` (pip install -e '.[test]')")
+    return [str(script)]
+
+
+class Stack:
+    """gpu-alloc plugin + private dockerd using it + gpu-alloc shim, all under one short dir.
+
+    Clients talk to `shim_sock`; `engine_sock` is the private dockerd itself (bypassing
+    the shim, but still behind the plugin).
+    """
+
+    def __init__(self, tmp: str | os.PathLike[str] | None = None, gpus: int = 4) -> None:
+        self._own_dir = tmp is None
+        self.dir = Path(tmp or tempfile.mkdtemp(prefix="ga-", dir="/tmp"))
+        check_short(self.dir / "e")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.gpu_count = gpus
+        self.engine_dir = self.dir / "e"
+        self.engine_sock = str(self.engine_dir / "docker.sock")
+        self.shim_sock = str(self.dir / "shim.sock")
+        self.plugin_sock = str(self.dir / "plugin.sock")
+        self.state_dir = self.dir / "state"
+        self.gpus_file = self.dir / "gpus.yaml"
+        self.config_path = self.dir / "config.yaml"
+        self.plugin: subprocess.Popen | None = None
+        self.shim: subprocess.Popen | None = None
+        self.dockerd: Dockerd | None = None
+
+    def write_config(self) -> Path:
+        write_sim_gpus(self.gpus_file, self.gpu_count)
+        self.state_dir.mkdir(exist_ok=True)
+        config = {
+            "engine": {"socket": self.engine_sock, "timeout": 10},
+            "shim": {"socket": self.shim_sock, "mode": "0660", "group": None,
+                     "create_timeout": 120},
+            "plugin": {"socket": self.plugin_sock, "workers": 2},
+            "policy": {"placement": "numa", "lock_timeout": 5, "pending_ttl": 120},
+            "state_dir": str(self.state_dir),
+            "gpus": str(self.gpus_file),
+        }  # fmt: skip
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return self.config_path
+
+    def _serve(self, role: str, sock: str) -> subprocess.Popen:
+        log = self.dir / f"{role}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+        proc = _spawn([*gpu_alloc_command(), "--config", str(self.config_path), role], log, env)
+        wait_until(lambda: can_connect(sock), f"gpu-alloc {role}", proc, log, START_TIMEOUT)
+        return proc
+
+    def start(self) -> Stack:
+        self.write_config()
+        try:
+            self.plugin = self._serve("plugin", self.plugin_sock)
+            self.dockerd = Dockerd(self.engine_dir, authz_plugin_socket=self.plugin_sock).start()
+            import_busybox(self.engine_sock)
+            self.shim = self._serve("shim", self.shim_sock)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        # The shim first (no new clients), dockerd before the plugin (dockerd's shutdown
+        # requests must not hit a dead plugin).
+        if self.shim is not None:
+            stop_process(self.shim)
+            self.shim = None
+        if self.dockerd is not None:
+            self.dockerd.stop(remove=False)
+            self.dockerd = None
+        if self.plugin is not None:
+            stop_process(self.plugin)
+            self.plugin = None
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def logs(self, lines: int = 40) -> str:
+        """The tail of every log in the stack, for assertion messages."""
+        parts = []
+        for name in ("plugin.log", "shim.log", "e/dockerd.log"):
+            parts.append(f"--- {name}\n{log_tail(self.dir / name, lines)}")
+        return "\n".join(parts)
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_stack(tmp: str | os.PathLike[str] | None = None, gpus: int = 4) -> Stack:
+    """Start plugin, dockerd (with the plugin and busybox) and shim; call .stop() when done."""
+    return Stack(tmp, gpus).start()
