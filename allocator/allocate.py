@@ -120,6 +120,9 @@ class Allocator:
         """Make the ledger agree with the Engine; see the module docstring."""
         if self.engine is None:
             return Report()
+        # The snapshot must come before the listing: only what was already recorded when
+        # the Engine was asked can be proven gone by the Engine's answer.
+        snapshot = self.ledger.read()
         listed = self.engine.containers()
         exists = {c["Id"]: c for c in listed}
         by_label = {
@@ -127,7 +130,6 @@ class Allocator:
             for c in listed
             if (c.get("Labels") or {}).get(LEASE_LABEL)
         }
-        snapshot = self.ledger.read()
         known = {le.container for le in snapshot.leases.values()} | set(snapshot.claims)
         facts = self.facts()
         found: dict[str, Claim] = {}
@@ -144,7 +146,7 @@ class Allocator:
                 found[cid] = claim
         self._no_gpu &= set(exists)
         with self.ledger.transaction() as state:
-            return _apply(state, exists, by_label, found, ledger.now())
+            return _apply(state, snapshot, exists, by_label, found, ledger.now())
 
     def _claim_of(self, cid: str, facts: Facts) -> Claim | None:
         info = self.engine.inspect(cid) if self.engine else None
@@ -158,12 +160,20 @@ class Allocator:
         return Claim(cid, str(info.get("Name") or "").lstrip("/"), gpus, why)
 
 
-def _apply(state: State, exists: dict, by_label: dict[str, str], found: dict[str, Claim],
-           now: float) -> Report:
+def _apply(
+    state: State,
+    snapshot: State,
+    exists: dict,
+    by_label: dict[str, str],
+    found: dict[str, Claim],
+    now: float,
+) -> Report:
+    """Apply what the Engine proved; leases and claims newer than the listing are kept."""
     report = Report()
     for lease in list(state.leases.values()):
+        before = snapshot.leases.get(lease.id)
         if lease.container is not None:
-            if lease.container not in exists:
+            if lease.container not in exists and before and before.container == lease.container:
                 state.release(lease.id)
                 report.freed.append(lease.id)
         elif lease.id in by_label:
@@ -173,7 +183,7 @@ def _apply(state: State, exists: dict, by_label: dict[str, str], found: dict[str
             state.release(lease.id)
             report.freed.append(lease.id)
     for cid in list(state.claims):
-        if cid not in exists:
+        if cid not in exists and cid in snapshot.claims:
             del state.claims[cid]
             report.dropped.append(cid)
     for cid, claim in found.items():

@@ -51,22 +51,30 @@ class StartupError(Exception):
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpu-alloc", description=__doc__.splitlines()[0])
-    p.add_argument("--config", help=f"config file (default: ${configmod.ENV_VAR}, "
-                                    f"else {configmod.DEFAULT_PATH})")
+    p.add_argument(
+        "--config",
+        help=f"config file (default: ${configmod.ENV_VAR}, else {configmod.DEFAULT_PATH})",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("plugin", help="serve the Docker authorization plugin").set_defaults(
-        func=cmd_plugin)
-    sub.add_parser("shim", help="serve the rewriting Engine API socket").set_defaults(
-        func=cmd_shim)
+        func=cmd_plugin
+    )
+    sub.add_parser("shim", help="serve the rewriting Engine API socket").set_defaults(func=cmd_shim)
     s = sub.add_parser("status", help="show which GPUs are free and who holds the rest")
     s.add_argument("--json", action="store_true", help="machine-readable output")
-    s.add_argument("--no-reconcile", action="store_true",
-                   help="show the ledger as it is, without asking the Engine")
+    s.add_argument(
+        "--no-reconcile",
+        action="store_true",
+        help="show the ledger as it is, without asking the Engine",
+    )
     s.set_defaults(func=cmd_status)
     r = sub.add_parser("repair", help="re-read the Engine and rebuild or clean the ledger")
-    r.add_argument("--reset", action="store_true",
-                   help="start from an empty ledger (after moving a corrupt one aside)")
+    r.add_argument(
+        "--reset",
+        action="store_true",
+        help="start from an empty ledger (after moving a corrupt one aside)",
+    )
     r.set_defaults(func=cmd_repair)
     return p
 
@@ -92,7 +100,7 @@ def check_default_runtime(cfg: Config, info: dict[str, Any] | None = None) -> No
         raise StartupError(
             f"the Engine's default runtime is '{default}': every container would run the "
             "NVIDIA hook and an image's own NVIDIA_VISIBLE_DEVICES could grant GPUs. Remove "
-            f"\"default-runtime\" from {cfg.engine.daemon_json}, restart Docker, and request "
+            f'"default-runtime" from {cfg.engine.daemon_json}, restart Docker, and request '
             "GPUs with --gpus instead"
         )
 

@@ -53,8 +53,12 @@ class Engine:
     def containers(self, label: str | None = None) -> list[dict[str, Any]]:
         """Every container, stopped ones included: a stopped container keeps its GPUs."""
         filters = {"label": [label]} if label else None
-        return self._call("GET /containers/json", lambda api: api.containers(
-            all=True, filters=filters)) or []
+        return (
+            self._call(
+                "GET /containers/json", lambda api: api.containers(all=True, filters=filters)
+            )
+            or []
+        )
 
     def inspect(self, container: str) -> dict[str, Any] | None:
         return self._call(f"inspect {container}", lambda api: api.inspect_container(container))

@@ -82,14 +82,26 @@ class State:
         """UUID -> a short description of who holds it."""
         held: dict[str, str] = {}
         for lease in self.leases.values():
-            who = f"lease {lease.id} ({lease.state}" + (
-                f", container {lease.container[:12]})" if lease.container else ")"
+            who = " ".join(
+                filter(
+                    None,
+                    (
+                        f"container {lease.container[:12]}"
+                        if lease.container
+                        else "a create in flight",
+                        f"'{lease.name}'" if lease.name else "",
+                        f"(lease {lease.id}, {lease.state})",
+                    ),
+                )
             )
             for uuid in lease.gpus:
                 held.setdefault(uuid, who)
         for claim in self.claims.values():
             for uuid in all_gpus if claim.gpus is None else claim.gpus:
-                held.setdefault(uuid, f"container {claim.container[:12]} ({claim.why})")
+                held.setdefault(
+                    uuid,
+                    f"container {claim.container[:12]} '{claim.name}' (not leased: {claim.why})",
+                )
         return held
 
     def new_lease(self, gpus: tuple[str, ...], now: float, ttl: float) -> tuple[Lease, str]:

@@ -24,8 +24,10 @@ def snapshot(alloc: Allocator) -> dict[str, Any]:
     return {
         "gpus": gpus,
         "leases": [vars(le) | {"gpus": list(le.gpus)} for le in state.leases.values()],
-        "claims": [vars(c) | {"gpus": None if c.gpus is None else list(c.gpus)}
-                   for c in state.claims.values()],
+        "claims": [
+            vars(c) | {"gpus": None if c.gpus is None else list(c.gpus)}
+            for c in state.claims.values()
+        ],
         "free": sum(1 for g in gpus if g["free"]),
         "total": len(gpus),
     }
@@ -36,9 +38,13 @@ def _holders(state: State, uuids: list[str]) -> dict[str, dict[str, Any]]:
     held: dict[str, dict[str, Any]] = {}
     for lease in state.leases.values():
         for uuid in lease.gpus:
-            held[uuid] = {"container": lease.container, "name": lease.name,
-                          "lease": lease.id, "state": lease.state,
-                          "why": "leased by gpu-alloc"}
+            held[uuid] = {
+                "container": lease.container,
+                "name": lease.name,
+                "lease": lease.id,
+                "state": lease.state,
+                "why": "leased by gpu-alloc",
+            }
     claims = sorted(state.claims.values(), key=lambda c: c.gpus is None)
     for claim in claims:
         entry = {"container": claim.container, "name": claim.name, "why": claim.why}
@@ -58,8 +64,10 @@ def render_table(snap: dict[str, Any]) -> str:
         who = "-" if h is None else _who(h)
         rows.append((str(g["index"]), g["uuid"], g["name"], "free" if g["free"] else "held", who))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
-             for r in rows]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
+        for r in rows
+    ]
     lines.append(f"{snap['free']} of {snap['total']} GPUs free")
     if snap.get("warning"):
         lines.append(f"warning: {snap['warning']}")
@@ -86,8 +94,10 @@ def repair(alloc: Allocator, reset: bool = False) -> str:
         alloc.ledger.read()
     except StateError as e:
         if not reset:
-            raise StateError(f"{e}; run 'gpu-alloc repair --reset' to move it aside and "
-                             "rebuild the ledger from the Engine's containers") from None
+            raise StateError(
+                f"{e}; run 'gpu-alloc repair --reset' to move it aside and "
+                "rebuild the ledger from the Engine's containers"
+            ) from None
         reset = True
     if reset and alloc.ledger.path.exists():
         aside = alloc.ledger.path.with_suffix(f".corrupt-{int(time.time())}")
@@ -95,6 +105,8 @@ def repair(alloc: Allocator, reset: bool = False) -> str:
             shutil.move(alloc.ledger.path, aside)
         notes.append(f"moved {alloc.ledger.path} to {aside}")
     report = alloc.reconcile()
-    notes.append(f"freed {len(report.freed)} lease(s), bound {len(report.bound)}, "
-                 f"adopted {len(report.adopted)} container(s), dropped {len(report.dropped)}")
+    notes.append(
+        f"freed {len(report.freed)} lease(s), bound {len(report.bound)}, "
+        f"adopted {len(report.adopted)} container(s), dropped {len(report.dropped)}"
+    )
     return "\n".join(notes)

@@ -78,8 +78,9 @@ def create_app(config: Config, allocator: Allocator | None = None) -> Flask:
                 if why is None:
                     log.info("allowed leased create (lease %s)", decision.lease_id)
                     return _json(_ALLOW)
-                decision = decide.Deny(f"gpu-alloc refused the container create: {why}; "
-                                       f"{decide.HINT}")
+                decision = decide.Deny(
+                    f"gpu-alloc refused the container create: {why}; {decide.HINT}"
+                )
         except _FAILURES as e:
             decision = decide.Deny(f"gpu-alloc refused {method} {uri}: {e}")
         if isinstance(decision, decide.Deny):
@@ -97,7 +98,10 @@ def create_app(config: Config, allocator: Allocator | None = None) -> Flask:
         if method != "POST":
             return _json(_ALLOW)
         outcome = decide.authz_response(
-            method, uri, _body(req), int(req.get("ResponseStatusCode") or 0),
+            method,
+            uri,
+            _body(req),
+            int(req.get("ResponseStatusCode") or 0),
             _response_body(req),
         )
         try:

@@ -41,12 +41,19 @@ Forward = Callable[[Request], Awaitable[Response]]
 def error(status: int, message: str) -> Response:
     """An answer in the Engine's own error format, which the docker CLI prints."""
     body = json.dumps({"message": message}).encode()
-    return Response(status, _REASONS.get(status, "Error"),
-                    [("Content-Type", "application/json")], body)
+    return Response(
+        status, _REASONS.get(status, "Error"), [("Content-Type", "application/json")], body
+    )
 
 
-_REASONS = {400: "Bad Request", 403: "Forbidden", 409: "Conflict",
-            502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+_REASONS = {
+    400: "Bad Request",
+    403: "Forbidden",
+    409: "Conflict",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
 
 
 class CreateInterceptor:
@@ -64,8 +71,7 @@ class CreateInterceptor:
         try:
             if route.check is not Check.CREATE:
                 facts = await asyncio.to_thread(self.alloc.facts)
-                decision = decide.authz_request(request.method, request.target,
-                                                request.body, facts)
+                decision = decide.authz_request(request.method, request.target, request.body, facts)
                 if isinstance(decision, decide.Deny):
                     return error(403, decision.msg)
                 return await forward(request)
@@ -99,8 +105,11 @@ class CreateInterceptor:
                 await asyncio.to_thread(self.alloc.release, lease.id)
                 return error(502, f"gpu-alloc: the Engine is not answering: {e}")
             log.warning("lease %s pending: create outcome unknown (%s)", lease.id, e)
-            return error(504, f"gpu-alloc: the Engine did not answer the create ({e}); "
-                              "the container may exist: check 'docker ps -a'")
+            return error(
+                504,
+                f"gpu-alloc: the Engine did not answer the create ({e}); "
+                "the container may exist: check 'docker ps -a'",
+            )
         await asyncio.to_thread(self._settle, lease.id, response)
         return response
 
