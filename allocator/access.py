@@ -457,6 +457,9 @@ def _mount(ctx: _Ctx, fld: str, src: str, dst: str) -> None:
         if _within(real, p) or _within(p, real):
             ctx.add(fld, f"bind mount of {src} exposes {p}", None)
             return
+    node = ctx.host.node(real)
+    if node is not None and stat.S_ISCHR(node.st_mode):
+        _device_node(ctx, fld, src, node)  # a GPU node is judged by its numbers, wherever it is
 
 
 def _within(path: str, top: str) -> bool:

@@ -135,7 +135,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
             raise _fail(path, str(key), f"unknown key (known: {', '.join(sorted(known))})")
     sections: dict[str, Any] = {}
     for name, schema in _SECTIONS.items():
-        raw = data.get(name) or {}
+        raw = {} if data.get(name) is None else data[name]
         if not isinstance(raw, dict):
             raise _fail(path, name, "must be a mapping")
         for key, value in raw.items():
@@ -158,6 +158,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
         ("policy.lock_timeout", policy.get("lock_timeout", 1)),
         ("policy.pending_ttl", policy.get("pending_ttl", 1)),
         ("engine.timeout", sections["engine"].get("timeout", 1)),
+        ("shim.create_timeout", shim.get("create_timeout", 1)),
         ("plugin.workers", sections["plugin"].get("workers", 1)),
     ):
         if value <= 0:

@@ -251,8 +251,9 @@ class Ledger:
 
     def write(self, state: State) -> None:
         data = json.dumps(state.to_json(), indent=1, sort_keys=True).encode()
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".state.", suffix=".tmp")
+        tmp = None
         try:
+            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".state.", suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
@@ -265,8 +266,9 @@ class Ledger:
             finally:
                 os.close(dirfd)
         except OSError as e:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
             raise StateError(
                 f"{self.path}: cannot write the state ({e.strerror}); the previous state is "
                 "kept; free space or fix permissions on the state directory"

@@ -21,7 +21,7 @@ def allocate(available: Sequence[GPU], required: Sequence[GPU], size: int) -> li
     for g in sorted(available, key=lambda g: g.index):
         if g not in required:
             nodes[-1 if g.numa_node is None else g.numa_node].append(g)
-    wanted = {g.numa_node for g in required}
+    wanted = {-1 if g.numa_node is None else g.numa_node for g in required}
     # Nodes already used by required GPUs first, then the tightest node that fits.
     fits = [n for n, gpus in nodes.items() if len(gpus) >= need]
     if fits:
