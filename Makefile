@@ -47,7 +47,7 @@ lint: venv
 test: deps venv lint
 	$(BIN)/python -m pytest -q
 
-demo: venv
+demo: deps venv
 	bash tests/demo.sh
 
 # QUICK=1 make bench (or make bench QUICK=1) for a short run.
