@@ -229,12 +229,9 @@ def _device_requests(ctx: _Ctx) -> None:
             ctx.add(fld, "all GPUs (Count -1)", None, Demand(all=True, caps=caps))
         elif count > 0:
             # dockerd turns Count N into indices 0..N-1: pinned by accident, not by intent.
-            ctx.add(
-                fld,
-                f"Count {count} (dockerd gives GPUs 0..{count - 1})",
-                None,
-                Demand(count=count, caps=caps),
-            )
+            indices = ",".join(map(str, range(min(count, 8)))) + ",..." * (count > 8)
+            what = f"Count {count} (dockerd alone would give GPU indices {indices})"
+            ctx.add(fld, what, None, Demand(count=count, caps=caps))
     if nvidia_seen:
         _swarm_resources(ctx)
 
