@@ -49,7 +49,7 @@ class PluginConfig:
 class PolicyConfig:
     placement: str = "numa"
     lock_timeout: float = 5.0
-    pending_ttl: float = 120.0
+    pending_ttl: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -171,6 +171,15 @@ def _build(data: dict[str, Any], path: str) -> Config:
     ):
         if not value.startswith("/"):
             raise _fail(path, dotted, f"must be an absolute path, got '{value}'") from None
+    ttl = policy.get("pending_ttl", PolicyConfig.pending_ttl)
+    create_timeout = shim.get("create_timeout", ShimConfig.create_timeout)
+    if ttl <= create_timeout:
+        raise _fail(
+            path,
+            "policy.pending_ttl",
+            f"must be longer than shim.create_timeout "
+            f"({create_timeout:g}s), or a slow create's lease could be freed under it",
+        )
     gpus = data.get("gpus", "nvml")
     if gpus != "nvml" and not gpus.startswith("/"):
         gpus = str((Path(path).parent / gpus).resolve())
