@@ -76,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
         help="start from an empty ledger (after moving a corrupt one aside)",
     )
     r.set_defaults(func=cmd_repair)
+    sub.add_parser("doctor", help="check the host end to end and say what to fix").set_defaults(
+        func=cmd_doctor
+    )
     return p
 
 
@@ -148,6 +151,16 @@ def cmd_repair(cfg: Config, args: argparse.Namespace) -> int:
 
     print(repair(_allocator(cfg), reset=args.reset))
     return 0
+
+
+def cmd_doctor(cfg: Config, args: argparse.Namespace) -> int:
+    from allocator import doctor
+
+    lines, healthy = doctor.run(cfg)
+    for line in lines:
+        print(line.render())
+    print("healthy" if healthy else "problems found: apply the fixes above, then run doctor again")
+    return 0 if healthy else EXIT_FAIL
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ class ShimConfig:
 @dataclass(frozen=True)
 class PluginConfig:
     socket: str = "/run/docker/plugins/gpu-alloc.sock"
+    name: str = "gpu-alloc"  # as daemon.json's "authorization-plugins" names it
     workers: int = 2
 
 
@@ -76,7 +77,7 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "group": (str, type(None)),
         "create_timeout": (int, float),
     },
-    "plugin": {"socket": str, "workers": int},
+    "plugin": {"socket": str, "name": str, "workers": int},
     "policy": {"placement": str, "lock_timeout": (int, float), "pending_ttl": (int, float)},
 }
 _SCALARS: dict[str, type] = {"state_dir": str, "gpus": str}

@@ -516,6 +516,7 @@ class Stack:
         check_short(self.dir / "e")
         self.dir.mkdir(parents=True, exist_ok=True)
         self.gpu_count = gpus
+        self.plugin_name = f"gpu-alloc-test-{os.getpid()}-{next(_counter)}"
         self.engine_dir = self.dir / "e"
         self.engine_sock = str(self.engine_dir / "docker.sock")
         self.shim_sock = str(self.dir / "shim.sock")
@@ -531,10 +532,11 @@ class Stack:
         write_sim_gpus(self.gpus_file, self.gpu_count)
         self.state_dir.mkdir(exist_ok=True)
         config = {
-            "engine": {"socket": self.engine_sock, "timeout": 10},
+            "engine": {"socket": self.engine_sock, "timeout": 10,
+                       "daemon_json": str(self.engine_dir / "daemon.json")},
             "shim": {"socket": self.shim_sock, "mode": "0660", "group": None,
                      "create_timeout": 120},
-            "plugin": {"socket": self.plugin_sock, "workers": 2},
+            "plugin": {"socket": self.plugin_sock, "name": self.plugin_name, "workers": 2},
             "policy": {"placement": "numa", "lock_timeout": 5, "pending_ttl": 300},
             "state_dir": str(self.state_dir),
             "gpus": str(self.gpus_file),
@@ -553,7 +555,9 @@ class Stack:
         self.write_config()
         try:
             self.plugin = self._serve("plugin", self.plugin_sock)
-            self.dockerd = Dockerd(self.engine_dir, authz_plugin_socket=self.plugin_sock).start()
+            self.dockerd = Dockerd(
+                self.engine_dir, authz_plugin_socket=self.plugin_sock, plugin_name=self.plugin_name
+            ).start()
             import_busybox(self.engine_sock)
             self.shim = self._serve("shim", self.shim_sock)
         except BaseException:

@@ -1,0 +1,246 @@
+"""``gpu-alloc doctor``: check a host end to end, one line per check, each with its fix.
+
+The checks run in order and each stands alone: a host with the plugin down
+still gets told whether its state file and contexts are right.  A check is a
+function from the config to a `Line`; the table `CHECKS` is the whole doctor.
+"""
+
+from __future__ import annotations
+
+import glob
+import http.client
+import json
+import os
+import shutil
+import socket
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from allocator import inventory as inventorymod
+from allocator.config import Config
+from allocator.engine import Engine, EngineError
+from allocator.ledger import Ledger, StateError
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+
+
+@dataclass(frozen=True)
+class Line:
+    status: str
+    what: str
+    fix: str = ""
+
+    def render(self) -> str:
+        text = f"[{self.status:>4}] {self.what}"
+        return text + (f"\n       fix: {self.fix}" if self.fix else "")
+
+
+class _Unix(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.unix_path)
+
+
+def _ask(path: str, method: str, target: str, body: bytes | None = None) -> tuple[int, bytes]:
+    conn = _Unix(path, timeout=5)
+    try:
+        conn.request(method, target, body=body)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def check_inventory(cfg: Config) -> Line:
+    try:
+        inv = inventorymod.load(cfg.gpus)
+    except inventorymod.InventoryError as e:
+        return Line(
+            FAIL,
+            f"GPU inventory: {e}",
+            "load the NVIDIA driver (nvidia-smi must work)"
+            if cfg.gpus == "nvml"
+            else f"fix {cfg.gpus}",
+        )
+    source = "NVML" if cfg.gpus == "nvml" else f"simulated GPUs from {cfg.gpus}"
+    busy = [str(g.index) for g in inv.gpus if g.busy]
+    what = f"GPU inventory: {len(inv.gpus)} GPU(s) via {source}"
+    if not inv.gpus:
+        return Line(FAIL, what, "no GPU found: check nvidia-smi")
+    return Line(OK, what + (f"; busy with host processes: {', '.join(busy)}" if busy else ""))
+
+
+def check_toolkit(cfg: Config) -> Line:
+    hook = shutil.which("nvidia-container-runtime-hook") or shutil.which("nvidia-ctk")
+    if hook:
+        return Line(OK, f"NVIDIA Container Toolkit: {hook}")
+    return Line(
+        FAIL,
+        "NVIDIA Container Toolkit: nvidia-container-runtime-hook not on PATH",
+        "install nvidia-container-toolkit, then nvidia-ctk runtime configure "
+        "--runtime=docker and restart docker",
+    )
+
+
+def check_engine(cfg: Config) -> Line:
+    try:
+        info = Engine(cfg.engine.socket, cfg.engine.timeout).info()
+    except EngineError as e:
+        return Line(FAIL, f"Engine: {e}", f"start docker, or fix engine.socket in {cfg.source}")
+    default = info.get("DefaultRuntime") or "runc"
+    runtimes = sorted(info.get("Runtimes") or {})
+    if "nvidia" in default.lower():
+        return Line(
+            FAIL,
+            f"Engine: default runtime is '{default}': images' own "
+            "NVIDIA_VISIBLE_DEVICES would grant GPUs",
+            f'remove "default-runtime" from {cfg.engine.daemon_json}, restart docker',
+        )
+    authz = (info.get("Plugins") or {}).get("Authorization") or []
+    line = (
+        f"Engine {info.get('ServerVersion', '?')}: default runtime {default}; "
+        f"runtimes {', '.join(runtimes)}; authorization plugins {authz or 'none'}"
+    )
+    if cfg.plugin.name not in authz:
+        return Line(
+            FAIL,
+            line,
+            f'add "authorization-plugins": ["{cfg.plugin.name}"] to '
+            f"{cfg.engine.daemon_json} (deploy/install.sh does) and "
+            "restart docker",
+        )
+    return Line(OK, line)
+
+
+def check_daemon_json(cfg: Config) -> Line:
+    path = cfg.engine.daemon_json
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return Line(
+            WARN,
+            f"{path}: missing (the plugin may be named on dockerd's command line)",
+            "run deploy/install.sh",
+        )
+    except (OSError, ValueError) as e:
+        return Line(FAIL, f"{path}: unreadable ({e})", "fix the JSON; dockerd will not start")
+    if cfg.plugin.name not in (data.get("authorization-plugins") or []):
+        # The Engine check above says whether dockerd uses the plugin (flag or file);
+        # a plugin named only on the command line is lost when the unit file changes.
+        return Line(
+            WARN,
+            f'{path}: "authorization-plugins" does not name {cfg.plugin.name}',
+            "run deploy/install.sh (it merges the entry and keeps a backup)",
+        )
+    return Line(OK, f"{path}: names the {cfg.plugin.name} authorization plugin")
+
+
+def check_plugin(cfg: Config) -> Line:
+    try:
+        status, body = _ask(cfg.plugin.socket, "POST", "/Plugin.Activate", b"{}")
+        implements = json.loads(body).get("Implements")
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        return Line(
+            FAIL,
+            f"plugin at {cfg.plugin.socket}: not answering ({e})",
+            "systemctl restart gpu-alloc-plugin; journalctl -u gpu-alloc-plugin",
+        )
+    if status != 200 or implements != ["authz"]:
+        return Line(
+            FAIL,
+            f"plugin at {cfg.plugin.socket}: answered {status} {implements}",
+            "another program owns this socket; check plugin.socket",
+        )
+    return Line(OK, f"plugin at {cfg.plugin.socket}: answers Plugin.Activate (authz)")
+
+
+def check_shim(cfg: Config) -> Line:
+    path = cfg.shim.socket
+    try:
+        status, _ = _ask(path, "GET", "/_ping")
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except (OSError, http.client.HTTPException) as e:
+        return Line(
+            FAIL,
+            f"shim at {path}: not answering ({e})",
+            "systemctl restart gpu-alloc-shim; journalctl -u gpu-alloc-shim",
+        )
+    if status != 200:
+        return Line(
+            FAIL,
+            f"shim at {path}: /_ping answered {status}",
+            "check that the Engine behind it is up (engine.socket)",
+        )
+    if mode & 0o007:
+        return Line(
+            WARN,
+            f"shim at {path}: answers; mode {mode:o} lets everyone use Docker",
+            "set shim.mode to 0660",
+        )
+    return Line(OK, f"shim at {path}: answers /_ping; mode {mode:o}")
+
+
+def check_state(cfg: Config) -> Line:
+    ledger = Ledger(cfg.state_dir, cfg.policy.lock_timeout)
+    try:
+        state = ledger.read()
+    except StateError as e:
+        return Line(FAIL, f"state: {e}", "gpu-alloc repair --reset")
+    what = f"state {ledger.path}: {len(state.leases)} lease(s), {len(state.claims)} claim(s)"
+    try:
+        mode = stat.S_IMODE(os.stat(cfg.state_dir).st_mode)
+    except FileNotFoundError:
+        return Line(OK, f"state {cfg.state_dir}: not created yet (made on first lease)")
+    if mode & 0o077:
+        return Line(WARN, f"{what}; directory mode {mode:o}", f"chmod 700 {cfg.state_dir}")
+    return Line(OK, what)
+
+
+def check_context(cfg: Config) -> Line:
+    """A docker context pointing at the shim, in the invoking user's docker config."""
+    homes = []
+    if os.environ.get("DOCKER_CONFIG"):
+        homes.append(os.environ["DOCKER_CONFIG"])
+    user = os.environ.get("SUDO_USER")
+    if user:
+        homes.append(os.path.expanduser(f"~{user}/.docker"))
+    homes.append(os.path.expanduser("~/.docker"))
+    want = f"unix://{cfg.shim.socket}"
+    for home in homes:
+        for meta in glob.glob(os.path.join(home, "contexts/meta/*/meta.json")):
+            try:
+                data = json.loads(Path(meta).read_text())
+            except (OSError, ValueError):
+                continue
+            host = ((data.get("Endpoints") or {}).get("docker") or {}).get("Host")
+            if host == want:
+                return Line(OK, f"docker context '{data.get('Name')}' points at the shim")
+    return Line(
+        WARN,
+        f"no docker context points at {want} (checked {', '.join(homes)})",
+        f"as each user: docker context create gpu-alloc --docker host={want}",
+    )
+
+
+CHECKS: tuple[Callable[[Config], Line], ...] = (
+    check_inventory,
+    check_toolkit,
+    check_engine,
+    check_daemon_json,
+    check_plugin,
+    check_shim,
+    check_state,
+    check_context,
+)
+
+
+def run(cfg: Config) -> tuple[list[Line], bool]:
+    lines = [check(cfg) for check in CHECKS]
+    return lines, all(line.status != FAIL for line in lines)

@@ -1,0 +1,104 @@
+"""gpu-alloc doctor against the test Engine: healthy, then with each fault."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from tests import engine
+from tests.conftest import require_engine
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[engine.Stack]:
+    require_engine()
+    s = engine.start_stack(gpus=2)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def doctor(stack: engine.Stack, tmp_path, context: bool = True) -> subprocess.CompletedProcess:
+    """Run doctor as a user whose docker config has (or lacks) the gpu-alloc context."""
+    cfg = tmp_path / "docker-config"
+    cfg.mkdir(exist_ok=True)
+    env = {
+        **os.environ,
+        "DOCKER_CONFIG": str(cfg),
+        "PATH": f"{stack.engine_dir / 'bin'}:{os.environ['PATH']}",
+    }  # the fake toolkit hook
+    if context:
+        subprocess.run(["docker", "context", "create", "gpu-alloc", "--docker",
+                        f"host=unix://{stack.shim_sock}"], env=env, capture_output=True,
+                       check=False)  # fmt: skip
+    return subprocess.run(
+        [*engine.gpu_alloc_command(), "--config", str(stack.config_path), "doctor"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+
+
+def test_a_healthy_host_has_no_failures(stack, tmp_path):
+    os.chmod(stack.state_dir, 0o700)
+    out = doctor(stack, tmp_path)
+    assert out.returncode == 0, out.stdout
+    assert "[FAIL]" not in out.stdout
+    for what in (
+        "GPU inventory: 2 GPU(s)",
+        "NVIDIA Container Toolkit",
+        "default runtime runc",
+        "answers Plugin.Activate",
+        "answers /_ping",
+        "docker context 'gpu-alloc'",
+    ):
+        assert what in out.stdout
+    assert out.stdout.strip().endswith("healthy")
+
+
+def test_a_missing_context_is_a_warning_with_the_command(stack, tmp_path):
+    out = doctor(stack, tmp_path, context=False)
+    assert "[warn] no docker context points at" in out.stdout
+    assert f"docker context create gpu-alloc --docker host=unix://{stack.shim_sock}" in out.stdout
+
+
+def test_a_corrupt_state_file_fails_with_the_repair_command(stack, tmp_path):
+    state = stack.state_dir / "state.json"
+    saved = state.read_bytes() if state.exists() else None
+    state.write_text("{not json")
+    try:
+        out = doctor(stack, tmp_path)
+    finally:
+        if saved is None:
+            state.unlink()
+        else:
+            state.write_bytes(saved)
+    assert out.returncode == 1
+    assert "corrupt JSON" in out.stdout and "gpu-alloc repair --reset" in out.stdout
+
+
+def test_a_dead_shim_and_a_wrong_plugin_name_are_failures(stack, tmp_path):
+    cfg = tmp_path / "broken.yaml"
+    import yaml
+
+    data = yaml.safe_load(stack.config_path.read_text())
+    data["shim"]["socket"] = str(tmp_path / "nobody.sock")
+    data["plugin"]["name"] = "not-gpu-alloc"
+    cfg.write_text(yaml.safe_dump(data))
+    out = subprocess.run([*engine.gpu_alloc_command(), "--config", str(cfg), "doctor"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 1
+    assert "shim at" in out.stdout and "not answering" in out.stdout
+    assert 'add "authorization-plugins": ["not-gpu-alloc"]' in out.stdout
+    assert "systemctl restart gpu-alloc-shim" in out.stdout
+
+
+def test_doctor_lines_all_say_ok_warn_or_fail(stack, tmp_path):
+    lines = [ln for ln in doctor(stack, tmp_path).stdout.splitlines() if ln.startswith("[")]
+    assert len(lines) == 8
+    assert all(ln[1:5].strip() in ("ok", "warn", "FAIL") for ln in lines), json.dumps(lines)
