@@ -17,14 +17,27 @@ reclaimed exactly when someone needs it.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from allocator import access, ledger
 from allocator.access import EngineView, Host
 from allocator.config import Config
-from allocator.decide import LEASE_LABEL, Ask, Facts, Shortage, place
+from allocator.decide import (
+    ALLOW,
+    HINT,
+    LEASE_LABEL,
+    Ask,
+    Decision,
+    Deny,
+    Facts,
+    NeedsLease,
+    Shortage,
+    StartCheck,
+    place,
+)
 from allocator.engine import Engine
 from allocator.inventory import Inventory
 from allocator.inventory import load as load_inventory
@@ -32,6 +45,9 @@ from allocator.ledger import Claim, Lease, Ledger, State
 from allocator.placement import POLICIES
 
 INVENTORY_MAX_AGE = 10.0
+log = logging.getLogger("gpu-alloc")
+COMPOSE_PROJECT = "com.docker.compose.project"
+COMPOSE_SERVICE = "com.docker.compose.service"
 ENGINE_VIEW_MAX_AGE = 30.0
 
 
@@ -83,24 +99,86 @@ class Allocator:
 
     # ------------------------------------------------------------ leases
 
-    def lease(self, ask: Ask, name: str = "") -> tuple[Lease, str] | Shortage:
-        """Place and record a pending lease; on shortage, reconcile once and retry."""
+    def lease(
+        self, ask: Ask, name: str = "", labels: dict[str, str] | None = None
+    ) -> tuple[Lease, str] | Shortage:
+        """Place and record a pending lease; on shortage, reconcile once and retry.
+
+        A create that replaces a stopped container of the same Compose service (compose
+        stops the old one and renames it ``<short id>_<name>`` before creating the new
+        one) may take over the old container's GPUs, so recreating a service on a full
+        host needs no more free GPUs than it had.
+        """
         result = self._try_lease(ask, name)
-        if isinstance(result, Shortage) and self.engine is not None and self.reconcile():
-            result = self._try_lease(ask, name)
+        if isinstance(result, Shortage) and self.engine is not None:
+            if self.reconcile():
+                result = self._try_lease(ask, name)
+            predecessor = self._compose_predecessor(name, labels or {})
+            if isinstance(result, Shortage) and predecessor is not None:
+                result = self._try_lease(ask, name, predecessor)
         return result
 
-    def _try_lease(self, ask: Ask, name: str) -> tuple[Lease, str] | Shortage:
+    def _try_lease(
+        self, ask: Ask, name: str, predecessor: tuple[str, str] | None = None
+    ) -> tuple[Lease, str] | Shortage:
         inventory = self.inventory()
         with self.ledger.transaction() as state:
-            picked = place(ask, inventory, state.holders(inventory.uuids), self.policy)
+            held = state.holders(inventory.uuids)
+            old = state.lease_of(predecessor[0]) if predecessor else None
+            if predecessor and (old is None or old.state != "bound"):
+                return place(ask, inventory, held, self.policy)  # the shortage, as it is
+            for uuid in old.gpus if old else ():
+                held.pop(uuid, None)
+            picked = place(ask, inventory, held, self.policy)
             if isinstance(picked, Shortage):
                 return picked
             lease, token = state.new_lease(
                 tuple(g.uuid for g in picked), ledger.now(), self.config.policy.pending_ttl
             )
-            state.leases[lease.id] = Lease(**{**lease.__dict__, "name": name})
-            return state.leases[lease.id], token
+            state.leases[lease.id] = lease = replace(lease, name=name)
+            if old is not None and predecessor is not None:
+                state.hand_over(old.id, lease.id, predecessor[1])
+            return lease, token
+
+    def _compose_predecessor(self, name: str, labels: dict[str, str]) -> tuple[str, str] | None:
+        """(id, current name) of the stopped container this Compose create replaces."""
+        project = labels.get(COMPOSE_PROJECT)
+        service = labels.get(COMPOSE_SERVICE)
+        if not (name and project and service and self.engine is not None):
+            return None
+        for c in self.engine.containers(label=f"{COMPOSE_PROJECT}={project}"):
+            current = (c.get("Names") or ["/"])[0].lstrip("/")
+            if (
+                (c.get("Labels") or {}).get(COMPOSE_SERVICE) == service
+                and c.get("State") != "running"
+                and current == f"{c['Id'][:12]}_{name}"
+            ):
+                return c["Id"], current
+        return None
+
+    def resolve(self, decision: Decision) -> Decision:
+        """Settle the decisions that need the ledger into `Allow` or `Deny`."""
+        if isinstance(decision, NeedsLease):
+            why = self.authorize(decision.lease_id, decision.token, decision.gpus)
+            if why is not None:
+                return Deny(f"gpu-alloc refused the container create: {why}; {HINT}")
+            log.info("allowed leased create (lease %s)", decision.lease_id)
+            return ALLOW
+        if isinstance(decision, StartCheck):
+            why = self.start_refusal(decision.ref)
+            return ALLOW if why is None else Deny(why)
+        return decision
+
+    def start_refusal(self, ref: str) -> str | None:
+        """Why a start of container ``ref`` must be refused, if it must."""
+        lease = self.ledger.read().handed_over(ref)
+        if lease is None:
+            return None
+        return (
+            f"gpu-alloc refused to start {ref}: its GPUs were handed to the container "
+            f"replacing it (lease {lease.handed_to}); remove it, or remove its replacement "
+            "first"
+        )
 
     def authorize(self, lease_id: str, token: str, gpus: frozenset[str]) -> str | None:
         with self.ledger.transaction() as state:

@@ -61,7 +61,14 @@ class NeedsLease:
     gpus: frozenset[str]
 
 
-Decision = Allow | Deny | NeedsLease
+@dataclass(frozen=True)
+class StartCheck:
+    """Allow unless the ledger says ``ref`` handed its GPUs to a replacement."""
+
+    ref: str
+
+
+Decision = Allow | Deny | NeedsLease | StartCheck
 ALLOW = Allow()
 
 
@@ -147,7 +154,7 @@ def _start(route: Route, method: str, uri: str, body: bytes | None, facts: Facts
             "gpu-alloc refused container start: a start with a request body would replace "
             "the container's HostConfig; start it without one"
         )
-    return ALLOW
+    return StartCheck(route.name)
 
 
 def _update(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:

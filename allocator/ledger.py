@@ -52,11 +52,12 @@ class Lease:
     id: str
     gpus: tuple[str, ...]
     token_sha256: str
-    state: str = "pending"  # pending | authorized | bound
+    state: str = "pending"  # pending | authorized | bound | handed-over
     container: str | None = None
     name: str = ""
     created: float = 0.0
     deadline: float = 0.0
+    handed_to: str | None = None  # the lease of the container replacing this one
 
     def token_matches(self, token: str) -> bool:
         return hmac.compare_digest(self.token_sha256, _hash(token))
@@ -82,6 +83,8 @@ class State:
         """UUID -> a short description of who holds it."""
         held: dict[str, str] = {}
         for lease in self.leases.values():
+            if lease.state == "handed-over":
+                continue  # its GPUs are counted under the lease it was handed to
             who = " ".join(
                 filter(
                     None,
@@ -138,7 +141,30 @@ class State:
         return True
 
     def release(self, lease_id: str) -> Lease | None:
+        """End a lease; a container that handed its GPUs to this one gets them back."""
+        for other in list(self.leases.values()):
+            if other.handed_to == lease_id:
+                self.leases[other.id] = replace(other, state="bound", handed_to=None)
         return self.leases.pop(lease_id, None)
+
+    def hand_over(self, lease_id: str, to: str, current_name: str) -> None:
+        """A stopped container being replaced (Compose recreate) lends its GPUs to ``to``."""
+        lease = self.leases[lease_id]
+        self.leases[lease_id] = replace(lease, state="handed-over", handed_to=to, name=current_name)
+
+    def handed_over(self, ref: str) -> Lease | None:
+        """The handed-over lease a container reference (id, id prefix, name) points at."""
+        ref = ref.lstrip("/")
+        return next(
+            (
+                le
+                for le in self.leases.values()
+                if le.state == "handed-over"
+                and ref
+                and (le.name == ref or (le.container or "").startswith(ref))
+            ),
+            None,
+        )
 
     def lease_of(self, container: str) -> Lease | None:
         return next((le for le in self.leases.values() if le.container == container), None)

@@ -72,15 +72,7 @@ def create_app(config: Config, allocator: Allocator | None = None) -> Flask:
         except (ValueError, KeyError, TypeError):
             return _deny("gpu-alloc could not read the Engine's authorization request")
         try:
-            decision = decide.authz_request(method, uri, _body(req), _Facts(alloc))
-            if isinstance(decision, decide.NeedsLease):
-                why = alloc.authorize(decision.lease_id, decision.token, decision.gpus)
-                if why is None:
-                    log.info("allowed leased create (lease %s)", decision.lease_id)
-                    return _json(_ALLOW)
-                decision = decide.Deny(
-                    f"gpu-alloc refused the container create: {why}; {decide.HINT}"
-                )
+            decision = alloc.resolve(decide.authz_request(method, uri, _body(req), _Facts(alloc)))
         except _FAILURES as e:
             decision = decide.Deny(f"gpu-alloc refused {method} {uri}: {e}")
         if isinstance(decision, decide.Deny):

@@ -72,6 +72,7 @@ class CreateInterceptor:
             if route.check is not Check.CREATE:
                 facts = await asyncio.to_thread(self.alloc.facts)
                 decision = decide.authz_request(request.method, request.target, request.body, facts)
+                decision = await asyncio.to_thread(self.alloc.resolve, decision)
                 if isinstance(decision, decide.Deny):
                     return error(403, decision.msg)
                 return await forward(request)
@@ -91,7 +92,8 @@ class CreateInterceptor:
         if not ask.any:
             return await forward(_with_body(request, decide.rewrite(spec, (), None)))
         name = _name(request.target)
-        leased = await asyncio.to_thread(self.alloc.lease, ask, name)
+        labels = spec.get("Labels") or {}
+        leased = await asyncio.to_thread(self.alloc.lease, ask, name, labels)
         if isinstance(leased, decide.Shortage):
             log.info("refused create %r: %s", name, leased.msg)
             return error(409, leased.msg)

@@ -1,0 +1,415 @@
+"""allocator.ledger: lease life, hashed tokens, atomic writes, fail-closed reads, the lock."""
+
+import json
+import multiprocessing
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from allocator import decide, ledger
+from allocator.inventory import GPU, Inventory
+from allocator.ledger import REPAIR_HINT, SCHEMA_VERSION, Claim, Ledger, State, StateError
+from allocator.placement import POLICIES
+
+A, B, C, D = (f"GPU-{c * 8}" for c in "abcd")
+FORK = multiprocessing.get_context("fork")
+
+
+def temp_files(state_dir: Path) -> list[str]:
+    return sorted(p.name for p in state_dir.iterdir() if p.name.endswith(".tmp"))
+
+
+def with_one_lease(state_dir: Path) -> tuple[Ledger, str]:
+    """A ledger whose file holds one pending lease on GPU A; returns it and the file's text."""
+    led = Ledger(state_dir)
+    with led.transaction() as st:
+        st.new_lease((A,), now=100.0, ttl=60.0)
+    return led, led.path.read_text()
+
+
+# --- lease life (State is plain data) ----------------------------------------------------------
+
+
+def test_a_new_lease_is_pending_on_its_gpus_until_its_deadline() -> None:
+    st = State()
+    lease, token = st.new_lease((A, B), now=100.0, ttl=30.0)
+    assert st.leases == {lease.id: lease}
+    assert (lease.gpus, lease.state, lease.container) == ((A, B), "pending", None)
+    assert (lease.created, lease.deadline) == (100.0, 130.0)
+    assert lease.token_matches(token)
+    assert not lease.token_matches(token + "x")
+
+
+def test_each_lease_gets_its_own_id_and_token() -> None:
+    st = State()
+    (l1, t1), (l2, t2) = st.new_lease((A,), 0, 1), st.new_lease((B,), 0, 1)
+    assert l1.id != l2.id and t1 != t2
+    assert not l1.token_matches(t2)
+
+
+def test_the_full_lease_life_pending_authorized_bound_released() -> None:
+    st = State()
+    lease, token = st.new_lease((A, B), now=0, ttl=60)
+    assert st.authorize(lease.id, token, frozenset({B, A})) is None
+    assert st.leases[lease.id].state == "authorized"
+    assert st.bind(lease.id, "c0ffee" * 10, name="train")
+    bound = st.leases[lease.id]
+    assert (bound.state, bound.container, bound.name) == ("bound", "c0ffee" * 10, "train")
+    assert st.lease_of("c0ffee" * 10) == bound
+    assert st.release(lease.id) == bound
+    assert st.leases == {}
+    assert st.release(lease.id) is None
+    assert st.lease_of("c0ffee" * 10) is None
+
+
+def test_a_token_is_single_use() -> None:
+    st = State()
+    lease, token = st.new_lease((A,), 0, 60)
+    assert st.authorize(lease.id, token, frozenset({A})) is None
+    why = st.authorize(lease.id, token, frozenset({A}))
+    assert why is not None and "already used" in why and "authorized" in why
+
+
+@pytest.mark.parametrize(
+    ("lease_id", "token", "gpus", "why"),
+    [
+        ("{id}", "{token}x", {A, B}, "unknown or forged"),
+        ("{id}", "", {A, B}, "unknown or forged"),
+        ("{token}", "{token}", {A, B}, "unknown or forged"),  # token as the id
+        ("0000000000000000", "{token}", {A, B}, "unknown or forged"),
+        ("{id}", "{token}", {A}, "differ from lease"),
+        ("{id}", "{token}", {A, B, C}, "differ from lease"),
+        ("{id}", "{token}", {A, C}, "differ from lease"),
+    ],
+    ids=["wrong token", "empty token", "token as id", "unknown lease", "fewer GPUs",
+         "more GPUs", "other GPUs"],
+)  # fmt: skip
+def test_a_refused_authorization_leaves_the_lease_pending_and_usable(
+    lease_id: str, token: str, gpus: set[str], why: str
+) -> None:
+    st = State()
+    lease, real = st.new_lease((A, B), 0, 60)
+    reason = st.authorize(
+        lease_id.format(id=lease.id, token=real), token.format(token=real), frozenset(gpus)
+    )
+    assert reason is not None and why in reason
+    assert st.leases[lease.id].state == "pending"
+    assert st.authorize(lease.id, real, frozenset({A, B})) is None
+
+
+def test_bind_refuses_a_second_container_and_unknown_leases() -> None:
+    st = State()
+    lease, _ = st.new_lease((A,), 0, 60)
+    assert st.bind(lease.id, "one")
+    assert st.bind(lease.id, "one")  # the same answer twice is fine
+    assert not st.bind(lease.id, "two")
+    assert st.leases[lease.id].container == "one"
+    assert not st.bind("missing", "one")
+
+
+def test_holders_names_leases_and_claims_and_an_unpinned_claim_holds_every_gpu() -> None:
+    st = State()
+    pending, _ = st.new_lease((A,), 0, 60)
+    bound, _ = st.new_lease((B,), 0, 60)
+    st.bind(bound.id, "b" * 64, name="web")
+    st.claims["c" * 64] = Claim("c" * 64, "legacy", None, "privileged")
+    held = st.holders(frozenset({A, B, C, D}))
+    assert set(held) == {A, B, C, D}
+    assert pending.id in held[A] and "pending" in held[A]
+    assert "b" * 12 in held[B] and "'web'" in held[B]
+    assert held[C] == held[D] and "c" * 12 in held[C] and "privileged" in held[C]
+
+
+# --- the file ----------------------------------------------------------------------------------
+
+
+def test_a_missing_state_file_is_an_empty_state(tmp_path: Path) -> None:
+    st = Ledger(tmp_path / "state").read()
+    assert (st.leases, st.claims, st.adopted_at) == ({}, {}, None)
+
+
+def test_the_lease_life_survives_the_file_between_transactions(tmp_path: Path) -> None:
+    led = Ledger(tmp_path / "state")
+    with led.transaction() as st:
+        lease, token = st.new_lease((A, B), now=5.0, ttl=60.0)
+    with led.transaction() as st:
+        assert st.authorize(lease.id, token, frozenset({A, B})) is None
+    with led.transaction() as st:
+        assert "already used" in (st.authorize(lease.id, token, frozenset({A, B})) or "")
+        assert st.bind(lease.id, "f" * 64)
+    assert led.read().leases[lease.id].state == "bound"
+    with led.transaction() as st:
+        st.release(lease.id)
+    assert led.read().leases == {}
+
+
+def test_claims_and_adoption_time_round_trip(tmp_path: Path) -> None:
+    led = Ledger(tmp_path)
+    with led.transaction() as st:
+        st.claims["x"] = Claim("x", "old", (A, B), "device request")
+        st.claims["y"] = Claim("y", "priv", None, "privileged")
+        st.adopted_at = 42.5
+    st = led.read()
+    assert st.claims == {
+        "x": Claim("x", "old", (A, B), "device request"),
+        "y": Claim("y", "priv", None, "privileged"),
+    }
+    assert st.adopted_at == 42.5
+
+
+def test_the_token_is_stored_only_as_its_sha256(tmp_path: Path) -> None:
+    led = Ledger(tmp_path)
+    with led.transaction() as st:
+        lease, token = st.new_lease((A,), 0, 60)
+    text = led.path.read_text()
+    assert token not in text
+    assert lease.token_sha256 in text
+    assert json.loads(text)["leases"][lease.id]["token_sha256"] == lease.token_sha256
+    assert led.read().leases[lease.id].token_matches(token)
+
+
+def test_a_write_leaves_a_private_parseable_file_and_no_temp_files(tmp_path: Path) -> None:
+    led = Ledger(tmp_path / "state")
+    for i in range(5):
+        with led.transaction() as st:
+            st.new_lease((f"GPU-{i}",), 0, 60)
+    assert json.loads(led.path.read_text())["version"] == SCHEMA_VERSION
+    assert len(led.read().leases) == 5
+    assert temp_files(led.dir) == []
+    assert led.path.stat().st_mode & 0o777 == 0o600
+    assert led.dir.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_transaction_that_changes_nothing_writes_nothing(tmp_path: Path) -> None:
+    led = Ledger(tmp_path)
+    with led.transaction() as st:
+        assert st.leases == {}
+    assert not led.path.exists()
+
+
+def test_a_transaction_that_raises_writes_nothing(tmp_path: Path) -> None:
+    led, before = with_one_lease(tmp_path)
+    with pytest.raises(RuntimeError), led.transaction() as st:
+        st.leases.clear()
+        raise RuntimeError("the caller changed its mind")
+    assert led.path.read_text() == before
+
+
+BAD_FILES = {
+    "corrupt JSON": ('{"version": 1, "leases": {', "corrupt JSON"),
+    "empty file": ("", "corrupt JSON"),
+    "not an object": ("[1, 2]", "not a gpu-alloc state file"),
+    "no version": ('{"leases": {}, "claims": {}}', "not a gpu-alloc state file"),
+    "version 0": ('{"version": 0, "leases": {}, "claims": {}}', "schema version 0 is unknown"),
+    "version as a string": ('{"version": "1", "leases": {}, "claims": {}}', "'1' is unknown"),
+    "no leases": ('{"version": 1, "claims": {}}', "malformed entry"),
+    "leases as a list": ('{"version": 1, "leases": [], "claims": {}}', "malformed entry"),
+    "lease missing fields": (
+        '{"version": 1, "leases": {"x": {"id": "x"}}, "claims": {}}',
+        "malformed entry",
+    ),
+    "lease with an unknown field": (
+        '{"version": 1, "leases": {"x": {"id": "x", "gpus": [], "token_sha256": "",'
+        ' "colour": "red"}}, "claims": {}}',
+        "malformed entry",
+    ),
+    "lease gpus null": (
+        '{"version": 1, "leases": {"x": {"id": "x", "gpus": null, "token_sha256": ""}},'
+        ' "claims": {}}',
+        "malformed entry",
+    ),
+    "claim not an object": (
+        '{"version": 1, "leases": {}, "claims": {"c": "busy"}}',
+        "malformed entry",
+    ),
+}
+
+
+@pytest.mark.parametrize(("text", "why"), BAD_FILES.values(), ids=BAD_FILES.keys())
+def test_an_unreadable_state_file_stops_allocation_naming_the_file_and_the_repair(
+    tmp_path: Path, text: str, why: str
+) -> None:
+    led = Ledger(tmp_path)
+    led.path.write_text(text)
+    with pytest.raises(StateError) as info:
+        led.read()
+    msg = str(info.value)
+    assert msg.startswith(f"{led.path}: ")
+    assert why in msg
+    assert REPAIR_HINT in msg and "gpu-alloc repair" in msg
+    with pytest.raises(StateError), led.transaction():
+        pass  # a transaction refuses too, and never overwrites the evidence
+    assert led.path.read_text() == text
+
+
+def test_a_state_file_from_a_newer_gpu_alloc_asks_for_an_upgrade(tmp_path: Path) -> None:
+    led = Ledger(tmp_path)
+    text = json.dumps({"version": SCHEMA_VERSION + 1, "leases": {}, "claims": {}, "new": 1})
+    led.path.write_text(text)
+    with pytest.raises(StateError) as info:
+        led.read()
+    msg = str(info.value)
+    assert msg.startswith(f"{led.path}: schema version {SCHEMA_VERSION + 1} ")
+    assert "newer gpu-alloc" in msg and "upgrade" in msg
+    with pytest.raises(StateError), led.transaction():
+        pass
+    assert led.path.read_text() == text
+
+
+def _raise_enospc(*args: object, **kwargs: object) -> None:
+    raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize(
+    ("target", "name"),
+    [(os, "replace"), (os, "fsync"), (ledger.tempfile, "mkstemp")],
+    ids=["os.replace", "os.fsync", "mkstemp (unwritable directory)"],
+)
+def test_a_failing_write_is_a_state_error_and_keeps_the_previous_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: object, name: str
+) -> None:
+    led, before = with_one_lease(tmp_path)
+    monkeypatch.setattr(target, name, _raise_enospc)
+    with pytest.raises(StateError) as info, led.transaction() as st:
+        st.new_lease((B,), 0, 60)
+    msg = str(info.value)
+    assert msg.startswith(f"{led.path}: cannot write the state (No space left on device)")
+    assert "previous state is kept" in msg
+    monkeypatch.undo()
+    assert led.path.read_text() == before
+    assert temp_files(tmp_path) == []
+
+
+def test_a_state_directory_that_cannot_be_created_is_a_state_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    led = Ledger(tmp_path / "file" / "state")
+    with pytest.raises(StateError, match="cannot create the state directory"), led.transaction():
+        pass
+
+
+# --- the lock ----------------------------------------------------------------------------------
+
+
+def _hold_lock(state_dir: str, held: object, done: object) -> None:
+    with Ledger(state_dir).locked():
+        held.set()  # type: ignore[attr-defined]
+        done.wait(10)  # type: ignore[attr-defined]
+
+
+def test_a_lock_held_by_another_process_times_out_with_a_state_error(tmp_path: Path) -> None:
+    held, done = FORK.Event(), FORK.Event()
+    holder = FORK.Process(target=_hold_lock, args=(str(tmp_path), held, done))
+    holder.start()
+    try:
+        assert held.wait(5)
+        led = Ledger(tmp_path, lock_timeout=0.3)
+        start = time.monotonic()
+        with pytest.raises(StateError) as info, led.transaction():
+            pass
+        assert time.monotonic() - start >= 0.25
+        assert str(info.value).startswith(f"{led.lock_path}: lock not acquired within 0.3s")
+    finally:
+        done.set()
+        holder.join(5)
+    with Ledger(tmp_path, lock_timeout=1).transaction() as st:  # free again once released
+        st.new_lease((A,), 0, 60)
+    assert len(Ledger(tmp_path).read().leases) == 1
+
+
+# --- many processes at once --------------------------------------------------------------------
+
+POOL = Inventory(tuple(GPU(f"GPU-{i}", i) for i in range(4)))
+ONE_GPU = decide.Ask(required=(), count=1, every=False, caps=("gpu",))
+
+
+def _violations(st: State) -> list[str]:
+    owners: dict[str, str] = {}
+    found = [f"{len(st.leases)} leases on 4 GPUs"] if len(st.leases) > 4 else []
+    for lease in st.leases.values():
+        for uuid in lease.gpus:
+            if uuid in owners:
+                found.append(f"{uuid} in leases {owners[uuid]} and {lease.id}")
+            owners[uuid] = lease.id
+    return found
+
+
+def _allocate_and_release(state_dir: str, seed: int, rounds: int) -> dict[str, object]:
+    rng = random.Random(seed)
+    led = Ledger(state_dir, lock_timeout=30)
+    created, released, violations, shortages = [], [], [], 0
+    for _ in range(rounds):
+        with led.transaction() as st:
+            violations += _violations(st)
+            held = st.holders(POOL.uuids)
+            picked = decide.place(ONE_GPU, POOL, held, POLICIES["first-fit"])
+            if isinstance(picked, decide.Shortage):
+                shortages += 1
+            else:
+                lease, _ = st.new_lease(tuple(g.uuid for g in picked), now=0, ttl=60)
+                created.append(lease.id)
+            if st.leases and rng.random() < 0.4:
+                released.append(st.release(rng.choice(sorted(st.leases))).id)
+            violations += _violations(st)
+    return {"created": created, "released": released, "violations": violations,
+            "shortages": shortages}  # fmt: skip
+
+
+def test_concurrent_transactions_never_share_a_gpu_nor_lose_an_update(tmp_path: Path) -> None:
+    workers, rounds = 8, 40
+    with FORK.Pool(workers) as pool:
+        results = pool.starmap(
+            _allocate_and_release, [(str(tmp_path), seed, rounds) for seed in range(workers)]
+        )
+    assert [v for r in results for v in r["violations"]] == []
+    created = [i for r in results for i in r["created"]]
+    released = [i for r in results for i in r["released"]]
+    assert len(created) == len(set(created))
+    assert len(released) == len(set(released))  # no lease was released twice
+    final = Ledger(tmp_path).read()
+    assert _violations(final) == []
+    # A lost update would drop a new lease or resurrect a released one.
+    assert set(final.leases) == set(created) - set(released)
+    assert sum(r["shortages"] for r in results) > 0  # the pool did run full
+    assert temp_files(tmp_path) == []
+
+
+# --- a writer killed at any instant ------------------------------------------------------------
+
+
+def _churn(state_dir: str) -> None:
+    led = Ledger(state_dir)
+    i = 0
+    while True:
+        with led.transaction() as st:
+            st.new_lease((f"GPU-{i % 4}", f"GPU-{(i + 1) % 4}"), now=i, ttl=60)
+            while len(st.leases) > 3:
+                st.release(min(st.leases.values(), key=lambda le: le.created).id)
+        i += 1
+
+
+def test_a_writer_killed_at_random_moments_leaves_a_parseable_state(tmp_path: Path) -> None:
+    rng = random.Random(20240611)
+    led = Ledger(tmp_path)
+    seen: set[str] = set()
+    for _ in range(8):
+        child = FORK.Process(target=_churn, args=(str(tmp_path),))
+        child.start()
+        deadline = time.monotonic() + 5
+        while not led.path.exists() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(rng.uniform(0.005, 0.08))
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(5)
+        assert child.exitcode == -signal.SIGKILL
+        text = led.path.read_text()
+        assert json.loads(text)["version"] == SCHEMA_VERSION
+        assert 1 <= len(led.read().leases) <= 3
+        seen.add(text)
+    assert len(seen) > 1  # the writer made progress between kills
+    with Ledger(tmp_path, lock_timeout=1).transaction() as st:  # no lock left behind
+        st.leases.clear()
+    assert Ledger(tmp_path).read().leases == {}

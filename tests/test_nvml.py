@@ -1,0 +1,270 @@
+"""allocator.nvml: the inventory from NVML, against a stand-in with pynvml's names.
+
+The stand-in is checked against the installed ``pynvml`` (names, struct fields and the
+arguments nvml.py passes), so it cannot drift from the real API unnoticed.
+"""
+
+import inspect
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+import pytest
+
+from allocator import nvml
+from allocator.inventory import GPU, InventoryError
+
+MIB = 1024 * 1024
+
+
+class FakeNVML:
+    """pynvml's functions over a list of device dicts; records every call."""
+
+    def __init__(self, devices: list[dict[str, Any]], cuda: int | Exception = 12040) -> None:
+        self.devices = devices
+        self.cuda = cuda
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.init_error: Exception | None = None
+        self.fail_on: str | None = None
+
+    def _call(self, name: str, *args: Any) -> None:
+        self.calls.append((name, args))
+        if name == self.fail_on:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    def called(self, name: str) -> int:
+        return sum(1 for n, _ in self.calls if n == name)
+
+    def nvmlInit(self) -> None:
+        self._call("nvmlInit")
+        if self.init_error:
+            raise self.init_error
+
+    def nvmlShutdown(self) -> None:
+        self._call("nvmlShutdown")
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._call("nvmlDeviceGetCount")
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> dict[str, Any]:
+        self._call("nvmlDeviceGetHandleByIndex", index)
+        return self.devices[index]
+
+    def nvmlDeviceGetUUID(self, handle: dict[str, Any]) -> str | bytes:
+        self._call("nvmlDeviceGetUUID", handle)
+        return handle["uuid"]
+
+    def nvmlDeviceGetName(self, handle: dict[str, Any]) -> str | bytes:
+        self._call("nvmlDeviceGetName", handle)
+        return handle["name"]
+
+    def nvmlDeviceGetMemoryInfo(self, handle: dict[str, Any]) -> SimpleNamespace:
+        self._call("nvmlDeviceGetMemoryInfo", handle)
+        return SimpleNamespace(total=handle["memory"], free=0, used=handle["memory"])
+
+    def nvmlDeviceGetPciInfo(self, handle: dict[str, Any]) -> SimpleNamespace:
+        self._call("nvmlDeviceGetPciInfo", handle)
+        return SimpleNamespace(busId=handle["bus_id"])
+
+    def nvmlDeviceGetMinorNumber(self, handle: dict[str, Any]) -> int:
+        self._call("nvmlDeviceGetMinorNumber", handle)
+        return handle["minor"]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: dict[str, Any]) -> list[Any]:
+        self._call("nvmlDeviceGetComputeRunningProcesses", handle)
+        return handle.get("procs", [])
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._call("nvmlSystemGetCudaDriverVersion")
+        if isinstance(self.cuda, Exception):
+            raise self.cuda
+        return self.cuda
+
+
+def device(i: int, *, as_bytes: bool = False, **over: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "uuid": f"GPU-{i:08x}-0000-0000-0000-000000000000",
+        "name": "NVIDIA H100 80GB HBM3",
+        "memory": 81559 * MIB,
+        "bus_id": f"00000000:{0x3B + i:02X}:00.0",
+        "minor": i,
+    }
+    d.update(over)
+    if as_bytes:  # nvidia-ml-py before 11.515 returned bytes
+        d.update({k: d[k].encode() for k in ("uuid", "name", "bus_id")})
+    return d
+
+
+def sysfs_numa(root: Path, bus_id: str, node: str) -> None:
+    dev = root / "bus/pci/devices" / bus_id
+    dev.mkdir(parents=True)
+    (dev / "numa_node").write_text(node)
+
+
+# --- the stand-in mirrors pynvml ---------------------------------------------------------------
+
+FAKE_FUNCTIONS = sorted(n for n in vars(FakeNVML) if n.startswith("nvml"))
+
+
+@pytest.mark.parametrize("name", FAKE_FUNCTIONS)
+def test_the_stand_ins_functions_exist_in_pynvml(name: str) -> None:
+    assert callable(getattr(pynvml, name, None)), f"pynvml has no {name}"
+
+
+def test_the_stand_ins_struct_fields_exist_in_pynvml() -> None:
+    assert "total" in dict(pynvml.c_nvmlMemory_t._fields_)
+    assert "busId" in dict(pynvml.nvmlPciInfo_t._fields_)
+
+
+def test_nvml_py_calls_pynvml_with_arguments_its_signatures_accept(tmp_path: Path) -> None:
+    fake = FakeNVML([device(0), device(1)])
+    nvml.read(fake, sysfs=str(tmp_path))
+    assert {n for n, _ in fake.calls} == set(FAKE_FUNCTIONS)
+    for name, args in fake.calls:
+        inspect.signature(getattr(pynvml, name)).bind(*args)
+
+
+# --- reading the GPUs --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("as_bytes", [False, True], ids=["str bindings", "bytes bindings"])
+def test_each_device_becomes_a_gpu(tmp_path: Path, as_bytes: bool) -> None:
+    fake = FakeNVML([device(0, as_bytes=as_bytes), device(1, as_bytes=as_bytes, minor=7)])
+    inv = nvml.read(fake, sysfs=str(tmp_path))
+    assert inv.gpus == (
+        GPU(
+            uuid="GPU-00000000-0000-0000-0000-000000000000",
+            index=0,
+            name="NVIDIA H100 80GB HBM3",
+            memory_mib=81559,
+            pci_bus_id="00000000:3B:00.0",
+            minor=0,
+        ),
+        GPU(
+            uuid="GPU-00000001-0000-0000-0000-000000000000",
+            index=1,
+            name="NVIDIA H100 80GB HBM3",
+            memory_mib=81559,
+            pci_bus_id="00000000:3C:00.0",
+            minor=7,
+        ),
+    )
+    assert all(isinstance(g.uuid, str) and isinstance(g.pci_bus_id, str) for g in inv.gpus)
+
+
+def test_bytes_and_str_may_mix_within_one_device(tmp_path: Path) -> None:
+    dev = device(0)
+    dev["name"] = dev["name"].encode()
+    gpu = nvml.read(FakeNVML([dev]), sysfs=str(tmp_path)).gpus[0]
+    assert (gpu.name, gpu.uuid) == ("NVIDIA H100 80GB HBM3", dev["uuid"])
+
+
+def test_memory_is_reported_in_whole_mib(tmp_path: Path) -> None:
+    fake = FakeNVML([device(0, memory=16 * MIB + MIB - 1)])
+    assert nvml.read(fake, sysfs=str(tmp_path)).gpus[0].memory_mib == 16
+
+
+def test_a_host_without_gpus_is_an_empty_inventory(tmp_path: Path) -> None:
+    fake = FakeNVML([])
+    assert nvml.read(fake, sysfs=str(tmp_path)).gpus == ()
+    assert fake.called("nvmlShutdown") == 1
+
+
+@pytest.mark.parametrize(
+    ("cuda", "expected"),
+    [(12040, (12, 4)), (11080, (11, 8)), (13000, (13, 0)), (12020, (12, 2))],
+)
+def test_the_cuda_driver_version_is_major_minor(
+    tmp_path: Path, cuda: int, expected: tuple[int, int]
+) -> None:
+    inv = nvml.read(FakeNVML([device(0)], cuda=cuda), sysfs=str(tmp_path))
+    assert inv.cuda_driver_version == expected
+
+
+def test_an_unavailable_cuda_version_is_none_not_an_error(tmp_path: Path) -> None:
+    fake = FakeNVML([device(0)], cuda=pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED))
+    inv = nvml.read(fake, sysfs=str(tmp_path))
+    assert inv.cuda_driver_version is None
+    assert len(inv.gpus) == 1
+
+
+def test_a_gpu_running_compute_processes_is_busy(tmp_path: Path) -> None:
+    proc = SimpleNamespace(pid=4242, usedGpuMemory=1024 * MIB)
+    fake = FakeNVML([device(0), device(1, procs=[proc]), device(2)])
+    assert [g.busy for g in nvml.read(fake, sysfs=str(tmp_path)).gpus] == [False, True, False]
+
+
+# --- NUMA node from sysfs ----------------------------------------------------------------------
+
+NUMA = {
+    "8-digit NVML domain shortened to sysfs's 4": ("00000000:3B:00.0", "0000:3b:00.0", "1\n", 1),
+    "node 0": ("00000000:3B:00.0", "0000:3b:00.0", "0\n", 0),
+    "non-zero domain keeps its low 4 digits": ("00000001:AF:00.0", "0001:af:00.0", "3\n", 3),
+    "already 4-digit domain": ("0000:3B:00.0", "0000:3b:00.0", "2\n", 2),
+    "-1 means no NUMA affinity": ("00000000:3B:00.0", "0000:3b:00.0", "-1\n", None),
+    "unreadable value": ("00000000:3B:00.0", "0000:3b:00.0", "garbage", None),
+    "no sysfs entry for the device": ("00000000:3B:00.0", "0000:5e:00.0", "1\n", None),
+}
+
+
+@pytest.mark.parametrize(("bus_id", "sysfs_name", "content", "node"), NUMA.values(), ids=NUMA)
+def test_the_numa_node_comes_from_sysfs(
+    tmp_path: Path, bus_id: str, sysfs_name: str, content: str, node: int | None
+) -> None:
+    sysfs_numa(tmp_path, sysfs_name, content)
+    inv = nvml.read(FakeNVML([device(0, bus_id=bus_id)]), sysfs=str(tmp_path))
+    assert inv.gpus[0].numa_node == node
+
+
+def test_each_gpu_gets_its_own_numa_node(tmp_path: Path) -> None:
+    sysfs_numa(tmp_path, "0000:3b:00.0", "0\n")
+    sysfs_numa(tmp_path, "0000:3c:00.0", "1\n")
+    fake = FakeNVML([device(0, as_bytes=True), device(1, as_bytes=True)])
+    assert [g.numa_node for g in nvml.read(fake, sysfs=str(tmp_path)).gpus] == [0, 1]
+
+
+# --- failures ----------------------------------------------------------------------------------
+
+
+def test_a_failing_init_is_an_inventory_error_with_a_hint(tmp_path: Path) -> None:
+    fake = FakeNVML([device(0)])
+    fake.init_error = pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    with pytest.raises(InventoryError) as info:
+        nvml.read(fake, sysfs=str(tmp_path))
+    msg = str(info.value)
+    assert "cannot initialise the NVIDIA driver" in msg
+    assert "Shared Library Not Found" in msg  # NVML's own reason is kept
+    assert "'gpus:'" in msg and "simulated-GPU file" in msg
+    assert fake.called("nvmlDeviceGetCount") == 0
+    assert fake.called("nvmlShutdown") == 0  # never initialised, nothing to shut down
+
+
+@pytest.mark.parametrize(
+    "failing",
+    [
+        "nvmlDeviceGetCount",
+        "nvmlDeviceGetHandleByIndex",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetPciInfo",
+        "nvmlDeviceGetComputeRunningProcesses",
+    ],
+)
+def test_a_failing_read_is_an_inventory_error_and_nvml_is_still_shut_down(
+    tmp_path: Path, failing: str
+) -> None:
+    fake = FakeNVML([device(0), device(1)])
+    fake.fail_on = failing
+    with pytest.raises(InventoryError, match=r"^NVML: reading the GPUs failed"):
+        nvml.read(fake, sysfs=str(tmp_path))
+    assert fake.called("nvmlShutdown") == 1
+    assert fake.calls[-1][0] == "nvmlShutdown"
+
+
+def test_nvml_is_shut_down_after_a_successful_read(tmp_path: Path) -> None:
+    fake = FakeNVML([device(0)])
+    nvml.read(fake, sysfs=str(tmp_path))
+    assert fake.calls[0][0] == "nvmlInit"
+    assert fake.called("nvmlShutdown") == 1
+    assert fake.calls[-1][0] == "nvmlShutdown"
