@@ -30,10 +30,13 @@ from allocator.decide import (
     HINT,
     LEASE_LABEL,
     Ask,
+    Bind,
     Decision,
     Deny,
     Facts,
+    Forget,
     NeedsLease,
+    Release,
     Shortage,
     StartCheck,
     place,
@@ -75,6 +78,9 @@ class Allocator:
         self._view: tuple[float, EngineView] | None = None
         self._no_gpu: set[str] = set()  # containers inspected and found without GPUs
         self._lock = threading.Lock()
+        self._reconciling = threading.Condition()
+        self._reconcile_running = False
+        self._last_reconcile: tuple[float, bool, Report] | None = None
 
     # ------------------------------------------------------------- facts
 
@@ -192,39 +198,94 @@ class Allocator:
         with self.ledger.transaction() as state:
             return state.release(lease_id)
 
+    def settle(self, outcome: Bind | Release | Forget | None) -> None:
+        """Apply what the Engine's answer to a create or a removal means for the ledger."""
+        if isinstance(outcome, Bind):
+            self.bind(outcome.lease_id, outcome.container)
+        elif isinstance(outcome, Release):
+            self.release(outcome.lease_id)
+        elif isinstance(outcome, Forget):
+            gone = [
+                le.id
+                for le in self.ledger.read().leases.values()
+                if (le.container or "").startswith(outcome.ref)
+            ]
+            if len(gone) == 1:
+                with self.ledger.transaction() as state:
+                    lease = state.leases.get(gone[0])
+                    if lease and (lease.container or "").startswith(outcome.ref):
+                        state.release(lease.id)
+
     # --------------------------------------------------------- reconcile
 
-    def reconcile(self) -> Report:
-        """Make the ledger agree with the Engine; see the module docstring."""
+    def reconcile(self, adopt: bool = False) -> Report:
+        """Make the ledger agree with the Engine; see the module docstring.
+
+        Concurrent callers share one run: each waits for a run that began after it
+        asked, so a create never reuses a reconcile older than its own shortage.
+        """
         if self.engine is None:
             return Report()
+        asked = time.monotonic()
+        with self._reconciling:
+            while True:
+                done = self._last_reconcile
+                if done and done[0] >= asked and (done[1] or not adopt):
+                    return done[2]
+                if not self._reconcile_running:
+                    self._reconcile_running = True
+                    break
+                self._reconciling.wait()
+        began, report = time.monotonic(), None
+        try:
+            report = self._reconcile(adopt)
+            return report
+        finally:
+            with self._reconciling:
+                self._reconcile_running = False
+                if report is not None:
+                    self._last_reconcile = (began, adopt, report)
+                self._reconciling.notify_all()
+
+    def _reconcile(self, adopt: bool) -> Report:
+        assert self.engine is not None
         # The snapshot must come before the listing: only what was already recorded when
         # the Engine was asked can be proven gone by the Engine's answer.
         snapshot = self.ledger.read()
-        listed = self.engine.containers()
-        exists = {c["Id"]: c for c in listed}
-        by_label = {
-            (c.get("Labels") or {}).get(LEASE_LABEL, "").partition(".")[0]: c["Id"]
-            for c in listed
-            if (c.get("Labels") or {}).get(LEASE_LABEL)
-        }
-        known = {le.container for le in snapshot.leases.values()} | set(snapshot.claims)
+        # gpu-alloc's own containers carry its label; adopted ones are asked by id.  Only an
+        # adopting run lists everything, so a create costs the same with 10 or 10,000
+        # containers on the host.
+        listed = {c["Id"]: c for c in self.engine.containers(label=LEASE_LABEL)}
+        if snapshot.claims:
+            listed.update((c["Id"], c) for c in self.engine.containers(ids=list(snapshot.claims)))
+        if adopt:
+            listed.update((c["Id"], c) for c in self.engine.containers())
         facts = self.facts()
+        by_label: dict[str, str] = {}
+        for cid, c in listed.items():
+            lease = snapshot.leases.get(_lease_id(c))
+            if lease and lease.container is None and self._carries(cid, lease, facts):
+                by_label[lease.id] = cid
         found: dict[str, Claim] = {}
-        for cid, c in exists.items():
-            if cid in known or cid in self._no_gpu:
-                continue
-            label = (c.get("Labels") or {}).get(LEASE_LABEL, "").partition(".")[0]
-            if label in snapshot.leases and snapshot.leases[label].container in (None, cid):
-                continue  # a pending lease's container: bound below
-            claim = self._claim_of(cid, facts)
-            if claim is None:
-                self._no_gpu.add(cid)
-            else:
-                found[cid] = claim
-        self._no_gpu &= set(exists)
+        if adopt:
+            known = {le.container for le in snapshot.leases.values()} | set(snapshot.claims)
+            for cid in listed.keys() - known - self._no_gpu - set(by_label.values()):
+                claim = self._claim_of(cid, facts)
+                if claim is None:
+                    self._no_gpu.add(cid)
+                else:
+                    found[cid] = claim
+            self._no_gpu &= set(listed)
         with self.ledger.transaction() as state:
-            return _apply(state, snapshot, exists, by_label, found, ledger.now())
+            return _apply(state, snapshot, listed, by_label, found, ledger.now())
+
+    def _carries(self, cid: str, lease: Lease, facts: Facts) -> bool:
+        """Does this container really hold the lease's GPUs (not a label copied by commit)?"""
+        info = self.engine.inspect(cid) if self.engine else None
+        if info is None:
+            return False
+        grants = access.of_container(info, facts.engine, facts.inventory, facts.host)
+        return grants.pinned and grants.gpus(facts.inventory) == frozenset(lease.gpus)
 
     def _claim_of(self, cid: str, facts: Facts) -> Claim | None:
         info = self.engine.inspect(cid) if self.engine else None
@@ -236,6 +297,10 @@ class Allocator:
         gpus = tuple(sorted(grants.gpus(facts.inventory))) if grants.pinned else None
         why = "; ".join(g.describe() for g in grants.grants)
         return Claim(cid, str(info.get("Name") or "").lstrip("/"), gpus, why)
+
+
+def _lease_id(container: dict) -> str:
+    return (container.get("Labels") or {}).get(LEASE_LABEL, "").partition(".")[0]
 
 
 def _apply(

@@ -120,7 +120,7 @@ def cmd_shim(cfg: Config, args: argparse.Namespace) -> int:
     alloc = _allocator(cfg)
     assert alloc.engine is not None
     check_default_runtime(cfg, alloc.engine.info())
-    report = alloc.reconcile()
+    report = alloc.reconcile(adopt=True)
     if report:
         logging.getLogger("gpu-alloc.shim").info("reconciled at start: %s", report)
     from shim.serve import serve
@@ -136,7 +136,7 @@ def cmd_status(cfg: Config, args: argparse.Namespace) -> int:
     warning = None
     if not args.no_reconcile:
         try:
-            alloc.reconcile()
+            alloc.reconcile(adopt=True)
         except EngineError as e:
             warning = f"showing the ledger only: {e}"
     snap = snapshot(alloc)

@@ -81,9 +81,17 @@ def authz_request(method: str, uri: str, body: bytes | None, facts: Facts) -> De
         route = classify(method, uri)
     except RouteError as e:
         return Deny(f"gpu-alloc refused {method} {uri}: {e}")
-    if route.check is Check.ALLOW:
+    if route.check in _CLEARED:
         return ALLOW
     return _CHECKS[route.check](route, method, uri, body, facts)
+
+
+def clears_at_once(method: str, uri: str) -> bool:
+    """True when the route table alone allows the call: no body, no facts, no ledger."""
+    try:
+        return classify(method, uri).check in _CLEARED
+    except RouteError:
+        return False
 
 
 def _needs_body(route: Route, method: str, uri: str, body: bytes | None) -> Deny | None:
@@ -292,6 +300,7 @@ def _unknown(route: Route, method: str, uri: str, body: bytes | None, facts: Fac
     )
 
 
+_CLEARED = (Check.ALLOW, Check.REMOVE)
 _CHECKS = {
     Check.CREATE: _create,
     Check.START: _start,
@@ -334,10 +343,34 @@ class Release:
     lease_id: str
 
 
+@dataclass(frozen=True)
+class Forget:
+    """A container was removed: end the lease of the container ``ref`` names."""
+
+    ref: str
+
+
+MIN_ID_PREFIX = 12  # a shorter reference could be a name: leave that one to reconcile
+
+
 def authz_response(
     method: str, uri: str, body: bytes | None, status: int, response: bytes | None
-) -> Bind | Release | None:
-    """The plugin's AuthZRes: settle the lease of a create that carried one."""
+) -> Bind | Release | Forget | None:
+    """The plugin's AuthZRes: settle the lease of a create that carried one, or a removal."""
+    if method == "DELETE":
+        try:
+            route = classify(method, uri)
+        except RouteError:
+            return None
+        ref = route.name
+        if (
+            route.check is Check.REMOVE
+            and status == 204
+            and len(ref) >= MIN_ID_PREFIX
+            and all(c in "0123456789abcdef" for c in ref)
+        ):
+            return Forget(ref)
+        return None
     if method != "POST" or not body or LEASE_LABEL.encode() not in body:
         return None
     try:

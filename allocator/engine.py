@@ -50,12 +50,19 @@ class Engine:
     def info(self) -> dict[str, Any]:
         return self._call("GET /info", lambda api: api.info())
 
-    def containers(self, label: str | None = None) -> list[dict[str, Any]]:
-        """Every container, stopped ones included: a stopped container keeps its GPUs."""
-        filters = {"label": [label]} if label else None
+    def containers(
+        self, label: str | None = None, ids: list[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """Containers, stopped ones included (a stopped container keeps its GPUs)."""
+        filters: dict[str, list[str]] = {}
+        if label:
+            filters["label"] = [label]
+        if ids:
+            filters["id"] = ids
         return (
             self._call(
-                "GET /containers/json", lambda api: api.containers(all=True, filters=filters)
+                "GET /containers/json",
+                lambda api: api.containers(all=True, filters=filters or None),
             )
             or []
         )

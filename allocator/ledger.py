@@ -29,6 +29,7 @@ import json
 import os
 import secrets
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -40,6 +41,7 @@ import portalocker
 SCHEMA_VERSION = 1
 STATE_FILE = "state.json"
 LOCK_FILE = "lock"
+LOCK_POLL = 0.003  # seconds between tries for a lock another process holds
 REPAIR_HINT = "inspect it, then run 'gpu-alloc repair' to rebuild it from the Engine"
 
 
@@ -221,6 +223,7 @@ class Ledger:
         self.path = self.dir / STATE_FILE
         self.lock_path = self.dir / LOCK_FILE
         self.lock_timeout = lock_timeout
+        self._threads = threading.Lock()
 
     def ensure_dir(self) -> None:
         try:
@@ -246,24 +249,41 @@ class Ledger:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
+        """The exclusive lock: threads of this process queue, other processes poll briefly.
+
+        portalocker's default poll is 0.25 s; under contention that, not the work, set
+        the pace, so waiters poll every few milliseconds instead.
+        """
         self.ensure_dir()
-        lock = portalocker.Lock(
-            str(self.lock_path),
-            mode="a",
-            timeout=self.lock_timeout,
-            flags=portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLOCKING,
-        )
+        deadline = time.monotonic() + self.lock_timeout
+        if not self._threads.acquire(timeout=self.lock_timeout):
+            raise self._timeout()
         try:
-            lock.acquire()
-        except portalocker.LockException:
-            raise StateError(
-                f"{self.lock_path}: lock not acquired within {self.lock_timeout:g}s "
-                "(another gpu-alloc process holds it); try again"
-            ) from None
-        try:
-            yield
+            lock = portalocker.Lock(
+                str(self.lock_path),
+                mode="a",
+                timeout=max(0.0, deadline - time.monotonic()),
+                check_interval=LOCK_POLL,
+                flags=portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLOCKING,
+            )
+            try:
+                lock.acquire()
+            except portalocker.LockException:
+                raise self._timeout() from None
+            except OSError as e:
+                raise StateError(f"{self.lock_path}: cannot open the lock: {e.strerror}") from None
+            try:
+                yield
+            finally:
+                lock.release()
         finally:
-            lock.release()
+            self._threads.release()
+
+    def _timeout(self) -> StateError:
+        return StateError(
+            f"{self.lock_path}: lock not acquired within {self.lock_timeout:g}s "
+            "(another gpu-alloc process holds it); try again"
+        )
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[State]:

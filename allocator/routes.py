@@ -27,6 +27,7 @@ class Check(Enum):
     CREATE = "create"  # POST /containers/create: the body decides
     START = "start"  # a body here is the pre-1.24 HostConfig: refuse it
     UPDATE = "update"  # container update: no device fields
+    REMOVE = "remove"  # container removal: allowed; afterwards its lease ends
     EXEC = "exec"  # exec create: no privileged exec
     SERVICE = "service"  # swarm services: tasks never pass the plugin
     PLUGIN_INSTALL = "plugin-install"  # plugin pull/upgrade: privileges in the body
@@ -60,7 +61,7 @@ _WRITES: tuple[tuple[str, str, Check], ...] = (
     ("PUT", f"/containers/{_N}/archive", Check.ALLOW),
     ("POST", f"/containers/{_N}/checkpoints", Check.ALLOW),
     ("DELETE", f"/containers/{_N}/checkpoints/(?P<checkpoint>[^/]*)", Check.ALLOW),
-    ("DELETE", f"/containers/{_N}", Check.ALLOW),
+    ("DELETE", f"/containers/{_N}", Check.REMOVE),
     ("POST", "/commit", Check.ALLOW),
     ("POST", f"/exec/{_N}/(?:start|resize)", Check.ALLOW),
     ("POST", "/images/(?:create|load|prune)", Check.ALLOW),
@@ -146,6 +147,6 @@ def needs_check(method: str, target: str) -> bool:
     if method in _READS:
         return False
     try:
-        return classify(method, target).check is not Check.ALLOW
+        return classify(method, target).check not in (Check.ALLOW, Check.REMOVE)
     except RouteError:
         return True

@@ -104,7 +104,7 @@ def repair(alloc: Allocator, reset: bool = False) -> str:
         with alloc.ledger.locked():
             shutil.move(alloc.ledger.path, aside)
         notes.append(f"moved {alloc.ledger.path} to {aside}")
-    report = alloc.reconcile()
+    report = alloc.reconcile(adopt=True)
     notes.append(
         f"freed {len(report.freed)} lease(s), bound {len(report.bound)}, "
         f"adopted {len(report.adopted)} container(s), dropped {len(report.dropped)}"

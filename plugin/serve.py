@@ -36,7 +36,7 @@ def options(config: Config) -> dict[str, Any]:
     return {
         "bind": f"unix:{config.plugin.socket}",
         "workers": config.plugin.workers,
-        "worker_class": "gevent",
+        "worker_class": "gevent_pywsgi",
         "worker_connections": 1000,
         "keepalive": 120,
         "timeout": 30,

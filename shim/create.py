@@ -121,9 +121,9 @@ class CreateInterceptor:
                 container = json.loads(response.body)["Id"]
             except (ValueError, KeyError, TypeError):
                 return  # created but unreadable: reconcile binds it by label
-            self.alloc.bind(lease_id, container)
+            self.alloc.settle(decide.Bind(lease_id, container))
         else:
-            self.alloc.release(lease_id)
+            self.alloc.settle(decide.Release(lease_id))
             log.info("lease %s freed: the Engine answered %s", lease_id, response.status)
 
 
