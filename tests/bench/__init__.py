@@ -1,0 +1,1 @@
+"""Benchmarks: gpu-alloc against the bare Engine (python -m tests.bench)."""
