@@ -224,14 +224,18 @@ class Ledger:
         self.lock_path = self.dir / LOCK_FILE
         self.lock_timeout = lock_timeout
         self._threads = threading.Lock()
+        self._dir_ready = False
 
     def ensure_dir(self) -> None:
+        if self._dir_ready:
+            return
         try:
             self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as e:
             raise StateError(
                 f"{self.dir}: cannot create the state directory: {e.strerror}"
             ) from None
+        self._dir_ready = True
 
     def read(self) -> State:
         """A consistent snapshot without the lock (renames are atomic)."""
@@ -305,12 +309,9 @@ class Ledger:
                 f.flush()
                 os.fsync(f.fileno())
             os.chmod(tmp, 0o600)
+            # No fsync of the directory: a rename lost to a power cut leaves the previous
+            # state, and the lease it lacks is adopted back from the container's labels.
             os.replace(tmp, self.path)
-            dirfd = os.open(self.dir, os.O_RDONLY)
-            try:
-                os.fsync(dirfd)
-            finally:
-                os.close(dirfd)
         except OSError as e:
             if tmp is not None:
                 with contextlib.suppress(OSError):
