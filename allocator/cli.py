@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -130,16 +131,21 @@ def cmd_shim(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_status(cfg: Config, args: argparse.Namespace) -> int:
-    from allocator.status import render_json, render_table, snapshot
+    from allocator.status import from_shim, render_json, render_table, snapshot
 
     alloc = _allocator(cfg)
     warning = None
-    if not args.no_reconcile:
-        try:
-            alloc.reconcile(adopt=True)
-        except EngineError as e:
-            warning = f"showing the ledger only: {e}"
-    snap = snapshot(alloc)
+    try:
+        if not args.no_reconcile:
+            try:
+                alloc.reconcile(adopt=True)
+            except EngineError as e:
+                warning = f"showing the ledger only: {e}"
+        snap = snapshot(alloc)
+    except StateError as e:
+        if os.access(cfg.state_dir, os.R_OK | os.X_OK):
+            raise
+        snap = from_shim(cfg.shim.socket, why=str(e))  # not root: ask the shim instead
     if warning:
         snap["warning"] = warning
     print(render_json(snap) if args.json else render_table(snap))

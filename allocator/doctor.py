@@ -12,13 +12,13 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from allocator import inventory as inventorymod
+from allocator import unixhttp
 from allocator.config import Config
 from allocator.engine import Engine, EngineError
 from allocator.ledger import Ledger, StateError
@@ -35,27 +35,6 @@ class Line:
     def render(self) -> str:
         text = f"[{self.status:>4}] {self.what}"
         return text + (f"\n       fix: {self.fix}" if self.fix else "")
-
-
-class _Unix(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self.unix_path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.unix_path)
-
-
-def _ask(path: str, method: str, target: str, body: bytes | None = None) -> tuple[int, bytes]:
-    conn = _Unix(path, timeout=5)
-    try:
-        conn.request(method, target, body=body)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
 
 
 def check_inventory(cfg: Config) -> Line:
@@ -144,7 +123,7 @@ def check_daemon_json(cfg: Config) -> Line:
 
 def check_plugin(cfg: Config) -> Line:
     try:
-        status, body = _ask(cfg.plugin.socket, "POST", "/Plugin.Activate", b"{}")
+        status, body = unixhttp.request(cfg.plugin.socket, "POST", "/Plugin.Activate", b"{}")
         implements = json.loads(body).get("Implements")
     except (OSError, ValueError, http.client.HTTPException) as e:
         return Line(
@@ -164,7 +143,7 @@ def check_plugin(cfg: Config) -> Line:
 def check_shim(cfg: Config) -> Line:
     path = cfg.shim.socket
     try:
-        status, _ = _ask(path, "GET", "/_ping")
+        status, _ = unixhttp.request(path, "GET", "/_ping")
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except (OSError, http.client.HTTPException) as e:
         return Line(

@@ -4,6 +4,9 @@ UUIDs are the identity everywhere in gpu-alloc: indices change when a GPU
 disappears or ``CUDA_DEVICE_ORDER`` differs, UUIDs do not.  Users may still name
 a GPU by index, by full UUID or by a unique UUID prefix (as nvidia-docker v1's
 ``NV_GPU`` did); `Inventory.resolve` turns each into one GPU or an error.
+
+A simulated-GPU file is a list of GPUs, or a mapping ``{gpus: [...],
+cuda_driver_version: "12.4"}`` to simulate the driver's CUDA version too.
 """
 
 from __future__ import annotations
@@ -89,6 +92,10 @@ def load_file(path: str) -> Inventory:
         raise InventoryError(f"{path}: cannot read simulated GPUs: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise InventoryError(f"{path}: not valid YAML: {e}") from None
+    version = None
+    if isinstance(data, dict) and set(data) <= {"gpus", "cuda_driver_version"}:
+        version = _cuda_version(path, data.get("cuda_driver_version"))
+        data = data.get("gpus")
     if not isinstance(data, list):
         raise InventoryError(f"{path}: expected a list of GPUs ({{uuid, index}} each)")
     gpus = []
@@ -103,6 +110,16 @@ def load_file(path: str) -> Inventory:
             raise InventoryError(f"{path}: entry {n}: uuid must be a string, index an integer")
         gpus.append(GPU(**entry))
     try:
-        return Inventory(tuple(sorted(gpus, key=lambda g: g.index)))
+        return Inventory(tuple(sorted(gpus, key=lambda g: g.index)), version)
     except InventoryError as e:
         raise InventoryError(f"{path}: {e}") from None
+
+
+def _cuda_version(path: str, value: Any) -> tuple[int, int] | None:
+    """``cuda_driver_version: "12.4"``: the CUDA version a simulated driver supports."""
+    if value is None:
+        return None
+    major, dot, minor = str(value).partition(".")
+    if not (major.isdigit() and dot and minor.isdigit()):
+        raise InventoryError(f'{path}: cuda_driver_version must look like "12.4"')
+    return int(major), int(minor)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import shutil
 import time
 from typing import Any
 
+from allocator import unixhttp
 from allocator.allocate import Allocator
 from allocator.ledger import State, StateError
 
@@ -110,3 +112,14 @@ def repair(alloc: Allocator, reset: bool = False) -> str:
         f"adopted {len(report.adopted)} container(s), dropped {len(report.dropped)}"
     )
     return "\n".join(notes)
+
+
+def from_shim(socket_path: str, why: str) -> dict[str, Any]:
+    """The shim's view, for users in the docker group who cannot read the state dir."""
+    try:
+        code, body = unixhttp.request(socket_path, "GET", "/gpu-alloc/v1/status", timeout=30)
+    except (OSError, http.client.HTTPException) as e:
+        raise StateError(f"{why}; and the shim at {socket_path} did not answer: {e}") from None
+    if code != 200:
+        raise StateError(f"{why}; the shim answered {code}: {body[:200]!r}")
+    return json.loads(body)

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
 
-from allocator import decide, gojson
+from allocator import cuda, decide, gojson, status
 from allocator.allocate import Allocator
 from allocator.engine import EngineError
 from allocator.inventory import InventoryError
@@ -34,6 +34,7 @@ from allocator.routes import Check, RouteError, classify, needs_check
 from shim.proxy import Request, Response, UpstreamError
 
 log = logging.getLogger("gpu-alloc.shim")
+STATUS_PATH = "/gpu-alloc/v1/status"  # not an Engine route: dockerd has no /gpu-alloc
 _FAILURES = (StateError, EngineError, InventoryError)
 Forward = Callable[[Request], Awaitable[Response]]
 
@@ -61,9 +62,11 @@ class CreateInterceptor:
         self.alloc = allocator
 
     def wants(self, method: str, target: str) -> bool:
-        return needs_check(method, target)
+        return needs_check(method, target) or (method == "GET" and target == STATUS_PATH)
 
     async def handle(self, request: Request, forward: Forward) -> Response:
+        if request.method == "GET" and request.target == STATUS_PATH:
+            return await self._status()
         try:
             route = classify(request.method, request.target)
         except RouteError as e:
@@ -91,6 +94,9 @@ class CreateInterceptor:
             return error(403, ask.msg)
         if not ask.any:
             return await forward(_with_body(request, decide.rewrite(spec, (), None)))
+        refused = await asyncio.to_thread(self._cuda_refusal, spec, facts)
+        if refused:
+            return error(403, refused)
         name = _name(request.target)
         labels = spec.get("Labels") or {}
         leased = await asyncio.to_thread(self.alloc.lease, ask, name, labels)
@@ -114,6 +120,26 @@ class CreateInterceptor:
             )
         await asyncio.to_thread(self._settle, lease.id, response)
         return response
+
+    async def _status(self) -> Response:
+        """``gpu-alloc status`` for users who may use Docker but not read the state dir."""
+        try:
+            await asyncio.to_thread(self.alloc.reconcile)
+            snap = await asyncio.to_thread(status.snapshot, self.alloc)
+        except _FAILURES as e:
+            return error(503, f"gpu-alloc status: {e}")
+        body = status.render_json(snap).encode()
+        return Response(200, "OK", [("Content-Type", "application/json")], body)
+
+    def _cuda_refusal(self, spec: dict, facts: decide.Facts) -> str | None:
+        """nvidia-docker v1's check: the image's CUDA against the driver's, before leasing."""
+        driver = facts.inventory.cuda_driver_version
+        image = str(spec.get("Image") or "")
+        if driver is None or not image or self.alloc.engine is None:
+            return None
+        info = self.alloc.engine.image(image)  # None: not pulled; dockerd answers that
+        need = cuda.required((info or {}).get("Config") or {}, spec.get("Env") or ())
+        return cuda.refusal(driver, need, image)
 
     def _settle(self, lease_id: str, response: Response) -> None:
         if response.status == 201:

@@ -476,8 +476,8 @@ def sim_gpu_uuid(index: int) -> str:
     return f"GPU-00000000-0000-0000-0000-{index:012d}"
 
 
-def write_sim_gpus(path: str | os.PathLike[str], count: int) -> Path:
-    """A simulated-GPUs YAML file: `count` GPUs, two per NUMA node."""
+def write_sim_gpus(path: str | os.PathLike[str], count: int, cuda: str | None = None) -> Path:
+    """A simulated-GPUs YAML file: `count` GPUs, two per NUMA node; `cuda`: the driver's."""
     gpus = [
         {
             "uuid": sim_gpu_uuid(k),
@@ -491,7 +491,8 @@ def write_sim_gpus(path: str | os.PathLike[str], count: int) -> Path:
         for k in range(count)
     ]
     path = Path(path)
-    path.write_text(yaml.safe_dump(gpus, sort_keys=False))
+    data: object = gpus if cuda is None else {"cuda_driver_version": cuda, "gpus": gpus}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
 
@@ -510,7 +511,10 @@ class Stack:
     the shim, but still behind the plugin).
     """
 
-    def __init__(self, tmp: str | os.PathLike[str] | None = None, gpus: int = 4) -> None:
+    def __init__(
+        self, tmp: str | os.PathLike[str] | None = None, gpus: int = 4, cuda: str | None = None
+    ) -> None:
+        self.cuda = cuda
         self._own_dir = tmp is None
         self.dir = Path(tmp or tempfile.mkdtemp(prefix="ga-", dir="/tmp"))
         check_short(self.dir / "e")
@@ -529,7 +533,7 @@ class Stack:
         self.dockerd: Dockerd | None = None
 
     def write_config(self) -> Path:
-        write_sim_gpus(self.gpus_file, self.gpu_count)
+        write_sim_gpus(self.gpus_file, self.gpu_count, self.cuda)
         self.state_dir.mkdir(exist_ok=True)
         config = {
             "engine": {"socket": self.engine_sock, "timeout": 10,

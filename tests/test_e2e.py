@@ -288,3 +288,15 @@ services:
     down = engine.docker_compose(stack.shim_sock, tmp_path, "down", project_name="e2e")
     assert down.returncode == 0, down.stderr
     assert status(stack)["free"] == 4
+
+
+def test_users_without_the_state_dir_read_status_through_the_shim(stack):
+    made = shim(stack, "run", "-d", "--name", "seen", "--gpus", "1", IMAGE, "sleep", "30")
+    assert made.returncode == 0, made.stderr
+    from allocator import unixhttp
+
+    code, body = unixhttp.request(stack.shim_sock, "GET", "/gpu-alloc/v1/status")
+    assert code == 200
+    snap = json.loads(body)
+    assert snap["free"] == 3
+    assert [g["holder"]["name"] for g in snap["gpus"] if not g["free"]] == ["seen"]

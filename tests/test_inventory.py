@@ -195,3 +195,18 @@ def test_to_dict_has_every_field() -> None:
         "numa_node": 1,
         "busy": False,
     }
+
+
+def test_a_simulated_file_may_also_simulate_the_drivers_cuda_version(tmp_path):
+    path = tmp_path / "gpus.yaml"
+    path.write_text('cuda_driver_version: "12.4"\ngpus:\n  - {uuid: GPU-a, index: 0}\n')
+    inv = load_file(str(path))
+    assert inv.cuda_driver_version == (12, 4)
+    assert [g.uuid for g in inv.gpus] == ["GPU-a"]
+
+
+def test_a_malformed_simulated_cuda_version_names_the_file(tmp_path):
+    path = tmp_path / "gpus.yaml"
+    path.write_text('cuda_driver_version: "twelve"\ngpus: []\n')
+    with pytest.raises(InventoryError, match="gpus.yaml: cuda_driver_version"):
+        load_file(str(path))
