@@ -208,5 +208,5 @@ def test_a_simulated_file_may_also_simulate_the_drivers_cuda_version(tmp_path):
 def test_a_malformed_simulated_cuda_version_names_the_file(tmp_path):
     path = tmp_path / "gpus.yaml"
     path.write_text('cuda_driver_version: "twelve"\ngpus: []\n')
-    with pytest.raises(InventoryError, match="gpus.yaml: cuda_driver_version"):
+    with pytest.raises(InventoryError, match=r"gpus\.yaml: cuda_driver_version"):
         load_file(str(path))
