@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # dockerd and runc live in /usr/sbin, which a non-login root shell may lack.
 export PATH := $(PATH):/usr/sbin:/sbin
 
-.PHONY: venv deps lint test demo bench install clean distclean
+.PHONY: venv deps lint test demo bench install plugin clean distclean
 
 venv: $(STAMP)
 
@@ -53,6 +53,10 @@ demo: deps venv
 # QUICK=1 make bench (or make bench QUICK=1) for a short run.
 bench: venv
 	QUICK="$(QUICK)" $(BIN)/python -m tests.bench
+
+# The Docker managed-plugin directory (config.json + rootfs); needs a running Docker.
+plugin:
+	bash deploy/build-plugin.sh --out build/plugin
 
 install:
 	bash deploy/install.sh
