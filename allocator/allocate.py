@@ -41,10 +41,10 @@ from allocator.decide import (
     StartCheck,
     place,
 )
-from allocator.engine import Engine
+from allocator.engine import Engine, EngineError
 from allocator.inventory import Inventory
 from allocator.inventory import load as load_inventory
-from allocator.ledger import Claim, Lease, Ledger, State
+from allocator.ledger import Claim, Lease, Ledger, State, StateError
 from allocator.placement import POLICIES
 
 INVENTORY_MAX_AGE = 10.0
@@ -119,10 +119,26 @@ class Allocator:
         if isinstance(result, Shortage) and self.engine is not None:
             if self.reconcile():
                 result = self._try_lease(ask, name)
-            predecessor = self._compose_predecessor(name, labels or {})
-            if isinstance(result, Shortage) and predecessor is not None:
+            predecessor = None
+            if isinstance(result, Shortage):
+                predecessor = self._compose_predecessor(name, labels or {})
+            if predecessor is not None:
                 result = self._try_lease(ask, name, predecessor)
+                if not isinstance(result, Shortage):
+                    self._keep_down(predecessor[0])
         return result
+
+    def _keep_down(self, container: str) -> None:
+        """A predecessor that lent its GPUs must not come back by itself.
+
+        dockerd restarts ``restart: always`` containers at its own start without asking
+        the plugin, so the policy is turned off; the replacement has its own.
+        """
+        try:
+            assert self.engine is not None
+            self.engine.update(container, {"RestartPolicy": {"Name": "no"}})
+        except EngineError as e:
+            log.warning("could not turn off the restart policy of %s: %s", container[:12], e)
 
     def _try_lease(
         self, ask: Ask, name: str, predecessor: tuple[str, str] | None = None
@@ -176,8 +192,21 @@ class Allocator:
         return decision
 
     def start_refusal(self, ref: str) -> str | None:
-        """Why a start of container ``ref`` must be refused, if it must."""
-        lease = self.ledger.read().handed_over(ref)
+        """Why a start of container ``ref`` must be refused, if it must.
+
+        Only a container that handed its GPUs to its replacement is refused.  When the
+        ledger cannot be read, the container itself is asked: one without GPUs starts
+        anyway, so a broken state file stops GPU work only.
+        """
+        try:
+            lease = self.ledger.read().handed_over(ref)
+        except StateError as e:
+            info = self.engine.inspect(ref) if self.engine else None
+            if info is None:
+                return None  # dockerd answers "no such container"
+            facts = self.facts()
+            grants = access.of_container(info, facts.engine, facts.inventory, facts.host)
+            return None if grants.none else f"gpu-alloc refused to start {ref}: {e}"
         if lease is None:
             return None
         return (
@@ -185,6 +214,30 @@ class Allocator:
             f"replacing it (lease {lease.handed_to}); remove it, or remove its replacement "
             "first"
         )
+
+    def settle_unanswered(self, lease_id: str, label: str) -> None:
+        """A create got an answer other than 201: free the lease only if no container has it.
+
+        dockerd may have created the container and then failed the call (the plugin's
+        AuthZRes broke, say), so an error status alone proves nothing.
+        """
+        if self.engine is None:
+            self.release(lease_id)
+            return
+        try:
+            made = self.engine.containers(label=f"{LEASE_LABEL}={label}")
+        except EngineError as e:
+            log.warning("lease %s stays pending until reconciled: %s", lease_id, e)
+            return
+        if made:
+            self.bind(lease_id, made[0]["Id"])
+            log.warning(
+                "lease %s: the create failed but container %s exists; bound to it",
+                lease_id,
+                made[0]["Id"][:12],
+            )
+        else:
+            self.release(lease_id)
 
     def authorize(self, lease_id: str, token: str, gpus: frozenset[str]) -> str | None:
         with self.ledger.transaction() as state:

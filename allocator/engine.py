@@ -70,6 +70,12 @@ class Engine:
     def inspect(self, container: str) -> dict[str, Any] | None:
         return self._call(f"inspect {container}", lambda api: api.inspect_container(container))
 
+    def update(self, container: str, config: dict[str, Any]) -> None:
+        self._call(
+            f"update {container}",
+            lambda api: api.update_container(container, restart_policy=config.get("RestartPolicy")),
+        )
+
     def image(self, name: str) -> dict[str, Any] | None:
         return self._call(f"inspect image {name}", lambda api: api.inspect_image(name))
 

@@ -240,14 +240,14 @@ class Ledger:
     def read(self) -> State:
         """A consistent snapshot without the lock (renames are atomic)."""
         try:
-            text = self.path.read_text()
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return State()
         except OSError as e:
             raise StateError(f"{self.path}: cannot read: {e.strerror}") from None
         try:
-            data = json.loads(text)
-        except ValueError as e:
+            data = json.loads(raw.decode("utf-8"))
+        except ValueError as e:  # UnicodeDecodeError is a ValueError too
             raise StateError(f"{self.path}: corrupt JSON ({e}); {REPAIR_HINT}") from None
         return State.from_json(data, str(self.path))
 

@@ -11,10 +11,12 @@ into an `Ask`, leased under the ledger lock, rewritten to explicit UUIDs with a
 single-use lease token label and a ``NVIDIA_VISIBLE_DEVICES`` guard, and only
 then forwarded, as the canonical body that was checked.
 
-After forwarding: 201 binds the lease to the container id; any other Engine
-answer frees it (dockerd created nothing); no answer at all (dropped, timed
-out, shim killed) leaves the lease pending until `reconcile` finds the
-container by label or the deadline passes, so the GPUs are never granted twice.
+After forwarding: 201 binds the lease to the container id; any other answer
+frees it once the Engine confirms no container carries the lease (an error can
+come after dockerd created it: a failed AuthZRes, say); no answer at all
+(dropped, timed out, shim killed) leaves the lease pending until `reconcile`
+finds the container by label or the deadline passes, so the GPUs are never
+granted twice.
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ class CreateInterceptor:
                 f"gpu-alloc: the Engine did not answer the create ({e}); "
                 "the container may exist: check 'docker ps -a'",
             )
-        await asyncio.to_thread(self._settle, lease.id, response)
+        await asyncio.to_thread(self._settle, lease.id, f"{lease.id}.{token}", response)
         return response
 
     async def _status(self) -> Response:
@@ -141,7 +143,7 @@ class CreateInterceptor:
         need = cuda.required((info or {}).get("Config") or {}, spec.get("Env") or ())
         return cuda.refusal(driver, need, image)
 
-    def _settle(self, lease_id: str, response: Response) -> None:
+    def _settle(self, lease_id: str, label: str, response: Response) -> None:
         if response.status == 201:
             try:
                 container = json.loads(response.body)["Id"]
@@ -149,8 +151,8 @@ class CreateInterceptor:
                 return  # created but unreadable: reconcile binds it by label
             self.alloc.settle(decide.Bind(lease_id, container))
         else:
-            self.alloc.settle(decide.Release(lease_id))
-            log.info("lease %s freed: the Engine answered %s", lease_id, response.status)
+            log.info("lease %s: the Engine answered %s", lease_id, response.status)
+            self.alloc.settle_unanswered(lease_id, label)
 
 
 def _name(target: str) -> str:

@@ -1,0 +1,191 @@
+"""Compose (Debian's docker-compose 1.29) through the shim: up, scale, down, recreate.
+
+Services use ``network_mode: none``: Compose then creates no network (the test
+engines have no bridge), and GPU leasing does not care about networking.
+
+Recreate is the hard case.  For a changed service Compose 1.29 does, per
+container and in parallel across replicas (dockerd --debug log):
+
+    GET  /containers/<old>/json
+    POST /containers/<old>/stop?t=<stop_grace_period>
+    POST /containers/<old>/rename?name=<old short id>_<name>
+    GET  /images/<image>/json
+    POST /containers/create?name=<name>          (same labels, same device reservation)
+    POST /containers/<new>/start
+    DELETE /containers/<old>?v=False&link=False&force=False
+
+so the old container, stopped and renamed, still holds its GPUs while the new one
+is created.  With room to spare the replacement simply gets other GPUs; on a full
+host gpu-alloc hands the stopped predecessor's GPUs over to its replacement (and
+refuses to start the predecessor meanwhile).  If Compose stops half-way (the new
+container fails to start) both stay, the predecessor stopped and unstartable.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import engine
+from tests.conftest import require_engine
+from tests.faults import (
+    IMAGE,
+    FaultStack,
+    assert_all_free,
+    assert_invariants,
+    remove_all,
+    status,
+    visible_devices,
+)
+
+UUIDS = [engine.sim_gpu_uuid(k) for k in range(4)]
+PROJECT = "gacompose"
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[FaultStack]:
+    require_engine()
+    s = FaultStack(gpus=4).start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(autouse=True)
+def _clean(stack: FaultStack) -> Iterator[None]:
+    yield
+    remove_all(stack)
+
+
+def write_project(
+    directory: Path, *, gpus: int = 1, command: str = "300", restart: str = "no"
+) -> None:
+    (directory / "docker-compose.yml").write_text(f"""
+version: "3.8"
+services:
+  worker:
+    image: {IMAGE}
+    command: ["sleep", "{command}"]
+    network_mode: none
+    restart: "{restart}"
+    stop_grace_period: 1s
+    deploy:
+      resources:
+        reservations:
+          devices:
+            - driver: nvidia
+              count: {gpus}
+              capabilities: [gpu]
+""")
+
+
+def compose(stack: FaultStack, directory: Path, *args: str):
+    return engine.docker_compose(stack.shim_sock, directory, *args, project_name=PROJECT)
+
+
+def service_gpus(stack: FaultStack) -> dict[str, str]:
+    """Compose container name -> NVIDIA_VISIBLE_DEVICES, for the project's containers."""
+    api = engine.engine_api(stack.engine_sock)
+    found = api.containers(all=True, filters={"label": f"com.docker.compose.project={PROJECT}"})
+    return {c["Names"][0].lstrip("/"): visible_devices(stack, c["Id"]) or "" for c in found}
+
+
+def test_up_with_a_gpu_reservation_leases_it(stack, tmp_path):
+    write_project(tmp_path, gpus=2)
+    up = compose(stack, tmp_path, "up", "-d")
+    assert up.returncode == 0, up.stderr + stack.logs()
+    assert "Creating network" not in up.stderr
+    (name, gpus), *rest = service_gpus(stack).items()
+    assert not rest and name == f"{PROJECT}_worker_1"
+    assert len(set(gpus.split(","))) == 2 and set(gpus.split(",")) <= set(UUIDS)
+    snap = assert_invariants(stack)
+    assert snap["free"] == 2
+    assert [le["name"] for le in snap["leases"]] == [name]
+
+
+def test_scale_3_gets_3_distinct_gpus_and_down_frees_them(stack, tmp_path):
+    write_project(tmp_path)
+    up = compose(stack, tmp_path, "up", "-d", "--scale", "worker=3")
+    assert up.returncode == 0, up.stderr + stack.logs()
+    gpus = service_gpus(stack)
+    assert len(gpus) == 3
+    assert len(set(gpus.values())) == 3 and set(gpus.values()) <= set(UUIDS)
+    assert assert_invariants(stack)["free"] == 1
+    down = compose(stack, tmp_path, "down")
+    assert down.returncode == 0, down.stderr
+    snap = status(stack)
+    assert snap["free"] == 4 and snap["leases"] == [], json.dumps(snap, indent=1)
+
+
+def test_recreate_with_room_to_spare_moves_to_other_gpus(stack, tmp_path):
+    write_project(tmp_path)
+    up = compose(stack, tmp_path, "up", "-d", "--scale", "worker=2")
+    assert up.returncode == 0, up.stderr
+    before = service_gpus(stack)
+    write_project(tmp_path, command="301")  # a config change: Compose recreates
+    again = compose(stack, tmp_path, "up", "-d", "--scale", "worker=2")
+    assert again.returncode == 0, again.stderr + stack.logs()
+    assert "Recreating" in again.stderr
+    after = service_gpus(stack)
+    assert sorted(after) == sorted(before)  # same names, old containers gone
+    assert len(set(after.values())) == 2
+    assert_invariants(stack)
+    assert compose(stack, tmp_path, "down").returncode == 0
+    assert_all_free(stack)
+
+
+@pytest.mark.parametrize("layout", ["4x1", "1x4"])
+def test_recreate_on_a_full_host_hands_the_gpus_over(stack, tmp_path, layout):
+    """The replacement gets its GPUs without the host needing to be emptier."""
+    replicas, per = (4, 1) if layout == "4x1" else (1, 4)
+    write_project(tmp_path, gpus=per)
+    scale = ("--scale", f"worker={replicas}")
+    up = compose(stack, tmp_path, "up", "-d", *scale)
+    assert up.returncode == 0, up.stderr
+    assert status(stack)["free"] == 0
+    write_project(tmp_path, gpus=per, command="301")
+    again = compose(stack, tmp_path, "up", "-d", *scale)
+    assert again.returncode == 0, again.stderr + stack.logs()
+    assert "Recreating" in again.stderr
+    after = service_gpus(stack)
+    assert len(after) == replicas  # the old containers are gone
+    granted = [u for gpus in after.values() for u in gpus.split(",")]
+    assert sorted(granted) == UUIDS
+    snap = assert_invariants(stack)
+    assert snap["free"] == 0 and all(le["state"] == "bound" for le in snap["leases"])
+    assert compose(stack, tmp_path, "down").returncode == 0
+    assert_all_free(stack)
+
+
+def test_a_failed_recreate_then_a_dockerd_restart_grants_no_gpu_twice(stack, tmp_path):
+    """Compose stops at a failed start and leaves the stopped predecessor (GPUs handed
+    over) next to its replacement.  ``restart: always`` makes dockerd restart the
+    predecessor at its next start, without asking anyone: both may then run on the
+    same GPUs."""
+    write_project(tmp_path, gpus=4, restart="always")
+    assert compose(stack, tmp_path, "up", "-d").returncode == 0
+    hook = stack.engine_dir / "bin" / "nvidia-container-runtime-hook"
+    hook.write_text("#!/bin/sh\nexit 1\n")  # a transient driver failure at start
+    try:
+        write_project(tmp_path, gpus=4, command="301", restart="always")
+        failed = compose(stack, tmp_path, "up", "-d")
+        assert failed.returncode != 0 and "Cannot start service" in failed.stderr
+    finally:
+        hook.write_text("#!/bin/sh\nexit 0\n")
+    stack.restart_dockerd()
+    time.sleep(2)  # dockerd restarts restart-always containers right after it starts
+    # The replacement (the name Compose gave it) can now be started, it holds the lease.
+    shim_start = engine.docker_cli(stack.shim_sock, "start", f"{PROJECT}_worker_1")
+    running = [
+        c for c in engine.engine_api(stack.engine_sock).containers()
+        if c["Labels"].get("com.docker.compose.project") == PROJECT
+    ]  # fmt: skip
+    assert shim_start.returncode != 0 or len(running) < 2, "both run on the same GPUs"
+    assert_invariants(stack)
