@@ -244,6 +244,9 @@ class Allocator:
             return state.authorize(lease_id, token, gpus)
 
     def bind(self, lease_id: str, container: str) -> bool:
+        lease = self.ledger.read().leases.get(lease_id)
+        if lease is not None and lease.container == container:
+            return True  # the plugin's AuthZRes bound it already: no lock, no write
         with self.ledger.transaction() as state:
             return state.bind(lease_id, container)
 
