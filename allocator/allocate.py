@@ -18,6 +18,7 @@ reclaimed exactly when someone needs it.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -74,7 +75,7 @@ class Allocator:
         self.ledger = Ledger(config.state_dir, config.policy.lock_timeout)
         self.policy = POLICIES[config.policy.placement]
         self.host = (host or Host()).with_protected(config.state_dir)
-        self._inventory: tuple[float, Inventory] | None = None
+        self._inventory: tuple[object, Inventory] | None = None
         self._view: tuple[float, EngineView] | None = None
         self._no_gpu: set[str] = set()  # containers inspected and found without GPUs
         self._lock = threading.Lock()
@@ -85,10 +86,21 @@ class Allocator:
     # ------------------------------------------------------------- facts
 
     def inventory(self) -> Inventory:
+        """NVML is asked again every few seconds; a simulated file whenever it changes."""
+        stamp = self._inventory_stamp()
         with self._lock:
-            if self._inventory is None or time.monotonic() - self._inventory[0] > INVENTORY_MAX_AGE:
-                self._inventory = (time.monotonic(), load_inventory(self.config.gpus))
+            if self._inventory is None or self._inventory[0] != stamp:
+                self._inventory = (stamp, load_inventory(self.config.gpus))
             return self._inventory[1]
+
+    def _inventory_stamp(self) -> object:
+        if self.config.gpus == "nvml":
+            return int(time.monotonic() // INVENTORY_MAX_AGE)
+        try:
+            st = os.stat(self.config.gpus)
+        except OSError:
+            return None  # load_inventory reports it
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
 
     def engine_view(self) -> EngineView:
         """The Engine's runtimes; without an Engine, assume nothing but runc is safe."""

@@ -16,7 +16,8 @@ from allocator.ledger import State, StateError
 def snapshot(alloc: Allocator) -> dict[str, Any]:
     inventory = alloc.inventory()
     state = alloc.ledger.read()
-    holder_of = _holders(state, [g.uuid for g in inventory.gpus])
+    present = [g.uuid for g in inventory.gpus]
+    holder_of = _holders(state, present + _departed(state, present))
     gpus = []
     for g in inventory.gpus:
         holder = holder_of.get(g.uuid)
@@ -30,9 +31,19 @@ def snapshot(alloc: Allocator) -> dict[str, Any]:
             vars(c) | {"gpus": None if c.gpus is None else list(c.gpus)}
             for c in state.claims.values()
         ],
+        "departed": [
+            {"uuid": uuid, "holder": holder_of[uuid]} for uuid in _departed(state, present)
+        ],
         "free": sum(1 for g in gpus if g["free"]),
         "total": len(gpus),
     }
+
+
+def _departed(state: State, present: list[str]) -> list[str]:
+    """GPUs a lease or claim names that the inventory no longer has (removed, new UUID)."""
+    named = {u for le in state.leases.values() for u in le.gpus}
+    named |= {u for c in state.claims.values() for u in c.gpus or ()}
+    return sorted(named - set(present))
 
 
 def _holders(state: State, uuids: list[str]) -> dict[str, dict[str, Any]]:
@@ -71,6 +82,12 @@ def render_table(snap: dict[str, Any]) -> str:
         for r in rows
     ]
     lines.append(f"{snap['free']} of {snap['total']} GPUs free")
+    for gone in snap.get("departed") or ():
+        lines.append(
+            f"warning: {gone['uuid']} is held by {_who(gone['holder'])} but is no longer on "
+            "this host (removed, or its UUID changed); it is never granted. Remove that "
+            "container, then run 'gpu-alloc repair'"
+        )
     if snap.get("warning"):
         lines.append(f"warning: {snap['warning']}")
     return "\n".join(lines)

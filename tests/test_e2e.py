@@ -300,3 +300,55 @@ def test_users_without_the_state_dir_read_status_through_the_shim(stack):
     snap = json.loads(body)
     assert snap["free"] == 3
     assert [g["holder"]["name"] for g in snap["gpus"] if not g["free"]] == ["seen"]
+
+
+def test_a_gpu_that_disappears_is_reported_and_never_granted(stack):
+    held = shim(stack, "run", "-d", "--name", "on-gpu3", "--gpus", '"device=3"', IMAGE,
+                "sleep", "60")  # fmt: skip
+    assert held.returncode == 0, held.stderr
+    original = stack.gpus_file.read_text()
+    engine.write_sim_gpus(stack.gpus_file, 3)  # GPU 3 falls off the bus
+    try:
+        table = subprocess.run(
+            [*engine.gpu_alloc_command(), "--config", str(stack.config_path), "status"],
+            capture_output=True, text=True, timeout=60,
+        ).stdout  # fmt: skip
+        assert f"warning: {UUIDS[3]} is held by container" in table
+        assert "'on-gpu3'" in table and "no longer on this host" in table
+        everything = visible(stack, "--gpus", "all")
+        assert sorted(everything.stdout.strip().split(",")) == UUIDS[:3], everything.stderr
+        gone = visible(stack, "--gpus", f"device={UUIDS[3]}")
+        assert "is not a GPU on this host" in gone.stderr
+    finally:
+        stack.gpus_file.write_text(original)
+
+
+def on_a_terminal(stack: engine.Stack, *args: str) -> str:
+    """Run the docker CLI on a pseudo-terminal, as a person at a shell would."""
+    import pty
+
+    cfg = tempfile.mkdtemp(prefix="ga-tty-")
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child execs
+        os.execvpe("docker", ["docker", "-H", f"unix://{stack.shim_sock}", *args],
+                   {**os.environ, "DOCKER_CONFIG": cfg})  # fmt: skip
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.waitpid(pid, 0)
+    return out.decode(errors="replace")
+
+
+def test_run_it_and_exec_it_get_a_terminal_through_the_shim(stack):
+    script = "test -t 0 && echo tty-ok; printenv NVIDIA_VISIBLE_DEVICES"
+    out = on_a_terminal(stack, "run", "-it", "--rm", "--gpus", "1", IMAGE, "sh", "-c", script)
+    assert "tty-ok" in out
+    assert any(u in out for u in UUIDS), out
+    assert shim(stack, "run", "-d", "--name", "box", IMAGE, "sleep", "30").returncode == 0
+    assert "tty-ok" in on_a_terminal(stack, "exec", "-it", "box", "sh", "-c", script)
