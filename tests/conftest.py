@@ -14,7 +14,7 @@ import pytest
 
 from tests import engine
 
-ENGINE_FIXTURES = frozenset({"bare_engine", "stack_factory"})
+ENGINE_FIXTURES = frozenset({"bare_engine", "stack_factory", "stack"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -75,3 +75,26 @@ def stack_factory() -> Iterator[Callable[..., engine.Stack]]:
     yield start
     for stack in reversed(started):
         stack.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(request: pytest.FixtureRequest) -> Iterator[engine.Stack]:
+    """One started stack per test module: the module's `make_stack()`, else 4 GPUs.
+
+    Every test that uses it leaves no container behind (`_no_containers_left`), so each
+    starts with every GPU free.
+    """
+    require_engine()
+    make = getattr(request.module, "make_stack", None) or (lambda: engine.Stack(gpus=4))
+    s = make().start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_containers_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "stack" in request.fixturenames:
+        engine.remove_all_containers(request.getfixturevalue("stack").engine_sock)

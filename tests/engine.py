@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import docker
+import docker.errors
 import yaml
 
 BUSYBOX_TAG = "gpu-alloc-test/busybox:latest"
@@ -596,6 +597,17 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def remove_all_containers(sock: str | os.PathLike[str]) -> None:
+    """Remove every container through `sock` (the real socket: the plugin lets it through)."""
+    api = engine_api(sock)
+    try:
+        for c in api.containers(all=True):
+            with contextlib.suppress(docker.errors.NotFound):
+                api.remove_container(c["Id"], force=True)
+    finally:
+        api.close()
 
 
 def start_stack(tmp: str | os.PathLike[str] | None = None, gpus: int = 4) -> Stack:

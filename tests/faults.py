@@ -399,14 +399,7 @@ def assert_invariants(stack: engine.Stack) -> dict[str, Any]:
 
 
 def remove_all(stack: engine.Stack) -> None:
-    """Remove every container through the real socket (which the plugin lets through)."""
-    api = engine.engine_api(stack.engine_sock)
-    try:
-        for c in api.containers(all=True):
-            with contextlib.suppress(docker.errors.NotFound):
-                api.remove_container(c["Id"], force=True)
-    finally:
-        api.close()
+    engine.remove_all_containers(stack.engine_sock)
 
 
 def assert_all_free(stack: engine.Stack, wait: float = 0.0) -> dict[str, Any]:

@@ -25,19 +25,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests import engine
-from tests.conftest import require_engine
 from tests.faults import (
     IMAGE,
     FaultStack,
     assert_all_free,
     assert_invariants,
-    remove_all,
     status,
     visible_devices,
 )
@@ -48,20 +45,8 @@ PROJECT = "gacompose"
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module")
-def stack() -> Iterator[FaultStack]:
-    require_engine()
-    s = FaultStack(gpus=4).start()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture(autouse=True)
-def _clean(stack: FaultStack) -> Iterator[None]:
-    yield
-    remove_all(stack)
+def make_stack() -> engine.Stack:
+    return FaultStack(gpus=4)
 
 
 def write_project(

@@ -5,24 +5,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 
 import pytest
 
 from tests import engine
-from tests.conftest import require_engine
 
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module")
-def stack() -> Iterator[engine.Stack]:
-    require_engine()
-    s = engine.start_stack(gpus=2)
-    try:
-        yield s
-    finally:
-        s.stop()
+def make_stack() -> engine.Stack:
+    return engine.Stack(gpus=2)
 
 
 def doctor(stack: engine.Stack, tmp_path, context: bool = True) -> subprocess.CompletedProcess:

@@ -12,35 +12,15 @@ import json
 import os
 import subprocess
 import tempfile
-from collections.abc import Iterator
 
 import pytest
 
 from tests import engine
-from tests.conftest import require_engine
 
 IMAGE = engine.BUSYBOX_TAG
 UUIDS = [engine.sim_gpu_uuid(k) for k in range(4)]
 
 pytestmark = pytest.mark.engine
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[engine.Stack]:
-    require_engine()
-    s = engine.start_stack(gpus=4)
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture(autouse=True)
-def _clean(stack: engine.Stack) -> Iterator[None]:
-    yield
-    api = engine.engine_api(stack.engine_sock)
-    for c in api.containers(all=True):
-        api.remove_container(c["Id"], force=True)
 
 
 def shim(stack: engine.Stack, *args: str, **kw) -> subprocess.CompletedProcess:

@@ -10,7 +10,6 @@ import http.client
 import json
 import socket
 import subprocess
-from collections.abc import Iterator
 
 import pytest
 import yaml
@@ -43,24 +42,6 @@ def raw(sock: str, method: str, target: str, body: bytes | None = None) -> tuple
         return resp.status, json.loads(data) if data.strip() else {}
     except ValueError:  # API versions before 1.24 answer errors as plain text
         return resp.status, {"message": data.decode()}
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[engine.Stack]:
-    require_engine()
-    s = engine.start_stack(gpus=4)
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture(autouse=True)
-def _clean(stack: engine.Stack) -> Iterator[None]:
-    yield
-    api = engine.engine_api(stack.engine_sock)
-    for c in api.containers(all=True):
-        api.remove_container(c["Id"], force=True)
 
 
 def containers(stack: engine.Stack) -> list[str]:

@@ -46,24 +46,18 @@ FILES = ("state.json", "lock")  # what the state dir holds at rest
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module")
-def stack() -> Iterator[FaultStack]:
-    require_engine()
-    s = FaultStack(gpus=GPUS, pending_ttl=PENDING_TTL, plugin_proxy=True).start()
-    try:
-        yield s
-    finally:
-        s.stop()
+def make_stack() -> engine.Stack:
+    return FaultStack(gpus=GPUS, pending_ttl=PENDING_TTL, plugin_proxy=True)
 
 
 @pytest.fixture(autouse=True)
-def _clean(stack: FaultStack) -> Iterator[None]:
+def _heal(stack: FaultStack) -> Iterator[None]:
+    """Undo a test's faults before the containers are removed."""
     yield
     if stack.proxy is not None:
         stack.proxy.fail_create_responses = False
     if stack.shim is None:
         stack.start_shim()
-    remove_all(stack)
 
 
 def ok(result: subprocess.CompletedProcess) -> str:

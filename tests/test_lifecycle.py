@@ -15,12 +15,10 @@ invariants of tests/faults.py and every GPU free.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from tests import engine
-from tests.conftest import require_engine
 from tests.faults import (
     IMAGE,
     FaultStack,
@@ -41,20 +39,8 @@ VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module")
-def stack() -> Iterator[FaultStack]:
-    require_engine()
-    s = FaultStack(gpus=4).start()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture(autouse=True)
-def _clean(stack: FaultStack) -> Iterator[None]:
-    yield
-    remove_all(stack)
+def make_stack() -> engine.Stack:
+    return FaultStack(gpus=4)
 
 
 def ok(result) -> str:

@@ -15,12 +15,10 @@ import random
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from tests import engine
-from tests.conftest import require_engine
 from tests.faults import (
     IMAGE,
     FaultStack,
@@ -40,14 +38,8 @@ UUIDS = [engine.sim_gpu_uuid(k) for k in range(GPUS)]
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture
-def stack() -> Iterator[FaultStack]:
-    require_engine()
-    s = FaultStack(gpus=GPUS, pending_ttl=PENDING_TTL).start()
-    try:
-        yield s
-    finally:
-        s.stop()
+def make_stack() -> FaultStack:
+    return FaultStack(gpus=GPUS, pending_ttl=PENDING_TTL)
 
 
 class Client:
