@@ -209,6 +209,14 @@ if [[ ! -d $DESTDIR$PLUGIN_RUN_DIR ]]; then
     act install -d -m 0700 "$DESTDIR/run/docker" "$DESTDIR$PLUGIN_RUN_DIR"
 fi
 
+say "command: /usr/local/bin/gpu-alloc"
+if [[ $(readlink "$DESTDIR/usr/local/bin/gpu-alloc" 2>/dev/null) == "$VENV/bin/gpu-alloc" ]]; then
+    note "up to date"
+else
+    act install -d -m 0755 "$DESTDIR/usr/local/bin"
+    act ln -sfn "$VENV/bin/gpu-alloc" "$DESTDIR/usr/local/bin/gpu-alloc"
+fi
+
 say "systemd units in $UNIT_DIR"
 act install -d -m 0755 "$DESTDIR$UNIT_DIR"
 for unit in "${UNITS[@]}"; do

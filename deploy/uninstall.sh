@@ -153,6 +153,9 @@ if [[ -e $DESTDIR$PLUGIN_SOCK ]]; then
 fi
 
 say "files"
+if [[ $(readlink "$DESTDIR/usr/local/bin/gpu-alloc" 2>/dev/null) == */bin/gpu-alloc ]]; then
+    act rm -f "$DESTDIR/usr/local/bin/gpu-alloc"
+fi
 if [[ $KEEP_VENV == 0 && -e $DESTDIR$PREFIX/venv ]]; then
     act rm -rf "$DESTDIR$PREFIX/venv"
     if [[ $DRY_RUN == 0 ]]; then rmdir "$DESTDIR$PREFIX" 2>/dev/null || true; fi

@@ -170,6 +170,13 @@ def test_prefix_with_odd_characters_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / UNIT_DIR).exists()
 
 
+def test_the_command_is_linked_onto_the_path(staged: Path) -> None:
+    link = staged / "usr/local/bin/gpu-alloc"
+    assert os.readlink(link) == "/opt/gpu-alloc/venv/bin/gpu-alloc"
+    run(UNINSTALL, staged)
+    assert not link.is_symlink()
+
+
 def test_config_installed_once_and_never_overwritten(staged: Path) -> None:
     installed = staged / "etc/gpu-alloc/config.yaml"
     assert installed.read_text() == (DEPLOY / "config.example.yaml").read_text()
@@ -191,7 +198,7 @@ def test_nothing_is_written_outside_destdir(tmp_path: Path) -> None:
     root = tmp_path / "root"
     install(root)
     written = {p.relative_to(root).parts[0] for p in root.iterdir()}
-    assert written == {"etc", "run", "var"}
+    assert written == {"etc", "run", "usr", "var"}
 
 
 def test_daemon_json_merge_keeps_the_operators_keys(staged: Path) -> None:
