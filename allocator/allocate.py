@@ -52,6 +52,7 @@ INVENTORY_MAX_AGE = 10.0
 log = logging.getLogger("gpu-alloc")
 COMPOSE_PROJECT = "com.docker.compose.project"
 COMPOSE_SERVICE = "com.docker.compose.service"
+COMPOSE_REPLACE = "com.docker.compose.replace"
 ENGINE_VIEW_MAX_AGE = 30.0
 
 
@@ -175,18 +176,25 @@ class Allocator:
             return lease, token
 
     def _compose_predecessor(self, name: str, labels: dict[str, str]) -> tuple[str, str] | None:
-        """(id, current name) of the stopped container this Compose create replaces."""
+        """(id, current name) of the container this Compose create replaces.
+
+        Compose v1 stops the old container and renames it ``<short id>_<name>`` before
+        creating the new one under the old name; Compose v2 creates the new one first,
+        as ``<old short id>_<name>`` with ``com.docker.compose.replace=<old id>``, while
+        the old one still runs, then stops and removes it and renames the new one.
+        """
         project = labels.get(COMPOSE_PROJECT)
         service = labels.get(COMPOSE_SERVICE)
         if not (name and project and service and self.engine is not None):
             return None
+        replaced = labels.get(COMPOSE_REPLACE, "")
         for c in self.engine.containers(label=f"{COMPOSE_PROJECT}={project}"):
+            if (c.get("Labels") or {}).get(COMPOSE_SERVICE) != service:
+                continue
             current = (c.get("Names") or ["/"])[0].lstrip("/")
-            if (
-                (c.get("Labels") or {}).get(COMPOSE_SERVICE) == service
-                and c.get("State") != "running"
-                and current == f"{c['Id'][:12]}_{name}"
-            ):
+            v1 = c.get("State") != "running" and current == f"{c['Id'][:12]}_{name}"
+            v2 = (replaced and c["Id"].startswith(replaced)) or name == f"{c['Id'][:12]}_{current}"
+            if v1 or v2:
                 return c["Id"], current
         return None
 
@@ -206,12 +214,13 @@ class Allocator:
     def start_refusal(self, ref: str) -> str | None:
         """Why a start of container ``ref`` must be refused, if it must.
 
-        Only a container that handed its GPUs to its replacement is refused.  When the
-        ledger cannot be read, the container itself is asked: one without GPUs starts
-        anyway, so a broken state file stops GPU work only.
+        Two containers can share GPUs for a moment during a Compose recreate: the old one
+        that handed them over may not start again, and the new one may not start while
+        the old one still runs.  When the ledger cannot be read, the container itself is
+        asked: one without GPUs starts anyway, so a broken state file stops GPU work only.
         """
         try:
-            lease = self.ledger.read().handed_over(ref)
+            state = self.ledger.read()
         except StateError as e:
             info = self.engine.inspect(ref) if self.engine else None
             if info is None:
@@ -219,13 +228,26 @@ class Allocator:
             facts = self.facts()
             grants = access.of_container(info, facts.engine, facts.inventory, facts.host)
             return None if grants.none else f"gpu-alloc refused to start {ref}: {e}"
+        if not any(le.state == "handed-over" for le in state.leases.values()):
+            return None  # the common case: no recreate in progress, no Engine call
+        info = self.engine.inspect(ref) if self.engine else None
+        lease = state.lease_of(info["Id"]) if info else state.named(ref)
         if lease is None:
             return None
-        return (
-            f"gpu-alloc refused to start {ref}: its GPUs were handed to the container "
-            f"replacing it (lease {lease.handed_to}); remove it, or remove its replacement "
-            "first"
-        )
+        if lease.state == "handed-over":
+            return (
+                f"gpu-alloc refused to start {ref}: its GPUs were handed to the container "
+                f"replacing it (lease {lease.handed_to}); remove it, or remove its "
+                "replacement first"
+            )
+        old = state.predecessor_of(lease.id)
+        info = self.engine.inspect(old.container) if old and old.container and self.engine else None
+        if info and (info.get("State") or {}).get("Running"):
+            return (
+                f"gpu-alloc refused to start {ref}: the container it replaces "
+                f"({old.name or old.container}) still runs on its GPUs; stop that one first"
+            )
+        return None
 
     def settle_unanswered(self, lease_id: str, label: str) -> None:
         """A create got an answer other than 201: free the lease only if no container has it.

@@ -154,22 +154,21 @@ class State:
         lease = self.leases[lease_id]
         self.leases[lease_id] = replace(lease, state="handed-over", handed_to=to, name=current_name)
 
-    def handed_over(self, ref: str) -> Lease | None:
-        """The handed-over lease a container reference (id, id prefix, name) points at."""
-        ref = ref.lstrip("/")
-        return next(
-            (
-                le
-                for le in self.leases.values()
-                if le.state == "handed-over"
-                and ref
-                and (le.name == ref or (le.container or "").startswith(ref))
-            ),
-            None,
-        )
-
     def lease_of(self, container: str) -> Lease | None:
         return next((le for le in self.leases.values() if le.container == container), None)
+
+    def named(self, ref: str) -> Lease | None:
+        """The lease of the container a reference (id, id prefix, name) points at."""
+        ref = ref.lstrip("/")
+        return next(
+            (le for le in self.leases.values()
+             if ref and (le.name == ref or (le.container or "").startswith(ref))),
+            None,
+        )  # fmt: skip
+
+    def predecessor_of(self, lease_id: str) -> Lease | None:
+        """The lease that handed its GPUs to ``lease_id``, while it is still recorded."""
+        return next((le for le in self.leases.values() if le.handed_to == lease_id), None)
 
     def to_json(self) -> dict[str, Any]:
         return {

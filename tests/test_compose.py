@@ -174,3 +174,32 @@ def test_a_failed_recreate_then_a_dockerd_restart_grants_no_gpu_twice(stack, tmp
     ]  # fmt: skip
     assert shim_start.returncode != 0 or len(running) < 2, "both run on the same GPUs"
     assert_invariants(stack)
+
+
+def test_compose_v2_recreate_on_a_full_host_hands_over_while_the_old_one_runs(stack):
+    """Compose v2's order, replayed on the API (no v2 binary here): create the replacement
+    as <old short id>_<name> with com.docker.compose.replace while the old one still runs,
+    stop and remove the old one, rename the replacement, start it."""
+    api = engine.engine_api(stack.shim_sock)
+    labels = {"com.docker.compose.project": "v2", "com.docker.compose.service": "trainer",
+              "com.docker.compose.container-number": "1"}  # fmt: skip
+    all_gpus = api.create_host_config(device_requests=[{"Count": -1, "Capabilities": [["gpu"]]}])
+    old = api.create_container(IMAGE, ["sleep", "300"], name="v2-trainer-1", labels=labels,
+                               host_config=all_gpus)["Id"]  # fmt: skip
+    api.start(old)
+    new = api.create_container(
+        IMAGE, ["sleep", "300"], name=f"{old[:12]}_v2-trainer-1", host_config=all_gpus,
+        labels={**labels, "com.docker.compose.replace": old},
+    )["Id"]  # fmt: skip
+    assert sorted(visible_devices(stack, new).split(",")) == UUIDS
+    with pytest.raises(Exception, match="still runs on its GPUs"):
+        api.start(new)  # the old one holds the same GPUs until it is stopped
+    api.stop(old, timeout=1)
+    with pytest.raises(Exception, match="handed to the container replacing it"):
+        api.start(old)
+    api.remove_container(old)
+    api.rename(new, "v2-trainer-1")
+    api.start(new)
+    snap = assert_invariants(stack)
+    assert snap["free"] == 0
+    assert [le["container"] for le in snap["leases"]] == [new]
