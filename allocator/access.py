@@ -277,7 +277,7 @@ def _runtime_env(ctx: _Ctx) -> None:
     name = runtime or f"{ctx.engine.default_runtime} (the Engine's default)"
     fld = "Config.Env"
     _swarm_resources(ctx)
-    values = _env_values(ctx.view.env, VISIBLE)
+    values = env_values(ctx.view.env, VISIBLE)
     if len(values) > 1 and ctx.strict:
         raise Refusal(f"{fld}: {VISIBLE} is set {len(values)} times; set it once")
     if not values:
@@ -309,7 +309,7 @@ def _legacy_cuda_image(env: Iterable[str]) -> bool:
     return "CUDA_VERSION" in names and "NVIDIA_REQUIRE_CUDA" not in names
 
 
-def _env_values(env: Iterable[str], name: str) -> list[str]:
+def env_values(env: Iterable[str], name: str) -> list[str]:
     prefix = name + "="
     return [e[len(prefix) :] for e in env if e.startswith(prefix)]
 
@@ -445,13 +445,13 @@ def _binds(ctx: _Ctx) -> None:
 
 
 def _mount(ctx: _Ctx, fld: str, src: str, dst: str) -> None:
-    if dst and _within(os.path.normpath(dst), SENTINEL_MOUNT_DIR):
+    if dst and within(os.path.normpath(dst), SENTINEL_MOUNT_DIR):
         ctx.add(fld, f"mount at {dst} selects GPUs through the toolkit's volume list", None)
     if not src:
         return
     real = ctx.host.resolve(src)
     for p in ctx.host.protected:
-        if _within(real, p) or _within(p, real):
+        if within(real, p) or within(p, real):
             ctx.add(fld, f"bind mount of {src} exposes {p}", None)
             return
     node = ctx.host.node(real)
@@ -459,7 +459,7 @@ def _mount(ctx: _Ctx, fld: str, src: str, dst: str) -> None:
         _device_node(ctx, fld, src, node)  # a GPU node is judged by its numbers, wherever it is
 
 
-def _within(path: str, top: str) -> bool:
+def within(path: str, top: str) -> bool:
     return PurePosixPath(path).is_relative_to(top)
 
 

@@ -132,7 +132,7 @@ def _create(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
             f"GPUs by UUID, so no lease can cover it; {HINT}"
         )
     gpus = grants.gpus(facts.inventory)
-    guard = access._env_values(spec.get("Env") or (), access.VISIBLE)
+    guard = access.env_values(spec.get("Env") or (), access.VISIBLE)
     if [set(v.split(",")) for v in guard] != [set(gpus)]:
         return Deny(
             f"gpu-alloc refused the container create: Config.Env must set {access.VISIBLE} "
@@ -290,7 +290,7 @@ def _exposes(host: Host, path: str) -> bool:
     if not path.startswith("/"):
         return False
     real = host.resolve(path)
-    return any(access._within(real, p) or access._within(p, real) for p in host.protected)
+    return any(access.within(real, p) or access.within(p, real) for p in host.protected)
 
 
 def _unknown(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
