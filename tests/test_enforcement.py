@@ -221,6 +221,16 @@ ROUTES = [
         "DriverOpts.device",
     ),
     ("POST", "/v1.41/volumes/create", b'{"Name":"v"}', True, ""),
+    ("POST", "/v1.41/build?t=x&networkmode=default", None, True, ""),
+    ("POST", "/v1.41/session", None, True, ""),
+    (
+        "POST",
+        "/v1.41/commit?container=abc&repo=x",
+        b'{"Env":["NVIDIA_VISIBLE_DEVICES=all"]}',
+        True,
+        "",
+    ),
+    ("POST", "/v1.41/swarm/init", b'{"ListenAddr":"0.0.0.0:2377"}', True, ""),
     ("POST", "/v1.41/containers/abc/frobnicate", None, False, "not an Engine route"),
     ("POST", "/v1.41/Containers/create", b"{}", False, "not an Engine route"),
     (
