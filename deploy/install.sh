@@ -46,46 +46,9 @@ UNIT_DIR=/etc/systemd/system
 UNITS=(gpu-alloc-plugin.service gpu-alloc-shim.service)
 ACTIVATE_TIMEOUT=${GPU_ALLOC_ACTIVATE_TIMEOUT:-30}
 
-say() { printf '==> %s\n' "$*"; }
-note() { printf '    %s\n' "$*"; }
-die() {
-    printf 'install.sh: error: %s\n' "$*" >&2
-    exit 1
-}
-usage() {
-    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
-    exit "${1:-0}"
-}
-
-# Run a command that changes the host (or DESTDIR): printed always, run unless --dry-run.
-act() {
-    printf '    + %s\n' "$*"
-    [[ $DRY_RUN == 1 ]] || "$@"
-}
-
-# Run a service-manager command: only on a live host (no DESTDIR, no --dry-run).
-live() {
-    if [[ -n $DESTDIR || $DRY_RUN == 1 ]]; then
-        printf '    skipped (%s): %s\n' "$(why_not_live)" "$*"
-        return 0
-    fi
-    printf '    + %s\n' "$*"
-    "$@"
-}
-why_not_live() { if [[ $DRY_RUN == 1 ]]; then echo "dry run"; else echo "DESTDIR"; fi; }
-
-# Start/restart commands: additionally skipped under --no-restart.
-live_start() {
-    if is_live && [[ $NO_RESTART == 1 ]]; then
-        printf '    skipped (--no-restart): %s\n' "$*"
-        return 0
-    fi
-    live "$@"
-}
-
-is_live() { [[ -z $DESTDIR && $DRY_RUN == 0 ]]; }
-can_start() { is_live && [[ $NO_RESTART == 0 ]]; }
-why_not_start() { if is_live; then echo "--no-restart"; else why_not_live; fi; }
+SCRIPT_NAME=install.sh
+# shellcheck source=deploy/lib.sh
+source "$SCRIPT_DIR/lib.sh"
 
 while (($#)); do
     case $1 in
@@ -278,20 +241,10 @@ else
 fi
 
 say "docker: authorization-plugins in $DAEMON_JSON"
-dj_flags=()
-[[ $DRY_RUN == 0 ]] || dj_flags=(--check)
-set +e
-"${HELPER[@]}" add "$DJ" "${dj_flags[@]}" | sed 's/^/    /'
-rc=${PIPESTATUS[0]}
-set -e
-((rc <= 1)) || die "could not update $DJ"
+daemon_json add "$DJ"
 # Apply when the file changed, or the running dockerd does not use the plugin yet.
 if [[ ${d_authz:-} != *'"gpu-alloc"'* ]]; then
-    if [[ $RELOAD == 1 ]]; then
-        live_start systemctl reload docker.service
-    else
-        live_start systemctl restart docker.service
-    fi
+    apply_to_docker
     if can_start && [[ $RELOAD == 0 ]]; then
         timeout 20 docker info --format '{{json .Plugins.Authorization}}' | grep -q '"gpu-alloc"' ||
             die "docker restarted but does not list gpu-alloc under Plugins.Authorization"

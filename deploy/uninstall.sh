@@ -38,38 +38,9 @@ PLUGIN_SOCK=/run/docker/plugins/gpu-alloc.sock
 UNIT_DIR=/etc/systemd/system
 UNITS=(gpu-alloc-shim.service gpu-alloc-plugin.service)
 
-say() { printf '==> %s\n' "$*"; }
-note() { printf '    %s\n' "$*"; }
-die() {
-    printf 'uninstall.sh: error: %s\n' "$*" >&2
-    exit 1
-}
-usage() {
-    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
-    exit "${1:-0}"
-}
-is_live() { [[ -z $DESTDIR && $DRY_RUN == 0 ]]; }
-can_start() { is_live && [[ $NO_RESTART == 0 ]]; }
-why_not_live() { if [[ $DRY_RUN == 1 ]]; then echo "dry run"; else echo "DESTDIR"; fi; }
-act() {
-    printf '    + %s\n' "$*"
-    [[ $DRY_RUN == 1 ]] || "$@"
-}
-live() {
-    if ! is_live; then
-        printf '    skipped (%s): %s\n' "$(why_not_live)" "$*"
-        return 0
-    fi
-    printf '    + %s\n' "$*"
-    "$@"
-}
-live_start() {
-    if is_live && [[ $NO_RESTART == 1 ]]; then
-        printf '    skipped (--no-restart): %s\n' "$*"
-        return 0
-    fi
-    live "$@"
-}
+SCRIPT_NAME=uninstall.sh
+# shellcheck source=deploy/lib.sh
+source "$SCRIPT_DIR/lib.sh"
 
 while (($#)); do
     case $1 in
@@ -116,19 +87,9 @@ else
 fi
 
 say "docker: authorization-plugins in $DAEMON_JSON (first)"
-dj_flags=()
-[[ $DRY_RUN == 0 ]] || dj_flags=(--check)
-set +e
-"${HELPER[@]}" remove "$DJ" "${dj_flags[@]}" | sed 's/^/    /'
-rc=${PIPESTATUS[0]}
-set -e
-((rc <= 1)) || die "could not update $DJ"
+daemon_json remove "$DJ"
 if [[ -n $DESTDIR || $DRY_RUN == 1 || $d_authz == *'"gpu-alloc"'* ]]; then
-    if [[ $RELOAD == 1 ]]; then
-        live_start systemctl reload docker.service
-    else
-        live_start systemctl restart docker.service
-    fi
+    apply_to_docker
 else
     note "the running dockerd does not use gpu-alloc: not restarted"
 fi
