@@ -63,10 +63,6 @@ class Config:
     gpus: str = "nvml"
     source: str = "<defaults>"
 
-    @property
-    def state_path(self) -> Path:
-        return Path(self.state_dir)
-
 
 # key -> (type, validator) for each section; the table is the schema.
 _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {

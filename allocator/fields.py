@@ -65,7 +65,7 @@ class StrSlice:
 
 OPAQUE = Opaque()
 STR_SLICE = StrSlice()
-INT64 = Int("int64", -(2**63), 2**63 - 1)
+INT64 = Int("int64", -(2**63), 2**63 - 1)  # what a plain `int` field means
 UINT16 = Int("uint16", 0, 2**16 - 1)
 UINT32 = Int("uint32", 0, 2**32 - 1)
 UINT64 = Int("uint64", 0, 2**64 - 1)
@@ -260,13 +260,10 @@ CREATE_BODY = Struct(
     NetworkingConfig=OPAQUE,
 )
 
-# POST /containers/{id}/start with a body: Engines up to 25 accept one for API versions
-# below 1.24, decode it exactly like the create body, and REPLACE the container's
-# HostConfig with it (DeviceRequests, Privileged, Devices included).
-START_BODY = CREATE_BODY
-
-# POST /commit: the new image's Config (its Env reaches every container made from it).
-COMMIT_BODY = CONFIG
+# POST /containers/{id}/start with a body (Engines up to 25, API below 1.24) decodes like the
+# create body and REPLACES the container's HostConfig; decide refuses such starts outright
+# rather than decoding them.  Swarm service specs are refused outright as well (their tasks
+# never pass the plugin), so neither needs a table here.
 
 # POST /containers/{id}/exec: types.ExecConfig (container.ExecOptions in 26+,
 # container.ExecCreateRequest in 29+).
@@ -287,83 +284,6 @@ EXEC_BODY = Struct(
 
 # POST /containers/{id}/update: container.UpdateConfig, Resources promoted.
 UPDATE_BODY = Struct(RESOURCES, RestartPolicy=RESTART_POLICY)
-
-# --- Swarm: POST /services/create and /services/{id}/update (swarm.ServiceSpec) ------------
-
-GENERIC_RESOURCE = Struct(
-    NamedResourceSpec=Struct(Kind=str, Value=str),  # e.g. Kind "NVIDIA-GPU", Value a UUID
-    DiscreteResourceSpec=Struct(Kind=str, Value=int),  # e.g. Kind "NVIDIA-GPU", Value 2
-)
-
-SWARM_RESOURCES = Struct(NanoCPUs=int, MemoryBytes=int, GenericResources=ListOf(GENERIC_RESOURCE))
-
-RESOURCE_REQUIREMENTS = Struct(
-    Limits=Struct(NanoCPUs=int, MemoryBytes=int, Pids=int),  # Pids: Engine 23+
-    Reservations=SWARM_RESOURCES,
-    SwapBytes=int,  # Engine 29+
-    MemorySwappiness=int,  # Engine 29+
-)
-
-CONTAINER_SPEC = Struct(
-    Image=str,
-    Labels=STRING_MAP,
-    Command=STRINGS,
-    Args=STRINGS,
-    Hostname=str,
-    Env=STRINGS,
-    Dir=str,
-    User=str,
-    Groups=STRINGS,
-    Privileges=Struct(
-        CredentialSpec=OPAQUE,
-        SELinuxContext=OPAQUE,
-        Seccomp=OPAQUE,  # Engine 25+
-        AppArmor=OPAQUE,  # Engine 25+
-        NoNewPrivileges=bool,  # Engine 25+
-    ),
-    Init=bool,
-    StopSignal=str,
-    TTY=bool,
-    OpenStdin=bool,
-    ReadOnly=bool,
-    Mounts=ListOf(MOUNT),
-    StopGracePeriod=int,
-    Healthcheck=OPAQUE,
-    Hosts=STRINGS,
-    DNSConfig=OPAQUE,
-    Secrets=OPAQUE,
-    Configs=OPAQUE,
-    Isolation=str,
-    Sysctls=STRING_MAP,
-    CapabilityAdd=STRINGS,
-    CapabilityDrop=STRINGS,
-    Ulimits=ListOf(ULIMIT),
-    OomScoreAdj=int,  # Engine 27+
-)
-
-TASK_SPEC = Struct(
-    ContainerSpec=CONTAINER_SPEC,
-    PluginSpec=OPAQUE,
-    NetworkAttachmentSpec=OPAQUE,
-    Resources=RESOURCE_REQUIREMENTS,
-    RestartPolicy=OPAQUE,
-    Placement=OPAQUE,
-    Networks=OPAQUE,
-    LogDriver=OPAQUE,
-    ForceUpdate=UINT64,
-    Runtime=str,
-)
-
-SERVICE_BODY = Struct(
-    Name=str,  # promoted from the embedded Annotations
-    Labels=STRING_MAP,
-    TaskTemplate=TASK_SPEC,
-    Mode=OPAQUE,
-    UpdateConfig=OPAQUE,
-    RollbackConfig=OPAQUE,
-    Networks=OPAQUE,  # deprecated, up to Engine 28
-    EndpointSpec=OPAQUE,
-)
 
 # --- Plugins: POST /plugins/pull and /plugins/{name}/upgrade (the privileges granted) -------
 

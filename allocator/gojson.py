@@ -13,11 +13,10 @@ import json
 import re
 import unicodedata
 
-from allocator.fields import Int, ListOf, MapOf, Opaque, StrSlice, Struct
+from allocator.fields import INT64, Int, ListOf, MapOf, Opaque, StrSlice, Struct
 
 MAX_DEPTH = 64
 
-_INT64 = Int("int64", -(2**63), 2**63 - 1)
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -123,7 +122,7 @@ def _check(value: object, kind: object) -> None:
         if type(value) is not bool:
             raise _Mismatch(f"expected true or false, got {_show(value)}")
     elif kind is int or isinstance(kind, Int):
-        kind = _INT64 if kind is int else kind
+        kind = INT64 if kind is int else kind
         if type(value) is not int:
             raise _Mismatch(f"expected an integer, got {_show(value)}")
         if not kind.lo <= value <= kind.hi:

@@ -54,9 +54,6 @@ class Inventory:
     def uuids(self) -> frozenset[str]:
         return frozenset(g.uuid for g in self.gpus)
 
-    def by_uuid(self, uuid: str) -> GPU | None:
-        return next((g for g in self.gpus if g.uuid == uuid), None)
-
     def by_minor(self, minor: int) -> GPU | None:
         return next((g for g in self.gpus if g.minor == minor), None)
 

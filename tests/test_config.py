@@ -51,7 +51,7 @@ def test_an_empty_file_or_empty_sections_give_the_defaults(text: str) -> None:
     assert cfg.plugin == PluginConfig(socket="/run/docker/plugins/gpu-alloc.sock", workers=2)
     assert cfg.policy == PolicyConfig(placement="numa", lock_timeout=5.0, pending_ttl=300.0)
     assert (cfg.state_dir, cfg.gpus) == ("/var/lib/gpu-alloc", "nvml")
-    assert cfg.state_path == Path("/var/lib/gpu-alloc")
+    assert cfg.state_dir == "/var/lib/gpu-alloc"
 
 
 def test_every_key_is_parsed() -> None:

@@ -60,8 +60,3 @@ def test_device_granting_fields_are_modelled_not_opaque():
     for name in ["Privileged", "Runtime", "Binds", "Mounts", "Annotations", "DeviceCgroupRules"]:
         assert not isinstance(fields.HOST_CONFIG[name], fields.Opaque), name
     assert fields.EXEC_BODY["Privileged"] is bool
-    reservations = fields.SERVICE_BODY["TaskTemplate"]["Resources"]["Reservations"]
-    assert set(reservations["GenericResources"].item) == {
-        "NamedResourceSpec",
-        "DiscreteResourceSpec",
-    }

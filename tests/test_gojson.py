@@ -196,14 +196,6 @@ def test_other_bodies_use_their_own_tables():
     }
     assert "Cmd: expected an array" in refused('{"Cmd":"sh"}', fields.EXEC_BODY)
     assert 'write "DeviceRequests"' in refused('{"devicerequests":[]}', fields.UPDATE_BODY)
-    service = (
-        '{"TaskTemplate":{"Resources":{"Reservations":{"GenericResources":'
-        '[{"DiscreteResourceSpec":{"Kind":"NVIDIA-GPU","Value":"2"}}]}}}}'
-    )
-    assert (
-        "TaskTemplate.Resources.Reservations.GenericResources[0].DiscreteResourceSpec.Value: "
-        'expected an integer, got "2"'
-    ) in refused(service, fields.SERVICE_BODY)
     assert 'key "name"' in refused('[{"name":"device"}]', fields.PLUGIN_PRIVILEGES_BODY)
 
 

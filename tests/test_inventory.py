@@ -134,9 +134,7 @@ def test_an_inventory_refuses_duplicates(gpus: tuple[GPU, ...], why: str) -> Non
         Inventory(gpus)
 
 
-def test_by_uuid_and_by_minor_find_the_gpu_or_none() -> None:
-    assert INV.by_uuid(UUID_B) == INV.gpus[1]
-    assert INV.by_uuid("GPU-836c0c09") is None  # by_uuid is exact, never a prefix
+def test_by_minor_finds_the_gpu_or_none() -> None:
     assert INV.by_minor(6) == INV.gpus[2]
     assert INV.by_minor(0) is None
 
