@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"gpu-alloc: config error: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    except (StateError, EngineError, InventoryError, StartupError) as e:
-        print(f"gpu-alloc: {e}", file=sys.stderr)
+    except (StateError, EngineError, InventoryError, StartupError, OSError) as e:
+        print(f"gpu-alloc: {e}", file=sys.stderr)  # e.g. a socket path that cannot be bound
         return EXIT_FAIL
 
 

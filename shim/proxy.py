@@ -1069,7 +1069,15 @@ def _remove_stale_socket(path: str) -> None:
 
 
 def _gid(group: str) -> int:
-    return int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise OSError(
+            f"shim.group: no group named '{group}' on this host; create it, or set "
+            "shim.group to an existing group (or null)"
+        ) from None
 
 
 async def serve(
