@@ -55,6 +55,9 @@ SENTINEL_MOUNT_DIR = "/var/run/nvidia-container-devices"
 CDI_ANNOTATION_MARK = "cdi.k8s.io/"
 
 
+MountsOf = Callable[[str], Iterable[tuple[str, str]] | None]  # container -> (source, target)
+
+
 class Refusal(Exception):
     """The request is malformed in a way dockerd would also refuse, or is ambiguous."""
 
@@ -183,6 +186,7 @@ class _Ctx:
     inventory: Inventory
     host: Host
     strict: bool  # True for creates: malformed input is a Refusal, not a claim
+    mounts_of: MountsOf | None = None  # for VolumesFrom: another container's bind mounts
     grants: list[Grant] = field(default_factory=list)
 
     def add(self, fld: str, detail: str, gpus: Iterable[str] | None, demand=None) -> None:
@@ -442,6 +446,19 @@ def _binds(ctx: _Ctx) -> None:
         _mount(ctx, "Config.Volumes", "", vol)
     for src, dst in ctx.view.mount_points:
         _mount(ctx, "Mounts", src, dst)
+    if ctx.strict:
+        _volumes_from(ctx)
+
+
+def _volumes_from(ctx: _Ctx) -> None:
+    """--volumes-from copies another container's mounts, binds of /dev included."""
+    for i, ref in enumerate(ctx.view.host_config.get("VolumesFrom") or ()):
+        fld = f"HostConfig.VolumesFrom[{i}]"
+        name = str(ref).split(":")[0]
+        if ctx.mounts_of is None:
+            raise Refusal(f"{fld}: the mounts of '{name}' cannot be checked here")
+        for src, dst in ctx.mounts_of(name) or ():  # None: no such container, dockerd says so
+            _mount(ctx, fld, src, dst)
 
 
 def _mount(ctx: _Ctx, fld: str, src: str, dst: str) -> None:
@@ -483,16 +500,25 @@ SOURCES: tuple[Callable[[_Ctx], None], ...] = (
 
 
 def _analyse(
-    view: View, engine: EngineView, inventory: Inventory, host: Host, strict: bool
+    view: View,
+    engine: EngineView,
+    inventory: Inventory,
+    host: Host,
+    strict: bool,
+    mounts_of: MountsOf | None = None,
 ) -> Access:
-    ctx = _Ctx(view, engine, inventory, host, strict)
+    ctx = _Ctx(view, engine, inventory, host, strict, mounts_of)
     for source in SOURCES:
         source(ctx)
     return Access(tuple(ctx.grants))
 
 
 def of_create(
-    body: Mapping[str, Any], engine: EngineView, inventory: Inventory, host: Host | None = None
+    body: Mapping[str, Any],
+    engine: EngineView,
+    inventory: Inventory,
+    host: Host | None = None,
+    mounts_of: MountsOf | None = None,
 ) -> Access:
     view = View(
         env=tuple(str(e) for e in body.get("Env") or ()),
@@ -500,7 +526,7 @@ def of_create(
         host_config=body.get("HostConfig") or {},
         volumes=tuple(body.get("Volumes") or ()),
     )
-    return _analyse(view, engine, inventory, host or Host(), strict=True)
+    return _analyse(view, engine, inventory, host or Host(), True, mounts_of)
 
 
 def of_container(

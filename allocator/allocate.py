@@ -114,7 +114,18 @@ class Allocator:
         return view
 
     def facts(self, engine_view: EngineView | None = None) -> Facts:
-        return Facts(self.inventory(), engine_view or self.engine_view(), self.host)
+        mounts_of = self._bind_mounts if self.engine is not None else None
+        return Facts(self.inventory(), engine_view or self.engine_view(), self.host, mounts_of)
+
+    def _bind_mounts(self, container: str) -> list[tuple[str, str]] | None:
+        info = self.engine.inspect(container) if self.engine else None
+        if info is None:
+            return None
+        return [
+            (str(m.get("Source") or ""), str(m.get("Destination") or ""))
+            for m in info.get("Mounts") or ()
+            if m.get("Type") == "bind"
+        ]
 
     # ------------------------------------------------------------ leases
 

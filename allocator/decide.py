@@ -40,6 +40,7 @@ class Facts:
     inventory: Inventory
     engine: EngineView = field(default_factory=EngineView)
     host: Host = field(default_factory=Host)
+    mounts_of: access.MountsOf | None = None  # another container's binds, for VolumesFrom
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ def _create(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
         return missing
     try:
         spec = decode_create(body or b"")
-        grants = access.of_create(spec, facts.engine, facts.inventory, facts.host)
+        grants = access.of_create(spec, facts.engine, facts.inventory, facts.host, facts.mounts_of)
     except (gojson.BodyError, Refusal) as e:
         return Deny(f"gpu-alloc refused the container create: {e}")
     if grants.none:
@@ -413,7 +414,7 @@ class Ask:
 def shim_ask(spec: Mapping[str, Any], facts: Facts) -> Ask | Deny:
     """Turn a decoded create into an `Ask`, or refuse the fields no lease can cover."""
     try:
-        grants = access.of_create(spec, facts.engine, facts.inventory, facts.host)
+        grants = access.of_create(spec, facts.engine, facts.inventory, facts.host, facts.mounts_of)
     except Refusal as e:
         return Deny(f"gpu-alloc refused the container create: {e}")
     refused = grants.refused()

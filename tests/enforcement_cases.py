@@ -120,6 +120,8 @@ def cases(devdir: Path) -> list[Case]:
         Case("bind mount spelled through .. and /var/run",
              body(HostConfig={"Binds": ["/var/run/../run/docker/plugins:/p"]}),
              "deny", "deny", "Binds"),
+        Case("volumes-from, with nothing to look it up in",
+             body(HostConfig={"VolumesFrom": ["other"]}), "deny", "deny", "VolumesFrom"),
         Case("Mounts bind of a GPU node", body(HostConfig={"Mounts": [
             {"Type": "bind", "Source": gpu0, "Target": "/dev/nvidia0"}]}),
             "deny", "deny", "Mounts"),

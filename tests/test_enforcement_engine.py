@@ -244,3 +244,27 @@ def test_the_shim_refuses_to_start_when_nvidia_is_the_default_runtime(tmp_path):
     assert out.returncode == 1
     assert "default runtime is 'nvidia'" in out.stderr
     assert 'Remove "default-runtime"' in out.stderr
+
+
+def test_volumes_from_a_container_that_binds_dev_is_denied():
+    """--volumes-from copies binds: one of /dev (made before gpu-alloc) must not spread."""
+    require_engine()
+    s = engine.Stack(gpus=2)
+    pre = engine.Dockerd(s.engine_dir).start()
+    try:
+        engine.import_busybox(pre.sock)
+        for name, bind in (("devbox", "/dev:/hostdev"), ("databox", "/srv:/data")):
+            made = engine.docker_cli(pre.sock, "create", "--name", name, "-v", bind, IMAGE, "true")
+            assert made.returncode == 0, made.stderr
+    finally:
+        pre.stop(remove=False)
+    s.start()
+    try:
+        for sock in (s.shim_sock, s.engine_sock):
+            bad = engine.docker_cli(sock, "create", "--volumes-from", "devbox", IMAGE, "true")
+            assert bad.returncode != 0
+            assert "HostConfig.VolumesFrom[0]: bind mount of /dev exposes /dev" in bad.stderr
+            ok = engine.docker_cli(sock, "create", "--volumes-from", "databox", IMAGE, "true")
+            assert ok.returncode == 0, ok.stderr
+    finally:
+        s.stop()
