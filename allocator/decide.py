@@ -24,6 +24,7 @@ from typing import Any
 from allocator import access, fields, gojson
 from allocator.access import Access, Demand, EngineView, Host, Refusal
 from allocator.inventory import GPU, Inventory
+from allocator.placement import Policy
 from allocator.routes import Check, Route, RouteError, classify
 
 LABEL_PREFIX = "io.gpu-alloc."
@@ -440,7 +441,9 @@ class Shortage:
     msg: str
 
 
-def place(ask: Ask, inventory: Inventory, held: Mapping[str, str], policy) -> list[GPU] | Shortage:
+def place(
+    ask: Ask, inventory: Inventory, held: Mapping[str, str], policy: Policy
+) -> list[GPU] | Shortage:
     """Pick GPUs for `ask` among those not in ``held`` (UUID -> holder); all or nothing."""
     free = [g for g in inventory.gpus if g.uuid not in held and not g.busy]
     if ask.every:
