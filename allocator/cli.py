@@ -51,7 +51,10 @@ class StartupError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpu-alloc", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="gpu-alloc",
+        description="Exclusive GPUs for docker run, Compose and the Docker SDK on one host.",
+    )
     p.add_argument(
         "--config",
         help=f"config file (default: ${configmod.ENV_VAR}, else {configmod.DEFAULT_PATH})",
