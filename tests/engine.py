@@ -560,15 +560,19 @@ class Stack:
         self.write_config()
         try:
             self.plugin = self._serve("plugin", self.plugin_sock)
-            self.dockerd = Dockerd(
-                self.engine_dir, authz_plugin_socket=self.plugin_sock, plugin_name=self.plugin_name
-            ).start()
+            self.dockerd = self._new_dockerd().start()
             import_busybox(self.engine_sock)
             self.shim = self._serve("shim", self.shim_sock)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _new_dockerd(self) -> Dockerd:
+        """The private dockerd, using the plugin (subclasses put things in between)."""
+        return Dockerd(
+            self.engine_dir, authz_plugin_socket=self.plugin_sock, plugin_name=self.plugin_name
+        )
 
     def stop(self) -> None:
         # The shim first (no new clients), dockerd before the plugin (dockerd's shutdown

@@ -63,20 +63,6 @@ class FaultStack(engine.Stack):
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
 
-    def start(self) -> FaultStack:
-        self.write_config()
-        try:
-            self.plugin = self._serve("plugin", self.plugin_sock)
-            if self.authz_sock != self.plugin_sock:
-                self.proxy = PluginProxy(self.authz_sock, self.plugin_sock)
-            self.dockerd = self._new_dockerd().start()
-            engine.import_busybox(self.engine_sock)
-            self.shim = self._serve("shim", self.shim_sock)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
     def stop(self) -> None:
         if self.proxy is not None:
             # dockerd's own shutdown calls must still reach the plugin: the proxy goes last.
@@ -91,8 +77,13 @@ class FaultStack(engine.Stack):
         super().stop()
 
     def _new_dockerd(self) -> engine.Dockerd:
+        if self.proxy is None and self.authz_sock != self.plugin_sock:
+            self.proxy = PluginProxy(self.authz_sock, self.plugin_sock)
         return engine.Dockerd(
-            self.engine_dir, authz_plugin_socket=self.authz_sock, extra_args=self.dockerd_args
+            self.engine_dir,
+            authz_plugin_socket=self.authz_sock,
+            plugin_name=self.plugin_name,
+            extra_args=self.dockerd_args,
         )
 
     # ------------------------------------------------------------------ the shim
