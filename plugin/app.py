@@ -27,12 +27,12 @@ from typing import Any, ClassVar
 
 from flask import Flask, Response, request
 
-from allocator import decide
-from allocator.allocate import Allocator
-from allocator.config import Config
-from allocator.engine import Engine, EngineError
-from allocator.inventory import InventoryError
-from allocator.ledger import StateError
+from allocator.core import verdicts as decide
+from allocator.host.config import Config
+from allocator.host.engine import Engine, EngineError
+from allocator.host.inventory import InventoryError
+from allocator.host.ledger import StateError
+from allocator.service import Allocator
 
 log = logging.getLogger("gpu-alloc.plugin")
 _ALLOW = json.dumps({"Allow": True}).encode()

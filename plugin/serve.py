@@ -13,7 +13,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
-from allocator.config import Config
+from allocator.host.config import Config
 
 
 class _Server(BaseApplication):

@@ -27,12 +27,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
 
-from allocator import cuda, decide, gojson, status
-from allocator.allocate import Allocator
-from allocator.engine import EngineError
-from allocator.inventory import InventoryError
-from allocator.ledger import StateError
-from allocator.routes import Check, RouteError, classify, needs_check
+from allocator.core import cuda, gojson
+from allocator.core import verdicts as decide
+from allocator.core.routes import Check, RouteError, classify, needs_check
+from allocator.host.engine import EngineError
+from allocator.host.inventory import InventoryError
+from allocator.host.ledger import StateError
+from allocator.ops import status
+from allocator.service import Allocator
 from shim.proxy import Request, Response, UpstreamError
 
 log = logging.getLogger("gpu-alloc.shim")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from allocator.allocate import Allocator
-from allocator.config import Config
+from allocator.host.config import Config
+from allocator.service import Allocator
 from shim import proxy
 from shim.create import CreateInterceptor
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from allocator import config
-from allocator.config import (
+from allocator.host import config
+from allocator.host.config import (
     Config,
     ConfigError,
     EngineConfig,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from allocator import cuda
+from allocator.core import cuda
 from tests import engine
 from tests.conftest import require_engine
 

@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from allocator import config as allocator_config
+from allocator.host import config as allocator_config
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"

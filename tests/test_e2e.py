@@ -273,7 +273,7 @@ services:
 def test_users_without_the_state_dir_read_status_through_the_shim(stack):
     made = shim(stack, "run", "-d", "--name", "seen", "--gpus", "1", IMAGE, "sleep", "30")
     assert made.returncode == 0, made.stderr
-    from allocator import unixhttp
+    from allocator.host import unixhttp
 
     code, body = unixhttp.request(stack.shim_sock, "GET", "/gpu-alloc/v1/status")
     assert code == 200

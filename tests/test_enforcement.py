@@ -20,9 +20,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocator import config as configmod
-from allocator import decide
-from allocator.allocate import Allocator
+from allocator.core import verdicts as decide
+from allocator.host import config as configmod
+from allocator.service import Allocator
 from plugin.app import create_app
 from shim.create import CreateInterceptor
 from shim.proxy import Request, Response
@@ -371,7 +371,7 @@ def test_mutations_of_a_leased_body_never_widen_the_grant(data):
     if answer["Allow"]:
         spec = decide.decode_create(bytes(b))
         facts = w.alloc.facts()
-        from allocator import access
+        from allocator.core import access
 
         granted = access.of_create(spec, facts.engine, facts.inventory, facts.host)
         assert granted.none or granted.gpus(facts.inventory) == frozenset(lease.gpus)

@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from allocator import config as configmod
-from allocator.allocate import Allocator
-from allocator.decide import Ask
+from allocator.core.verdicts import Ask
+from allocator.host import config as configmod
+from allocator.service import Allocator
 from tests import engine
 from tests.conftest import require_engine
 from tests.faults import (

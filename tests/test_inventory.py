@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from allocator import inventory
-from allocator.inventory import GPU, Inventory, InventoryError, load_file
+from allocator.host import inventory
+from allocator.host.inventory import GPU, Inventory, InventoryError, load_file
 
 UUID_A = "GPU-836c0c09-1111-2222-3333-444455556666"
 UUID_B = "GPU-836c0c0a-aaaa-bbbb-cccc-ddddeeeeffff"

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from allocator import decide, ledger
-from allocator.inventory import GPU, Inventory
-from allocator.ledger import REPAIR_HINT, SCHEMA_VERSION, Claim, Ledger, State, StateError
-from allocator.placement import POLICIES
+from allocator.core import verdicts as decide
+from allocator.core.placement import POLICIES
+from allocator.host import ledger
+from allocator.host.inventory import GPU, Inventory
+from allocator.host.ledger import REPAIR_HINT, SCHEMA_VERSION, Claim, Ledger, State, StateError
 
 A, B, C, D = (f"GPU-{c * 8}" for c in "abcd")
 FORK = multiprocessing.get_context("fork")

@@ -8,9 +8,9 @@ import shutil
 import time
 from typing import Any
 
-from allocator import unixhttp
-from allocator.allocate import Allocator
-from allocator.ledger import State, StateError
+from allocator.host import unixhttp
+from allocator.host.ledger import State, StateError
+from allocator.service import Allocator
 
 
 def snapshot(alloc: Allocator) -> dict[str, Any]:

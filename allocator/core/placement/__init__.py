@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from allocator.inventory import GPU
-from allocator.placement import first_fit, numa
+from allocator.core.placement import first_fit, numa
+from allocator.host.inventory import GPU
 
 Policy = Callable[[Sequence[GPU], Sequence[GPU], int], list[GPU] | None]
 

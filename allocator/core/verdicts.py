@@ -21,11 +21,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocator import access, fields, gojson
-from allocator.access import Access, Demand, EngineView, Host, Refusal
-from allocator.inventory import GPU, Inventory
-from allocator.placement import Policy
-from allocator.routes import Check, Route, RouteError, classify
+from allocator.core import access, fields, gojson
+from allocator.core.access import Access, Demand, EngineView, Host, Refusal
+from allocator.core.placement import Policy
+from allocator.core.routes import Check, Route, RouteError, classify
+from allocator.host.inventory import GPU, Inventory
 
 LABEL_PREFIX = "io.gpu-alloc."
 LEASE_LABEL = LABEL_PREFIX + "lease"

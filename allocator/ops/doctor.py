@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from allocator import inventory as inventorymod
-from allocator import unixhttp
-from allocator.config import Config
-from allocator.engine import Engine, EngineError
-from allocator.ledger import Ledger, StateError
+from allocator.host import inventory as inventorymod
+from allocator.host import unixhttp
+from allocator.host.config import Config
+from allocator.host.engine import Engine, EngineError
+from allocator.host.ledger import Ledger, StateError
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 

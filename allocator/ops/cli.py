@@ -13,12 +13,12 @@ import os
 import sys
 from typing import Any
 
-from allocator import config as configmod
-from allocator.allocate import Allocator
-from allocator.config import Config, ConfigError
-from allocator.engine import Engine, EngineError
-from allocator.inventory import InventoryError
-from allocator.ledger import StateError
+from allocator.host import config as configmod
+from allocator.host.config import Config, ConfigError
+from allocator.host.engine import Engine, EngineError
+from allocator.host.inventory import InventoryError
+from allocator.host.ledger import StateError
+from allocator.service import Allocator
 
 EXIT_FAIL = 1
 EXIT_CONFIG = 2
@@ -134,7 +134,7 @@ def cmd_shim(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_status(cfg: Config, args: argparse.Namespace) -> int:
-    from allocator.status import from_shim, render_json, render_table, snapshot
+    from allocator.ops.status import from_shim, render_json, render_table, snapshot
 
     alloc = _allocator(cfg)
     warning = None
@@ -156,14 +156,14 @@ def cmd_status(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_repair(cfg: Config, args: argparse.Namespace) -> int:
-    from allocator.status import repair
+    from allocator.ops.status import repair
 
     print(repair(_allocator(cfg), reset=args.reset))
     return 0
 
 
 def cmd_doctor(cfg: Config, args: argparse.Namespace) -> int:
-    from allocator import doctor
+    from allocator.ops import doctor
 
     lines, healthy = doctor.run(cfg)
     for line in lines:

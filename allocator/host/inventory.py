@@ -76,7 +76,7 @@ class Inventory:
 def load(source: str) -> Inventory:
     """``nvml`` reads the driver; anything else is the path of a simulated-GPU file."""
     if source == "nvml":
-        from allocator import nvml
+        from allocator.host import nvml
 
         return nvml.read()
     return load_file(source)

@@ -13,7 +13,7 @@ import json
 import re
 import unicodedata
 
-from allocator.fields import INT64, Int, ListOf, MapOf, Opaque, StrSlice, Struct
+from allocator.core.fields import INT64, Int, ListOf, MapOf, Opaque, StrSlice, Struct
 
 MAX_DEPTH = 64
 

@@ -23,10 +23,10 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from allocator import access, ledger
-from allocator.access import EngineView, Host
-from allocator.config import Config
-from allocator.decide import (
+from allocator.core import access
+from allocator.core.access import EngineView, Host
+from allocator.core.placement import POLICIES
+from allocator.core.verdicts import (
     ALLOW,
     HINT,
     LEASE_LABEL,
@@ -42,11 +42,12 @@ from allocator.decide import (
     StartCheck,
     place,
 )
-from allocator.engine import Engine, EngineError
-from allocator.inventory import Inventory
-from allocator.inventory import load as load_inventory
-from allocator.ledger import Claim, Lease, Ledger, State, StateError
-from allocator.placement import POLICIES
+from allocator.host import ledger
+from allocator.host.config import Config
+from allocator.host.engine import Engine, EngineError
+from allocator.host.inventory import Inventory
+from allocator.host.inventory import load as load_inventory
+from allocator.host.ledger import Claim, Lease, Ledger, State, StateError
 
 INVENTORY_MAX_AGE = 10.0
 log = logging.getLogger("gpu-alloc")
