@@ -21,16 +21,18 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from allocator.core import access
-from allocator.core.access import EngineView, Host
-from allocator.core.placement import POLICIES
+from allocator.core import access, compose, labels
+from allocator.core.access import EngineView
+from allocator.core.ask import Ask
+from allocator.core.inventory import Inventory
+from allocator.core.leases import Claim, Lease, Phase, StateError
+from allocator.core.placement import POLICIES, Shortage, place
+from allocator.core.reconcile import Report, apply
 from allocator.core.verdicts import (
     ALLOW,
     HINT,
-    LEASE_LABEL,
-    Ask,
     Bind,
     Decision,
     Deny,
@@ -38,36 +40,18 @@ from allocator.core.verdicts import (
     Forget,
     NeedsLease,
     Release,
-    Shortage,
     StartCheck,
-    place,
 )
 from allocator.host import ledger
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
-from allocator.host.inventory import Inventory
+from allocator.host.filesystem import Host
 from allocator.host.inventory import load as load_inventory
-from allocator.host.ledger import Claim, Lease, Ledger, State, StateError
+from allocator.host.ledger import Ledger
 
 INVENTORY_MAX_AGE = 10.0
 log = logging.getLogger("gpu-alloc")
-COMPOSE_PROJECT = "com.docker.compose.project"
-COMPOSE_SERVICE = "com.docker.compose.service"
-COMPOSE_REPLACE = "com.docker.compose.replace"
 ENGINE_VIEW_MAX_AGE = 30.0
-
-
-@dataclass
-class Report:
-    """What a reconcile changed, for logs and ``gpu-alloc repair``."""
-
-    freed: list[str] = field(default_factory=list)
-    bound: list[str] = field(default_factory=list)
-    adopted: list[str] = field(default_factory=list)
-    dropped: list[str] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.freed or self.bound or self.adopted or self.dropped)
 
 
 class Allocator:
@@ -172,7 +156,7 @@ class Allocator:
         with self.ledger.transaction() as state:
             held = state.holders(inventory.uuids)
             old = state.lease_of(predecessor[0]) if predecessor else None
-            if predecessor and (old is None or old.state != "bound"):
+            if predecessor and (old is None or old.phase is not Phase.BOUND):
                 return place(ask, inventory, held, self.policy)  # the shortage, as it is
             for uuid in old.gpus if old else ():
                 held.pop(uuid, None)
@@ -187,28 +171,13 @@ class Allocator:
                 state.hand_over(old.id, lease.id, predecessor[1])
             return lease, token
 
-    def _compose_predecessor(self, name: str, labels: dict[str, str]) -> tuple[str, str] | None:
-        """(id, current name) of the container this Compose create replaces.
-
-        Compose v1 stops the old container and renames it ``<short id>_<name>`` before
-        creating the new one under the old name; Compose v2 creates the new one first,
-        as ``<old short id>_<name>`` with ``com.docker.compose.replace=<old id>``, while
-        the old one still runs, then stops and removes it and renames the new one.
-        """
-        project = labels.get(COMPOSE_PROJECT)
-        service = labels.get(COMPOSE_SERVICE)
-        if not (name and project and service and self.engine is not None):
+    def _compose_predecessor(self, name: str, given: dict[str, str]) -> tuple[str, str] | None:
+        """(id, current name) of the container this Compose create replaces, if any."""
+        project = given.get(compose.PROJECT)
+        if not (name and project and given.get(compose.SERVICE) and self.engine is not None):
             return None
-        replaced = labels.get(COMPOSE_REPLACE, "")
-        for c in self.engine.containers(label=f"{COMPOSE_PROJECT}={project}"):
-            if (c.get("Labels") or {}).get(COMPOSE_SERVICE) != service:
-                continue
-            current = (c.get("Names") or ["/"])[0].lstrip("/")
-            v1 = c.get("State") != "running" and current == f"{c['Id'][:12]}_{name}"
-            v2 = (replaced and c["Id"].startswith(replaced)) or name == f"{c['Id'][:12]}_{current}"
-            if v1 or v2:
-                return c["Id"], current
-        return None
+        listed = self.engine.containers(label=f"{compose.PROJECT}={project}")
+        return compose.predecessor(name, given, listed)
 
     def resolve(self, decision: Decision) -> Decision:
         """Settle the decisions that need the ledger into `Allow` or `Deny`."""
@@ -240,13 +209,13 @@ class Allocator:
             facts = self.facts()
             grants = access.of_container(info, facts.engine, facts.inventory, facts.host)
             return None if grants.none else f"gpu-alloc refused to start {ref}: {e}"
-        if not any(le.state == "handed-over" for le in state.leases.values()):
+        if not state.handing_over():
             return None  # the common case: no recreate in progress, no Engine call
         info = self.engine.inspect(ref) if self.engine else None
-        lease = state.lease_of(info["Id"]) if info else state.named(ref)
+        lease = state.lease_of(info["Id"]) if info else None
         if lease is None:
             return None
-        if lease.state == "handed-over":
+        if lease.phase is Phase.HANDED_OVER:
             return (
                 f"gpu-alloc refused to start {ref}: its GPUs were handed to the container "
                 f"replacing it (lease {lease.handed_to}); remove it, or remove its "
@@ -271,7 +240,7 @@ class Allocator:
             self.release(lease_id)
             return
         try:
-            made = self.engine.containers(label=f"{LEASE_LABEL}={label}")
+            made = self.engine.containers(label=f"{labels.LEASE}={label}")
         except EngineError as e:
             log.warning("lease %s stays pending until reconciled: %s", lease_id, e)
             return
@@ -357,7 +326,7 @@ class Allocator:
         # gpu-alloc's own containers carry its label; adopted ones are asked by id.  Only an
         # adopting run lists everything, so a create costs the same with 10 or 10,000
         # containers on the host.
-        listed = {c["Id"]: c for c in self.engine.containers(label=LEASE_LABEL)}
+        listed = {c["Id"]: c for c in self.engine.containers(label=labels.LEASE)}
         if snapshot.claims:
             listed.update((c["Id"], c) for c in self.engine.containers(ids=list(snapshot.claims)))
         if adopt:
@@ -365,7 +334,7 @@ class Allocator:
         facts = self.facts()
         by_label: dict[str, str] = {}
         for cid, c in listed.items():
-            lease = snapshot.leases.get(_lease_id(c))
+            lease = snapshot.leases.get(labels.parse_lease(c.get("Labels"))[0])
             if lease and lease.container is None and self._carries(cid, lease, facts):
                 by_label[lease.id] = cid
         found: dict[str, Claim] = {}
@@ -379,7 +348,7 @@ class Allocator:
                     found[cid] = claim
             self._no_gpu &= set(listed)
         with self.ledger.transaction() as state:
-            return _apply(state, snapshot, listed, by_label, found, ledger.now())
+            return apply(state, snapshot, listed, by_label, found, ledger.now())
 
     def _carries(self, cid: str, lease: Lease, facts: Facts) -> bool:
         """Does this container really hold the lease's GPUs (not a label copied by commit)?"""
@@ -399,41 +368,3 @@ class Allocator:
         gpus = tuple(sorted(grants.gpus(facts.inventory))) if grants.pinned else None
         why = "; ".join(g.describe() for g in grants.grants)
         return Claim(cid, str(info.get("Name") or "").lstrip("/"), gpus, why)
-
-
-def _lease_id(container: dict) -> str:
-    return (container.get("Labels") or {}).get(LEASE_LABEL, "").partition(".")[0]
-
-
-def _apply(
-    state: State,
-    snapshot: State,
-    exists: dict,
-    by_label: dict[str, str],
-    found: dict[str, Claim],
-    now: float,
-) -> Report:
-    """Apply what the Engine proved; leases and claims newer than the listing are kept."""
-    report = Report()
-    for lease in list(state.leases.values()):
-        before = snapshot.leases.get(lease.id)
-        if lease.container is not None:
-            if lease.container not in exists and before and before.container == lease.container:
-                state.release(lease.id)
-                report.freed.append(lease.id)
-        elif lease.id in by_label:
-            state.bind(lease.id, by_label[lease.id])
-            report.bound.append(lease.id)
-        elif now > lease.deadline:
-            state.release(lease.id)
-            report.freed.append(lease.id)
-    for cid in list(state.claims):
-        if cid not in exists and cid in snapshot.claims:
-            del state.claims[cid]
-            report.dropped.append(cid)
-    for cid, claim in found.items():
-        if state.lease_of(cid) is None:
-            state.claims[cid] = claim
-            report.adopted.append(cid)
-    state.adopted_at = now
-    return report

@@ -28,10 +28,10 @@ from typing import Any, ClassVar
 from flask import Flask, Response, request
 
 from allocator.core import verdicts as decide
+from allocator.core.inventory import InventoryError
+from allocator.core.leases import StateError
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
-from allocator.host.inventory import InventoryError
-from allocator.host.ledger import StateError
 from allocator.service import Allocator
 
 log = logging.getLogger("gpu-alloc.plugin")

@@ -27,15 +27,17 @@ import logging
 from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
 
-from allocator.core import cuda, gojson
+from allocator.core import cuda, gojson, labels
 from allocator.core import verdicts as decide
+from allocator.core.inventory import InventoryError
+from allocator.core.leases import StateError
+from allocator.core.placement import Shortage
+from allocator.core.rewrite import rewrite, strip_labels
 from allocator.core.routes import Check, RouteError, classify, needs_check
 from allocator.host.engine import EngineError
-from allocator.host.inventory import InventoryError
-from allocator.host.ledger import StateError
 from allocator.ops import status
 from allocator.service import Allocator
-from shim.proxy import Request, Response, UpstreamError
+from shim.framing import Request, Response, UpstreamError
 
 log = logging.getLogger("gpu-alloc.shim")
 STATUS_PATH = "/gpu-alloc/v1/status"  # not an Engine route: dockerd has no /gpu-alloc
@@ -89,7 +91,7 @@ class CreateInterceptor:
 
     async def _create(self, request: Request, forward: Forward) -> Response:
         try:
-            spec = decide.strip_labels(decide.decode_create(request.body))
+            spec = strip_labels(decide.decode_create(request.body))
         except gojson.BodyError as e:
             return error(400, f"gpu-alloc refused the container create: {e}")
         facts = await asyncio.to_thread(self.alloc.facts)
@@ -97,18 +99,19 @@ class CreateInterceptor:
         if isinstance(ask, decide.Deny):
             return error(403, ask.msg)
         if not ask.any:
-            return await forward(_with_body(request, decide.rewrite(spec, (), None)))
+            return await forward(_with_body(request, rewrite(spec, (), None)))
         refused = await asyncio.to_thread(self._cuda_refusal, spec, facts)
         if refused:
             return error(403, refused)
         name = _name(request.target)
-        labels = spec.get("Labels") or {}
-        leased = await asyncio.to_thread(self.alloc.lease, ask, name, labels)
-        if isinstance(leased, decide.Shortage):
+        given = spec.get("Labels") or {}
+        leased = await asyncio.to_thread(self.alloc.lease, ask, name, given)
+        if isinstance(leased, Shortage):
             log.info("refused create %r: %s", name, leased.msg)
             return error(409, leased.msg)
         lease, token = leased
-        body = decide.rewrite(spec, lease.gpus, f"{lease.id}.{token}", ask.caps)
+        label = labels.lease_label(lease.id, token)
+        body = rewrite(spec, lease.gpus, label, ask.caps)
         log.info("lease %s: GPUs %s for create %r", lease.id, ",".join(lease.gpus), name)
         try:
             response = await forward(_with_body(request, body))
@@ -122,7 +125,7 @@ class CreateInterceptor:
                 f"gpu-alloc: the Engine did not answer the create ({e}); "
                 "the container may exist: check 'docker ps -a'",
             )
-        await asyncio.to_thread(self._settle, lease.id, f"{lease.id}.{token}", response)
+        await asyncio.to_thread(self._settle, lease.id, label, response)
         return response
 
     async def _status(self) -> Response:

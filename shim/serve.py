@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from allocator.host.config import Config
 from allocator.service import Allocator
-from shim import proxy
+from shim import server
 from shim.create import CreateInterceptor
 
 
 def serve(config: Config, allocator: Allocator) -> None:
-    proxy.run(
+    server.run(
         config.shim.socket,
         config.engine.socket,
         CreateInterceptor(allocator),

@@ -20,12 +20,15 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from allocator.core import labels
 from allocator.core import verdicts as decide
+from allocator.core.ask import Ask
+from allocator.core.rewrite import rewrite
 from allocator.host import config as configmod
 from allocator.service import Allocator
 from plugin.app import create_app
 from shim.create import CreateInterceptor
-from shim.proxy import Request, Response
+from shim.framing import Request, Response
 from tests import engine
 from tests.enforcement_cases import Case, body, cases, make_nodes, request
 
@@ -104,7 +107,7 @@ def test_the_shim_decides_each_create_as_the_table_says(world: World, case: Case
     env = [e for e in sent["Env"] if e.startswith("NVIDIA_VISIBLE_DEVICES=")]
     if case.shim == "allow":
         assert env == ["NVIDIA_VISIBLE_DEVICES=void"]
-        assert decide.LEASE_LABEL not in sent["Labels"]
+        assert labels.LEASE not in sent["Labels"]
         return
     n = int(case.shim.split()[1])
     uuids = env[0].split("=", 1)[1].split(",")
@@ -119,7 +122,7 @@ def test_the_shim_decides_each_create_as_the_table_says(world: World, case: Case
 
 
 def test_the_shim_strips_client_supplied_lease_labels(world: World):
-    forged = body(Labels={decide.LEASE_LABEL: "abc.def", "io.gpu-alloc.other": "x", "app": "y"})
+    forged = body(Labels={labels.LEASE: "abc.def", "io.gpu-alloc.other": "x", "app": "y"})
     assert world.via_shim(forged).status == 201
     assert json.loads(world.forwarded[-1].body)["Labels"] == {"app": "y"}
 
@@ -137,18 +140,18 @@ def test_a_lease_label_copied_from_inspect_gets_nothing(world: World):
 def test_a_made_up_lease_label_gets_nothing(world: World):
     spec = json.loads(body(HostConfig={"DeviceRequests": [request(ids=[engine.sim_gpu_uuid(0)])]}))
     spec["Env"] = [f"NVIDIA_VISIBLE_DEVICES={engine.sim_gpu_uuid(0)}"]
-    spec["Labels"] = {decide.LEASE_LABEL: "0123456789abcdef.guessed-token"}
+    spec["Labels"] = {labels.LEASE: "0123456789abcdef.guessed-token"}
     answer = world.authz("POST", CREATE_URI, json.dumps(spec).encode())
     assert answer["Allow"] is False
     assert "unknown or forged" in answer["Msg"]
 
 
 def test_a_pending_lease_admits_only_its_own_gpus(world: World):
-    lease, token = world.alloc.lease(decide.Ask((), 1, False, ("gpu",)))
+    lease, token = world.alloc.lease(Ask((), 1, False, ("gpu",)))
     other = next(u for u in map(engine.sim_gpu_uuid, range(4)) if u not in lease.gpus)
     spec = json.loads(body(HostConfig={"DeviceRequests": [request(ids=[other])]}))
     spec["Env"] = [f"NVIDIA_VISIBLE_DEVICES={other}"]
-    spec["Labels"] = {decide.LEASE_LABEL: f"{lease.id}.{token}"}
+    spec["Labels"] = {labels.LEASE: f"{lease.id}.{token}"}
     answer = world.authz("POST", CREATE_URI, json.dumps(spec).encode())
     assert answer["Allow"] is False
     assert "differ from lease" in answer["Msg"]
@@ -333,8 +336,8 @@ def _fresh_world() -> World:
 def _leased_body(w: World) -> bytes:
     """A body the shim leased, before the plugin saw it: its token is still unused."""
     spec = decide.decode_create(json.dumps(LEGIT).encode())
-    lease, token = w.alloc.lease(decide.Ask((), 1, False, ("gpu",)))
-    return json.dumps(decide.rewrite(spec, lease.gpus, f"{lease.id}.{token}")).encode()
+    lease, token = w.alloc.lease(Ask((), 1, False, ("gpu",)))
+    return json.dumps(rewrite(spec, lease.gpus, f"{lease.id}.{token}")).encode()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from allocator.core.verdicts import Ask
+from allocator.core.ask import Ask
 from allocator.host import config as configmod
 from allocator.service import Allocator
 from tests import engine

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from allocator.core.inventory import GPU, Inventory, InventoryError
 from allocator.host import inventory
-from allocator.host.inventory import GPU, Inventory, InventoryError, load_file
+from allocator.host.inventory import load_file
 
 UUID_A = "GPU-836c0c09-1111-2222-3333-444455556666"
 UUID_B = "GPU-836c0c0a-aaaa-bbbb-cccc-ddddeeeeffff"

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core import verdicts as decide
-from allocator.core.placement import POLICIES
+from allocator.core.ask import Ask
+from allocator.core.inventory import GPU, Inventory
+from allocator.core.leases import REPAIR_HINT, SCHEMA_VERSION, Claim, State, StateError
+from allocator.core.placement import POLICIES, Shortage, place
 from allocator.host import ledger
-from allocator.host.inventory import GPU, Inventory
-from allocator.host.ledger import REPAIR_HINT, SCHEMA_VERSION, Claim, Ledger, State, StateError
+from allocator.host.ledger import Ledger
 
 A, B, C, D = (f"GPU-{c * 8}" for c in "abcd")
 FORK = multiprocessing.get_context("fork")
@@ -120,9 +121,10 @@ def test_holders_names_leases_and_claims_and_an_unpinned_claim_holds_every_gpu()
     st.claims["c" * 64] = Claim("c" * 64, "legacy", None, "privileged")
     held = st.holders(frozenset({A, B, C, D}))
     assert set(held) == {A, B, C, D}
-    assert pending.id in held[A] and "pending" in held[A]
-    assert "b" * 12 in held[B] and "'web'" in held[B]
-    assert held[C] == held[D] and "c" * 12 in held[C] and "privileged" in held[C]
+    assert pending.id in held[A].describe() and "pending" in held[A].describe()
+    assert "b" * 12 in held[B].describe() and "'web'" in held[B].describe()
+    assert held[C] == held[D] and "c" * 12 in held[C].describe()
+    assert "privileged" in held[C].describe()
 
 
 # --- the file ----------------------------------------------------------------------------------
@@ -324,7 +326,7 @@ def test_a_lock_held_by_another_process_times_out_with_a_state_error(tmp_path: P
 # --- many processes at once --------------------------------------------------------------------
 
 POOL = Inventory(tuple(GPU(f"GPU-{i}", i) for i in range(4)))
-ONE_GPU = decide.Ask(required=(), count=1, every=False, caps=("gpu",))
+ONE_GPU = Ask(required=(), count=1, every=False, caps=("gpu",))
 
 
 def _violations(st: State) -> list[str]:
@@ -346,8 +348,8 @@ def _allocate_and_release(state_dir: str, seed: int, rounds: int) -> dict[str, o
         with led.transaction() as st:
             violations += _violations(st)
             held = st.holders(POOL.uuids)
-            picked = decide.place(ONE_GPU, POOL, held, POLICIES["first-fit"])
-            if isinstance(picked, decide.Shortage):
+            picked = place(ONE_GPU, POOL, held, POLICIES["first-fit"])
+            if isinstance(picked, Shortage):
                 shortages += 1
             else:
                 lease, _ = st.new_lease(tuple(g.uuid for g in picked), now=0, ttl=60)

@@ -12,8 +12,8 @@ from typing import Any
 import pynvml
 import pytest
 
+from allocator.core.inventory import GPU, InventoryError
 from allocator.host import nvml
-from allocator.host.inventory import GPU, InventoryError
 
 MIB = 1024 * 1024
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from allocator.core.inventory import GPU
 from allocator.core.placement import POLICIES, first_fit, numa
-from allocator.host.inventory import GPU
 
 
 def gpus(*nodes: int | None) -> list[GPU]:

@@ -22,20 +22,19 @@ canonical; `decide.decode_create` refuses the top-level HostConfig fields old
 API versions read); `of_container` takes ``docker inspect`` output,
 whose env already includes the image's.  Both reduce to `_analyse`, which runs
 each catalogue row over a `View` of the container and returns an `Access`.
-Filesystem questions go through `Host`, so tests hand in their own nodes.
+Filesystem questions go through `HostFacts`, so the core reads nothing itself
+and tests hand in their own nodes.
 """
 
 from __future__ import annotations
 
-import functools
-import os
-import stat
+import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, Protocol
 
-from allocator.host.inventory import Inventory
+from allocator.core.inventory import Inventory
 
 # The nvidia driver's capability set in dockerd (daemon/nvidia_linux.go): a
 # device request with Driver "" goes to nvidia when one of its AND-sets fits.
@@ -124,7 +123,7 @@ class EngineView:
             name
             for name, spec in runtimes.items()
             if "nvidia" in name.lower()
-            or "nvidia" in os.path.basename(str((spec or {}).get("path", ""))).lower()
+            or "nvidia" in posixpath.basename(str((spec or {}).get("path", ""))).lower()
         }
         return cls(str(info.get("DefaultRuntime") or "runc"), frozenset(nvidia))
 
@@ -133,39 +132,29 @@ class EngineView:
 
 
 @dataclass(frozen=True)
-class Host:
-    """Filesystem facts; the defaults read this host, tests pass their own paths."""
+class Node:
+    """What a path is, as far as device access goes."""
 
-    protected: tuple[str, ...] = (
-        "/dev",
-        "/sys",
-        "/proc",
-        "/etc/docker",
-        "/run/docker",
-        "/run/containerd",
-        "/var/lib/docker",
-        "/var/lib/gpu-alloc",
-    )
-    sysfs: str = "/sys"
+    kind: str  # "chr" (a character device), "dir", or "other"
+    major: int = 0
+    minor: int = 0
 
-    def resolve(self, path: str) -> str:
-        return os.path.realpath(path)
 
-    def node(self, path: str) -> os.stat_result | None:
-        try:
-            return os.stat(path)
-        except OSError:
-            return None
+class HostFacts(Protocol):
+    """The filesystem questions access asks; allocator.host.filesystem answers them for
+    this host, tests answer them from tables."""
 
-    def drm_bus_id(self, minor: int) -> str | None:
-        link = os.path.join(self.sysfs, "dev/char", f"{DRM_MAJOR}:{minor}", "device")
-        try:
-            return os.path.basename(os.path.realpath(link, strict=True))
-        except OSError:
-            return None
+    protected: tuple[str, ...]
 
-    def with_protected(self, *paths: str) -> Host:
-        return Host(tuple(dict.fromkeys((*self.protected, *paths))), self.sysfs)
+    def resolve(self, path: str) -> str: ...
+
+    def node(self, path: str) -> Node | None: ...
+
+    def walk(self, top: str) -> Iterable[str]: ...
+
+    def drm_bus_id(self, minor: int) -> str | None: ...
+
+    def dynamic_majors(self) -> frozenset[int]: ...
 
 
 @dataclass(frozen=True)
@@ -184,7 +173,7 @@ class _Ctx:
     view: View
     engine: EngineView
     inventory: Inventory
-    host: Host
+    host: HostFacts
     strict: bool  # True for creates: malformed input is a Refusal, not a claim
     mounts_of: MountsOf | None = None  # for VolumesFrom: another container's bind mounts
     grants: list[Grant] = field(default_factory=list)
@@ -334,7 +323,7 @@ def _devices(ctx: _Ctx) -> None:
             ctx.refuse(fld, f"PathOnHost '{path}' is not an absolute path")
             continue
         real = ctx.host.resolve(path)
-        if ctx.strict and real != os.path.normpath(path):
+        if ctx.strict and real != posixpath.normpath(path):
             raise Refusal(
                 f"{fld}: PathOnHost {path} is a link to {real}; name the device node itself"
             )
@@ -342,27 +331,21 @@ def _devices(ctx: _Ctx) -> None:
         if node is None:
             ctx.refuse(fld, f"PathOnHost {path} does not exist on this host")
             continue
-        if stat.S_ISDIR(node.st_mode):
-            for sub in sorted(_walk(real)):
+        if node.kind == "dir":
+            for sub in sorted(ctx.host.walk(real)):
                 _device_node(ctx, fld, sub, ctx.host.node(sub))
         else:
             _device_node(ctx, fld, path, node)
 
 
-def _walk(top: str) -> Iterable[str]:
-    for root, _dirs, files in os.walk(top):
-        for f in files:
-            yield os.path.join(root, f)
-
-
-def _device_node(ctx: _Ctx, fld: str, path: str, node: os.stat_result | None) -> None:
-    if node is None or not stat.S_ISCHR(node.st_mode):
+def _device_node(ctx: _Ctx, fld: str, path: str, node: Node | None) -> None:
+    if node is None or node.kind != "chr":
         return
-    major, minor = os.major(node.st_rdev), os.minor(node.st_rdev)
+    major, minor = node.major, node.minor
     if major == NVIDIA_MAJOR and minor not in NVIDIA_CONTROL_MINORS:
         gpu = ctx.inventory.by_minor(minor)
         ctx.add(fld, f"device {path} (nvidia {major}:{minor})", None if gpu is None else [gpu.uuid])
-    elif major == NVIDIA_MAJOR or major in _nvidia_dynamic_majors():
+    elif major == NVIDIA_MAJOR or major in ctx.host.dynamic_majors():
         ctx.add(fld, f"NVIDIA control device {path} ({major}:{minor})", None)
     elif major == DRM_MAJOR:
         bus = ctx.host.drm_bus_id(minor)
@@ -373,21 +356,6 @@ def _device_node(ctx: _Ctx, fld: str, path: str, node: os.stat_result | None) ->
 def _same_bus(nvml_id: str, sysfs_id: str) -> bool:
     a, b = nvml_id.lower(), sysfs_id.lower()
     return bool(a) and (a == b or a.endswith(b) or b.endswith(a[-12:]))
-
-
-@functools.cache
-def _nvidia_dynamic_majors(proc_devices: str = "/proc/devices") -> frozenset[int]:
-    """nvidia-uvm and nvidia-caps get dynamic majors; /proc/devices names them."""
-    try:
-        with open(proc_devices) as f:
-            lines = f.read().split("Block devices:")[0].splitlines()
-    except OSError:
-        return frozenset()
-    return frozenset(
-        int(n)
-        for n, _, name in (ln.strip().partition(" ") for ln in lines)
-        if n.isdigit() and name.startswith("nvidia")
-    )
 
 
 def _is_cdi_name(name: str) -> bool:
@@ -408,7 +376,7 @@ _CGROUP_TYPES = ("a", "c")
 
 
 def _cgroup_rules(ctx: _Ctx) -> None:
-    majors = {str(NVIDIA_MAJOR), str(DRM_MAJOR), "*"} | {str(m) for m in _nvidia_dynamic_majors()}
+    majors = {str(NVIDIA_MAJOR), str(DRM_MAJOR), "*"} | {str(m) for m in ctx.host.dynamic_majors()}
     for i, rule in enumerate(ctx.view.host_config.get("DeviceCgroupRules") or ()):
         fld = f"HostConfig.DeviceCgroupRules[{i}]"
         parts = str(rule).split()
@@ -462,7 +430,7 @@ def _volumes_from(ctx: _Ctx) -> None:
 
 
 def _mount(ctx: _Ctx, fld: str, src: str, dst: str) -> None:
-    if dst and within(os.path.normpath(dst), SENTINEL_MOUNT_DIR):
+    if dst and within(posixpath.normpath(dst), SENTINEL_MOUNT_DIR):
         ctx.add(fld, f"mount at {dst} selects GPUs through the toolkit's volume list", None)
     if not src:
         return
@@ -472,7 +440,7 @@ def _mount(ctx: _Ctx, fld: str, src: str, dst: str) -> None:
             ctx.add(fld, f"bind mount of {src} exposes {p}", None)
             return
     node = ctx.host.node(real)
-    if node is not None and stat.S_ISCHR(node.st_mode):
+    if node is not None and node.kind == "chr":
         _device_node(ctx, fld, src, node)  # a GPU node is judged by its numbers, wherever it is
 
 
@@ -503,7 +471,7 @@ def _analyse(
     view: View,
     engine: EngineView,
     inventory: Inventory,
-    host: Host,
+    host: HostFacts,
     strict: bool,
     mounts_of: MountsOf | None = None,
 ) -> Access:
@@ -517,7 +485,7 @@ def of_create(
     body: Mapping[str, Any],
     engine: EngineView,
     inventory: Inventory,
-    host: Host | None = None,
+    host: HostFacts,
     mounts_of: MountsOf | None = None,
 ) -> Access:
     view = View(
@@ -526,11 +494,11 @@ def of_create(
         host_config=body.get("HostConfig") or {},
         volumes=tuple(body.get("Volumes") or ()),
     )
-    return _analyse(view, engine, inventory, host or Host(), True, mounts_of)
+    return _analyse(view, engine, inventory, host, True, mounts_of)
 
 
 def of_container(
-    inspect: Mapping[str, Any], engine: EngineView, inventory: Inventory, host: Host | None = None
+    inspect: Mapping[str, Any], engine: EngineView, inventory: Inventory, host: HostFacts
 ) -> Access:
     config = inspect.get("Config") or {}
     view = View(
@@ -544,4 +512,4 @@ def of_container(
             if m.get("Type") == "bind"
         ),
     )
-    return _analyse(view, engine, inventory, host or Host(), strict=False)
+    return _analyse(view, engine, inventory, host, strict=False)

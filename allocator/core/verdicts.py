@@ -18,17 +18,15 @@ docker CLI prints ``Msg`` to the user as it is.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from allocator.core import access, fields, gojson
-from allocator.core.access import Access, Demand, EngineView, Host, Refusal
-from allocator.core.placement import Policy
+from allocator.core import access, fields, gojson, labels
+from allocator.core.access import EngineView, HostFacts, Refusal
+from allocator.core.ask import Ask, ask_of
+from allocator.core.inventory import Inventory
 from allocator.core.routes import Check, Route, RouteError, classify
-from allocator.host.inventory import GPU, Inventory
 
-LABEL_PREFIX = "io.gpu-alloc."
-LEASE_LABEL = LABEL_PREFIX + "lease"
 HINT = "use 'docker --context gpu-alloc' and ask with --gpus or a Compose device reservation"
 DEVICE_FIELDS = ("Devices", "DeviceRequests", "DeviceCgroupRules")
 MIN_START_BODY_FREE_API = (1, 24)  # below it, start may carry a HostConfig
@@ -39,8 +37,8 @@ class Facts:
     """The world a decision is made against."""
 
     inventory: Inventory
-    engine: EngineView = field(default_factory=EngineView)
-    host: Host = field(default_factory=Host)
+    engine: EngineView
+    host: HostFacts
     mounts_of: access.MountsOf | None = None  # another container's binds, for VolumesFrom
 
 
@@ -120,8 +118,7 @@ def _create(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
     refused = grants.refused()
     if refused:
         return Deny(_refusal_text(refused))
-    label = ((spec.get("Labels") or {}).get(LEASE_LABEL)) or ""
-    lease_id, _, token = label.partition(".")
+    lease_id, token = labels.parse_lease(spec.get("Labels"))
     first = grants.grants[0]
     if not lease_id or not token:
         return Deny(
@@ -288,7 +285,7 @@ def _volume_create(
     return ALLOW
 
 
-def _exposes(host: Host, path: str) -> bool:
+def _exposes(host: HostFacts, path: str) -> bool:
     if not path.startswith("/"):
         return False
     real = host.resolve(path)
@@ -373,15 +370,14 @@ def authz_response(
         ):
             return Forget(ref)
         return None
-    if method != "POST" or not body or LEASE_LABEL.encode() not in body:
+    if method != "POST" or not body or labels.LEASE.encode() not in body:
         return None
     try:
         if classify(method, uri).check is not Check.CREATE:
             return None
-        label = ((decode_create(body).get("Labels") or {}).get(LEASE_LABEL)) or ""
+        lease_id, _ = labels.parse_lease(decode_create(body).get("Labels"))
     except (RouteError, gojson.BodyError):
         return None
-    lease_id = label.partition(".")[0]
     if not lease_id:
         return None
     if status == 201:
@@ -398,20 +394,6 @@ def authz_response(
 # ------------------------------------------------------------------- shim side
 
 
-@dataclass(frozen=True)
-class Ask:
-    """What a create asks of the allocator, once its fields are understood."""
-
-    required: tuple[str, ...]  # UUIDs named explicitly
-    count: int  # further GPUs, any
-    every: bool  # all GPUs of the host
-    caps: tuple[str, ...]
-
-    @property
-    def any(self) -> bool:
-        return self.every or self.count > 0 or bool(self.required)
-
-
 def shim_ask(spec: Mapping[str, Any], facts: Facts) -> Ask | Deny:
     """Turn a decoded create into an `Ask`, or refuse the fields no lease can cover."""
     try:
@@ -421,108 +403,4 @@ def shim_ask(spec: Mapping[str, Any], facts: Facts) -> Ask | Deny:
     refused = grants.refused()
     if refused:
         return Deny(_refusal_text(refused))
-    return _ask(grants, facts.inventory)
-
-
-def _ask(grants: Access, inventory: Inventory) -> Ask:
-    required: list[str] = []
-    count, every, caps = 0, False, []
-    for g in grants.grants:
-        d: Demand = g.demand  # type: ignore[assignment]  # refused() left only leasable ones
-        every |= d.all
-        count += d.count
-        required += [u for u in sorted(g.gpus or ()) if u not in required]
-        caps += [c for c in d.caps if c not in caps]
-    return Ask(tuple(required), count, every, tuple(caps) or ("gpu",))
-
-
-@dataclass(frozen=True)
-class Shortage:
-    msg: str
-
-
-def place(
-    ask: Ask, inventory: Inventory, held: Mapping[str, str], policy: Policy
-) -> list[GPU] | Shortage:
-    """Pick GPUs for `ask` among those not in ``held`` (UUID -> holder); all or nothing."""
-    free = [g for g in inventory.gpus if g.uuid not in held and not g.busy]
-    if ask.every:
-        required = list(inventory.gpus)
-        size = len(required)
-    else:
-        required = [g for g in inventory.gpus if g.uuid in ask.required]
-        size = len(required) + ask.count
-    taken = [g for g in required if g not in free]
-    picked = None if taken else policy(free, required, size)
-    if picked is not None:
-        return picked
-    return Shortage(_shortage_text(ask, size, free, taken, inventory, held))
-
-
-def _shortage_text(
-    ask: Ask,
-    size: int,
-    free: Sequence[GPU],
-    taken: Sequence[GPU],
-    inventory: Inventory,
-    held: Mapping[str, str],
-) -> str:
-    asked = "all GPUs" if ask.every else f"{size} GPU{'s' * (size != 1)}"
-    if taken:
-        asked += " including " + ", ".join(f"GPU {g.index} ({g.uuid})" for g in taken)
-    holders = "; ".join(
-        f"GPU {g.index} held by {held[g.uuid]}"
-        if g.uuid in held
-        else f"GPU {g.index} busy with host processes"
-        for g in inventory.gpus
-        if g not in free
-    )
-    return (
-        f"gpu-alloc: not enough free GPUs: asked for {asked}, {len(free)} of "
-        f"{len(inventory.gpus)} free"
-        + (f" ({holders})" if holders else "")
-        + ". Remove a container that holds GPUs, or ask for fewer; 'gpu-alloc status' "
-        "shows who holds what"
-    )
-
-
-def rewrite(
-    spec: dict[str, Any], uuids: Sequence[str], label: str | None, caps: Sequence[str] = ("gpu",)
-) -> dict[str, Any]:
-    """The canonical body the shim forwards: UUID device request, guard env, lease label.
-
-    Without GPUs (``label`` None) only the guard is added: ``void`` keeps an image's own
-    ``NVIDIA_VISIBLE_DEVICES`` from reaching any GPU should a hook ever run.
-    """
-    out = dict(spec)
-    hc = dict(out.get("HostConfig") or {})
-    env = [e for e in (out.get("Env") or ()) if not str(e).startswith(access.VISIBLE + "=")]
-    labels = {k: v for k, v in (out.get("Labels") or {}).items() if not k.startswith(LABEL_PREFIX)}
-    if label is None:
-        env.append(f"{access.VISIBLE}=void")
-    else:
-        env.append(f"{access.VISIBLE}={','.join(uuids)}")
-        labels[LEASE_LABEL] = label
-        if hc.get("DeviceRequests"):
-            hc["DeviceRequests"] = [
-                {
-                    "Driver": "nvidia",
-                    "Count": 0,
-                    "DeviceIDs": list(uuids),
-                    "Capabilities": [list(caps)],
-                    "Options": {},
-                }
-            ]
-    out["Env"] = env
-    out["Labels"] = labels
-    if hc or "HostConfig" in out:
-        out["HostConfig"] = hc
-    return out
-
-
-def strip_labels(spec: dict[str, Any]) -> dict[str, Any]:
-    """Client-supplied labels under gpu-alloc's prefix are never trusted: drop them."""
-    labels = spec.get("Labels")
-    if not isinstance(labels, dict) or not any(k.startswith(LABEL_PREFIX) for k in labels):
-        return spec
-    return {**spec, "Labels": {k: v for k, v in labels.items() if not k.startswith(LABEL_PREFIX)}}
+    return ask_of(grants)

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from allocator.host.inventory import GPU, Inventory, InventoryError
+from allocator.core.inventory import GPU, Inventory, InventoryError
 
 
 def read(nvml: ModuleType | Any | None = None, sysfs: str = "/sys") -> Inventory:

@@ -13,11 +13,11 @@ import os
 import sys
 from typing import Any
 
+from allocator.core.inventory import InventoryError
+from allocator.core.leases import StateError
 from allocator.host import config as configmod
 from allocator.host.config import Config, ConfigError
 from allocator.host.engine import Engine, EngineError
-from allocator.host.inventory import InventoryError
-from allocator.host.ledger import StateError
 from allocator.service import Allocator
 
 EXIT_FAIL = 1
@@ -156,7 +156,7 @@ def cmd_status(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_repair(cfg: Config, args: argparse.Namespace) -> int:
-    from allocator.ops.status import repair
+    from allocator.ops.repair import repair
 
     print(repair(_allocator(cfg), reset=args.reset))
     return 0

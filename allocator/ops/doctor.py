@@ -17,11 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from allocator.core.leases import StateError
 from allocator.host import inventory as inventorymod
 from allocator.host import unixhttp
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
-from allocator.host.ledger import Ledger, StateError
+from allocator.host.ledger import Ledger
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 

@@ -1,15 +1,13 @@
-"""``gpu-alloc status`` and ``repair``: the ledger as people and scripts read it."""
+"""``gpu-alloc status``: the ledger as people and scripts read it."""
 
 from __future__ import annotations
 
 import http.client
 import json
-import shutil
-import time
 from typing import Any
 
+from allocator.core.leases import StateError
 from allocator.host import unixhttp
-from allocator.host.ledger import State, StateError
 from allocator.service import Allocator
 
 
@@ -17,7 +15,8 @@ def snapshot(alloc: Allocator) -> dict[str, Any]:
     inventory = alloc.inventory()
     state = alloc.ledger.read()
     present = [g.uuid for g in inventory.gpus]
-    holder_of = _holders(state, present + _departed(state, present))
+    departed = sorted(state.named_gpus() - set(present))
+    holder_of = {u: h.to_dict() for u, h in state.holders({*present, *departed}).items()}
     gpus = []
     for g in inventory.gpus:
         holder = holder_of.get(g.uuid)
@@ -31,39 +30,10 @@ def snapshot(alloc: Allocator) -> dict[str, Any]:
             vars(c) | {"gpus": None if c.gpus is None else list(c.gpus)}
             for c in state.claims.values()
         ],
-        "departed": [
-            {"uuid": uuid, "holder": holder_of[uuid]} for uuid in _departed(state, present)
-        ],
+        "departed": [{"uuid": uuid, "holder": holder_of[uuid]} for uuid in departed],
         "free": sum(1 for g in gpus if g["free"]),
         "total": len(gpus),
     }
-
-
-def _departed(state: State, present: list[str]) -> list[str]:
-    """GPUs a lease or claim names that the inventory no longer has (removed, new UUID)."""
-    named = {u for le in state.leases.values() for u in le.gpus}
-    named |= {u for c in state.claims.values() for u in c.gpus or ()}
-    return sorted(named - set(present))
-
-
-def _holders(state: State, uuids: list[str]) -> dict[str, dict[str, Any]]:
-    """UUID -> holder; an unpinned claim holds every GPU nothing else names."""
-    held: dict[str, dict[str, Any]] = {}
-    for lease in state.leases.values():
-        for uuid in lease.gpus:
-            held[uuid] = {
-                "container": lease.container,
-                "name": lease.name,
-                "lease": lease.id,
-                "state": lease.state,
-                "why": "leased by gpu-alloc",
-            }
-    claims = sorted(state.claims.values(), key=lambda c: c.gpus is None)
-    for claim in claims:
-        entry = {"container": claim.container, "name": claim.name, "why": claim.why}
-        for uuid in uuids if claim.gpus is None else claim.gpus:
-            held.setdefault(uuid, entry)
-    return held
 
 
 def render_json(snap: dict[str, Any]) -> str:
@@ -104,31 +74,6 @@ def _who(h: dict[str, Any]) -> str:
     else:
         parts.append(f"({h['why']})")
     return " ".join(parts)
-
-
-def repair(alloc: Allocator, reset: bool = False) -> str:
-    """Rebuild what the Engine can prove; a corrupt file is moved aside, never deleted."""
-    notes = []
-    try:
-        alloc.ledger.read()
-    except StateError as e:
-        if not reset:
-            raise StateError(
-                f"{e}; run 'gpu-alloc repair --reset' to move it aside and "
-                "rebuild the ledger from the Engine's containers"
-            ) from None
-        reset = True
-    if reset and alloc.ledger.path.exists():
-        aside = alloc.ledger.path.with_suffix(f".corrupt-{int(time.time())}")
-        with alloc.ledger.locked():
-            shutil.move(alloc.ledger.path, aside)
-        notes.append(f"moved {alloc.ledger.path} to {aside}")
-    report = alloc.reconcile(adopt=True)
-    notes.append(
-        f"freed {len(report.freed)} lease(s), bound {len(report.bound)}, "
-        f"adopted {len(report.adopted)} container(s), dropped {len(report.dropped)}"
-    )
-    return "\n".join(notes)
 
 
 def from_shim(socket_path: str, why: str) -> dict[str, Any]:

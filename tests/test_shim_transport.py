@@ -1,4 +1,5 @@
-"""shim/proxy.py: edge cases against fake upstreams, then the real Engine through the proxy."""
+"""The shim transport (framing, splice, upstream, server): edge cases against fake upstreams,
+then the real Engine through the proxy."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterator
 import docker
 import pytest
 
-from shim import proxy
+from shim import framing, server
 from tests import engine
 
 # --- helpers -------------------------------------------------------------------------------
@@ -29,14 +30,14 @@ class Recorder:
 
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail
-        self.seen: list[proxy.Request] = []
-        self.errors: list[proxy.UpstreamError] = []
+        self.seen: list[framing.Request] = []
+        self.errors: list[framing.UpstreamError] = []
 
     def wants(self, method: str, target: str) -> bool:
         return method == "POST" and target.split("?", 1)[0].endswith("/containers/create")
 
-    async def handle(self, request: proxy.Request, forward: proxy.Forward) -> proxy.Response:
-        self.seen.append(proxy.Request(**vars(request)))  # a copy: the body is rewritten below
+    async def handle(self, request: framing.Request, forward: framing.Forward) -> framing.Response:
+        self.seen.append(framing.Request(**vars(request)))  # a copy: the body is rewritten below
         if self.fail:
             raise RuntimeError("boom")
         body = json.loads(request.body or b"{}")
@@ -44,9 +45,9 @@ class Recorder:
         request.body = json.dumps(body).encode()
         try:
             return await forward(request)
-        except proxy.UpstreamError as e:
+        except framing.UpstreamError as e:
             self.errors.append(e)
-            return proxy.Response(503, "", [("Content-Type", "application/json")], b"{}")
+            return framing.Response(503, "", [("Content-Type", "application/json")], b"{}")
 
 
 _made: list[str] = []
@@ -71,7 +72,7 @@ async def start_proxy(
     path = os.path.join(short_dir(), "p.sock")
     ready = asyncio.Event()
     task = asyncio.create_task(
-        proxy.serve(path, upstream, interceptor, ready=ready.set, **kwargs)  # type: ignore[arg-type]
+        server.serve(path, upstream, interceptor, ready=ready.set, **kwargs)  # type: ignore[arg-type]
     )
     await asyncio.wait_for(ready.wait(), 5)
     return path, task
@@ -188,10 +189,10 @@ def test_intercepted_body_over_the_cap_gets_413() -> None:
         up, server = await fake_upstream(echo_requests)
         rec = Recorder()
         path, task = await start_proxy(up, rec, max_body=100)
-        for framing in (b"Content-Length: 200\r\n\r\n", b"Transfer-Encoding: chunked\r\n\r\n"):
+        for frame in (b"Content-Length: 200\r\n\r\n", b"Transfer-Encoding: chunked\r\n\r\n"):
             reader, writer = await asyncio.open_unix_connection(path)
-            writer.write(b"POST /containers/create HTTP/1.1\r\nHost: d\r\n" + framing)
-            if b"chunked" in framing:
+            writer.write(b"POST /containers/create HTTP/1.1\r\nHost: d\r\n" + frame)
+            if b"chunked" in frame:
                 writer.write(b"c8\r\n" + b"x" * 200 + b"\r\n0\r\n\r\n")
             status, headers, body = await read_response(reader)
             assert status.startswith(b"HTTP/1.1 413")
@@ -368,7 +369,7 @@ def test_serve_sets_socket_mode_and_removes_stale_socket() -> None:
         stale.close()
         ready = asyncio.Event()
         task = asyncio.create_task(
-            proxy.serve(path, "/nonexistent", Recorder(), mode=0o600, ready=ready.set)
+            server.serve(path, "/nonexistent", Recorder(), mode=0o600, ready=ready.set)
         )
         await asyncio.wait_for(ready.wait(), 5)
         assert os.stat(path).st_mode & 0o777 == 0o600
@@ -395,7 +396,7 @@ def shim(bare_engine: engine.Dockerd) -> Iterator[tuple[str, Recorder]]:
     def serve() -> None:
         nonlocal task
         asyncio.set_event_loop(loop)
-        task = loop.create_task(proxy.serve(path, bare_engine.sock, rec, ready=ready.set))
+        task = loop.create_task(server.serve(path, bare_engine.sock, rec, ready=ready.set))
         with contextlib.suppress(asyncio.CancelledError):
             loop.run_until_complete(task)
         loop.close()

@@ -1,0 +1,34 @@
+"""What a create asks of the allocator, once its fields are understood."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from allocator.core.access import Access, Demand
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a create asks of the allocator, once its fields are understood."""
+
+    required: tuple[str, ...]  # UUIDs named explicitly
+    count: int  # further GPUs, any
+    every: bool  # all GPUs of the host
+    caps: tuple[str, ...]
+
+    @property
+    def any(self) -> bool:
+        return self.every or self.count > 0 or bool(self.required)
+
+
+def ask_of(grants: Access) -> Ask:
+    """The leasable grants of a create, summed into one ask."""
+    required: list[str] = []
+    count, every, caps = 0, False, []
+    for g in grants.grants:
+        d: Demand = g.demand  # type: ignore[assignment]  # refused() left only leasable ones
+        every |= d.all
+        count += d.count
+        required += [u for u in sorted(g.gpus or ()) if u not in required]
+        caps += [c for c in d.caps if c not in caps]
+    return Ask(tuple(required), count, every, tuple(caps) or ("gpu",))

@@ -1,0 +1,32 @@
+"""The labels gpu-alloc reads and writes on containers: one format, one parser.
+
+Every label under `PREFIX` is gpu-alloc's alone: the shim strips any a client
+sets before it adds its own, so a label seen on a container created through the
+shim was written by gpu-alloc.  The lease label is ``<lease id>.<token>``; the
+token is single use and bound to the lease's GPUs, because anyone can read
+labels with ``docker inspect``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+PREFIX = "io.gpu-alloc."
+LEASE = PREFIX + "lease"
+
+
+def lease_label(lease_id: str, token: str) -> str:
+    return f"{lease_id}.{token}"
+
+
+def parse_lease(labels: Mapping[str, Any] | None) -> tuple[str, str]:
+    """(lease id, token) from a container's labels; empty strings where absent."""
+    value = str((labels or {}).get(LEASE) or "")
+    lease_id, _, token = value.partition(".")
+    return lease_id, token
+
+
+def strip(labels: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The labels without any under gpu-alloc's prefix."""
+    return {k: v for k, v in (labels or {}).items() if not k.startswith(PREFIX)}

@@ -1,0 +1,269 @@
+"""The lease life and the ledger's contents, as plain data.
+
+Rules
+-----
+1. A lease moves only by a row of `TRANSITIONS`: ``fire(lease, event)`` is the one
+   way to change its phase, and an event that has no row for the lease's phase
+   is refused (`LeaseError`), never guessed at.
+2. A GPU is held by at most one live lease: `State.holders` is the only answer
+   to "who holds GPU X", used by placement, the 409 text and ``status`` alike.
+3. Tokens are kept only as SHA-256 hashes: reading the state (or a container's
+   labels) never gives anyone a usable token.
+
+Theory of operation
+-------------------
+::
+
+    pending --AUTHORIZE--> authorized --BIND--> bound --HAND_OVER--> handed-over
+       |                                          ^                      |
+       +------------------BIND--------------------+------TAKE_BACK-------+
+
+``pending``: the shim placed it and the create is on its way.  ``authorized``: the
+plugin saw its token in a create (single use).  ``bound``: the Engine answered with a
+container id.  ``handed-over``: a stopped Compose predecessor lent its GPUs to the
+container replacing it; they come back (TAKE_BACK) if the replacement's lease ends.
+A lease ends (`State.release`) when its container is gone, when the create
+definitely failed, or when its deadline passed and no container carries it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import asdict, dataclass, field, replace
+from enum import Enum, StrEnum
+from typing import Any
+
+SCHEMA_VERSION = 1
+REPAIR_HINT = "inspect it, then run 'gpu-alloc repair' to rebuild it from the Engine"
+
+
+class StateError(Exception):
+    """The ledger cannot be trusted or reached; allocation must stop."""
+
+
+class LeaseError(ValueError):
+    """An event that the lease's phase has no transition for."""
+
+
+class Phase(StrEnum):
+    PENDING = "pending"
+    AUTHORIZED = "authorized"
+    BOUND = "bound"
+    HANDED_OVER = "handed-over"
+
+
+class Event(Enum):
+    AUTHORIZE = "authorize"  # the plugin consumed the token of a create
+    BIND = "bind"  # the Engine named the container
+    HAND_OVER = "hand-over"  # a Compose replacement takes the GPUs
+    TAKE_BACK = "take-back"  # the replacement's lease ended first
+
+
+TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
+    (Phase.PENDING, Event.AUTHORIZE): Phase.AUTHORIZED,
+    # The shim binds from the Engine's 201 when the plugin's AuthZRes did not (shim alone).
+    (Phase.PENDING, Event.BIND): Phase.BOUND,
+    (Phase.AUTHORIZED, Event.BIND): Phase.BOUND,
+    (Phase.BOUND, Event.BIND): Phase.BOUND,  # the same answer from plugin and shim
+    (Phase.BOUND, Event.HAND_OVER): Phase.HANDED_OVER,
+    (Phase.HANDED_OVER, Event.TAKE_BACK): Phase.BOUND,
+}
+
+
+@dataclass(frozen=True)
+class Lease:
+    id: str
+    gpus: tuple[str, ...]
+    token_sha256: str
+    state: str = Phase.PENDING.value
+    container: str | None = None
+    name: str = ""
+    created: float = 0.0
+    deadline: float = 0.0
+    handed_to: str | None = None  # the lease of the container replacing this one
+
+    @property
+    def phase(self) -> Phase:
+        return Phase(self.state)
+
+    def token_matches(self, token: str) -> bool:
+        return hmac.compare_digest(self.token_sha256, _hash(token))
+
+
+def fire(lease: Lease, event: Event, **changes: Any) -> Lease:
+    """The lease after ``event``, with ``changes`` applied; `LeaseError` if not allowed."""
+    to = TRANSITIONS.get((lease.phase, event))
+    if to is None:
+        raise LeaseError(f"lease {lease.id} is {lease.state}: {event.value} does not apply")
+    return replace(lease, state=to.value, **changes)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A container gpu-alloc did not lease but that holds GPUs (adopted)."""
+
+    container: str
+    name: str
+    gpus: tuple[str, ...] | None  # None: unpinned, holds every GPU
+    why: str
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a GPU: a lease (in any live phase) or an adopted claim."""
+
+    container: str | None
+    name: str
+    why: str
+    lease: str | None = None
+    state: str | None = None
+
+    def describe(self) -> str:
+        if self.lease is None:
+            return f"container {(self.container or '')[:12]} '{self.name}' (not leased: {self.why})"
+        return " ".join(
+            filter(
+                None,
+                (
+                    f"container {self.container[:12]}" if self.container else "a create in flight",
+                    f"'{self.name}'" if self.name else "",
+                    f"(lease {self.lease}, {self.state})",
+                ),
+            )
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None or k == "container"}
+
+
+@dataclass
+class State:
+    leases: dict[str, Lease] = field(default_factory=dict)
+    claims: dict[str, Claim] = field(default_factory=dict)
+    adopted_at: float | None = None
+
+    def holders(self, all_gpus: frozenset[str] | set[str]) -> dict[str, Holder]:
+        """UUID -> its holder.  A handed-over lease's GPUs count under the lease it lent
+        them to; an unpinned claim holds every GPU of ``all_gpus`` nothing else names."""
+        held: dict[str, Holder] = {}
+        for lease in self.leases.values():
+            if lease.phase is Phase.HANDED_OVER:
+                continue
+            who = Holder(lease.container, lease.name, "leased by gpu-alloc", lease.id, lease.state)
+            for uuid in lease.gpus:
+                held.setdefault(uuid, who)
+        for claim in sorted(self.claims.values(), key=lambda c: c.gpus is None):
+            who = Holder(claim.container, claim.name, claim.why)
+            for uuid in all_gpus if claim.gpus is None else claim.gpus:
+                held.setdefault(uuid, who)
+        return held
+
+    def named_gpus(self) -> set[str]:
+        """Every GPU a lease or a pinned claim names, present on the host or not."""
+        named = {u for le in self.leases.values() for u in le.gpus}
+        return named | {u for c in self.claims.values() for u in c.gpus or ()}
+
+    def new_lease(self, gpus: tuple[str, ...], now: float, ttl: float) -> tuple[Lease, str]:
+        token = secrets.token_urlsafe(24)
+        lease = Lease(
+            id=secrets.token_hex(8),
+            gpus=gpus,
+            token_sha256=_hash(token),
+            created=now,
+            deadline=now + ttl,
+        )
+        self.leases[lease.id] = lease
+        return lease, token
+
+    def authorize(self, lease_id: str, token: str, gpus: frozenset[str]) -> str | None:
+        """Consume a token for a create that asks for ``gpus``; a reason when refused."""
+        lease = self.leases.get(lease_id)
+        if lease is None or not lease.token_matches(token):
+            return "its lease token is unknown or forged"
+        if lease.phase is not Phase.PENDING:
+            return f"its lease token was already used (lease {lease_id} is {lease.state})"
+        if frozenset(lease.gpus) != gpus:
+            return f"its GPUs {sorted(gpus)} differ from lease {lease_id}'s {sorted(lease.gpus)}"
+        self.leases[lease_id] = fire(lease, Event.AUTHORIZE)
+        return None
+
+    def bind(self, lease_id: str, container: str, name: str = "") -> bool:
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.container not in (None, container):
+            return False
+        if (lease.phase, Event.BIND) not in TRANSITIONS:
+            return lease.container == container
+        self.leases[lease_id] = fire(
+            lease, Event.BIND, container=container, name=name or lease.name
+        )
+        return True
+
+    def release(self, lease_id: str) -> Lease | None:
+        """End a lease; a container that handed its GPUs to this one gets them back."""
+        for other in list(self.leases.values()):
+            if other.handed_to == lease_id:
+                self.leases[other.id] = fire(other, Event.TAKE_BACK, handed_to=None)
+        return self.leases.pop(lease_id, None)
+
+    def hand_over(self, lease_id: str, to: str, current_name: str) -> None:
+        """A container being replaced (Compose recreate) lends its GPUs to lease ``to``."""
+        self.leases[lease_id] = fire(
+            self.leases[lease_id], Event.HAND_OVER, handed_to=to, name=current_name
+        )
+
+    def lease_of(self, container: str) -> Lease | None:
+        return next((le for le in self.leases.values() if le.container == container), None)
+
+    def predecessor_of(self, lease_id: str) -> Lease | None:
+        """The lease that handed its GPUs to ``lease_id``, while it is still recorded."""
+        return next((le for le in self.leases.values() if le.handed_to == lease_id), None)
+
+    def handing_over(self) -> bool:
+        return any(le.phase is Phase.HANDED_OVER for le in self.leases.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": SCHEMA_VERSION,
+            "leases": {k: asdict(v) for k, v in sorted(self.leases.items())},
+            "claims": {k: asdict(v) for k, v in sorted(self.claims.items())},
+            "adopted_at": self.adopted_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, path: str) -> State:
+        if not isinstance(data, dict) or "version" not in data:
+            raise StateError(f"{path}: not a gpu-alloc state file; {REPAIR_HINT}")
+        if data["version"] != SCHEMA_VERSION:
+            newer = isinstance(data["version"], int) and data["version"] > SCHEMA_VERSION
+            raise StateError(
+                f"{path}: schema version {data['version']!r} "
+                + (
+                    "was written by a newer gpu-alloc; upgrade this one"
+                    if newer
+                    else f"is unknown; {REPAIR_HINT}"
+                )
+            )
+        try:
+            leases = {k: _lease(v) for k, v in data["leases"].items()}
+            claims = {k: _claim(v) for k, v in data["claims"].items()}
+            adopted_at = data.get("adopted_at")
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            raise StateError(f"{path}: malformed entry ({e!r}); {REPAIR_HINT}") from None
+        return cls(leases, claims, adopted_at)
+
+
+def _lease(v: dict[str, Any]) -> Lease:
+    lease = Lease(**{**v, "gpus": tuple(v["gpus"])})
+    lease.phase  # noqa: B018  # an unknown phase is a malformed entry (ValueError)
+    return lease
+
+
+def _claim(v: dict[str, Any]) -> Claim:
+    gpus = v["gpus"]
+    return Claim(**{**v, "gpus": None if gpus is None else tuple(gpus)})
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()

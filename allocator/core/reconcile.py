@@ -1,0 +1,60 @@
+"""Reconcile as a plan: make the ledger agree with what the Engine proved exists.
+
+The service takes a snapshot of the ledger *before* it lists the Engine's
+containers, then calls `apply` under the lock with the fresh state.  Only what
+was already recorded when the Engine was asked can be proven gone by its answer:
+a lease or claim newer than the listing is kept, whatever the listing says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from allocator.core.leases import Claim, State
+
+
+@dataclass
+class Report:
+    """What a reconcile changed, for logs and ``gpu-alloc repair``."""
+
+    freed: list[str] = field(default_factory=list)
+    bound: list[str] = field(default_factory=list)
+    adopted: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.freed or self.bound or self.adopted or self.dropped)
+
+
+def apply(
+    state: State,
+    snapshot: State,
+    exists: dict,
+    by_label: dict[str, str],
+    found: dict[str, Claim],
+    now: float,
+) -> Report:
+    """Apply what the Engine proved; leases and claims newer than the listing are kept."""
+    report = Report()
+    for lease in list(state.leases.values()):
+        before = snapshot.leases.get(lease.id)
+        if lease.container is not None:
+            if lease.container not in exists and before and before.container == lease.container:
+                state.release(lease.id)
+                report.freed.append(lease.id)
+        elif lease.id in by_label:
+            state.bind(lease.id, by_label[lease.id])
+            report.bound.append(lease.id)
+        elif now > lease.deadline:
+            state.release(lease.id)
+            report.freed.append(lease.id)
+    for cid in list(state.claims):
+        if cid not in exists and cid in snapshot.claims:
+            del state.claims[cid]
+            report.dropped.append(cid)
+    for cid, claim in found.items():
+        if state.lease_of(cid) is None:
+            state.claims[cid] = claim
+            report.adopted.append(cid)
+    state.adopted_at = now
+    return report

@@ -1,0 +1,51 @@
+"""The canonical create body the shim forwards, and nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from allocator.core import labels
+from allocator.core.access import VISIBLE
+
+
+def rewrite(
+    spec: dict[str, Any], uuids: Sequence[str], label: str | None, caps: Sequence[str] = ("gpu",)
+) -> dict[str, Any]:
+    """The canonical body the shim forwards: UUID device request, guard env, lease label.
+
+    Without GPUs (``label`` None) only the guard is added: ``void`` keeps an image's own
+    ``NVIDIA_VISIBLE_DEVICES`` from reaching any GPU should a hook ever run.
+    """
+    out = dict(spec)
+    hc = dict(out.get("HostConfig") or {})
+    env = [e for e in (out.get("Env") or ()) if not str(e).startswith(VISIBLE + "=")]
+    own = labels.strip(out.get("Labels"))
+    if label is None:
+        env.append(f"{VISIBLE}=void")
+    else:
+        env.append(f"{VISIBLE}={','.join(uuids)}")
+        own[labels.LEASE] = label
+        if hc.get("DeviceRequests"):
+            hc["DeviceRequests"] = [
+                {
+                    "Driver": "nvidia",
+                    "Count": 0,
+                    "DeviceIDs": list(uuids),
+                    "Capabilities": [list(caps)],
+                    "Options": {},
+                }
+            ]
+    out["Env"] = env
+    out["Labels"] = own
+    if hc or "HostConfig" in out:
+        out["HostConfig"] = hc
+    return out
+
+
+def strip_labels(spec: dict[str, Any]) -> dict[str, Any]:
+    """Client-supplied labels under gpu-alloc's prefix are never trusted: drop them."""
+    given = spec.get("Labels")
+    if not isinstance(given, dict) or not any(k.startswith(labels.PREFIX) for k in given):
+        return spec
+    return {**spec, "Labels": labels.strip(given)}

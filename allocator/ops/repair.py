@@ -1,0 +1,34 @@
+"""``gpu-alloc repair``: rebuild the ledger from what the Engine can prove."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+from allocator.core.leases import StateError
+from allocator.service import Allocator
+
+
+def repair(alloc: Allocator, reset: bool = False) -> str:
+    """Rebuild what the Engine can prove; a corrupt file is moved aside, never deleted."""
+    notes = []
+    try:
+        alloc.ledger.read()
+    except StateError as e:
+        if not reset:
+            raise StateError(
+                f"{e}; run 'gpu-alloc repair --reset' to move it aside and "
+                "rebuild the ledger from the Engine's containers"
+            ) from None
+        reset = True
+    if reset and alloc.ledger.path.exists():
+        aside = alloc.ledger.path.with_suffix(f".corrupt-{int(time.time())}")
+        with alloc.ledger.locked():
+            shutil.move(alloc.ledger.path, aside)
+        notes.append(f"moved {alloc.ledger.path} to {aside}")
+    report = alloc.reconcile(adopt=True)
+    notes.append(
+        f"freed {len(report.freed)} lease(s), bound {len(report.bound)}, "
+        f"adopted {len(report.adopted)} container(s), dropped {len(report.dropped)}"
+    )
+    return "\n".join(notes)

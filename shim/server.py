@@ -1,0 +1,111 @@
+"""The shim's server: the listening socket, its permissions, and the signal handling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import logging
+import os
+import signal
+import stat
+from collections.abc import Callable
+from typing import Any
+
+from shim.framing import FORWARD_TIMEOUT, MAX_BODY, Interceptor
+from shim.splice import _Client
+
+log = logging.getLogger(__name__)
+
+
+class _Proxy:
+    __slots__ = ("conns", "forward_timeout", "interceptor", "max_body", "upstream_path")
+
+    def __init__(
+        self, upstream_path: str, interceptor: Interceptor, forward_timeout: float, max_body: int
+    ) -> None:
+        self.upstream_path = upstream_path
+        self.interceptor = interceptor
+        self.forward_timeout = forward_timeout
+        self.max_body = max_body
+        self.conns: set[_Client] = set()
+
+
+def _remove_stale_socket(path: str) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise FileExistsError(f"{path} exists and is not a socket")
+    os.unlink(path)
+
+
+def _gid(group: str) -> int:
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise OSError(
+            f"shim.group: no group named '{group}' on this host; create it, or set "
+            "shim.group to an existing group (or null)"
+        ) from None
+
+
+async def serve(
+    listen_path: str,
+    upstream_path: str,
+    interceptor: Interceptor,
+    *,
+    mode: int = 0o660,
+    group: str | None = None,
+    ready: Callable[[], None] | None = None,
+    forward_timeout: float = FORWARD_TIMEOUT,
+    max_body: int = MAX_BODY,
+) -> None:
+    """Serve the proxy on `listen_path` until cancelled.
+
+    The socket is created owner-only and then given `mode` and `group`, so it is never
+    reachable by others before its permissions are right.
+    """
+    proxy = _Proxy(upstream_path, interceptor, forward_timeout, max_body)
+    _remove_stale_socket(listen_path)
+    loop = asyncio.get_running_loop()
+    old_umask = os.umask(0o177)
+    try:
+        server = await loop.create_unix_server(lambda: _Client(proxy), listen_path)
+    finally:
+        os.umask(old_umask)
+    inode = os.stat(listen_path).st_ino
+    try:
+        if group is not None:
+            os.chown(listen_path, -1, _gid(group))
+        os.chmod(listen_path, mode)
+        log.info("shim listening on %s, forwarding to %s", listen_path, upstream_path)
+        if ready is not None:
+            ready()
+        await server.serve_forever()
+    finally:
+        server.close()
+        for conn in list(proxy.conns):
+            conn.close(abort=True)
+        with contextlib.suppress(OSError):
+            if os.stat(listen_path).st_ino == inode:
+                os.unlink(listen_path)
+
+
+def run(listen_path: str, upstream_path: str, interceptor: Interceptor, **kwargs: Any) -> None:
+    """Run `serve` until SIGTERM or SIGINT (a blocking entry point for the CLI)."""
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await serve(listen_path, upstream_path, interceptor, **kwargs)
+        log.info("shim stopped")
+
+    asyncio.run(main())
