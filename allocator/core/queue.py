@@ -1,0 +1,91 @@
+"""The order in which waiting GPU creates are served, as a pure function.
+
+Rules
+-----
+1. Order: higher ``priority`` first, then fair share (the owner holding fewer GPUs
+   now first), then arrival.  The order is computed afresh at every wake-up, so a
+   request's place can change as leases come and go.
+2. A request served out of order must not delay any request ahead of it.  With no
+   run-time estimates the only GPUs that cannot delay a waiter are those it could
+   never use, so a waiter that is short of GPUs *blocks* every free GPU it could
+   use: the requests behind it may take only the others (a different pool, a
+   model or memory it does not want, GPUs it does not name).  Nothing therefore
+   waits forever behind a stream of smaller requests.
+3. A waiter held back by its owner's limit blocks nothing: its GPUs would not go
+   to it anyway.
+
+Theory of operation
+-------------------
+`serve` walks the waiters in order and asks ``attempt(waiter, blocked)`` to place
+each one among the free GPUs minus ``blocked``.  ``attempt`` is the caller's
+placement under the ledger lock (it creates the lease when it can); it answers
+`Placed`, `Short` (with the free GPUs that waiter could use) or `OverLimit`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Waiter:
+    id: str
+    owner: str  # user name; "" when unknown
+    priority: int
+    arrived: int  # a sequence number: earlier is smaller
+    gpus: int  # how many GPUs it asks for, for status
+    ask: Any = None  # what the caller needs to place it; opaque here
+
+
+@dataclass(frozen=True)
+class Placed:
+    gpus: tuple[str, ...]
+    result: Any = None  # what the caller hands back to the waiting client (the lease)
+
+
+@dataclass(frozen=True)
+class Short:
+    usable: frozenset[str]  # free GPUs this waiter could have used
+
+
+@dataclass(frozen=True)
+class OverLimit:
+    why: str
+
+
+Attempt = Callable[[Waiter, frozenset[str]], Placed | Short | OverLimit]
+
+
+def order(waiters: Iterable[Waiter], held: Mapping[str, int]) -> list[Waiter]:
+    """The waiters in the order they are served; ``held``: owner -> GPUs held now."""
+    return sorted(waiters, key=lambda w: (-w.priority, held.get(w.owner, 0), w.arrived))
+
+
+def serve(
+    waiters: Iterable[Waiter], held: Mapping[str, int], attempt: Attempt
+) -> list[tuple[Waiter, Placed]]:
+    """Grant every waiter that can be granted now without delaying one ahead of it.
+
+    After each grant the order is taken again: the owner now holds more, and fair
+    share may move another owner's request ahead.
+    """
+    remaining = list(waiters)
+    holding = Counter(held)
+    granted: list[tuple[Waiter, Placed]] = []
+    while remaining:
+        blocked: frozenset[str] = frozenset()
+        for waiter in order(remaining, holding):
+            outcome = attempt(waiter, blocked)
+            if isinstance(outcome, Placed):
+                granted.append((waiter, outcome))
+                holding[waiter.owner] += len(outcome.gpus)
+                remaining.remove(waiter)
+                break
+            if isinstance(outcome, Short):
+                blocked |= outcome.usable
+        else:
+            break
+    return granted
