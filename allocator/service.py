@@ -23,11 +23,11 @@ import threading
 import time
 from dataclasses import replace
 
-from allocator.core import access, compose, labels
+from allocator.core import access, compose, labels, starts
 from allocator.core.access import EngineView
 from allocator.core.ask import Ask
 from allocator.core.inventory import Inventory
-from allocator.core.leases import Claim, Lease, Phase, StateError
+from allocator.core.leases import Claim, Lease, Phase, State, StateError
 from allocator.core.placement import POLICIES, Shortage, place
 from allocator.core.reconcile import Report, apply
 from allocator.core.verdicts import (
@@ -193,42 +193,27 @@ class Allocator:
         return decision
 
     def start_refusal(self, ref: str) -> str | None:
-        """Why a start of container ``ref`` must be refused, if it must.
+        """Why a start (or restart) of container ``ref`` must be refused, if it must.
 
-        Two containers can share GPUs for a moment during a Compose recreate: the old one
-        that handed them over may not start again, and the new one may not start while
-        the old one still runs.  When the ledger cannot be read, the container itself is
-        asked: one without GPUs starts anyway, so a broken state file stops GPU work only.
+        dockerd grants at start: the container is inspected now (the Engine resolves
+        ``ref`` as it will for the start) and its access judged with host facts read
+        now, by `starts.refusal`.  The plugin's own inspect is a GET, which its fast
+        path clears without a worker's lock.  When the ledger cannot be read, a
+        container without GPUs still starts, so a broken state file stops GPU work only.
         """
         try:
-            state = self.ledger.read()
+            state: State | str = self.ledger.read()
         except StateError as e:
-            info = self.engine.inspect(ref) if self.engine else None
-            if info is None:
-                return None  # dockerd answers "no such container"
-            facts = self.facts()
-            grants = access.of_container(info, facts.engine, facts.inventory, facts.host)
-            return None if grants.none else f"gpu-alloc refused to start {ref}: {e}"
-        if not state.handing_over():
-            return None  # the common case: no recreate in progress, no Engine call
+            state = str(e)
         info = self.engine.inspect(ref) if self.engine else None
-        lease = state.lease_of(info["Id"]) if info else None
-        if lease is None:
-            return None
-        if lease.phase is Phase.HANDED_OVER:
-            return (
-                f"gpu-alloc refused to start {ref}: its GPUs were handed to the container "
-                f"replacing it (lease {lease.handed_to}); remove it, or remove its "
-                "replacement first"
-            )
-        old = state.predecessor_of(lease.id)
-        info = self.engine.inspect(old.container) if old and old.container and self.engine else None
-        if info and (info.get("State") or {}).get("Running"):
-            return (
-                f"gpu-alloc refused to start {ref}: the container it replaces "
-                f"({old.name or old.container}) still runs on its GPUs; stop that one first"
-            )
-        return None
+        old_info = None
+        if info is not None and not isinstance(state, str) and self.engine is not None:
+            lease = state.lease_of(str(info.get("Id") or ""))
+            old = state.predecessor_of(lease.id) if lease else None
+            if old is not None and old.container:
+                old_info = self.engine.inspect(old.container)  # by full id: None if gone
+        facts = self.facts()
+        return starts.refusal(ref, info, state, facts.engine, facts.inventory, facts.host, old_info)
 
     def settle_unanswered(self, lease_id: str, label: str) -> None:
         """A create got an answer other than 201: free the lease only if no container has it.
@@ -276,16 +261,32 @@ class Allocator:
         elif isinstance(outcome, Release):
             self.release(outcome.lease_id)
         elif isinstance(outcome, Forget):
-            gone = [
-                le.id
-                for le in self.ledger.read().leases.values()
-                if (le.container or "").startswith(outcome.ref)
-            ]
-            if len(gone) == 1:
-                with self.ledger.transaction() as state:
-                    lease = state.leases.get(gone[0])
-                    if lease and (lease.container or "").startswith(outcome.ref):
-                        state.release(lease.id)
+            self._forget(outcome.ref)
+
+    def _forget(self, ref: str) -> None:
+        """After ``DELETE /containers/ref``: end the leases whose container is proven gone.
+
+        dockerd resolved ``ref`` as full id, exact name, then unique id prefix, so a
+        decoy named like another container's id prefix is what it removed.  ``ref``
+        only picks the leases to ask about; each ends once its container's full id
+        answers 404.  A lease missed here (a stale name) is freed by reconcile.
+        """
+        if self.engine is None:
+            return
+        name = ref.lstrip("/")
+        asked = [
+            le
+            for le in self.ledger.read().leases.values()
+            if le.container and (le.container.startswith(ref) or le.name == name)
+        ]
+        gone = [le for le in asked if self.engine.inspect(str(le.container)) is None]
+        if not gone:
+            return
+        with self.ledger.transaction() as state:
+            for le in gone:
+                now = state.leases.get(le.id)
+                if now is not None and now.container == le.container:
+                    state.release(le.id)
 
     # --------------------------------------------------------- reconcile
 

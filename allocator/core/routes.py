@@ -25,7 +25,8 @@ from urllib.parse import unquote_to_bytes, urlsplit
 class Check(Enum):
     ALLOW = "allow"  # no device access can change
     CREATE = "create"  # POST /containers/create: the body decides
-    START = "start"  # a body here is the pre-1.24 HostConfig: refuse it
+    START = "start"  # a body here is the pre-1.24 HostConfig: refuse it; judged at start
+    RESTART = "restart"  # starts the container again: judged like a start
     UPDATE = "update"  # container update: no device fields
     REMOVE = "remove"  # container removal: allowed; afterwards its lease ends
     EXEC = "exec"  # exec create: no privileged exec
@@ -51,11 +52,12 @@ _WRITES: tuple[tuple[str, str, Check], ...] = (
     ("POST", "/containers/create", Check.CREATE),
     ("POST", "/containers/prune", Check.ALLOW),
     ("POST", f"/containers/{_N}/start", Check.START),
+    ("POST", f"/containers/{_N}/restart", Check.RESTART),
     ("POST", f"/containers/{_N}/update", Check.UPDATE),
     ("POST", f"/containers/{_N}/exec", Check.EXEC),
     (
         "POST",
-        f"/containers/{_N}/(?:kill|pause|unpause|restart|stop|wait|resize|attach|copy|rename)",
+        f"/containers/{_N}/(?:kill|pause|unpause|stop|wait|resize|attach|copy|rename)",
         Check.ALLOW,
     ),
     ("PUT", f"/containers/{_N}/archive", Check.ALLOW),

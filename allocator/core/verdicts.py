@@ -63,7 +63,7 @@ class NeedsLease:
 
 @dataclass(frozen=True)
 class StartCheck:
-    """Allow unless the ledger says ``ref`` handed its GPUs to a replacement."""
+    """Allow only if container ``ref``, as it resolves now, passes `starts.refusal`."""
 
     ref: str
 
@@ -162,6 +162,10 @@ def _start(route: Route, method: str, uri: str, body: bytes | None, facts: Facts
             "the container's HostConfig; start it without one"
         )
     return StartCheck(route.name)
+
+
+def _restart(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
+    return StartCheck(route.name)  # a restart starts the container again: the same check
 
 
 def _update(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
@@ -303,6 +307,7 @@ _CLEARED = (Check.ALLOW, Check.REMOVE)
 _CHECKS = {
     Check.CREATE: _create,
     Check.START: _start,
+    Check.RESTART: _restart,
     Check.UPDATE: _update,
     Check.EXEC: _exec,
     Check.SERVICE: _service,
@@ -344,12 +349,12 @@ class Release:
 
 @dataclass(frozen=True)
 class Forget:
-    """A container was removed: end the lease of the container ``ref`` names."""
+    """A container ``ref`` was removed.  ``ref`` is what the client typed, which dockerd
+    resolved as full id, then exact name, then unique id prefix: it only says which
+    leases to ask about.  A lease ends only once the Engine answers 404 for its
+    container's full id (`Allocator.settle`)."""
 
     ref: str
-
-
-MIN_ID_PREFIX = 12  # a shorter reference could be a name: leave that one to reconcile
 
 
 def authz_response(
@@ -361,14 +366,8 @@ def authz_response(
             route = classify(method, uri)
         except RouteError:
             return None
-        ref = route.name
-        if (
-            route.check is Check.REMOVE
-            and status == 204
-            and len(ref) >= MIN_ID_PREFIX
-            and all(c in "0123456789abcdef" for c in ref)
-        ):
-            return Forget(ref)
+        if route.check is Check.REMOVE and status == 204 and route.name:
+            return Forget(route.name)
         return None
     if method != "POST" or not body or labels.LEASE.encode() not in body:
         return None
