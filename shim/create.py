@@ -34,6 +34,7 @@ from allocator.core.leases import StateError
 from allocator.core.placement import Shortage
 from allocator.core.rewrite import rewrite, strip_labels
 from allocator.core.routes import Check, RouteError, classify, needs_check
+from allocator.host import metrics
 from allocator.host.engine import EngineError
 from allocator.ops import status
 from allocator.service import Allocator
@@ -96,14 +97,16 @@ class CreateInterceptor:
             return error(400, f"gpu-alloc refused the container create: {e}")
         facts = await asyncio.to_thread(self.alloc.facts)
         ask = decide.shim_ask(spec, facts)
+        name = _name(request.target)
         if isinstance(ask, decide.Deny):
+            await asyncio.to_thread(self._refused, name, ask.msg, ask.field)
             return error(403, ask.msg)
         if not ask.any:
             return await forward(_with_body(request, rewrite(spec, (), None)))
         refused = await asyncio.to_thread(self._cuda_refusal, spec, facts)
         if refused:
+            await asyncio.to_thread(self._refused, name, refused)
             return error(403, refused)
-        name = _name(request.target)
         given = spec.get("Labels") or {}
         leased = await asyncio.to_thread(self.alloc.lease, ask, name, given)
         if isinstance(leased, Shortage):
@@ -137,6 +140,13 @@ class CreateInterceptor:
             return error(503, f"gpu-alloc status: {e}")
         body = status.render_json(snap).encode()
         return Response(200, "OK", [("Content-Type", "application/json")], body)
+
+    def _refused(self, name: str, why: str, field: str = "") -> None:
+        """A create refused by policy (a field no lease covers, the image's CUDA)."""
+        metrics.request("policy")
+        if field:
+            metrics.denial(field)
+        self.alloc.record("refusal", name=name, reason=why)
 
     def _cuda_refusal(self, spec: dict, facts: decide.Facts) -> str | None:
         """nvidia-docker v1's check: the image's CUDA against the driver's, before leasing."""
