@@ -36,7 +36,7 @@ from allocator.core.rewrite import rewrite, strip_labels
 from allocator.core.routes import Check, RouteError, classify, needs_check
 from allocator.host import metrics
 from allocator.host.engine import EngineError
-from allocator.ops import status
+from allocator.ops import gpus, status
 from allocator.service import Allocator
 from shim.framing import Request, Response, UpstreamError
 
@@ -65,15 +65,20 @@ _REASONS = {
 
 
 class CreateInterceptor:
-    def __init__(self, allocator: Allocator):
+    def __init__(self, allocator: Allocator, live: gpus.LiveView | None = None):
         self.alloc = allocator
+        self.live = live or gpus.LiveView(allocator)
 
     def wants(self, method: str, target: str) -> bool:
-        return needs_check(method, target) or (method == "GET" and target == STATUS_PATH)
+        return needs_check(method, target) or (
+            method == "GET" and target in (STATUS_PATH, gpus.GPUS_PATH)
+        )
 
     async def handle(self, request: Request, forward: Forward) -> Response:
         if request.method == "GET" and request.target == STATUS_PATH:
             return await self._status()
+        if request.method == "GET" and request.target == gpus.GPUS_PATH:
+            return await self._gpus()
         try:
             route = classify(request.method, request.target)
         except RouteError as e:
@@ -139,6 +144,15 @@ class CreateInterceptor:
         except _FAILURES as e:
             return error(503, f"gpu-alloc status: {e}")
         body = status.render_json(snap).encode()
+        return Response(200, "OK", [("Content-Type", "application/json")], body)
+
+    async def _gpus(self) -> Response:
+        """``gpu-alloc gpus`` for users who cannot read the state dir."""
+        try:
+            snap = await asyncio.to_thread(self.live.snapshot)
+        except _FAILURES as e:
+            return error(503, f"gpu-alloc gpus: {e}")
+        body = gpus.render_json(snap).encode()
         return Response(200, "OK", [("Content-Type", "application/json")], body)
 
     def _refused(self, name: str, why: str, field: str = "") -> None:

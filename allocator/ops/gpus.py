@@ -8,18 +8,20 @@ the CLI, ``GET /gpu-alloc/v1/gpus``, the Prometheus collector and the dashboard.
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 from typing import Any
 
 from allocator.core import compose
 from allocator.core.inventory import InventoryError
-from allocator.core.leases import Lease, State
+from allocator.core.leases import Lease, State, StateError
 from allocator.core.usage import Usage, idle_since
-from allocator.host import ledger, usage
+from allocator.host import ledger, unixhttp, usage
 from allocator.host.engine import EngineError
 from allocator.service import Allocator
 
+GPUS_PATH = "/gpu-alloc/v1/gpus"  # on the shim socket, next to /gpu-alloc/v1/status
 OWNER_LABEL = "io.gpu-alloc.owner"
 STATES = ("free", "leased", "busy", "departed", "unhealthy")
 
@@ -112,6 +114,17 @@ class LiveView:
                 self._labels.clear()
             self._labels[cid] = found
         return found
+
+
+def from_shim(socket_path: str) -> dict[str, Any]:
+    """The shim's view, for users in the docker group who cannot read the state dir."""
+    try:
+        code, body = unixhttp.request(socket_path, "GET", GPUS_PATH, timeout=30)
+    except (OSError, http.client.HTTPException) as e:
+        raise StateError(f"the shim at {socket_path} did not answer: {e}") from None
+    if code != 200:
+        raise StateError(f"the shim answered {code}: {body[:200]!r}")
+    return json.loads(body)
 
 
 def render_json(snap: dict[str, Any]) -> str:
