@@ -37,8 +37,11 @@ class AuditLog:
         try:
             with portalocker.Lock(str(self.lock_path), "a", timeout=LOCK_TIMEOUT):
                 self._rotate_if_full(len(line))
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+                fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o640)
                 try:
+                    size = os.fstat(fd).st_size
+                    if size and os.pread(fd, 1, size - 1) != b"\n":
+                        line = b"\n" + line  # a writer died mid-line: keep ours whole
                     os.write(fd, line)
                 finally:
                     os.close(fd)
