@@ -140,7 +140,7 @@ class CreateInterceptor:
         """``gpu-alloc status`` for users who may use Docker but not read the state dir."""
         try:
             await asyncio.to_thread(self.alloc.reconcile)
-            snap = await asyncio.to_thread(status.snapshot, self.alloc)
+            snap = await asyncio.to_thread(status.snapshot, self.alloc, self.live)
         except _FAILURES as e:
             return error(503, f"gpu-alloc status: {e}")
         body = status.render_json(snap).encode()

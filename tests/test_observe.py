@@ -18,9 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from allocator.core.ask import Ask
 from allocator.core.usage import container_of_cgroup, idle_since
-from allocator.host import metrics, usage
+from allocator.host import ledger, metrics, usage
 from allocator.host.config import Config, PolicyConfig
-from allocator.ops import gpus
+from allocator.ops import gpus, status
 from allocator.service import Allocator
 from shim import metrics_server
 
@@ -243,3 +243,13 @@ def test_a_scrape_joins_gpu_use_with_owners_and_sums_every_processs_counters(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_status_marks_an_idle_lease(world, monkeypatch: pytest.MonkeyPatch) -> None:
+    alloc, _ = world
+    assert "(idle)" not in status.render_table(status.snapshot(alloc))
+    later = time.time() + 120  # past policy.idle_after (60 s) with no use
+    monkeypatch.setattr(ledger, "now", lambda: later)
+    snap = status.snapshot(alloc)
+    assert [g["idle_since"] is not None for g in snap["gpus"]] == [True, False, False]
+    assert "held (idle)" in status.render_table(snap).splitlines()[1]
