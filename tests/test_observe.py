@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -191,7 +192,8 @@ def free_port() -> int:
 def count_in_another_process(state_dir: str, env_dir: str, field: str) -> None:
     code = (
         "from allocator.host import metrics; import sys;"
-        "metrics.enable(sys.argv[1]); metrics.request('denied'); metrics.denial(sys.argv[2])"
+        "metrics.enable(sys.argv[1]); metrics.request('denied'); metrics.denial(sys.argv[2]);"
+        "metrics.decision(0.002); metrics.lease_ended(90)"
     )
     env = {**os.environ, metrics.ENV: env_dir}
     subprocess.run([sys.executable, "-c", code, state_dir, field], env=env, check=True)
@@ -204,6 +206,15 @@ def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
         for s in family.samples:
             found.setdefault(s.name, []).append((s.labels, s.value))
     return found
+
+
+def grafana_metrics() -> set[str]:
+    """Every metric the shipped Grafana dashboard queries."""
+    dash = json.loads(
+        (Path(__file__).parent.parent / "deploy/monitoring/grafana-dashboard.json").read_text()
+    )
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    return {m for e in exprs for m in re.findall(r"gpu_alloc_\w+", e)}
 
 
 def test_a_scrape_joins_gpu_use_with_owners_and_sums_every_processs_counters(
@@ -240,6 +251,7 @@ def test_a_scrape_joins_gpu_use_with_owners_and_sums_every_processs_counters(
         assert b"<title>gpu-alloc</title>" in page and b"http" not in page.split(b"<script>")[1]
         data = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/gpus").read())
         assert [g["owner"] for g in data["gpus"]] == ["alice", None, None]
+        assert grafana_metrics() <= set(again), "the Grafana dashboard asks for a missing metric"
     finally:
         server.shutdown()
         server.server_close()
