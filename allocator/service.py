@@ -221,7 +221,9 @@ class Allocator:
         if isinstance(decision, NeedsLease):
             why = self.authorize(decision.lease_id, decision.token, decision.gpus)
             if why is not None:
-                return Deny(f"gpu-alloc refused the container create: {why}; {HINT}")
+                return Deny(
+                    f"gpu-alloc refused the container create: {why}; {HINT}", "Config.Labels"
+                )
             log.info("allowed leased create (lease %s)", decision.lease_id)
             return ALLOW
         if isinstance(decision, StartCheck):
