@@ -161,3 +161,38 @@ def test_history_cli_answers_who_used_gpu_3(tmp_path: Path, capsys) -> None:
     assert cli.main(["--config", str(config), "history", "--user", "bob"]) == 0
     table = capsys.readouterr().out
     assert "bob" in table and "alice" not in table and "3,1" in table and "held" in table
+
+
+class AdoptingEngine:
+    """An Engine with one container gpu-alloc never leased, holding GPU 2 by --gpus."""
+
+    CID = "d" * 64
+
+    def info(self) -> dict:
+        return {"Runtimes": {"runc": {}}, "DefaultRuntime": "runc"}
+
+    def containers(self, label: str | None = None, ids: list | None = None) -> list[dict]:
+        return [] if label else [{"Id": self.CID, "Labels": {}, "Names": ["/legacy"]}]
+
+    def inspect(self, cid: str) -> dict | None:
+        request = {"Driver": "nvidia", "DeviceIDs": [UUIDS[2]], "Capabilities": [["gpu"]]}
+        return {
+            "Id": cid,
+            "Name": "/legacy",
+            "Config": {"Env": [], "Labels": {}},
+            "HostConfig": {"DeviceRequests": [request]},
+        }
+
+
+def test_reconcile_records_the_adoption_of_a_container_it_never_leased(tmp_path: Path) -> None:
+    alloc = sim_allocator(tmp_path)
+    alloc.engine = AdoptingEngine()  # type: ignore[assignment]
+    assert alloc.reconcile(adopt=True).adopted == [AdoptingEngine.CID]
+    [adoption] = list(alloc.audit.read())
+    assert adoption["event"] == "adoption" and adoption["gpus"] == [UUIDS[2]]
+    assert (adoption["container"], adoption["name"], adoption["indices"]) == (
+        AdoptingEngine.CID,
+        "legacy",
+        [2],
+    )
+    assert "DeviceRequests" in adoption["reason"]
