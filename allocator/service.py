@@ -23,10 +23,10 @@ import threading
 import time
 from dataclasses import replace
 
-from allocator.core import access, compose, labels, starts
+from allocator.core import access, compose, events, labels, starts
 from allocator.core.access import EngineView
 from allocator.core.ask import Ask
-from allocator.core.inventory import Inventory
+from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.leases import Claim, Lease, Phase, State, StateError
 from allocator.core.placement import POLICIES, Shortage, place
 from allocator.core.reconcile import Report, apply
@@ -42,7 +42,8 @@ from allocator.core.verdicts import (
     Release,
     StartCheck,
 )
-from allocator.host import ledger
+from allocator.host import ledger, metrics
+from allocator.host.audit import AuditLog
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
 from allocator.host.filesystem import Host
@@ -59,6 +60,7 @@ class Allocator:
         self.config = config
         self.engine = engine
         self.ledger = Ledger(config.state_dir, config.policy.lock_timeout)
+        self.audit = AuditLog(config.state_dir)
         self.policy = POLICIES[config.policy.placement]
         self.host = (host or Host()).with_protected(config.state_dir)
         self._inventory: tuple[object, Inventory] | None = None
@@ -135,6 +137,11 @@ class Allocator:
                 result = self._try_lease(ask, name, predecessor)
                 if not isinstance(result, Shortage):
                     self._keep_down(predecessor[0])
+        if isinstance(result, Shortage):
+            metrics.request("short")
+            self.record("refusal", name=name, reason=result.msg)
+        else:
+            metrics.request("granted")
         return result
 
     def _keep_down(self, container: str) -> None:
@@ -169,7 +176,37 @@ class Allocator:
             state.leases[lease.id] = lease = replace(lease, name=name)
             if old is not None and predecessor is not None:
                 state.hand_over(old.id, lease.id, predecessor[1])
-            return lease, token
+        self.record("grant", lease)
+        if old is not None and predecessor is not None:
+            self.record("hand-over", old, reason=f"to lease {lease.id} replacing it ({name})")
+        return lease, token
+
+    # ------------------------------------------------------------- audit
+
+    def record(self, kind: str, lease: Lease | None = None, **fields: object) -> None:
+        """One audit line for a decision already applied (never under the ledger lock)."""
+        if lease is not None:
+            fields = {
+                "gpus": lease.gpus,
+                "lease": lease.id,
+                "container": lease.container,
+                "name": lease.name,
+                "owner": getattr(lease, "owner", None),
+                **fields,
+            }
+        gpus = fields.get("gpus") or ()
+        indices = {}
+        if gpus:
+            try:
+                indices = {g.uuid: g.index for g in self.inventory().gpus}
+            except InventoryError:  # the record matters more than the index
+                indices = {}
+        self.audit.write(events.record(kind, ledger.now(), indices=indices, **fields))  # type: ignore[arg-type]
+
+    def _ended(self, lease: Lease | None, reason: str) -> None:
+        if lease is not None:
+            metrics.lease_ended(ledger.now() - lease.created)
+            self.record("release", lease, reason=reason)
 
     def _compose_predecessor(self, name: str, given: dict[str, str]) -> tuple[str, str] | None:
         """(id, current name) of the container this Compose create replaces, if any."""
@@ -184,7 +221,9 @@ class Allocator:
         if isinstance(decision, NeedsLease):
             why = self.authorize(decision.lease_id, decision.token, decision.gpus)
             if why is not None:
-                return Deny(f"gpu-alloc refused the container create: {why}; {HINT}")
+                return Deny(
+                    f"gpu-alloc refused the container create: {why}; {HINT}", "Config.Labels"
+                )
             log.info("allowed leased create (lease %s)", decision.lease_id)
             return ALLOW
         if isinstance(decision, StartCheck):
@@ -222,7 +261,7 @@ class Allocator:
         AuthZRes broke, say), so an error status alone proves nothing.
         """
         if self.engine is None:
-            self.release(lease_id)
+            self.release(lease_id, "the Engine refused the create")
             return
         try:
             made = self.engine.containers(label=f"{labels.LEASE}={label}")
@@ -237,7 +276,7 @@ class Allocator:
                 made[0]["Id"][:12],
             )
         else:
-            self.release(lease_id)
+            self.release(lease_id, "the Engine refused the create; no container has it")
 
     def authorize(self, lease_id: str, token: str, gpus: frozenset[str]) -> str | None:
         with self.ledger.transaction() as state:
@@ -250,16 +289,18 @@ class Allocator:
         with self.ledger.transaction() as state:
             return state.bind(lease_id, container)
 
-    def release(self, lease_id: str) -> Lease | None:
+    def release(self, lease_id: str, reason: str = "the create failed") -> Lease | None:
         with self.ledger.transaction() as state:
-            return state.release(lease_id)
+            lease = state.release(lease_id)
+        self._ended(lease, reason)
+        return lease
 
     def settle(self, outcome: Bind | Release | Forget | None) -> None:
         """Apply what the Engine's answer to a create or a removal means for the ledger."""
         if isinstance(outcome, Bind):
             self.bind(outcome.lease_id, outcome.container)
         elif isinstance(outcome, Release):
-            self.release(outcome.lease_id)
+            self.release(outcome.lease_id, "the Engine refused the create")
         elif isinstance(outcome, Forget):
             self._forget(outcome.ref)
 
@@ -282,11 +323,14 @@ class Allocator:
         gone = [le for le in asked if self.engine.inspect(str(le.container)) is None]
         if not gone:
             return
+        ended = []
         with self.ledger.transaction() as state:
             for le in gone:
                 now = state.leases.get(le.id)
                 if now is not None and now.container == le.container:
-                    state.release(le.id)
+                    ended.append(state.release(le.id))
+        for lease in ended:
+            self._ended(lease, "container removed")
 
     # --------------------------------------------------------- reconcile
 
@@ -349,7 +393,18 @@ class Allocator:
                     found[cid] = claim
             self._no_gpu &= set(listed)
         with self.ledger.transaction() as state:
-            return apply(state, snapshot, listed, by_label, found, ledger.now())
+            before = dict(state.leases)
+            report = apply(state, snapshot, listed, by_label, found, ledger.now())
+        for lease_id in report.freed:
+            lease = before.get(lease_id)
+            why = "container gone" if lease and lease.container else "create never completed"
+            self._ended(lease, f"reconcile: {why}")
+        for cid in report.adopted:
+            claim = found[cid]
+            self.record(
+                "adoption", gpus=claim.gpus or (), container=cid, name=claim.name, reason=claim.why
+            )
+        return report
 
     def _carries(self, cid: str, lease: Lease, facts: Facts) -> bool:
         """Does this container really hold the lease's GPUs (not a label copied by commit)?"""

@@ -23,6 +23,7 @@ import io
 import json
 import logging
 import re
+import time
 from typing import Any, ClassVar
 
 from flask import Flask, Response, request
@@ -30,6 +31,7 @@ from flask import Flask, Response, request
 from allocator.core import verdicts as decide
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
+from allocator.host import metrics
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
 from allocator.service import Allocator
@@ -73,12 +75,17 @@ def create_app(config: Config, allocator: Allocator | None = None) -> Flask:
             method, uri = str(req["RequestMethod"]), str(req["RequestUri"])
         except (ValueError, KeyError, TypeError):
             return _deny("gpu-alloc could not read the Engine's authorization request")
+        began = time.perf_counter()
         try:
             decision = alloc.resolve(decide.authz_request(method, uri, _body(req), _Facts(alloc)))
         except _FAILURES as e:
             decision = decide.Deny(f"gpu-alloc refused {method} {uri}: {e}")
+        metrics.decision(time.perf_counter() - began)
         if isinstance(decision, decide.Deny):
             log.info("denied %s %s: %s", method, uri, decision.msg)
+            metrics.request("denied")
+            metrics.denial(decision.field)
+            alloc.record("denial", reason=decision.msg, name=f"{method} {uri.split('?')[0]}")
             return _deny(decision.msg)
         return _json(_ALLOW)
 

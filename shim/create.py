@@ -34,8 +34,9 @@ from allocator.core.leases import StateError
 from allocator.core.placement import Shortage
 from allocator.core.rewrite import rewrite, strip_labels
 from allocator.core.routes import Check, RouteError, classify, needs_check
+from allocator.host import metrics
 from allocator.host.engine import EngineError
-from allocator.ops import status
+from allocator.ops import gpus, status
 from allocator.service import Allocator
 from shim.framing import Request, Response, UpstreamError
 
@@ -64,15 +65,20 @@ _REASONS = {
 
 
 class CreateInterceptor:
-    def __init__(self, allocator: Allocator):
+    def __init__(self, allocator: Allocator, live: gpus.LiveView | None = None):
         self.alloc = allocator
+        self.live = live or gpus.LiveView(allocator)
 
     def wants(self, method: str, target: str) -> bool:
-        return needs_check(method, target) or (method == "GET" and target == STATUS_PATH)
+        return needs_check(method, target) or (
+            method == "GET" and target in (STATUS_PATH, gpus.GPUS_PATH)
+        )
 
     async def handle(self, request: Request, forward: Forward) -> Response:
         if request.method == "GET" and request.target == STATUS_PATH:
             return await self._status()
+        if request.method == "GET" and request.target == gpus.GPUS_PATH:
+            return await self._gpus()
         try:
             route = classify(request.method, request.target)
         except RouteError as e:
@@ -96,14 +102,16 @@ class CreateInterceptor:
             return error(400, f"gpu-alloc refused the container create: {e}")
         facts = await asyncio.to_thread(self.alloc.facts)
         ask = decide.shim_ask(spec, facts)
+        name = _name(request.target)
         if isinstance(ask, decide.Deny):
+            await asyncio.to_thread(self._refused, name, ask.msg, ask.field)
             return error(403, ask.msg)
         if not ask.any:
             return await forward(_with_body(request, rewrite(spec, (), None)))
         refused = await asyncio.to_thread(self._cuda_refusal, spec, facts)
         if refused:
+            await asyncio.to_thread(self._refused, name, refused)
             return error(403, refused)
-        name = _name(request.target)
         given = spec.get("Labels") or {}
         leased = await asyncio.to_thread(self.alloc.lease, ask, name, given)
         if isinstance(leased, Shortage):
@@ -132,11 +140,27 @@ class CreateInterceptor:
         """``gpu-alloc status`` for users who may use Docker but not read the state dir."""
         try:
             await asyncio.to_thread(self.alloc.reconcile)
-            snap = await asyncio.to_thread(status.snapshot, self.alloc)
+            snap = await asyncio.to_thread(status.snapshot, self.alloc, self.live)
         except _FAILURES as e:
             return error(503, f"gpu-alloc status: {e}")
         body = status.render_json(snap).encode()
         return Response(200, "OK", [("Content-Type", "application/json")], body)
+
+    async def _gpus(self) -> Response:
+        """``gpu-alloc gpus`` for users who cannot read the state dir."""
+        try:
+            snap = await asyncio.to_thread(self.live.snapshot)
+        except _FAILURES as e:
+            return error(503, f"gpu-alloc gpus: {e}")
+        body = gpus.render_json(snap).encode()
+        return Response(200, "OK", [("Content-Type", "application/json")], body)
+
+    def _refused(self, name: str, why: str, field: str = "") -> None:
+        """A create refused by policy (a field no lease covers, the image's CUDA)."""
+        metrics.request("policy")
+        if field:
+            metrics.denial(field)
+        self.alloc.record("refusal", name=name, reason=why)
 
     def _cuda_refusal(self, spec: dict, facts: decide.Facts) -> str | None:
         """nvidia-docker v1's check: the image's CUDA against the driver's, before leasing."""

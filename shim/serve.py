@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+import threading
+
 from allocator.host.config import Config
+from allocator.ops.gpus import LiveView
 from allocator.service import Allocator
-from shim import server
+from shim import metrics_server, server
 from shim.create import CreateInterceptor
 
 
 def serve(config: Config, allocator: Allocator) -> None:
-    server.run(
-        config.shim.socket,
-        config.engine.socket,
-        CreateInterceptor(allocator),
-        mode=config.shim.mode,
-        group=config.shim.group,
-        forward_timeout=config.shim.create_timeout,
-    )
+    live = LiveView(allocator)
+    stop = threading.Event()
+    every = max(0.5, min(10.0, config.policy.idle_after / 4))
+    threading.Thread(
+        target=metrics_server.sample_forever, args=(live, every, stop), daemon=True
+    ).start()
+    listener = metrics_server.serve(config.metrics.listen, live) if config.metrics.listen else None
+    try:
+        server.run(
+            config.shim.socket,
+            config.engine.socket,
+            CreateInterceptor(allocator, live),
+            mode=config.shim.mode,
+            group=config.shim.group,
+            forward_timeout=config.shim.create_timeout,
+        )
+    finally:
+        stop.set()
+        if listener is not None:
+            listener.shutdown()

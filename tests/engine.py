@@ -513,9 +513,14 @@ class Stack:
     """
 
     def __init__(
-        self, tmp: str | os.PathLike[str] | None = None, gpus: int = 4, cuda: str | None = None
+        self,
+        tmp: str | os.PathLike[str] | None = None,
+        gpus: int = 4,
+        cuda: str | None = None,
+        extra: dict[str, dict[str, object]] | None = None,
     ) -> None:
         self.cuda = cuda
+        self.extra = extra or {}  # config sections merged over the defaults below
         self._own_dir = tmp is None
         self.dir = Path(tmp or tempfile.mkdtemp(prefix="ga-", dir="/tmp"))
         check_short(self.dir / "e")
@@ -546,6 +551,8 @@ class Stack:
             "state_dir": str(self.state_dir),
             "gpus": str(self.gpus_file),
         }  # fmt: skip
+        for section, values in self.extra.items():
+            config[section] = {**(config.get(section) or {}), **values}  # type: ignore[dict-item]
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         return self.config_path
 

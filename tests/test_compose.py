@@ -71,6 +71,11 @@ services:
 """)
 
 
+def audit_events(stack: FaultStack, kind: str) -> list[dict]:
+    lines = (stack.state_dir / "audit.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == kind]
+
+
 def compose(stack: FaultStack, directory: Path, *args: str):
     return engine.docker_compose(stack.shim_sock, directory, *args, project_name=PROJECT)
 
@@ -136,9 +141,11 @@ def test_recreate_on_a_full_host_hands_the_gpus_over(stack, tmp_path, layout):
     assert up.returncode == 0, up.stderr
     assert status(stack)["free"] == 0
     write_project(tmp_path, gpus=per, command="301")
+    handed = len(audit_events(stack, "hand-over"))
     again = compose(stack, tmp_path, "up", "-d", *scale)
     assert again.returncode == 0, again.stderr + stack.logs()
     assert "Recreating" in again.stderr
+    assert len(audit_events(stack, "hand-over")) == handed + replicas  # one line each
     after = service_gpus(stack)
     assert len(after) == replicas  # the old containers are gone
     granted = [u for gpus in after.values() for u in gpus.split(",")]

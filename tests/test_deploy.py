@@ -430,10 +430,11 @@ def test_helper_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 # config.example.yaml, config.json, shell hygiene
 
 
-def test_example_config_is_exactly_the_defaults() -> None:
+def test_example_config_is_exactly_the_defaults_but_turns_metrics_on() -> None:
     path = str(DEPLOY / "config.example.yaml")
     parsed = allocator_config.parse(Path(path).read_text(), path)
-    assert parsed == allocator_config.Config(source=path)
+    metrics = allocator_config.MetricsConfig(listen="127.0.0.1:9403")
+    assert parsed == allocator_config.Config(source=path, metrics=metrics)
 
 
 # moby api/types/plugin: Config (json tags) and the `required:` lists in api/swagger.yaml.

@@ -62,7 +62,22 @@ class FakeNVML:
 
     def nvmlDeviceGetMemoryInfo(self, handle: dict[str, Any]) -> SimpleNamespace:
         self._call("nvmlDeviceGetMemoryInfo", handle)
-        return SimpleNamespace(total=handle["memory"], free=0, used=handle["memory"])
+        used = handle.get("used", handle["memory"])
+        return SimpleNamespace(total=handle["memory"], free=handle["memory"] - used, used=used)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: dict[str, Any]) -> SimpleNamespace:
+        self._call("nvmlDeviceGetUtilizationRates", handle)
+        return SimpleNamespace(gpu=handle.get("util", 0), memory=0)
+
+    def nvmlDeviceGetTemperature(self, handle: dict[str, Any], sensor: int) -> int:
+        self._call("nvmlDeviceGetTemperature", handle, sensor)
+        return handle.get("temp", 40)
+
+    def nvmlDeviceGetPowerUsage(self, handle: dict[str, Any]) -> int:
+        self._call("nvmlDeviceGetPowerUsage", handle)
+        if "milliwatts" not in handle:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return handle["milliwatts"]
 
     def nvmlDeviceGetPciInfo(self, handle: dict[str, Any]) -> SimpleNamespace:
         self._call("nvmlDeviceGetPciInfo", handle)
@@ -75,6 +90,8 @@ class FakeNVML:
     def nvmlDeviceGetComputeRunningProcesses(self, handle: dict[str, Any]) -> list[Any]:
         self._call("nvmlDeviceGetComputeRunningProcesses", handle)
         return handle.get("procs", [])
+
+    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
 
     def nvmlSystemGetCudaDriverVersion(self) -> int:
         self._call("nvmlSystemGetCudaDriverVersion")
@@ -116,11 +133,14 @@ def test_the_stand_ins_functions_exist_in_pynvml(name: str) -> None:
 def test_the_stand_ins_struct_fields_exist_in_pynvml() -> None:
     assert "total" in dict(pynvml.c_nvmlMemory_t._fields_)
     assert "busId" in dict(pynvml.nvmlPciInfo_t._fields_)
+    assert {"gpu", "memory"} <= set(dict(pynvml.c_nvmlUtilization_t._fields_))
+    assert {"pid", "usedGpuMemory"} <= set(dict(pynvml.c_nvmlProcessInfo_t._fields_))
 
 
 def test_nvml_py_calls_pynvml_with_arguments_its_signatures_accept(tmp_path: Path) -> None:
-    fake = FakeNVML([device(0), device(1)])
+    fake = FakeNVML([device(0), device(1, milliwatts=250_000)])
     nvml.read(fake, sysfs=str(tmp_path))
+    nvml.usage(fake)
     assert {n for n, _ in fake.calls} == set(FAKE_FUNCTIONS)
     for name, args in fake.calls:
         inspect.signature(getattr(pynvml, name)).bind(*args)
@@ -268,3 +288,35 @@ def test_nvml_is_shut_down_after_a_successful_read(tmp_path: Path) -> None:
     assert fake.calls[0][0] == "nvmlInit"
     assert fake.called("nvmlShutdown") == 1
     assert fake.calls[-1][0] == "nvmlShutdown"
+
+
+# --- live use ----------------------------------------------------------------------------------
+
+
+def test_usage_reads_utilisation_memory_temperature_power_and_processes() -> None:
+    proc = SimpleNamespace(pid=4242, usedGpuMemory=3 * MIB, gpuInstanceId=0, computeInstanceId=0)
+    fake = FakeNVML(
+        [device(0, used=10 * MIB, util=85, temp=61, milliwatts=301_500, procs=[proc]), device(1)]
+    )
+    use = nvml.usage(fake)
+    u0 = use["GPU-00000000-0000-0000-0000-000000000000"]
+    assert (u0.utilization, u0.memory_used_bytes, u0.temperature_c, u0.power_w) == (
+        0.85,
+        10 * MIB,
+        61,
+        301.5,
+    )
+    assert u0.memory_total_bytes == 81559 * MIB
+    assert [(p.pid, p.used_memory_bytes) for p in u0.processes] == [(4242, 3 * MIB)]
+    u1 = use["GPU-00000001-0000-0000-0000-000000000000"]
+    assert u1.power_w is None and not u1.active  # unsupported reading left out, not an error
+    assert fake.called("nvmlShutdown") == 1
+
+
+def test_an_unavailable_per_process_memory_is_none() -> None:
+    unavailable = SimpleNamespace(
+        pid=7, usedGpuMemory=pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+    )
+    use = nvml.usage(FakeNVML([device(0, procs=[unavailable])]))
+    [p] = use["GPU-00000000-0000-0000-0000-000000000000"].processes
+    assert p.used_memory_bytes is None

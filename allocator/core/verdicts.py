@@ -50,6 +50,7 @@ class Allow:
 @dataclass(frozen=True)
 class Deny:
     msg: str
+    field: str = ""  # the GPU-granting field refused, when one was (for the metrics)
 
 
 @dataclass(frozen=True)
@@ -117,25 +118,28 @@ def _create(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
         return ALLOW
     refused = grants.refused()
     if refused:
-        return Deny(_refusal_text(refused))
+        return Deny(_refusal_text(refused), refused[0].field)
     lease_id, token = labels.parse_lease(spec.get("Labels"))
     first = grants.grants[0]
     if not lease_id or not token:
         return Deny(
             f"gpu-alloc refused the container create: {first.describe()} asks for GPUs "
-            f"without a gpu-alloc lease; {HINT}"
+            f"without a gpu-alloc lease; {HINT}",
+            first.field,
         )
     if not grants.pinned:
         return Deny(
             f"gpu-alloc refused the container create: {first.describe()} is not pinned to "
-            f"GPUs by UUID, so no lease can cover it; {HINT}"
+            f"GPUs by UUID, so no lease can cover it; {HINT}",
+            first.field,
         )
     gpus = grants.gpus(facts.inventory)
     guard = access.env_values(spec.get("Env") or (), access.VISIBLE)
     if [set(v.split(",")) for v in guard] != [set(gpus)]:
         return Deny(
             f"gpu-alloc refused the container create: Config.Env must set {access.VISIBLE} "
-            f"once, to the leased GPUs {','.join(sorted(gpus))}; {HINT}"
+            f"once, to the leased GPUs {','.join(sorted(gpus))}; {HINT}",
+            "Config.Env",
         )
     return NeedsLease(lease_id, token, gpus)
 
@@ -401,5 +405,5 @@ def shim_ask(spec: Mapping[str, Any], facts: Facts) -> Ask | Deny:
         return Deny(f"gpu-alloc refused the container create: {e}")
     refused = grants.refused()
     if refused:
-        return Deny(_refusal_text(refused))
+        return Deny(_refusal_text(refused), refused[0].field)
     return ask_of(grants)

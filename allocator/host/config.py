@@ -51,6 +51,12 @@ class PolicyConfig:
     placement: str = "numa"
     lock_timeout: float = 5.0
     pending_ttl: float = 300.0
+    idle_after: float = 3600.0  # a leased GPU unused this long is marked idle
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    listen: str | None = None  # "127.0.0.1:9403": Prometheus + dashboard; off when absent
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ class Config:
     shim: ShimConfig = field(default_factory=ShimConfig)
     plugin: PluginConfig = field(default_factory=PluginConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     state_dir: str = "/var/lib/gpu-alloc"
     gpus: str = "nvml"
     source: str = "<defaults>"
@@ -74,7 +81,13 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "create_timeout": (int, float),
     },
     "plugin": {"socket": str, "name": str, "workers": int},
-    "policy": {"placement": str, "lock_timeout": (int, float), "pending_ttl": (int, float)},
+    "policy": {
+        "placement": str,
+        "lock_timeout": (int, float),
+        "pending_ttl": (int, float),
+        "idle_after": (int, float),
+    },
+    "metrics": {"listen": (str, type(None))},
 }
 _SCALARS: dict[str, type] = {"state_dir": str, "gpus": str}
 
@@ -157,6 +170,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
         ("engine.timeout", sections["engine"].get("timeout", 1)),
         ("shim.create_timeout", shim.get("create_timeout", 1)),
         ("plugin.workers", sections["plugin"].get("workers", 1)),
+        ("policy.idle_after", policy.get("idle_after", 1)),
     ):
         if value <= 0:
             raise _fail(path, dotted, "must be greater than zero")
@@ -177,6 +191,11 @@ def _build(data: dict[str, Any], path: str) -> Config:
             f"must be longer than shim.create_timeout "
             f"({create_timeout:g}s), or a slow create's lease could be freed under it",
         )
+    listen = sections["metrics"].get("listen")
+    if listen is not None:
+        host, colon, port = listen.rpartition(":")
+        if not (colon and host and port.isdigit() and 0 < int(port) < 65536):
+            raise _fail(path, "metrics.listen", f"expected host:port, got '{listen}'")
     gpus = data.get("gpus", "nvml")
     if gpus != "nvml" and not gpus.startswith("/"):
         gpus = str((Path(path).parent / gpus).resolve())
@@ -185,6 +204,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
         shim=ShimConfig(**shim),
         plugin=PluginConfig(**sections["plugin"]),
         policy=PolicyConfig(**policy),
+        metrics=MetricsConfig(**sections["metrics"]),
         state_dir=data.get("state_dir", Config.state_dir),
         gpus=gpus,
         source=path,

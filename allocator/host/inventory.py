@@ -39,7 +39,7 @@ def load_file(path: str) -> Inventory:
     if not isinstance(data, list):
         raise InventoryError(f"{path}: expected a list of GPUs ({{uuid, index}} each)")
     gpus = []
-    allowed = {f for f in GPU.__dataclass_fields__ if f != "busy"} | {"busy"}
+    allowed = set(GPU.__dataclass_fields__) | {"usage"}  # usage: see allocator.host.usage
     for n, entry in enumerate(data):
         if not isinstance(entry, dict) or "uuid" not in entry or "index" not in entry:
             raise InventoryError(f"{path}: entry {n}: needs 'uuid' and 'index'")
@@ -48,7 +48,7 @@ def load_file(path: str) -> Inventory:
             raise InventoryError(f"{path}: entry {n}: unknown keys {sorted(unknown)}")
         if not isinstance(entry["uuid"], str) or not isinstance(entry["index"], int):
             raise InventoryError(f"{path}: entry {n}: uuid must be a string, index an integer")
-        gpus.append(GPU(**entry))
+        gpus.append(GPU(**{k: v for k, v in entry.items() if k != "usage"}))
     try:
         return Inventory(tuple(sorted(gpus, key=lambda g: g.index)), version)
     except InventoryError as e:

@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any
 
 from allocator.core.inventory import GPU, Inventory, InventoryError
+from allocator.core.usage import Process, Usage
 
 
 def read(nvml: ModuleType | Any | None = None, sysfs: str = "/sys") -> Inventory:
@@ -75,3 +76,50 @@ def _cuda_version(nvml: Any) -> tuple[int, int] | None:
     except Exception:
         return None
     return (v // 1000, (v % 1000) // 10)
+
+
+def usage(nvml: ModuleType | Any | None = None) -> dict[str, Usage]:
+    """UUID -> utilisation, memory, temperature, power and compute processes, now.
+
+    A reading the GPU does not support (power on some boards, say) is left out
+    rather than failing the whole view.
+    """
+    if nvml is None:
+        import pynvml as nvml
+    try:
+        nvml.nvmlInit()
+    except Exception as e:
+        raise InventoryError(f"NVML: cannot initialise the NVIDIA driver ({e})") from None
+    try:
+        found = {}
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            memory = _try(nvml.nvmlDeviceGetMemoryInfo, h)
+            util = _try(nvml.nvmlDeviceGetUtilizationRates, h)
+            power = _try(nvml.nvmlDeviceGetPowerUsage, h)  # milliwatts
+            procs = _try(nvml.nvmlDeviceGetComputeRunningProcesses, h) or ()
+            found[_text(nvml.nvmlDeviceGetUUID(h))] = Usage(
+                utilization=None if util is None else util.gpu / 100,
+                memory_used_bytes=None if memory is None else int(memory.used),
+                memory_total_bytes=None if memory is None else int(memory.total),
+                temperature_c=_try(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU),
+                power_w=None if power is None else power / 1000,
+                processes=tuple(Process(int(p.pid), _memory(p.usedGpuMemory)) for p in procs),
+            )
+        return found
+    except Exception as e:
+        raise InventoryError(f"NVML: reading GPU use failed: {e}") from None
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _try(call: Any, *args: Any) -> Any:
+    try:
+        return call(*args)
+    except Exception:
+        return None
+
+
+def _memory(value: Any) -> int | None:
+    """NVML reports an unavailable per-process figure as a huge sentinel (or None)."""
+    return int(value) if isinstance(value, int) and 0 <= value < 1 << 62 else None

@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         cfg = configmod.load(args.config)
+        if cfg.metrics.listen and args.command in ("plugin", "shim"):
+            from allocator.host import metrics
+
+            metrics.enable(cfg.state_dir)  # before the servers fork their workers
         return int(args.func(cfg, args) or 0)
     except ConfigError as e:
         print(f"gpu-alloc: config error: {e}", file=sys.stderr)
@@ -80,6 +84,15 @@ def _parser() -> argparse.ArgumentParser:
         help="start from an empty ledger (after moving a corrupt one aside)",
     )
     r.set_defaults(func=cmd_repair)
+    h = sub.add_parser("history", help="who used which GPU when (from the audit trail)")
+    h.add_argument("--gpu", help="a GPU index (as recorded) or UUID prefix")
+    h.add_argument("--user", help="only this owner's events")
+    h.add_argument("--since", help="a duration (7d, 12h, 30m) or an RFC 3339 time")
+    h.add_argument("--json", action="store_true", help="machine-readable output")
+    h.set_defaults(func=cmd_history)
+    g = sub.add_parser("gpus", help="live GPU use: utilisation, memory, processes, owners")
+    g.add_argument("--json", action="store_true", help="machine-readable output")
+    g.set_defaults(func=cmd_gpus)
     sub.add_parser("doctor", help="check the host end to end and say what to fix").set_defaults(
         func=cmd_doctor
     )
@@ -152,6 +165,35 @@ def cmd_status(cfg: Config, args: argparse.Namespace) -> int:
     if warning:
         snap["warning"] = warning
     print(render_json(snap) if args.json else render_table(snap))
+    return 0
+
+
+def cmd_history(cfg: Config, args: argparse.Namespace) -> int:
+    from allocator.host import ledger
+    from allocator.host.audit import AuditLog
+    from allocator.ops import history
+
+    try:
+        since = None if args.since is None else history.since_epoch(args.since, ledger.now())
+    except ValueError as e:
+        print(f"gpu-alloc history: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    audit = AuditLog(cfg.state_dir)
+    if not os.access(cfg.state_dir, os.R_OK | os.X_OK):
+        raise StateError(f"{audit.path}: cannot read the audit trail (run as root)")
+    rows = history.select(history.uses(audit.read()), args.gpu, args.user, since)
+    print(history.render_json(rows) if args.json else history.render_table(rows))
+    return 0
+
+
+def cmd_gpus(cfg: Config, args: argparse.Namespace) -> int:
+    from allocator.ops import gpus
+
+    if os.access(cfg.state_dir, os.R_OK | os.X_OK):
+        snap = gpus.LiveView(_allocator(cfg)).snapshot()
+    else:  # not root: ask the shim, as status does
+        snap = gpus.from_shim(cfg.shim.socket)
+    print(gpus.render_json(snap) if args.json else gpus.render_table(snap))
     return 0
 
 

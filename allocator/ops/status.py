@@ -8,21 +8,24 @@ from typing import Any
 
 from allocator.core.leases import StateError
 from allocator.host import unixhttp
+from allocator.ops.gpus import LiveView
 from allocator.service import Allocator
 
 
-def snapshot(alloc: Allocator) -> dict[str, Any]:
+def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
     inventory = alloc.inventory()
     state = alloc.ledger.read()
     present = [g.uuid for g in inventory.gpus]
     departed = sorted(state.named_gpus() - set(present))
     holder_of = {u: h.to_dict() for u, h in state.holders({*present, *departed}).items()}
+    idle = {g["uuid"]: g["idle_since"] for g in (live or LiveView(alloc)).snapshot()["gpus"]}
     gpus = []
     for g in inventory.gpus:
         holder = holder_of.get(g.uuid)
         if holder is None and g.busy:
             holder = {"container": None, "name": None, "why": "host compute processes"}
-        gpus.append({**g.to_dict(), "free": holder is None, "holder": holder})
+        since = idle.get(g.uuid)
+        gpus.append({**g.to_dict(), "free": holder is None, "holder": holder, "idle_since": since})
     return {
         "gpus": gpus,
         "leases": [vars(le) | {"gpus": list(le.gpus)} for le in state.leases.values()],
@@ -45,7 +48,10 @@ def render_table(snap: dict[str, Any]) -> str:
     for g in snap["gpus"]:
         h = g["holder"]
         who = "-" if h is None else _who(h)
-        rows.append((str(g["index"]), g["uuid"], g["name"], "free" if g["free"] else "held", who))
+        state = "free" if g["free"] else "held"
+        if g.get("idle_since") is not None:
+            state += " (idle)"
+        rows.append((str(g["index"]), g["uuid"], g["name"], state, who))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]

@@ -1,0 +1,75 @@
+"""The counters the plugin's workers and the shim keep, for the shim's Prometheus endpoint.
+
+prometheus-client's multiprocess mode: each process writes its samples to small
+mmap files under ``PROMETHEUS_MULTIPROC_DIR`` (``state_dir/metrics``), and the
+shim's scrape sums them, so every gunicorn worker's denials reach the one
+endpoint.  The library reads that variable when it is imported, so nothing here
+imports it until `enable` has set the directory; until then (the CLI, or a host
+without ``metrics.listen``) every call is a no-op and nothing is written.
+
+Labels are small closed sets (outcome, field without its index), never a request
+or container id, so the series do not grow with the number of requests.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from allocator.core.events import field_label
+
+OUTCOMES = ("granted", "short", "policy", "denied")
+ENV = "PROMETHEUS_MULTIPROC_DIR"
+_instruments: dict[str, Any] = {}
+
+
+def directory(state_dir: str) -> str:
+    return os.path.join(state_dir, "metrics")
+
+
+def enable(state_dir: str) -> str:
+    """Count in this process (and its forks) into ``state_dir/metrics``."""
+    path = os.environ.setdefault(ENV, directory(state_dir))
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    if not _instruments:
+        from prometheus_client import Counter, Histogram
+
+        _instruments.update(
+            requests=Counter("gpu_alloc_requests", "GPU creates by outcome", ["outcome"]),
+            denials=Counter(
+                "gpu_alloc_denials", "Requests refused, by the GPU-granting field", ["field"]
+            ),
+            decision=Histogram(
+                "gpu_alloc_decision_seconds",
+                "Time the plugin took to decide a request it had to look at",
+                buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5),
+            ),
+            lease=Histogram(
+                "gpu_alloc_lease_seconds",
+                "How long leases lasted, observed when they end",
+                buckets=(60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 7 * 86400),
+            ),
+        )
+        for outcome in OUTCOMES:  # every outcome is scraped, 0 until it happens
+            _instruments["requests"].labels(outcome)
+    return path
+
+
+def request(outcome: str) -> None:
+    if _instruments:
+        _instruments["requests"].labels(outcome).inc()
+
+
+def denial(field: str) -> None:
+    if _instruments:
+        _instruments["denials"].labels(field_label(field)).inc()
+
+
+def decision(seconds: float) -> None:
+    if _instruments:
+        _instruments["decision"].observe(seconds)
+
+
+def lease_ended(seconds: float) -> None:
+    if _instruments:
+        _instruments["lease"].observe(max(0.0, seconds))

@@ -1,0 +1,74 @@
+"""Regenerate docs/dashboard.png: `.venv/bin/python -m tests.dashboard_screenshot`.
+
+Four simulated H100s: alice computes, bob's notebook has idled for hours, carol's
+sweep runs, one GPU is free.  The page is the real dashboard served by the real
+listener; only the GPUs and the Engine are stand-ins.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from allocator.core.ask import Ask
+from allocator.host import usage
+from allocator.host.config import Config
+from allocator.ops import gpus
+from allocator.service import Allocator
+from shim import metrics_server
+from tests.test_observe import FakeEngine, free_port
+
+UUIDS = [f"GPU-{i:08x}-1111-2222-3333-444444444444" for i in range(4)]
+USE = [
+    {"utilization": 0.92, "memory_used_mib": 61440, "temperature_c": 71, "power_w": 612,
+     "processes": [{"pid": 11}]},
+    {"utilization": 0.0, "memory_used_mib": 0, "temperature_c": 34, "power_w": 71},
+    {"utilization": 0.35, "memory_used_mib": 20480, "temperature_c": 52, "power_w": 280,
+     "processes": [{"pid": 12}]},
+    {"utilization": 0.0, "memory_used_mib": 0, "temperature_c": 31, "power_w": 62},
+]  # fmt: skip
+HOLDERS = [("a" * 64, "alice", "llm-finetune", 7200), ("b" * 64, "bob", "notebook", 3 * 3600),
+           ("c" * 64, "carol", "eval-sweep", 600)]  # fmt: skip
+
+
+class NamedEngine(FakeEngine):
+    def inspect(self, cid: str) -> dict:
+        info = super().inspect(cid)
+        return {**info, "Name": "/" + next(n for c, _, n, _ in HOLDERS if c == cid)}
+
+
+def main(out: str) -> None:
+    d = Path(tempfile.mkdtemp(prefix="ga-shot-"))
+    (d / "state").mkdir()
+    entries = [{"uuid": u, "index": i, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559,
+                "usage": USE[i]} for i, u in enumerate(UUIDS)]  # fmt: skip
+    (d / "gpus.yaml").write_text(yaml.safe_dump(entries))
+    alloc = Allocator(Config(state_dir=str(d / "state"), gpus=str(d / "gpus.yaml")))
+    for (cid, _, name, age), uuid in zip(HOLDERS, UUIDS, strict=False):
+        lease, _ = alloc.lease(Ask((uuid,), 0, False, ("gpu",)), name)
+        alloc.bind(lease.id, cid)
+        with alloc.ledger.transaction() as state:
+            state.leases[lease.id] = replace(state.leases[lease.id], created=time.time() - age)
+    alloc.engine = NamedEngine({c: owner for c, owner, _, _ in HOLDERS})  # type: ignore[assignment]
+    usage.container_of = lambda pid, proc="/proc": {11: "a" * 64, 12: "c" * 64}.get(pid)
+    port = free_port()
+    server = metrics_server.serve(f"127.0.0.1:{port}", gpus.LiveView(alloc))
+    try:
+        subprocess.run(
+            ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+             "--virtual-time-budget=4000", "--window-size=1180,470", f"--screenshot={out}",
+             f"http://127.0.0.1:{port}/"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "docs/dashboard.png")
