@@ -26,7 +26,7 @@ from dataclasses import replace
 from allocator.core import access, compose, labels
 from allocator.core.access import EngineView
 from allocator.core.ask import Ask
-from allocator.core.inventory import Inventory
+from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.leases import Claim, Lease, Phase, StateError
 from allocator.core.placement import POLICIES, Shortage, place
 from allocator.core.reconcile import Report, apply
@@ -61,7 +61,7 @@ class Allocator:
         self.ledger = Ledger(config.state_dir, config.policy.lock_timeout)
         self.policy = POLICIES[config.policy.placement]
         self.host = (host or Host()).with_protected(config.state_dir)
-        self._inventory: tuple[object, Inventory] | None = None
+        self._inventory: tuple[object, Inventory | InventoryError] | None = None
         self._view: tuple[float, EngineView] | None = None
         self._no_gpu: set[str] = set()  # containers inspected and found without GPUs
         self._lock = threading.Lock()
@@ -72,12 +72,23 @@ class Allocator:
     # ------------------------------------------------------------- facts
 
     def inventory(self) -> Inventory:
-        """NVML is asked again every few seconds; a simulated file whenever it changes."""
+        """NVML is asked again every few seconds; a simulated file whenever it changes.
+
+        A failure is remembered as long as a success would be, so a host whose NVML
+        fails does not ask it again for every call that touches no GPU.
+        """
         stamp = self._inventory_stamp()
         with self._lock:
             if self._inventory is None or self._inventory[0] != stamp:
-                self._inventory = (stamp, load_inventory(self.config.gpus))
-            return self._inventory[1]
+                try:
+                    loaded: Inventory | InventoryError = load_inventory(self.config.gpus)
+                except InventoryError as e:
+                    loaded = e
+                self._inventory = (stamp, loaded)
+            found = self._inventory[1]
+        if isinstance(found, InventoryError):
+            raise found
+        return found
 
     def _inventory_stamp(self) -> object:
         if self.config.gpus == "nvml":
@@ -99,8 +110,14 @@ class Allocator:
         return view
 
     def facts(self, engine_view: EngineView | None = None) -> Facts:
+        """The facts for a decision; an unreadable inventory is one of them, not an error."""
         mounts_of = self._bind_mounts if self.engine is not None else None
-        return Facts(self.inventory(), engine_view or self.engine_view(), self.host, mounts_of)
+        try:
+            inventory, missing = self.inventory(), ""
+        except InventoryError as e:
+            inventory, missing = None, str(e)
+        view = engine_view or self.engine_view()
+        return Facts(inventory, view, self.host, mounts_of, missing)
 
     def _bind_mounts(self, container: str) -> list[tuple[str, str]] | None:
         info = self.engine.inspect(container) if self.engine else None
@@ -207,7 +224,7 @@ class Allocator:
             if info is None:
                 return None  # dockerd answers "no such container"
             facts = self.facts()
-            grants = access.of_container(info, facts.engine, facts.inventory, facts.host)
+            grants = access.of_container(info, facts.engine, facts.known_gpus, facts.host)
             return None if grants.none else f"gpu-alloc refused to start {ref}: {e}"
         if not state.handing_over():
             return None  # the common case: no recreate in progress, no Engine call
@@ -332,6 +349,7 @@ class Allocator:
         if adopt:
             listed.update((c["Id"], c) for c in self.engine.containers())
         facts = self.facts()
+        facts.require_inventory()  # which GPUs a claim holds needs the inventory
         by_label: dict[str, str] = {}
         for cid, c in listed.items():
             lease = snapshot.leases.get(labels.parse_lease(c.get("Labels"))[0])
@@ -355,16 +373,18 @@ class Allocator:
         info = self.engine.inspect(cid) if self.engine else None
         if info is None:
             return False
-        grants = access.of_container(info, facts.engine, facts.inventory, facts.host)
-        return grants.pinned and grants.gpus(facts.inventory) == frozenset(lease.gpus)
+        inventory = facts.require_inventory()
+        grants = access.of_container(info, facts.engine, inventory, facts.host)
+        return grants.pinned and grants.gpus(inventory) == frozenset(lease.gpus)
 
     def _claim_of(self, cid: str, facts: Facts) -> Claim | None:
         info = self.engine.inspect(cid) if self.engine else None
         if info is None:
             return None
-        grants = access.of_container(info, facts.engine, facts.inventory, facts.host)
+        inventory = facts.require_inventory()
+        grants = access.of_container(info, facts.engine, inventory, facts.host)
         if grants.none:
             return None
-        gpus = tuple(sorted(grants.gpus(facts.inventory))) if grants.pinned else None
+        gpus = tuple(sorted(grants.gpus(inventory))) if grants.pinned else None
         why = "; ".join(g.describe() for g in grants.grants)
         return Claim(cid, str(info.get("Name") or "").lstrip("/"), gpus, why)

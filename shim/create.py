@@ -140,7 +140,7 @@ class CreateInterceptor:
 
     def _cuda_refusal(self, spec: dict, facts: decide.Facts) -> str | None:
         """nvidia-docker v1's check: the image's CUDA against the driver's, before leasing."""
-        driver = facts.inventory.cuda_driver_version
+        driver = facts.inventory.cuda_driver_version if facts.inventory else None
         image = str(spec.get("Image") or "")
         if driver is None or not image or self.alloc.engine is None:
             return None

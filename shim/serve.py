@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from allocator.host import listener
 from allocator.host.config import Config
 from allocator.service import Allocator
 from shim import server
 from shim.create import CreateInterceptor
 
 
-def serve(config: Config, allocator: Allocator) -> None:
+def serve(config: Config, allocator: Allocator, claim: listener.Claim | None = None) -> None:
     server.run(
         config.shim.socket,
         config.engine.socket,
@@ -16,4 +17,5 @@ def serve(config: Config, allocator: Allocator) -> None:
         mode=config.shim.mode,
         group=config.shim.group,
         forward_timeout=config.shim.create_timeout,
+        claim=claim,
     )

@@ -24,7 +24,7 @@ from typing import Any
 from allocator.core import access, fields, gojson, labels
 from allocator.core.access import EngineView, HostFacts, Refusal
 from allocator.core.ask import Ask, ask_of
-from allocator.core.inventory import Inventory
+from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.routes import Check, Route, RouteError, classify
 
 HINT = "use 'docker --context gpu-alloc' and ask with --gpus or a Compose device reservation"
@@ -32,14 +32,34 @@ DEVICE_FIELDS = ("Devices", "DeviceRequests", "DeviceCgroupRules")
 MIN_START_BODY_FREE_API = (1, 24)  # below it, start may carry a HostConfig
 
 
+NO_GPUS = Inventory(())
+
+
 @dataclass(frozen=True)
 class Facts:
-    """The world a decision is made against."""
+    """The world a decision is made against.
 
-    inventory: Inventory
+    The inventory is a fact that may be missing (a simulated file gone, NVML failing):
+    work that touches no GPU goes on without it, and only a grant is refused, naming
+    ``inventory_error``.
+    """
+
+    inventory: Inventory | None
     engine: EngineView
     host: HostFacts
     mounts_of: access.MountsOf | None = None  # another container's binds, for VolumesFrom
+    inventory_error: str = ""  # why `inventory` is None
+
+    @property
+    def known_gpus(self) -> Inventory:
+        """The inventory, or no GPUs at all: enough to tell whether a request touches a
+        GPU (every GPU source is a grant with or without an inventory), never to grant."""
+        return self.inventory if self.inventory is not None else NO_GPUS
+
+    def require_inventory(self) -> Inventory:
+        if self.inventory is None:
+            raise InventoryError(self.inventory_error or "the GPU inventory cannot be read")
+        return self.inventory
 
 
 @dataclass(frozen=True)
@@ -110,9 +130,11 @@ def _create(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
         return missing
     try:
         spec = decode_create(body or b"")
-        grants = access.of_create(spec, facts.engine, facts.inventory, facts.host, facts.mounts_of)
-    except (gojson.BodyError, Refusal) as e:
+    except gojson.BodyError as e:
         return Deny(f"gpu-alloc refused the container create: {e}")
+    grants = grants_of_create(spec, facts)
+    if isinstance(grants, Deny):
+        return grants
     if grants.none:
         return ALLOW
     refused = grants.refused()
@@ -130,7 +152,7 @@ def _create(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
             f"gpu-alloc refused the container create: {first.describe()} is not pinned to "
             f"GPUs by UUID, so no lease can cover it; {HINT}"
         )
-    gpus = grants.gpus(facts.inventory)
+    gpus = grants.gpus(facts.known_gpus)
     guard = access.env_values(spec.get("Env") or (), access.VISIBLE)
     if [set(v.split(",")) for v in guard] != [set(gpus)]:
         return Deny(
@@ -138,6 +160,27 @@ def _create(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
             f"once, to the leased GPUs {','.join(sorted(gpus))}; {HINT}"
         )
     return NeedsLease(lease_id, token, gpus)
+
+
+def grants_of_create(spec: Mapping[str, Any], facts: Facts) -> access.Access | Deny:
+    """The create's effective access; without an inventory, only a create with none passes."""
+    try:
+        grants = access.of_create(spec, facts.engine, facts.known_gpus, facts.host, facts.mounts_of)
+    except Refusal as e:
+        if facts.inventory is None:
+            return Deny(
+                f"gpu-alloc refused the container create: {e} (and gpu-alloc cannot read "
+                f"the GPU inventory: {facts.inventory_error})"
+            )
+        return Deny(f"gpu-alloc refused the container create: {e}")
+    if facts.inventory is None and not grants.none:
+        return Deny(
+            f"gpu-alloc refused the container create: {grants.grants[0].describe()} touches "
+            f"GPUs, and gpu-alloc cannot read the GPU inventory: {facts.inventory_error}. "
+            "Containers without GPUs still run; fix the inventory ('gpu-alloc doctor' "
+            "checks it) and try again"
+        )
+    return grants
 
 
 def _refusal_text(refused: Sequence[access.Grant]) -> str:
@@ -396,10 +439,9 @@ def authz_response(
 
 def shim_ask(spec: Mapping[str, Any], facts: Facts) -> Ask | Deny:
     """Turn a decoded create into an `Ask`, or refuse the fields no lease can cover."""
-    try:
-        grants = access.of_create(spec, facts.engine, facts.inventory, facts.host, facts.mounts_of)
-    except Refusal as e:
-        return Deny(f"gpu-alloc refused the container create: {e}")
+    grants = grants_of_create(spec, facts)
+    if isinstance(grants, Deny):
+        return grants
     refused = grants.refused()
     if refused:
         return Deny(_refusal_text(refused))

@@ -121,15 +121,27 @@ def cmd_plugin(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_shim(cfg: Config, args: argparse.Namespace) -> int:
-    alloc = _allocator(cfg)
-    assert alloc.engine is not None
-    check_default_runtime(cfg, alloc.engine.info())
-    report = alloc.reconcile(adopt=True)
-    if report:
-        logging.getLogger("gpu-alloc.shim").info("reconciled at start: %s", report)
-    from shim.serve import serve
+    from allocator.host import listener
 
-    serve(cfg, alloc)
+    claim = listener.claim(cfg.shim.socket, "gpu-alloc shim")  # before touching the ledger
+    try:
+        alloc = _allocator(cfg)
+        assert alloc.engine is not None
+        check_default_runtime(cfg, alloc.engine.info())
+        log = logging.getLogger("gpu-alloc.shim")
+        try:
+            report = alloc.reconcile(adopt=True)
+        except InventoryError as e:
+            # Work that touches no GPU goes on; GPU creates are refused with this reason.
+            log.warning("not reconciled at start: %s", e)
+        else:
+            if report:
+                log.info("reconciled at start: %s", report)
+        from shim.serve import serve
+
+        serve(cfg, alloc, claim)
+    finally:
+        claim.close()
     return 0
 
 
