@@ -39,8 +39,8 @@ from allocator.core.verdicts import (
     Facts,
     Forget,
     NeedsLease,
-    Release,
     StartCheck,
+    Unanswered,
 )
 from allocator.host import ledger
 from allocator.host.config import Config
@@ -286,12 +286,13 @@ class Allocator:
         with self.ledger.transaction() as state:
             return state.release(lease_id)
 
-    def settle(self, outcome: Bind | Release | Forget | None) -> None:
-        """Apply what the Engine's answer to a create or a removal means for the ledger."""
+    def settle(self, outcome: Bind | Unanswered | Forget | None) -> None:
+        """Apply what the Engine's answer to a create or a removal means for the ledger
+        (`verdicts.create_outcome` is the rule; the shim and the plugin both come here)."""
         if isinstance(outcome, Bind):
             self.bind(outcome.lease_id, outcome.container)
-        elif isinstance(outcome, Release):
-            self.release(outcome.lease_id)
+        elif isinstance(outcome, Unanswered):
+            self.settle_unanswered(outcome.lease_id, outcome.label)
         elif isinstance(outcome, Forget):
             gone = [
                 le.id

@@ -381,8 +381,11 @@ class Bind:
 
 
 @dataclass(frozen=True)
-class Release:
+class Unanswered:
+    """A leased create answered with something other than 201: see `create_outcome`."""
+
     lease_id: str
+    label: str  # the lease label value a container made by that create carries
 
 
 @dataclass(frozen=True)
@@ -397,7 +400,7 @@ MIN_ID_PREFIX = 12  # a shorter reference could be a name: leave that one to rec
 
 def authz_response(
     method: str, uri: str, body: bytes | None, status: int, response: bytes | None
-) -> Bind | Release | Forget | None:
+) -> Bind | Unanswered | Forget | None:
     """The plugin's AuthZRes: settle the lease of a create that carried one, or a removal."""
     if method == "DELETE":
         try:
@@ -418,20 +421,34 @@ def authz_response(
     try:
         if classify(method, uri).check is not Check.CREATE:
             return None
-        lease_id, _ = labels.parse_lease(decode_create(body).get("Labels"))
+        lease_id, token = labels.parse_lease(decode_create(body).get("Labels"))
     except (RouteError, gojson.BodyError):
         return None
     if not lease_id:
         return None
-    if status == 201:
-        try:
-            container = gojson.decode(response or b"", fields.OPAQUE).get("Id")
-        except (gojson.BodyError, AttributeError):
-            container = None
-        if isinstance(container, str) and container:
-            return Bind(lease_id, container)
-        return None  # created, but unreadable: reconciliation finds it by label
-    return Release(lease_id) if 400 <= status < 500 else None
+    return create_outcome(lease_id, token, status, response)
+
+
+def create_outcome(
+    lease_id: str, token: str, status: int, response: bytes | None
+) -> Bind | Unanswered | None:
+    """The one rule for what the Engine's answer to a leased create means, on both sockets.
+
+    201 binds the lease to the new container.  Any other answer proves nothing:
+    dockerd may have created the container and failed the call after (a broken
+    AuthZRes, a dropped connection), so the lease is freed only once the Engine shows no
+    container carrying it (`Unanswered`).  A 201 whose id cannot be read leaves the
+    lease pending; reconcile finds the container by label.
+    """
+    if status != 201:
+        return Unanswered(lease_id, labels.lease_label(lease_id, token))
+    try:
+        container = gojson.decode(response or b"", fields.OPAQUE).get("Id")
+    except (gojson.BodyError, AttributeError):
+        container = None
+    if isinstance(container, str) and container:
+        return Bind(lease_id, container)
+    return None
 
 
 # ------------------------------------------------------------------- shim side
