@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from dataclasses import replace
+from typing import Any, cast
 
 from allocator.core import access, compose, labels
 from allocator.core.access import EngineView
@@ -118,6 +119,10 @@ class Allocator:
             inventory, missing = None, str(e)
         view = engine_view or self.engine_view()
         return Facts(inventory, view, self.host, mounts_of, missing)
+
+    def lazy_facts(self) -> Facts:
+        """`facts`, read on first use: most calls are judged without the inventory or /info."""
+        return cast(Facts, _LazyFacts(self))
 
     def _bind_mounts(self, container: str) -> list[tuple[str, str]] | None:
         info = self.engine.inspect(container) if self.engine else None
@@ -389,3 +394,16 @@ class Allocator:
         gpus = tuple(sorted(grants.gpus(inventory))) if grants.pinned else None
         why = "; ".join(g.describe() for g in grants.grants)
         return Claim(cid, str(info.get("Name") or "").lstrip("/"), gpus, why)
+
+
+class _LazyFacts:
+    """Stands in for `Facts`; computes them on the first attribute read."""
+
+    def __init__(self, alloc: Allocator):
+        self._alloc = alloc
+        self._facts: Facts | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._facts is None:
+            self._facts = self._alloc.facts()
+        return getattr(self._facts, name)

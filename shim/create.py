@@ -33,7 +33,7 @@ from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
 from allocator.core.placement import Shortage
 from allocator.core.rewrite import rewrite, strip_labels
-from allocator.core.routes import Check, RouteError, classify, needs_check
+from allocator.core.routes import Check, Route, needs_check
 from allocator.host.engine import EngineError
 from allocator.ops import status
 from allocator.service import Allocator
@@ -61,21 +61,24 @@ class CreateInterceptor:
     async def handle(self, request: Request, forward: Forward) -> Response:
         if request.method == "GET" and request.target == STATUS_PATH:
             return await self._status()
-        try:
-            route = classify(request.method, request.target)
-        except RouteError as e:
-            return error(400, f"gpu-alloc: {e}")
+        route = decide.route_of(request.method, request.target)
+        if isinstance(route, decide.Deny):
+            return error(400, route.msg)
         try:
             if route.check is not Check.CREATE:
-                facts = await asyncio.to_thread(self.alloc.facts)
-                decision = decide.authz_request(request.method, request.target, request.body, facts)
-                decision = await asyncio.to_thread(self.alloc.resolve, decision)
+                decision = await asyncio.to_thread(self._judge, route, request)
                 if isinstance(decision, decide.Deny):
                     return error(403, decision.msg)
                 return await forward(request)
             return await self._create(request, forward)
         except _FAILURES as e:
             return error(503, f"gpu-alloc cannot allocate right now: {e}")
+
+    def _judge(self, route: Route, request: Request) -> decide.Decision:
+        """The plugin's verdict, with facts read only where the check needs them."""
+        facts = self.alloc.lazy_facts()
+        decision = decide.authz_request(route, request.method, request.target, request.body, facts)
+        return self.alloc.resolve(decision)
 
     async def _create(self, request: Request, forward: Forward) -> Response:
         try:

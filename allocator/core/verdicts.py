@@ -95,23 +95,28 @@ ALLOW = Allow()
 # ----------------------------------------------------------------- request phase
 
 
-def authz_request(method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
-    """The plugin's AuthZReq.  Reads and harmless writes return before any parsing."""
+def route_of(method: str, uri: str) -> Route | Deny:
+    """The call's route, classified once per call by whoever received it."""
     try:
-        route = classify(method, uri)
+        return classify(method, uri)
     except RouteError as e:
         return Deny(f"gpu-alloc refused {method} {uri}: {e}")
-    if route.check in _CLEARED:
+
+
+def cleared(route: Route) -> bool:
+    """True when the route table alone allows the call: no body, no facts, no ledger."""
+    return route.check in _CLEARED
+
+
+def authz_request(
+    route: Route, method: str, uri: str, body: bytes | None, facts: Facts
+) -> Decision:
+    """The verdict on a call before the Engine acts (the plugin's AuthZReq; the shim's
+    non-create writes).  Reads and harmless writes return before any parsing, and
+    ``facts`` may be lazy: only the checks that need them read them."""
+    if cleared(route):
         return ALLOW
     return _CHECKS[route.check](route, method, uri, body, facts)
-
-
-def clears_at_once(method: str, uri: str) -> bool:
-    """True when the route table alone allows the call: no body, no facts, no ledger."""
-    try:
-        return classify(method, uri).check in _CLEARED
-    except RouteError:
-        return False
 
 
 def _needs_body(route: Route, method: str, uri: str, body: bytes | None) -> Deny | None:
