@@ -52,3 +52,13 @@ def test_a_file_that_is_not_a_socket_is_left_alone(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError, match="not a socket"):
         listener.claim(str(path), "gpu-alloc shim")
     assert path.read_text() == "not a socket"
+
+
+def test_waiting_for_a_socket_needs_it_to_answer(tmp_path: Path) -> None:
+    """systemd's ExecStartPost: a stale socket file exists, but does not count as up."""
+    path = str(tmp_path / "s.sock")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(path)
+        assert not listener.wait_until_answers(path, 0.2)
+        s.listen()
+        assert listener.wait_until_answers(path, 0.2)

@@ -18,6 +18,7 @@ import contextlib
 import os
 import socket
 import stat
+import time
 
 import portalocker
 
@@ -76,6 +77,16 @@ def answers(path: str) -> bool:
         except OSError:
             return False
         return True
+
+
+def wait_until_answers(path: str, timeout: float) -> bool:
+    """For systemd's ExecStartPost: the unit counts as started once the socket answers."""
+    deadline = time.monotonic() + timeout
+    while not answers(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def remove_stale(path: str) -> None:
