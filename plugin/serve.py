@@ -58,7 +58,9 @@ def options(config: Config) -> dict[str, Any]:
 def serve(config: Config) -> None:
     os.makedirs(os.path.dirname(config.plugin.socket), exist_ok=True)
     held = listener.claim(config.plugin.socket, "gpu-alloc plugin")
+    # Workers drop their copy of the lock, so only the arbiter's life holds it.
+    hooks = {"post_fork": lambda server, worker: held.close()}
     try:
-        _Server(config, options(config)).run()
+        _Server(config, options(config) | hooks).run()
     finally:
         held.close()

@@ -15,12 +15,11 @@ while the second still holds the old one.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import socket
 import stat
 import time
-
-import portalocker
 
 CONNECT_TIMEOUT = 1.0
 
@@ -30,18 +29,22 @@ class AlreadyRunning(OSError):
 
 
 class Claim:
-    """The lock that makes this process the one server on ``path``; held until closed."""
+    """The lock that makes this process the one server on ``path``; held until closed.
 
-    def __init__(self, path: str, lock: portalocker.Lock):
+    A plain flock on a close-on-exec descriptor: the kernel drops it when the process
+    dies, however it dies, so a crash never leaves a copy locked out.
+    """
+
+    def __init__(self, path: str, fd: int):
         self.path = path
-        self._lock = lock
-        self._pid = os.getpid()
+        self._fd: int | None = fd
 
     def close(self) -> None:
-        """Release the lock; a forked child (a gunicorn worker) leaves it to its parent,
-        since unlocking the shared file would unlock it for the parent too."""
-        if os.getpid() == self._pid:
-            self._lock.release()
+        """Close this process's descriptor.  In a forked child (a gunicorn worker) that
+        leaves the parent's lock in place: flock holds while any descriptor is open."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def claim(path: str, what: str) -> Claim:
@@ -51,19 +54,20 @@ def claim(path: str, what: str) -> Claim:
     anything else at the path that is not a socket is an error, never removed.
     """
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    lock = portalocker.Lock(f"{path}.lock", mode="a", timeout=0, fail_when_locked=True)
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    held = Claim(path, fd)
     try:
-        lock.acquire()
-    except portalocker.exceptions.LockException:
-        raise AlreadyRunning(f"{what} is already running on {path}") from None
-    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AlreadyRunning(f"{what} is already running on {path}") from None
         if answers(path):
             raise AlreadyRunning(f"{what} is already running on {path}")
         remove_stale(path)
     except BaseException:
-        lock.release()
+        held.close()
         raise
-    return Claim(path, lock)
+    return held
 
 
 def answers(path: str) -> bool:
