@@ -255,3 +255,18 @@ def test_one_default_runtime_check_for_info_and_daemon_json(daemon_json, nvidia)
         "Runtimes": daemon_json.get("runtimes"),
     }
     assert EngineView.from_info(info).default_is_nvidia is nvidia
+
+
+def test_nvml_failing_is_named_in_the_refusal(tmp_path: Path, fake: FakeEngine) -> None:
+    """No NVIDIA driver here: NVML fails, and only a GPU create hears about it."""
+    cfg = {"state_dir": str(tmp_path / "state"), "gpus": "nvml",
+           "engine": {"socket": str(tmp_path / "none.sock")}}  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    alloc = Allocator(configmod.load(str(tmp_path / "config.yaml")), fake)  # type: ignore[arg-type]
+    facts = alloc.facts()
+    if facts.inventory is not None:
+        pytest.skip("this host has a working NVML")
+    assert isinstance(decide.shim_ask({"Image": "busybox", "HostConfig": {}}, facts), Ask)
+    gpu = {"Image": "busybox", "HostConfig": {"DeviceRequests": [{"Driver": "nvidia", "Count": 1}]}}
+    refused = decide.shim_ask(gpu, facts)
+    assert isinstance(refused, decide.Deny) and "NVML" in refused.msg
