@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from dataclasses import replace
+from typing import Any, cast
 
 from allocator.core import access, compose, events, labels, starts
 from allocator.core.access import EngineView
@@ -39,8 +40,8 @@ from allocator.core.verdicts import (
     Facts,
     Forget,
     NeedsLease,
-    Release,
     StartCheck,
+    Unanswered,
 )
 from allocator.host import ledger, metrics
 from allocator.host.audit import AuditLog
@@ -63,7 +64,7 @@ class Allocator:
         self.audit = AuditLog(config.state_dir)
         self.policy = POLICIES[config.policy.placement]
         self.host = (host or Host()).with_protected(config.state_dir)
-        self._inventory: tuple[object, Inventory] | None = None
+        self._inventory: tuple[object, Inventory | InventoryError] | None = None
         self._view: tuple[float, EngineView] | None = None
         self._no_gpu: set[str] = set()  # containers inspected and found without GPUs
         self._lock = threading.Lock()
@@ -74,12 +75,23 @@ class Allocator:
     # ------------------------------------------------------------- facts
 
     def inventory(self) -> Inventory:
-        """NVML is asked again every few seconds; a simulated file whenever it changes."""
+        """NVML is asked again every few seconds; a simulated file whenever it changes.
+
+        A failure is remembered as long as a success would be, so a host whose NVML
+        fails does not ask it again for every call that touches no GPU.
+        """
         stamp = self._inventory_stamp()
         with self._lock:
             if self._inventory is None or self._inventory[0] != stamp:
-                self._inventory = (stamp, load_inventory(self.config.gpus))
-            return self._inventory[1]
+                try:
+                    loaded: Inventory | InventoryError = load_inventory(self.config.gpus)
+                except InventoryError as e:
+                    loaded = e
+                self._inventory = (stamp, loaded)
+            found = self._inventory[1]
+        if isinstance(found, InventoryError):
+            raise found
+        return found
 
     def _inventory_stamp(self) -> object:
         if self.config.gpus == "nvml":
@@ -101,8 +113,18 @@ class Allocator:
         return view
 
     def facts(self, engine_view: EngineView | None = None) -> Facts:
+        """The facts for a decision; an unreadable inventory is one of them, not an error."""
         mounts_of = self._bind_mounts if self.engine is not None else None
-        return Facts(self.inventory(), engine_view or self.engine_view(), self.host, mounts_of)
+        try:
+            inventory, missing = self.inventory(), ""
+        except InventoryError as e:
+            inventory, missing = None, str(e)
+        view = engine_view or self.engine_view()
+        return Facts(inventory, view, self.host, mounts_of, missing)
+
+    def lazy_facts(self) -> Facts:
+        """`facts`, read on first use: most calls are judged without the inventory or /info."""
+        return cast(Facts, _LazyFacts(self))
 
     def _bind_mounts(self, container: str) -> list[tuple[str, str]] | None:
         info = self.engine.inspect(container) if self.engine else None
@@ -252,7 +274,9 @@ class Allocator:
             if old is not None and old.container:
                 old_info = self.engine.inspect(old.container)  # by full id: None if gone
         facts = self.facts()
-        return starts.refusal(ref, info, state, facts.engine, facts.inventory, facts.host, old_info)
+        return starts.refusal(
+            ref, info, state, facts.engine, facts.known_gpus, facts.host, old_info
+        )
 
     def settle_unanswered(self, lease_id: str, label: str) -> None:
         """A create got an answer other than 201: free the lease only if no container has it.
@@ -295,12 +319,13 @@ class Allocator:
         self._ended(lease, reason)
         return lease
 
-    def settle(self, outcome: Bind | Release | Forget | None) -> None:
-        """Apply what the Engine's answer to a create or a removal means for the ledger."""
+    def settle(self, outcome: Bind | Unanswered | Forget | None) -> None:
+        """Apply what the Engine's answer to a create or a removal means for the ledger
+        (`verdicts.create_outcome` is the rule; the shim and the plugin both come here)."""
         if isinstance(outcome, Bind):
             self.bind(outcome.lease_id, outcome.container)
-        elif isinstance(outcome, Release):
-            self.release(outcome.lease_id, "the Engine refused the create")
+        elif isinstance(outcome, Unanswered):
+            self.settle_unanswered(outcome.lease_id, outcome.label)
         elif isinstance(outcome, Forget):
             self._forget(outcome.ref)
 
@@ -377,6 +402,7 @@ class Allocator:
         if adopt:
             listed.update((c["Id"], c) for c in self.engine.containers())
         facts = self.facts()
+        facts.require_inventory()  # which GPUs a claim holds needs the inventory
         by_label: dict[str, str] = {}
         for cid, c in listed.items():
             lease = snapshot.leases.get(labels.parse_lease(c.get("Labels"))[0])
@@ -411,16 +437,31 @@ class Allocator:
         info = self.engine.inspect(cid) if self.engine else None
         if info is None:
             return False
-        grants = access.of_container(info, facts.engine, facts.inventory, facts.host)
-        return grants.pinned and grants.gpus(facts.inventory) == frozenset(lease.gpus)
+        inventory = facts.require_inventory()
+        grants = access.of_container(info, facts.engine, inventory, facts.host)
+        return grants.pinned and grants.gpus(inventory) == frozenset(lease.gpus)
 
     def _claim_of(self, cid: str, facts: Facts) -> Claim | None:
         info = self.engine.inspect(cid) if self.engine else None
         if info is None:
             return None
-        grants = access.of_container(info, facts.engine, facts.inventory, facts.host)
+        inventory = facts.require_inventory()
+        grants = access.of_container(info, facts.engine, inventory, facts.host)
         if grants.none:
             return None
-        gpus = tuple(sorted(grants.gpus(facts.inventory))) if grants.pinned else None
+        gpus = tuple(sorted(grants.gpus(inventory))) if grants.pinned else None
         why = "; ".join(g.describe() for g in grants.grants)
         return Claim(cid, str(info.get("Name") or "").lstrip("/"), gpus, why)
+
+
+class _LazyFacts:
+    """Stands in for `Facts`; computes them on the first attribute read."""
+
+    def __init__(self, alloc: Allocator):
+        self._alloc = alloc
+        self._facts: Facts | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._facts is None:
+            self._facts = self._alloc.facts()
+        return getattr(self._facts, name)

@@ -8,8 +8,12 @@ no file, no Engine call (`decide.authz_request` returns before any of them).
 Creates are decoded the way dockerd decodes them; one that would get GPUs is
 allowed only when its lease label's token matches a pending lease for exactly
 those GPUs, and that token is consumed under the ledger lock (single use).
-``AuthZRes`` runs after the Engine acted: for a leased create it binds the
-lease to the new container id, or frees it when the create failed.
+``AuthZRes`` runs after the Engine acted: for a leased create it settles the
+lease by `verdicts.create_outcome`, the rule the shim follows too.
+
+`Dispatcher.dispatch` is the one function both calls go through: the envelope
+is parsed once and the route classified once per call, and Flask is left only
+the activation handshake.
 
 Any error on the way (corrupt state, lock timeout, Engine not answering)
 denies the request with the reason: dockerd shows ``Msg`` to the user.
@@ -19,14 +23,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 import json
 import logging
 import re
 import time
-from typing import Any, ClassVar
+from typing import Any
 
-from flask import Flask, Response, request
+from flask import Flask, Response
 
 from allocator.core import verdicts as decide
 from allocator.core.inventory import InventoryError
@@ -39,15 +42,12 @@ from allocator.service import Allocator
 log = logging.getLogger("gpu-alloc.plugin")
 _ALLOW = json.dumps({"Allow": True}).encode()
 _ACTIVATE = json.dumps({"Implements": ["authz"]}).encode()
+_MIME = "application/vnd.docker.plugins.v1+json"
 _FAILURES = (StateError, EngineError, InventoryError)
 
 
-def _json(payload: bytes) -> Response:
-    return Response(payload, status=200, mimetype="application/vnd.docker.plugins.v1+json")
-
-
-def _deny(msg: str) -> Response:
-    return _json(json.dumps({"Allow": False, "Msg": msg}).encode())
+def _deny(msg: str) -> bytes:
+    return json.dumps({"Allow": False, "Msg": msg}).encode()
 
 
 def _body(req: dict[str, Any]) -> bytes | None:
@@ -60,111 +60,6 @@ def _body(req: dict[str, Any]) -> bytes | None:
         return b"\x00unreadable"  # decoding then fails closed with a clear message
 
 
-def create_app(config: Config, allocator: Allocator | None = None) -> Flask:
-    alloc = allocator or Allocator(config, Engine(config.engine.socket, config.engine.timeout))
-    app = Flask("gpu-alloc-plugin")
-
-    @app.post("/Plugin.Activate")
-    def activate() -> Response:
-        return _json(_ACTIVATE)
-
-    @app.post("/AuthZPlugin.AuthZReq")
-    def authz_req() -> Response:
-        try:
-            req = json.loads(request.get_data())
-            method, uri = str(req["RequestMethod"]), str(req["RequestUri"])
-        except (ValueError, KeyError, TypeError):
-            return _deny("gpu-alloc could not read the Engine's authorization request")
-        began = time.perf_counter()
-        try:
-            decision = alloc.resolve(decide.authz_request(method, uri, _body(req), _Facts(alloc)))
-        except _FAILURES as e:
-            decision = decide.Deny(f"gpu-alloc refused {method} {uri}: {e}")
-        metrics.decision(time.perf_counter() - began)
-        if isinstance(decision, decide.Deny):
-            log.info("denied %s %s: %s", method, uri, decision.msg)
-            metrics.request("denied")
-            metrics.denial(decision.field)
-            alloc.record("denial", reason=decision.msg, name=f"{method} {uri.split('?')[0]}")
-            return _deny(decision.msg)
-        return _json(_ALLOW)
-
-    @app.post("/AuthZPlugin.AuthZRes")
-    def authz_res() -> Response:
-        try:
-            req = json.loads(request.get_data())
-            method, uri = str(req["RequestMethod"]), str(req["RequestUri"])
-            status = int(req.get("ResponseStatusCode") or 0)
-        except (ValueError, KeyError, TypeError):
-            return _deny("gpu-alloc could not read the Engine's authorization response")
-        outcome = decide.authz_response(method, uri, _body(req), status, _response_body(req))
-        try:
-            alloc.settle(outcome)
-        except StateError as e:
-            # The container exists already; reconcile binds it by label later.
-            log.error("could not settle lease after %s %s: %s", method, uri, e)
-        return _json(_ALLOW)
-
-    app.wsgi_app = _FastPath(app.wsgi_app)  # type: ignore[method-assign]
-    return app
-
-
-class _FastPath:
-    """Answer calls that touch no GPU before Flask sees them.
-
-    dockerd calls the plugin twice for every API call on the host; most are
-    reads or writes the route table clears at once.  Those are answered here,
-    from the raw body, in a few microseconds instead of a full Flask dispatch.
-    Everything else goes on to Flask with the body it was sent.
-    """
-
-    _HEADERS: ClassVar[list[tuple[str, str]]] = [
-        ("Content-Type", "application/vnd.docker.plugins.v1+json"),
-        ("Content-Length", str(len(_ALLOW))),
-    ]
-
-    def __init__(self, app: Any):
-        self.app = app
-
-    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
-        path = environ.get("PATH_INFO")
-        if path in ("/AuthZPlugin.AuthZReq", "/AuthZPlugin.AuthZRes"):
-            stream = environ["wsgi.input"]
-            body = stream.read(int(environ.get("CONTENT_LENGTH") or 0))
-            if _clears_at_once(path, body):
-                start_response("200 OK", self._HEADERS)
-                return [_ALLOW]
-            environ["wsgi.input"] = io.BytesIO(body)
-        return self.app(environ, start_response)
-
-
-# dockerd marshals authz.Request with RequestMethod before any field a client controls,
-# and escapes every quote inside strings: the first match is the real method.
-_METHOD = re.compile(rb'"RequestMethod":"([A-Z]+)"')
-
-
-def _clears_at_once(path: str, body: bytes) -> bool:
-    if path.endswith("AuthZRes"):
-        # Most responses are to reads: settle them without decoding the response body.
-        m = _METHOD.search(body, 0, 512)
-        if m and m[1] not in (b"POST", b"DELETE"):
-            return True
-    try:
-        req = json.loads(body)
-        method, uri = req["RequestMethod"], req["RequestUri"]
-    except (ValueError, KeyError, TypeError):
-        return False  # Flask answers it, with the reason
-    if path.endswith("AuthZReq"):
-        return decide.clears_at_once(method, uri)
-    if method not in ("POST", "DELETE"):
-        return True
-    try:
-        status = int(req.get("ResponseStatusCode") or 0)
-    except (TypeError, ValueError):
-        return False
-    return decide.authz_response(method, uri, _body(req), status, _response_body(req)) is None
-
-
 def _response_body(req: dict[str, Any]) -> bytes | None:
     raw = req.get("ResponseBody")
     try:
@@ -173,14 +68,108 @@ def _response_body(req: dict[str, Any]) -> bytes | None:
         return None
 
 
-class _Facts:
-    """Facts computed on first use: most requests never need the inventory or /info."""
+# dockerd marshals authz.Request with RequestMethod before any field a client controls,
+# and escapes every quote inside strings: the first match is the real method.
+_METHOD = re.compile(rb'"RequestMethod":"([A-Z]+)"')
+
+
+class Dispatcher:
+    """``dispatch(path, raw envelope) -> answer``: the one place an authz call is decided.
+
+    The envelope is parsed once and the route classified once per call.  Calls that
+    touch no GPU are answered from the route table: no lock, no file, no Engine call.
+    """
 
     def __init__(self, alloc: Allocator):
-        self._alloc = alloc
-        self._facts: decide.Facts | None = None
+        self.alloc = alloc
+        self._routes = {
+            "/AuthZPlugin.AuthZReq": self.authz_req,
+            "/AuthZPlugin.AuthZRes": self.authz_res,
+        }
 
-    def __getattr__(self, name: str) -> Any:
-        if self._facts is None:
-            self._facts = self._alloc.facts()
-        return getattr(self._facts, name)
+    def handles(self, path: str) -> bool:
+        return path in self._routes
+
+    def dispatch(self, path: str, raw: bytes) -> bytes:
+        return self._routes[path](raw)
+
+    def authz_req(self, raw: bytes) -> bytes:
+        try:
+            req = json.loads(raw)
+            method, uri = str(req["RequestMethod"]), str(req["RequestUri"])
+        except (ValueError, KeyError, TypeError):
+            return _deny("gpu-alloc could not read the Engine's authorization request")
+        route = decide.route_of(method, uri)
+        if isinstance(route, decide.Deny):
+            return _deny(route.msg)
+        if decide.cleared(route):
+            return _ALLOW
+        began = time.perf_counter()
+        try:
+            verdict = decide.authz_request(route, method, uri, _body(req), self.alloc.lazy_facts())
+            decision = self.alloc.resolve(verdict)
+        except _FAILURES as e:
+            decision = decide.Deny(f"gpu-alloc refused {method} {uri}: {e}")
+        metrics.decision(time.perf_counter() - began)
+        if isinstance(decision, decide.Deny):
+            log.info("denied %s %s: %s", method, uri, decision.msg)
+            metrics.request("denied")
+            metrics.denial(decision.field)
+            self.alloc.record("denial", reason=decision.msg, name=f"{method} {uri.split('?')[0]}")
+            return _deny(decision.msg)
+        return _ALLOW
+
+    def authz_res(self, raw: bytes) -> bytes:
+        # Most responses are to reads: settle them without parsing the envelope at all.
+        m = _METHOD.search(raw, 0, 512)
+        if m and m[1] not in (b"POST", b"DELETE"):
+            return _ALLOW
+        try:
+            req = json.loads(raw)
+            method, uri = str(req["RequestMethod"]), str(req["RequestUri"])
+            status = int(req.get("ResponseStatusCode") or 0)
+        except (ValueError, KeyError, TypeError):
+            return _deny("gpu-alloc could not read the Engine's authorization response")
+        if method not in ("POST", "DELETE"):
+            return _ALLOW
+        outcome = decide.authz_response(method, uri, _body(req), status, _response_body(req))
+        try:
+            self.alloc.settle(outcome)
+        except StateError as e:
+            # The container exists already; reconcile binds it by label later.
+            log.error("could not settle lease after %s %s: %s", method, uri, e)
+        return _ALLOW
+
+
+def create_app(config: Config, allocator: Allocator | None = None) -> Flask:
+    alloc = allocator or Allocator(config, Engine(config.engine.socket, config.engine.timeout))
+    app = Flask("gpu-alloc-plugin")
+
+    @app.post("/Plugin.Activate")
+    def activate() -> Response:
+        return Response(_ACTIVATE, status=200, mimetype=_MIME)
+
+    app.wsgi_app = _Authz(app.wsgi_app, Dispatcher(alloc))  # type: ignore[method-assign]
+    return app
+
+
+class _Authz:
+    """WSGI: authz calls go straight to the dispatcher, without a Flask dispatch.
+
+    dockerd calls the plugin twice for every API call on the host; a Flask dispatch
+    costs more than the decision for most of them.  Everything else (activation,
+    unknown paths) goes on to Flask.
+    """
+
+    def __init__(self, app: Any, dispatcher: Dispatcher):
+        self.app = app
+        self.dispatcher = dispatcher
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        path = environ.get("PATH_INFO") or ""
+        if environ.get("REQUEST_METHOD") != "POST" or not self.dispatcher.handles(path):
+            return self.app(environ, start_response)
+        raw = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        answer = self.dispatcher.dispatch(path, raw)
+        start_response("200 OK", [("Content-Type", _MIME), ("Content-Length", str(len(answer)))])
+        return [answer]

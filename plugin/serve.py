@@ -4,6 +4,10 @@ gevent workers: dockerd's plugin client keeps connections alive, and a handler
 that waits (for the ledger lock) must not stop the same worker from answering
 the calls that touch no GPU, including the ones its own Engine calls cause.
 gunicorn's arbiter restarts a worker that dies; ``timeout`` kills one that hangs.
+
+gunicorn removes whatever socket is at its bind path, and unlinks it again on exit:
+a second plugin started by hand would leave the live one deaf.  `listener.claim`
+runs first, so a second copy refuses before gunicorn ever sees the path.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
+from allocator.host import listener
 from allocator.host.config import Config
 
 
@@ -52,4 +57,10 @@ def options(config: Config) -> dict[str, Any]:
 
 def serve(config: Config) -> None:
     os.makedirs(os.path.dirname(config.plugin.socket), exist_ok=True)
-    _Server(config, options(config)).run()
+    held = listener.claim(config.plugin.socket, "gpu-alloc plugin")
+    # Workers drop their copy of the lock, so only the arbiter's life holds it.
+    hooks = {"post_fork": lambda server, worker: held.close()}
+    try:
+        _Server(config, options(config) | hooks).run()
+    finally:
+        held.close()

@@ -11,9 +11,10 @@ into an `Ask`, leased under the ledger lock, rewritten to explicit UUIDs with a
 single-use lease token label and a ``NVIDIA_VISIBLE_DEVICES`` guard, and only
 then forwarded, as the canonical body that was checked.
 
-After forwarding: 201 binds the lease to the container id; any other answer
-frees it once the Engine confirms no container carries the lease (an error can
-come after dockerd created it: a failed AuthZRes, say); no answer at all
+After forwarding, `verdicts.create_outcome` (the rule the plugin's AuthZRes
+follows too): 201 binds the lease to the container id; any other answer frees
+it once the Engine confirms no container carries the lease (an error can come
+after dockerd created it: a failed AuthZRes, say); no answer at all
 (dropped, timed out, shim killed) leaves the lease pending until `reconcile`
 finds the container by label or the deadline passes, so the GPUs are never
 granted twice.
@@ -22,18 +23,17 @@ granted twice.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
 
-from allocator.core import cuda, gojson, labels
+from allocator.core import cuda, errors, gojson, labels
 from allocator.core import verdicts as decide
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
 from allocator.core.placement import Shortage
 from allocator.core.rewrite import rewrite, strip_labels
-from allocator.core.routes import Check, RouteError, classify, needs_check
+from allocator.core.routes import Check, Route, needs_check
 from allocator.host import metrics
 from allocator.host.engine import EngineError
 from allocator.ops import gpus, status
@@ -48,20 +48,8 @@ Forward = Callable[[Request], Awaitable[Response]]
 
 def error(status: int, message: str) -> Response:
     """An answer in the Engine's own error format, which the docker CLI prints."""
-    body = json.dumps({"message": message}).encode()
-    return Response(
-        status, _REASONS.get(status, "Error"), [("Content-Type", "application/json")], body
-    )
-
-
-_REASONS = {
-    400: "Bad Request",
-    403: "Forbidden",
-    409: "Conflict",
-    502: "Bad Gateway",
-    503: "Service Unavailable",
-    504: "Gateway Timeout",
-}
+    headers = [("Content-Type", errors.CONTENT_TYPE)]
+    return Response(status, errors.reason(status), headers, errors.body(message))
 
 
 class CreateInterceptor:
@@ -79,21 +67,24 @@ class CreateInterceptor:
             return await self._status()
         if request.method == "GET" and request.target == gpus.GPUS_PATH:
             return await self._gpus()
-        try:
-            route = classify(request.method, request.target)
-        except RouteError as e:
-            return error(400, f"gpu-alloc: {e}")
+        route = decide.route_of(request.method, request.target)
+        if isinstance(route, decide.Deny):
+            return error(400, route.msg)
         try:
             if route.check is not Check.CREATE:
-                facts = await asyncio.to_thread(self.alloc.facts)
-                decision = decide.authz_request(request.method, request.target, request.body, facts)
-                decision = await asyncio.to_thread(self.alloc.resolve, decision)
+                decision = await asyncio.to_thread(self._judge, route, request)
                 if isinstance(decision, decide.Deny):
                     return error(403, decision.msg)
                 return await forward(request)
             return await self._create(request, forward)
         except _FAILURES as e:
             return error(503, f"gpu-alloc cannot allocate right now: {e}")
+
+    def _judge(self, route: Route, request: Request) -> decide.Decision:
+        """The plugin's verdict, with facts read only where the check needs them."""
+        facts = self.alloc.lazy_facts()
+        decision = decide.authz_request(route, request.method, request.target, request.body, facts)
+        return self.alloc.resolve(decision)
 
     async def _create(self, request: Request, forward: Forward) -> Response:
         try:
@@ -133,7 +124,7 @@ class CreateInterceptor:
                 f"gpu-alloc: the Engine did not answer the create ({e}); "
                 "the container may exist: check 'docker ps -a'",
             )
-        await asyncio.to_thread(self._settle, lease.id, label, response)
+        await asyncio.to_thread(self._settle, lease.id, token, response)
         return response
 
     async def _status(self) -> Response:
@@ -164,7 +155,7 @@ class CreateInterceptor:
 
     def _cuda_refusal(self, spec: dict, facts: decide.Facts) -> str | None:
         """nvidia-docker v1's check: the image's CUDA against the driver's, before leasing."""
-        driver = facts.inventory.cuda_driver_version
+        driver = facts.inventory.cuda_driver_version if facts.inventory else None
         image = str(spec.get("Image") or "")
         if driver is None or not image or self.alloc.engine is None:
             return None
@@ -172,16 +163,10 @@ class CreateInterceptor:
         need = cuda.required((info or {}).get("Config") or {}, spec.get("Env") or ())
         return cuda.refusal(driver, need, image)
 
-    def _settle(self, lease_id: str, label: str, response: Response) -> None:
-        if response.status == 201:
-            try:
-                container = json.loads(response.body)["Id"]
-            except (ValueError, KeyError, TypeError):
-                return  # created but unreadable: reconcile binds it by label
-            self.alloc.settle(decide.Bind(lease_id, container))
-        else:
+    def _settle(self, lease_id: str, token: str, response: Response) -> None:
+        if response.status != 201:
             log.info("lease %s: the Engine answered %s", lease_id, response.status)
-            self.alloc.settle_unanswered(lease_id, label)
+        self.alloc.settle(decide.create_outcome(lease_id, token, response.status, response.body))
 
 
 def _name(target: str) -> str:

@@ -11,7 +11,6 @@ socket: shim/splice.py feeds it bytes and acts on what it returns.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -20,6 +19,8 @@ from http import HTTPStatus
 from typing import Protocol
 
 import httptools
+
+from allocator.core import errors
 
 log = logging.getLogger(__name__)
 
@@ -289,11 +290,11 @@ def _parse_response(buf: bytes, end: int) -> tuple[httptools.HttpResponseParser 
 
 
 def _error_bytes(status: int, message: str, *, close: bool) -> bytes:
-    """A response in the Engine's error format, {"message": ...}."""
-    body = json.dumps({"message": message}).encode()
+    """A response in the Engine's error format (`errors.body`), framed for the wire."""
+    body = errors.body(message)
     head = (
-        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
-        "Content-Type: application/json\r\n"
+        f"HTTP/1.1 {status} {errors.reason(status)}\r\n"
+        f"Content-Type: {errors.CONTENT_TYPE}\r\n"
         f"Content-Length: {len(body)}\r\n"
     )
     if close:

@@ -8,10 +8,10 @@ import grp
 import logging
 import os
 import signal
-import stat
 from collections.abc import Callable
 from typing import Any
 
+from allocator.host import listener
 from shim.framing import FORWARD_TIMEOUT, MAX_BODY, Interceptor
 from shim.splice import _Client
 
@@ -29,16 +29,6 @@ class _Proxy:
         self.forward_timeout = forward_timeout
         self.max_body = max_body
         self.conns: set[_Client] = set()
-
-
-def _remove_stale_socket(path: str) -> None:
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise FileExistsError(f"{path} exists and is not a socket")
-    os.unlink(path)
 
 
 def _gid(group: str) -> int:
@@ -63,18 +53,24 @@ async def serve(
     ready: Callable[[], None] | None = None,
     forward_timeout: float = FORWARD_TIMEOUT,
     max_body: int = MAX_BODY,
+    claim: listener.Claim | None = None,
 ) -> None:
     """Serve the proxy on `listen_path` until cancelled.
 
     The socket is created owner-only and then given `mode` and `group`, so it is never
-    reachable by others before its permissions are right.
+    reachable by others before its permissions are right.  A shim already serving on
+    `listen_path` makes this one refuse (`listener.AlreadyRunning`) before it touches
+    the socket; ``claim`` is that check made earlier by the caller.
     """
     proxy = _Proxy(upstream_path, interceptor, forward_timeout, max_body)
-    _remove_stale_socket(listen_path)
+    held = claim or listener.claim(listen_path, "gpu-alloc shim")
     loop = asyncio.get_running_loop()
     old_umask = os.umask(0o177)
     try:
         server = await loop.create_unix_server(lambda: _Client(proxy), listen_path)
+    except BaseException:
+        held.close()
+        raise
     finally:
         os.umask(old_umask)
     inode = os.stat(listen_path).st_ino
@@ -93,6 +89,7 @@ async def serve(
         with contextlib.suppress(OSError):
             if os.stat(listen_path).st_ino == inode:
                 os.unlink(listen_path)
+        held.close()
 
 
 def run(listen_path: str, upstream_path: str, interceptor: Interceptor, **kwargs: Any) -> None:

@@ -11,8 +11,14 @@ import os
 from collections.abc import Callable, Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests import engine
+
+# Property tests check behaviour, not speed: on a loaded 2-core CI machine a per-example
+# deadline only makes them flaky.  Speed is measured by the benchmarks.
+settings.register_profile("gpu-alloc", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("gpu-alloc")
 
 ENGINE_FIXTURES = frozenset({"bare_engine", "stack_factory", "stack"})
 

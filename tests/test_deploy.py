@@ -308,10 +308,11 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed")
     prefix = tmp_path / "prefix"  # a real path, so verify finds ExecStart's binary
-    binary = prefix / "venv/bin/gpu-alloc"
-    binary.parent.mkdir(parents=True)
-    binary.write_text("#!/bin/sh\n")
-    binary.chmod(0o755)
+    (prefix / "venv/bin").mkdir(parents=True)
+    for name in ("gpu-alloc", "python"):  # ExecStart, and the plugin's ExecStartPost
+        binary = prefix / "venv/bin" / name
+        binary.write_text("#!/bin/sh\n")
+        binary.chmod(0o755)
     root = tmp_path / "root"
     install(root, "--prefix", str(prefix))
     units = [

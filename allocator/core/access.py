@@ -118,17 +118,35 @@ class EngineView:
 
     @classmethod
     def from_info(cls, info: Mapping[str, Any]) -> EngineView:
-        runtimes = info.get("Runtimes") or {}
+        """From ``GET /info``, or daemon.json's keys in its shape (`from_daemon_json`).
+
+        A runtime is nvidia's when its name or its binary says so; the default counts
+        even where it is not listed (dockerd would not start, but fail closed).
+        """
+        default = str(info.get("DefaultRuntime") or "runc")
+        runtimes = {default: {}, **(info.get("Runtimes") or {})}
         nvidia = {
             name
             for name, spec in runtimes.items()
             if "nvidia" in name.lower()
             or "nvidia" in posixpath.basename(str((spec or {}).get("path", ""))).lower()
         }
-        return cls(str(info.get("DefaultRuntime") or "runc"), frozenset(nvidia))
+        return cls(default, frozenset(nvidia))
+
+    @classmethod
+    def from_daemon_json(cls, data: Mapping[str, Any]) -> EngineView:
+        return cls.from_info(
+            {"DefaultRuntime": data.get("default-runtime"), "Runtimes": data.get("runtimes")}
+        )
 
     def is_nvidia(self, runtime: str) -> bool:
         return (runtime or self.default_runtime) in self.nvidia_runtimes
+
+    @property
+    def default_is_nvidia(self) -> bool:
+        """The one check: with nvidia as the default, every container runs the hook, and
+        an image's own NVIDIA_VISIBLE_DEVICES grants GPUs without asking."""
+        return self.is_nvidia("")
 
 
 @dataclass(frozen=True)

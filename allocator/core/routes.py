@@ -16,6 +16,7 @@ The table is data: add a route by adding a row.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from enum import Enum
@@ -128,7 +129,14 @@ def api_version(text: str) -> tuple[int, ...]:
     return tuple(int(p) if p.isdigit() else 0 for p in text.split("."))
 
 
+@functools.lru_cache(maxsize=4096)
 def classify(method: str, target: str) -> Route:
+    """The route dockerd takes for ``method target``.
+
+    Memoized (a `Route` is immutable): the shim asks on the request head and again in
+    its handler, so a call is classified once; the bound keeps a client that sends
+    endless distinct targets from growing it.
+    """
     path = decode_path(target)
     version = None
     m = _VERSION.match(path)

@@ -24,7 +24,7 @@ from typing import Any
 from allocator.core import access, fields, gojson, labels
 from allocator.core.access import EngineView, HostFacts, Refusal
 from allocator.core.ask import Ask, ask_of
-from allocator.core.inventory import Inventory
+from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.routes import Check, Route, RouteError, classify
 
 HINT = "use 'docker --context gpu-alloc' and ask with --gpus or a Compose device reservation"
@@ -32,14 +32,34 @@ DEVICE_FIELDS = ("Devices", "DeviceRequests", "DeviceCgroupRules")
 MIN_START_BODY_FREE_API = (1, 24)  # below it, start may carry a HostConfig
 
 
+NO_GPUS = Inventory(())
+
+
 @dataclass(frozen=True)
 class Facts:
-    """The world a decision is made against."""
+    """The world a decision is made against.
 
-    inventory: Inventory
+    The inventory is a fact that may be missing (a simulated file gone, NVML failing):
+    work that touches no GPU goes on without it, and only a grant is refused, naming
+    ``inventory_error``.
+    """
+
+    inventory: Inventory | None
     engine: EngineView
     host: HostFacts
     mounts_of: access.MountsOf | None = None  # another container's binds, for VolumesFrom
+    inventory_error: str = ""  # why `inventory` is None
+
+    @property
+    def known_gpus(self) -> Inventory:
+        """The inventory, or no GPUs at all: enough to tell whether a request touches a
+        GPU (every GPU source is a grant with or without an inventory), never to grant."""
+        return self.inventory if self.inventory is not None else NO_GPUS
+
+    def require_inventory(self) -> Inventory:
+        if self.inventory is None:
+            raise InventoryError(self.inventory_error or "the GPU inventory cannot be read")
+        return self.inventory
 
 
 @dataclass(frozen=True)
@@ -76,23 +96,28 @@ ALLOW = Allow()
 # ----------------------------------------------------------------- request phase
 
 
-def authz_request(method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
-    """The plugin's AuthZReq.  Reads and harmless writes return before any parsing."""
+def route_of(method: str, uri: str) -> Route | Deny:
+    """The call's route, classified once per call by whoever received it."""
     try:
-        route = classify(method, uri)
+        return classify(method, uri)
     except RouteError as e:
         return Deny(f"gpu-alloc refused {method} {uri}: {e}")
-    if route.check in _CLEARED:
+
+
+def cleared(route: Route) -> bool:
+    """True when the route table alone allows the call: no body, no facts, no ledger."""
+    return route.check in _CLEARED
+
+
+def authz_request(
+    route: Route, method: str, uri: str, body: bytes | None, facts: Facts
+) -> Decision:
+    """The verdict on a call before the Engine acts (the plugin's AuthZReq; the shim's
+    non-create writes).  Reads and harmless writes return before any parsing, and
+    ``facts`` may be lazy: only the checks that need them read them."""
+    if cleared(route):
         return ALLOW
     return _CHECKS[route.check](route, method, uri, body, facts)
-
-
-def clears_at_once(method: str, uri: str) -> bool:
-    """True when the route table alone allows the call: no body, no facts, no ledger."""
-    try:
-        return classify(method, uri).check in _CLEARED
-    except RouteError:
-        return False
 
 
 def _needs_body(route: Route, method: str, uri: str, body: bytes | None) -> Deny | None:
@@ -111,9 +136,11 @@ def _create(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
         return missing
     try:
         spec = decode_create(body or b"")
-        grants = access.of_create(spec, facts.engine, facts.inventory, facts.host, facts.mounts_of)
-    except (gojson.BodyError, Refusal) as e:
+    except gojson.BodyError as e:
         return Deny(f"gpu-alloc refused the container create: {e}")
+    grants = grants_of_create(spec, facts)
+    if isinstance(grants, Deny):
+        return grants
     if grants.none:
         return ALLOW
     refused = grants.refused()
@@ -133,7 +160,7 @@ def _create(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
             f"GPUs by UUID, so no lease can cover it; {HINT}",
             first.field,
         )
-    gpus = grants.gpus(facts.inventory)
+    gpus = grants.gpus(facts.known_gpus)
     guard = access.env_values(spec.get("Env") or (), access.VISIBLE)
     if [set(v.split(",")) for v in guard] != [set(gpus)]:
         return Deny(
@@ -142,6 +169,27 @@ def _create(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
             "Config.Env",
         )
     return NeedsLease(lease_id, token, gpus)
+
+
+def grants_of_create(spec: Mapping[str, Any], facts: Facts) -> access.Access | Deny:
+    """The create's effective access; without an inventory, only a create with none passes."""
+    try:
+        grants = access.of_create(spec, facts.engine, facts.known_gpus, facts.host, facts.mounts_of)
+    except Refusal as e:
+        if facts.inventory is None:
+            return Deny(
+                f"gpu-alloc refused the container create: {e} (and gpu-alloc cannot read "
+                f"the GPU inventory: {facts.inventory_error})"
+            )
+        return Deny(f"gpu-alloc refused the container create: {e}")
+    if facts.inventory is None and not grants.none:
+        return Deny(
+            f"gpu-alloc refused the container create: {grants.grants[0].describe()} touches "
+            f"GPUs, and gpu-alloc cannot read the GPU inventory: {facts.inventory_error}. "
+            "Containers without GPUs still run; fix the inventory ('gpu-alloc doctor' "
+            "checks it) and try again"
+        )
+    return grants
 
 
 def _refusal_text(refused: Sequence[access.Grant]) -> str:
@@ -347,8 +395,11 @@ class Bind:
 
 
 @dataclass(frozen=True)
-class Release:
+class Unanswered:
+    """A leased create answered with something other than 201: see `create_outcome`."""
+
     lease_id: str
+    label: str  # the lease label value a container made by that create carries
 
 
 @dataclass(frozen=True)
@@ -363,7 +414,7 @@ class Forget:
 
 def authz_response(
     method: str, uri: str, body: bytes | None, status: int, response: bytes | None
-) -> Bind | Release | Forget | None:
+) -> Bind | Unanswered | Forget | None:
     """The plugin's AuthZRes: settle the lease of a create that carried one, or a removal."""
     if method == "DELETE":
         try:
@@ -378,20 +429,34 @@ def authz_response(
     try:
         if classify(method, uri).check is not Check.CREATE:
             return None
-        lease_id, _ = labels.parse_lease(decode_create(body).get("Labels"))
+        lease_id, token = labels.parse_lease(decode_create(body).get("Labels"))
     except (RouteError, gojson.BodyError):
         return None
     if not lease_id:
         return None
-    if status == 201:
-        try:
-            container = gojson.decode(response or b"", fields.OPAQUE).get("Id")
-        except (gojson.BodyError, AttributeError):
-            container = None
-        if isinstance(container, str) and container:
-            return Bind(lease_id, container)
-        return None  # created, but unreadable: reconciliation finds it by label
-    return Release(lease_id) if 400 <= status < 500 else None
+    return create_outcome(lease_id, token, status, response)
+
+
+def create_outcome(
+    lease_id: str, token: str, status: int, response: bytes | None
+) -> Bind | Unanswered | None:
+    """The one rule for what the Engine's answer to a leased create means, on both sockets.
+
+    201 binds the lease to the new container.  Any other answer proves nothing:
+    dockerd may have created the container and failed the call after (a broken
+    AuthZRes, a dropped connection), so the lease is freed only once the Engine shows no
+    container carrying it (`Unanswered`).  A 201 whose id cannot be read leaves the
+    lease pending; reconcile finds the container by label.
+    """
+    if status != 201:
+        return Unanswered(lease_id, labels.lease_label(lease_id, token))
+    try:
+        container = gojson.decode(response or b"", fields.OPAQUE).get("Id")
+    except (gojson.BodyError, AttributeError):
+        container = None
+    if isinstance(container, str) and container:
+        return Bind(lease_id, container)
+    return None
 
 
 # ------------------------------------------------------------------- shim side
@@ -399,10 +464,9 @@ def authz_response(
 
 def shim_ask(spec: Mapping[str, Any], facts: Facts) -> Ask | Deny:
     """Turn a decoded create into an `Ask`, or refuse the fields no lease can cover."""
-    try:
-        grants = access.of_create(spec, facts.engine, facts.inventory, facts.host, facts.mounts_of)
-    except Refusal as e:
-        return Deny(f"gpu-alloc refused the container create: {e}")
+    grants = grants_of_create(spec, facts)
+    if isinstance(grants, Deny):
+        return grants
     refused = grants.refused()
     if refused:
         return Deny(_refusal_text(refused), refused[0].field)

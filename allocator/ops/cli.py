@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any
 
+from allocator.core.access import EngineView
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
 from allocator.host import config as configmod
@@ -105,23 +106,22 @@ def _allocator(cfg: Config) -> Allocator:
 
 def check_default_runtime(cfg: Config, info: dict[str, Any] | None = None) -> None:
     """Refuse to run where every container would get the toolkit (and so the image's ENV)."""
-    default = None
     if info is not None:
-        default = info.get("DefaultRuntime")
+        view = EngineView.from_info(info)
     else:
         try:
             with open(cfg.engine.daemon_json) as f:
-                default = json.load(f).get("default-runtime")
+                view = EngineView.from_daemon_json(json.load(f))
         except FileNotFoundError:
             return
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, AttributeError) as e:
             raise StartupError(f"{cfg.engine.daemon_json}: cannot read: {e}") from None
-    if default and "nvidia" in str(default).lower():
+    if view.default_is_nvidia:
         raise StartupError(
-            f"the Engine's default runtime is '{default}': every container would run the "
-            "NVIDIA hook and an image's own NVIDIA_VISIBLE_DEVICES could grant GPUs. Remove "
-            f'"default-runtime" from {cfg.engine.daemon_json}, restart Docker, and request '
-            "GPUs with --gpus instead"
+            f"the Engine's default runtime is '{view.default_runtime}': every container "
+            "would run the NVIDIA hook and an image's own NVIDIA_VISIBLE_DEVICES could grant "
+            f'GPUs. Remove "default-runtime" from {cfg.engine.daemon_json}, restart Docker, '
+            "and request GPUs with --gpus instead"
         )
 
 
@@ -134,15 +134,27 @@ def cmd_plugin(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_shim(cfg: Config, args: argparse.Namespace) -> int:
-    alloc = _allocator(cfg)
-    assert alloc.engine is not None
-    check_default_runtime(cfg, alloc.engine.info())
-    report = alloc.reconcile(adopt=True)
-    if report:
-        logging.getLogger("gpu-alloc.shim").info("reconciled at start: %s", report)
-    from shim.serve import serve
+    from allocator.host import listener
 
-    serve(cfg, alloc)
+    claim = listener.claim(cfg.shim.socket, "gpu-alloc shim")  # before touching the ledger
+    try:
+        alloc = _allocator(cfg)
+        assert alloc.engine is not None
+        check_default_runtime(cfg, alloc.engine.info())
+        log = logging.getLogger("gpu-alloc.shim")
+        try:
+            report = alloc.reconcile(adopt=True)
+        except InventoryError as e:
+            # Work that touches no GPU goes on; GPU creates are refused with this reason.
+            log.warning("not reconciled at start: %s", e)
+        else:
+            if report:
+                log.info("reconciled at start: %s", report)
+        from shim.serve import serve
+
+        serve(cfg, alloc, claim)
+    finally:
+        claim.close()
     return 0
 
 

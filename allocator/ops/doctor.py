@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from allocator.core.access import EngineView
 from allocator.core.leases import StateError
 from allocator.host import inventory as inventorymod
 from allocator.host import unixhttp
@@ -76,7 +77,7 @@ def check_engine(cfg: Config) -> Line:
         return Line(FAIL, f"Engine: {e}", f"start docker, or fix engine.socket in {cfg.source}")
     default = info.get("DefaultRuntime") or "runc"
     runtimes = sorted(info.get("Runtimes") or {})
-    if "nvidia" in default.lower():
+    if EngineView.from_info(info).default_is_nvidia:
         return Line(
             FAIL,
             f"Engine: default runtime is '{default}': images' own "

@@ -1,0 +1,107 @@
+"""An Engine in memory: the calls `allocator.service.Allocator` makes, answered from a dict.
+
+Containers are kept as the inspect document dockerd would return; the listing is
+derived from it, with the filters the service uses (``label=KEY[=VALUE]``, ``id``
+prefixes).  ``down`` makes every call fail as an unreachable Engine does.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from allocator.core import labels
+from allocator.host.engine import EngineError
+
+_ids = itertools.count(1)
+
+
+class FakeEngine:
+    def __init__(self, info: dict[str, Any] | None = None) -> None:
+        self._info = info or {"DefaultRuntime": "runc", "Runtimes": {"runc": {}}}
+        self.by_id: dict[str, dict[str, Any]] = {}
+        self.images: dict[str, dict[str, Any]] = {}
+        self.updates: list[tuple[str, dict[str, Any]]] = []
+        self.calls: list[str] = []
+        self.down = False
+
+    # ---------------------------------------------------------- building the world
+
+    def add(
+        self,
+        name: str,
+        *,
+        gpus: tuple[str, ...] = (),
+        lease: str = "",
+        labels_: dict[str, str] | None = None,
+        running: bool = True,
+        env: tuple[str, ...] = (),
+    ) -> str:
+        """A container; ``gpus`` become a device request by UUID, ``lease`` its label."""
+        cid = f"{next(_ids):064x}"
+        given = dict(labels_ or {})
+        if lease:
+            given[labels.LEASE] = lease
+        requests = (
+            [{"Driver": "nvidia", "DeviceIDs": list(gpus), "Capabilities": [["gpu"]]}]
+            if gpus
+            else []
+        )
+        self.by_id[cid] = {
+            "Id": cid,
+            "Name": f"/{name}",
+            "Config": {"Labels": given, "Env": list(env)},
+            "HostConfig": {"DeviceRequests": requests},
+            "Mounts": [],
+            "State": {"Running": running, "Status": "running" if running else "exited"},
+        }
+        return cid
+
+    def remove(self, cid: str) -> None:
+        del self.by_id[cid]
+
+    # ------------------------------------------------------------- Engine methods
+
+    def _call(self, what: str) -> None:
+        self.calls.append(what)
+        if self.down:
+            raise EngineError(f"Engine at fake.sock: {what} failed: connection refused")
+
+    def info(self) -> dict[str, Any]:
+        self._call("info")
+        return self._info
+
+    def containers(
+        self, label: str | None = None, ids: list[str] | None = None
+    ) -> list[dict[str, Any]]:
+        self._call("containers")
+        listed = []
+        for cid, c in self.by_id.items():
+            own = c["Config"]["Labels"]
+            if label:
+                key, eq, value = label.partition("=")
+                if key not in own or (eq and own[key] != value):
+                    continue
+            if ids and not any(cid.startswith(i) for i in ids):
+                continue
+            listed.append(
+                {"Id": cid, "Names": [c["Name"]], "Labels": own, "State": c["State"]["Status"]}
+            )
+        return listed
+
+    def inspect(self, container: str) -> dict[str, Any] | None:
+        self._call("inspect")
+        if container in self.by_id:
+            return self.by_id[container]
+        named = [c for c in self.by_id.values() if c["Name"] == f"/{container}"]
+        prefixed = [c for cid, c in self.by_id.items() if cid.startswith(container)]
+        found = named or (prefixed if len(prefixed) == 1 else [])
+        return found[0] if found else None
+
+    def update(self, container: str, config: dict[str, Any]) -> None:
+        self._call("update")
+        self.updates.append((container, config))
+
+    def image(self, name: str) -> dict[str, Any] | None:
+        self._call("image")
+        return self.images.get(name)

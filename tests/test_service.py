@@ -1,0 +1,279 @@
+"""The service against an in-memory Engine: leases, settling and reconcile, without dockerd.
+
+Each test builds a host of simulated GPUs, an empty ledger and a `FakeEngine`, then
+drives `Allocator` the way the shim and the plugin do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from allocator.core import compose, labels
+from allocator.core import verdicts as decide
+from allocator.core.access import EngineView
+from allocator.core.ask import Ask
+from allocator.core.inventory import InventoryError
+from allocator.core.leases import Phase
+from allocator.core.placement import Shortage
+from allocator.host import config as configmod
+from allocator.host import ledger
+from allocator.service import Allocator
+from tests import engine as sim
+from tests.fake_engine import FakeEngine
+
+GPUS = 4
+UUIDS = [sim.sim_gpu_uuid(k) for k in range(GPUS)]
+NV = "nvidia-container-runtime"
+
+
+def one(n: int = 1) -> Ask:
+    return Ask(required=(), count=n, every=False, caps=("gpu",))
+
+
+@pytest.fixture
+def fake() -> FakeEngine:
+    return FakeEngine()
+
+
+@pytest.fixture
+def gpus_file(tmp_path: Path) -> Path:
+    return sim.write_sim_gpus(tmp_path / "gpus.yaml", GPUS)
+
+
+@pytest.fixture
+def alloc(tmp_path: Path, gpus_file: Path, fake: FakeEngine) -> Allocator:
+    cfg = {"state_dir": str(tmp_path / "state"), "gpus": str(gpus_file),
+           "engine": {"socket": str(tmp_path / "none.sock")},
+           "policy": {"pending_ttl": 300}}  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return Allocator(configmod.load(str(tmp_path / "config.yaml")), fake)  # type: ignore[arg-type]
+
+
+def leased(alloc: Allocator, n: int = 1, name: str = "job", given=None):
+    got = alloc.lease(one(n), name, given)
+    assert not isinstance(got, Shortage), got
+    return got
+
+
+def create(fake: FakeEngine, lease, token: str, name: str = "job", **kw) -> str:
+    """What dockerd does with the shim's rewritten create: a container carrying the lease."""
+    return fake.add(name, gpus=lease.gpus, lease=labels.lease_label(lease.id, token), **kw)
+
+
+# ---------------------------------------------------------------------- leasing
+
+
+def test_leases_take_distinct_free_gpus_without_asking_the_engine(alloc, fake) -> None:
+    a, _ = leased(alloc)
+    b, _ = leased(alloc)
+    assert set(a.gpus).isdisjoint(b.gpus)
+    assert alloc.ledger.read().leases[a.id].phase is Phase.PENDING
+    assert fake.calls == []  # the common path: ledger and inventory only
+
+
+def test_a_shortage_reconciles_once_and_finds_gpus_freed_by_docker_rm(alloc, fake) -> None:
+    lease, token = leased(alloc, GPUS)
+    cid = create(fake, lease, token)
+    alloc.settle(decide.Bind(lease.id, cid))
+    assert isinstance(alloc.lease(one(), "next"), Shortage)
+    fake.remove(cid)  # `docker rm` never passes the plugin with the container's GPUs
+    again, _ = leased(alloc, 1, "next")
+    assert lease.id not in alloc.ledger.read().leases
+    assert again.gpus[0] in lease.gpus
+
+
+# ---------------------------------------------------- settling a create's answer
+
+
+def test_201_binds_the_lease_to_the_new_container(alloc, fake) -> None:
+    lease, token = leased(alloc)
+    outcome = decide.create_outcome(lease.id, token, 201, b'{"Id": "' + b"c" * 64 + b'"}')
+    alloc.settle(outcome)
+    bound = alloc.ledger.read().leases[lease.id]
+    assert (bound.phase, bound.container) == (Phase.BOUND, "c" * 64)
+
+
+def test_an_error_with_no_container_frees_the_lease(alloc, fake) -> None:
+    lease, token = leased(alloc)
+    alloc.settle(decide.create_outcome(lease.id, token, 409, b'{"message": "name in use"}'))
+    assert lease.id not in alloc.ledger.read().leases
+
+
+def test_an_error_after_dockerd_created_the_container_binds_instead(alloc, fake) -> None:
+    """A 5xx (or a 4xx) can come after the container exists: its lease must not be freed."""
+    lease, token = leased(alloc)
+    cid = create(fake, lease, token)
+    alloc.settle(decide.create_outcome(lease.id, token, 500, b'{"message": "authz broke"}'))
+    assert alloc.ledger.read().leases[lease.id].container == cid
+
+
+def test_an_error_with_the_engine_down_leaves_the_lease_pending(alloc, fake) -> None:
+    lease, token = leased(alloc)
+    fake.down = True
+    alloc.settle(decide.create_outcome(lease.id, token, 404, b""))
+    assert alloc.ledger.read().leases[lease.id].phase is Phase.PENDING
+
+
+def test_the_plugin_and_the_shim_follow_the_same_rule() -> None:
+    """AuthZRes and the shim both settle through `create_outcome`: 4xx proves nothing."""
+    body = b'{"Image": "x", "Labels": {"io.gpu-alloc.lease": "abc.tok"}}'
+    plugin = decide.authz_response("POST", "/v1.41/containers/create", body, 400, None)
+    assert plugin == decide.create_outcome("abc", "tok", 400, None)
+    assert plugin == decide.Unanswered("abc", "abc.tok")
+    assert decide.create_outcome("abc", "tok", 201, b"not json") is None  # reconcile binds
+
+
+def test_a_removal_by_id_prefix_ends_that_containers_lease_once_it_is_gone(alloc, fake) -> None:
+    lease, token = leased(alloc)
+    cid = create(fake, lease, token)
+    alloc.settle(decide.Bind(lease.id, cid))
+    alloc.settle(decide.Forget(cid[:12]))
+    assert lease.id in alloc.ledger.read().leases  # the Engine still has it: a decoy went
+    fake.remove(cid)
+    alloc.settle(decide.Forget(cid[:12]))
+    assert lease.id not in alloc.ledger.read().leases
+
+
+# ------------------------------------------------------------------ reconcile
+
+
+def test_reconcile_frees_a_lease_whose_container_is_gone(alloc, fake) -> None:
+    lease, token = leased(alloc)
+    cid = create(fake, lease, token)
+    alloc.settle(decide.Bind(lease.id, cid))
+    fake.remove(cid)
+    report = alloc.reconcile()
+    assert report.freed == [lease.id]
+    assert alloc.ledger.read().leases == {}
+
+
+def test_reconcile_binds_a_pending_lease_to_the_container_that_carries_it(alloc, fake) -> None:
+    """The shim was killed between forwarding and settling: the label finds the container."""
+    lease, token = leased(alloc)
+    cid = create(fake, lease, token)
+    assert alloc.reconcile().bound == [lease.id]
+    assert alloc.ledger.read().leases[lease.id].container == cid
+
+
+def test_a_copied_label_without_the_gpus_binds_nothing(alloc, fake) -> None:
+    """`docker commit` copies labels: a container must hold the lease's GPUs to get it."""
+    lease, token = leased(alloc)
+    fake.add("copy", lease=labels.lease_label(lease.id, token))  # no device request
+    assert alloc.reconcile().bound == []
+    assert alloc.ledger.read().leases[lease.id].phase is Phase.PENDING
+
+
+def test_a_pending_lease_past_its_deadline_is_freed(alloc, fake, monkeypatch) -> None:
+    lease, _ = leased(alloc)
+    monkeypatch.setattr(ledger, "now", lambda: lease.deadline + 1)
+    assert alloc.reconcile().freed == [lease.id]
+
+
+def test_adopted_gpus_are_not_leased_again(alloc, fake) -> None:
+    """A container made on the real socket before gpu-alloc was installed keeps its GPUs."""
+    foreign = fake.add("legacy", gpus=(UUIDS[0], UUIDS[1]))
+    report = alloc.reconcile(adopt=True)
+    assert report.adopted == [foreign]
+    lease, _ = leased(alloc, 2)
+    assert set(lease.gpus) == {UUIDS[2], UUIDS[3]}
+    assert isinstance(alloc.lease(one(), "more"), Shortage)
+    fake.remove(foreign)
+    assert alloc.reconcile().dropped == [foreign]
+
+
+# ------------------------------------------------------------ Compose recreate
+
+
+def test_a_compose_recreate_on_a_full_host_takes_over_its_predecessors_gpus(alloc, fake) -> None:
+    given = {compose.PROJECT: "p", compose.SERVICE: "train"}
+    old, token = leased(alloc, GPUS, "p_train_1", given)
+    old_id = create(fake, old, token, "p_train_1", labels_=given)
+    alloc.settle(decide.Bind(old.id, old_id))
+    # Compose v1: stop the old one, rename it <short id>_<name>, create the new one.
+    fake.by_id[old_id]["State"] = {"Running": False, "Status": "exited"}
+    fake.by_id[old_id]["Name"] = f"/{old_id[:12]}_p_train_1"
+    new, _ = leased(alloc, GPUS, "p_train_1", given)
+    assert set(new.gpus) == set(old.gpus)
+    state = alloc.ledger.read()
+    assert state.leases[old.id].phase is Phase.HANDED_OVER
+    assert fake.updates == [(old_id, {"RestartPolicy": {"Name": "no"}})]
+    refusal = alloc.start_refusal(old_id)
+    assert refusal and "handed to the container replacing it" in refusal
+
+
+def test_a_start_is_judged_on_one_inspect_of_the_container_as_it_is_now(alloc, fake) -> None:
+    """The Engine grants at start; /info is cached, so later starts cost one inspect each."""
+    fake.add("plain")
+    assert alloc.start_refusal("plain") is None
+    assert fake.calls.count("inspect") == 1
+    fake.calls.clear()
+    assert alloc.start_refusal("plain") is None
+    assert fake.calls == ["inspect"]
+
+
+# --------------------------------------------------------- inventory unreadable
+
+
+def test_an_unreadable_inventory_is_a_missing_fact_not_an_error(alloc, gpus_file) -> None:
+    gpus_file.unlink()
+    facts = alloc.facts()
+    assert facts.inventory is None
+    assert str(gpus_file) in facts.inventory_error
+    with pytest.raises(InventoryError, match="cannot read simulated GPUs"):
+        alloc.lease(one(), "job")
+
+
+def test_without_an_inventory_only_creates_that_touch_gpus_are_refused(alloc, gpus_file) -> None:
+    gpus_file.write_text("[unclosed")
+    facts = alloc.facts()
+    plain = {"Image": "busybox", "HostConfig": {}}
+    assert isinstance(decide.shim_ask(plain, facts), Ask)
+    gpu = {"Image": "busybox", "HostConfig": {"DeviceRequests": [{"Driver": "nvidia", "Count": 1}]}}
+    refused = decide.shim_ask(gpu, facts)
+    assert isinstance(refused, decide.Deny)
+    assert "cannot read the GPU inventory" in refused.msg and str(gpus_file) in refused.msg
+
+
+def test_reconcile_without_an_inventory_says_why(alloc, gpus_file) -> None:
+    gpus_file.unlink()
+    with pytest.raises(InventoryError, match=str(gpus_file)):
+        alloc.reconcile()
+
+
+# ------------------------------------------------------------ default runtime
+
+
+@pytest.mark.parametrize(
+    ("daemon_json", "nvidia"),
+    [
+        ({}, False),
+        ({"default-runtime": "runc", "runtimes": {"nvidia": {"path": NV}}}, False),
+        ({"default-runtime": "nvidia"}, True),  # not even listed: fail closed
+        ({"default-runtime": "gpu", "runtimes": {"gpu": {"path": f"/usr/bin/{NV}"}}}, True),
+    ],
+)  # fmt: skip
+def test_one_default_runtime_check_for_info_and_daemon_json(daemon_json, nvidia) -> None:
+    assert EngineView.from_daemon_json(daemon_json).default_is_nvidia is nvidia
+    info = {
+        "DefaultRuntime": daemon_json.get("default-runtime"),
+        "Runtimes": daemon_json.get("runtimes"),
+    }
+    assert EngineView.from_info(info).default_is_nvidia is nvidia
+
+
+def test_nvml_failing_is_named_in_the_refusal(tmp_path: Path, fake: FakeEngine) -> None:
+    """No NVIDIA driver here: NVML fails, and only a GPU create hears about it."""
+    cfg = {"state_dir": str(tmp_path / "state"), "gpus": "nvml",
+           "engine": {"socket": str(tmp_path / "none.sock")}}  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    alloc = Allocator(configmod.load(str(tmp_path / "config.yaml")), fake)  # type: ignore[arg-type]
+    facts = alloc.facts()
+    if facts.inventory is not None:
+        pytest.skip("this host has a working NVML")
+    assert isinstance(decide.shim_ask({"Image": "busybox", "HostConfig": {}}, facts), Ask)
+    gpu = {"Image": "busybox", "HostConfig": {"DeviceRequests": [{"Driver": "nvidia", "Count": 1}]}}
+    refused = decide.shim_ask(gpu, facts)
+    assert isinstance(refused, decide.Deny) and "NVML" in refused.msg
