@@ -93,7 +93,11 @@ class Allocator:
         with self._lock:
             if self._view and time.monotonic() - self._view[0] < ENGINE_VIEW_MAX_AGE:
                 return self._view[1]
-        view = EngineView.from_info(self.engine.info()) if self.engine else EngineView()
+        view = (
+            EngineView.from_info(self.engine.info(), self.engine.version())
+            if self.engine
+            else EngineView()
+        )
         with self._lock:
             self._view = (time.monotonic(), view)
         return view

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Protocol
 
+from allocator.core import gonum
 from allocator.core.inventory import Inventory
 
 # The nvidia driver's capability set in dockerd (daemon/nvidia_linux.go): a
@@ -77,6 +78,9 @@ class Grant:
     detail: str  # what it asks, in words
     gpus: frozenset[str] | None  # UUIDs; None: cannot be pinned, holds every GPU
     demand: Demand | None = None  # set only for leasable sources
+    # True when only the toolkit's reading of NVIDIA_VISIBLE_DEVICES grants it, so the
+    # shim's NVIDIA_VISIBLE_DEVICES=void guard (appended last, it wins) takes it away.
+    guarded: bool = False
 
     @property
     def leasable(self) -> bool:
@@ -109,15 +113,24 @@ class Access:
         return tuple(g for g in self.grants if not g.leasable)
 
 
+# moby 5128007 (first in 27.3.0): a nvidia device request with Count 0 and no DeviceIDs
+# sets NVIDIA_VISIBLE_DEVICES=void.  Before it the hook ran with whatever the env said.
+COUNT_ZERO_VOID_SINCE = (27, 3, 0)
+
+
 @dataclass(frozen=True)
 class EngineView:
-    """The part of ``GET /info`` that decides whether the toolkit runs."""
+    """The part of ``GET /info`` and ``GET /version`` that decides what the toolkit gets."""
 
     default_runtime: str = "runc"
     nvidia_runtimes: frozenset[str] = frozenset({"nvidia"})
+    version: tuple[int, int, int] | None = None  # None: not known, judged as the oldest
+    api_version: str = ""
 
     @classmethod
-    def from_info(cls, info: Mapping[str, Any]) -> EngineView:
+    def from_info(
+        cls, info: Mapping[str, Any], version: Mapping[str, Any] | None = None
+    ) -> EngineView:
         runtimes = info.get("Runtimes") or {}
         nvidia = {
             name
@@ -125,10 +138,29 @@ class EngineView:
             if "nvidia" in name.lower()
             or "nvidia" in posixpath.basename(str((spec or {}).get("path", ""))).lower()
         }
-        return cls(str(info.get("DefaultRuntime") or "runc"), frozenset(nvidia))
+        version = version or {}
+        return cls(
+            str(info.get("DefaultRuntime") or "runc"),
+            frozenset(nvidia),
+            engine_version(str(version.get("Version") or info.get("ServerVersion") or "")),
+            str(version.get("ApiVersion") or ""),
+        )
 
     def is_nvidia(self, runtime: str) -> bool:
         return (runtime or self.default_runtime) in self.nvidia_runtimes
+
+    @property
+    def count_zero_is_void(self) -> bool:
+        """Does this Engine itself pin a ``Count: 0`` nvidia request to no GPU?"""
+        return self.version is not None and self.version >= COUNT_ZERO_VOID_SINCE
+
+
+def engine_version(text: str) -> tuple[int, int, int] | None:
+    """``20.10.24+dfsg1`` -> (20, 10, 24); anything else -> None (judged as the oldest)."""
+    parts = text.split("+")[0].split("-")[0].split(".")
+    if len(parts) < 3 or not all(p.isascii() and p.isdigit() for p in parts[:3]):
+        return None
+    return int(parts[0]), int(parts[1]), int(parts[2])
 
 
 @dataclass(frozen=True)
@@ -178,8 +210,13 @@ class _Ctx:
     mounts_of: MountsOf | None = None  # for VolumesFrom: another container's bind mounts
     grants: list[Grant] = field(default_factory=list)
 
-    def add(self, fld: str, detail: str, gpus: Iterable[str] | None, demand=None) -> None:
-        self.grants.append(Grant(fld, detail, None if gpus is None else frozenset(gpus), demand))
+    env_read: bool = False  # a row already judged what the hook makes of the env
+
+    def add(
+        self, fld: str, detail: str, gpus: Iterable[str] | None, demand=None, guarded=False
+    ) -> None:
+        pinned = None if gpus is None else frozenset(gpus)
+        self.grants.append(Grant(fld, detail, pinned, demand, guarded))
 
     def refuse(self, fld: str, why: str) -> None:
         if self.strict:
@@ -213,8 +250,11 @@ def _device_requests(ctx: _Ctx) -> None:
             continue
         nvidia_seen = True
         caps = caps or ("gpu",)
+        ctx.env_read = True  # dockerd appends the request's NVIDIA_VISIBLE_DEVICES last
         if count and ids:
             ctx.refuse(fld, "sets both Count and DeviceIDs, which dockerd rejects")
+        elif "all" in ids:
+            ctx.add(fld, "all GPUs (DeviceIDs all)", None, Demand(all=True, caps=caps))
         elif ids:
             demand = Demand(ids=ids, caps=caps)
             ctx.add(fld, f"DeviceIDs {','.join(ids)}", _resolve_ids(ctx, fld, ids), demand)
@@ -225,6 +265,8 @@ def _device_requests(ctx: _Ctx) -> None:
             indices = ",".join(map(str, range(min(count, 8)))) + ",..." * (count > 8)
             what = f"Count {count} (dockerd alone would give GPU indices {indices})"
             ctx.add(fld, what, None, Demand(count=count, caps=caps))
+        elif not ctx.engine.count_zero_is_void:
+            _hook_env(ctx, fld, "a Count 0 device request")
     if nvidia_seen:
         _swarm_resources(ctx)
 
@@ -260,13 +302,44 @@ def _swarm_resources(ctx: _Ctx) -> None:
             ctx.refuse("Config.Env", f"{entry.split('=')[0]} can select GPUs in the toolkit")
 
 
+def _hook_env(ctx: _Ctx, fld: str, why: str) -> None:
+    """The hook runs and dockerd set no NVIDIA_VISIBLE_DEVICES: the env alone decides.
+
+    That is the container's env, then its image's ENV, then the legacy CUDA rule.  At a
+    create the image's ENV is unknown, so only a body that pins the variable to none or
+    void is safe; the shim's void guard makes any other such create safe (hence
+    ``guarded``), which the real socket cannot.
+    """
+    values = env_values(ctx.view.env, VISIBLE)
+    value = values[-1].strip() if values else None
+    where = "Config.Env"
+    if value is None and not ctx.view.env_complete:
+        detail = (
+            f"{why} still runs the NVIDIA hook on this Engine, and without {VISIBLE} in "
+            f"Config.Env the image's ENV decides which GPUs it gets; set {VISIBLE}=void"
+        )
+        ctx.add(fld, detail, None, guarded=True)
+    elif value is None:
+        if _legacy_cuda_image(ctx.view.env):
+            ctx.add(fld, f"{why} on a legacy CUDA image without {VISIBLE}: all GPUs", None)
+    elif value in NONE_VALUES:
+        pass
+    elif value == "all":
+        ctx.add(fld, f"{why} with {where} {VISIBLE}=all: all GPUs", None, guarded=True)
+    else:
+        ids = tuple(v.strip() for v in value.split(","))
+        gpus = None if any("=" in i or "/" in i for i in ids) else _resolve_ids(ctx, fld, ids)
+        ctx.add(fld, f"{why} with {where} {VISIBLE}={value}", gpus, guarded=True)
+    ctx.env_read = True
+
+
 def _runtime_env(ctx: _Ctx) -> None:
     hc = ctx.view.host_config
     runtime = hc.get("Runtime") or ""
     if not ctx.engine.is_nvidia(runtime):
         return
-    if any(g.field.startswith("HostConfig.DeviceRequests") for g in ctx.grants):
-        return  # dockerd appends the request's NVIDIA_VISIBLE_DEVICES last; it wins
+    if ctx.env_read:
+        return  # a device request already set (or judged) what the hook reads
     name = runtime or f"{ctx.engine.default_runtime} (the Engine's default)"
     fld = "Config.Env"
     _swarm_resources(ctx)
@@ -372,22 +445,23 @@ def _cdi_names(ctx: _Ctx, fld: str, names: Iterable[str]) -> None:
         ctx.add(fld, f"CDI device {name}", _resolve_ids(ctx, fld, [dev]) if dev != "all" else None)
 
 
-_CGROUP_TYPES = ("a", "c")
+_CGROUP_TYPES = ("a", "c")  # "b" rules are for block devices: no GPU is one
 
 
 def _cgroup_rules(ctx: _Ctx) -> None:
-    majors = {str(NVIDIA_MAJOR), str(DRM_MAJOR), "*"} | {str(m) for m in ctx.host.dynamic_majors()}
+    """Each rule by the numbers dockerd parses from it (``0195`` is 195), not its spelling."""
+    majors = {NVIDIA_MAJOR, DRM_MAJOR, gonum.ANY} | set(ctx.host.dynamic_majors())
     for i, rule in enumerate(ctx.view.host_config.get("DeviceCgroupRules") or ()):
         fld = f"HostConfig.DeviceCgroupRules[{i}]"
-        parts = str(rule).split()
-        if len(parts) != 3 or parts[1].count(":") != 1:
+        try:
+            kind, major, minor, _ = gonum.cgroup_rule(str(rule))
+        except gonum.NumError:
             ctx.refuse(fld, f"rule '{rule}' is not of the form 'c MAJOR:MINOR rwm'")
             continue
-        kind, (major, minor) = parts[0], parts[1].split(":")
         if kind == "a" or (kind in _CGROUP_TYPES and major in majors):
             gpu = None
-            if major == str(NVIDIA_MAJOR) and minor.isdigit():
-                gpu = ctx.inventory.by_minor(int(minor))
+            if major == NVIDIA_MAJOR and minor not in (gonum.ANY, *NVIDIA_CONTROL_MINORS):
+                gpu = ctx.inventory.by_minor(minor)
             ctx.add(
                 fld,
                 f"device cgroup rule '{rule}' opens GPU devices",

@@ -400,7 +400,7 @@ def shim_ask(spec: Mapping[str, Any], facts: Facts) -> Ask | Deny:
         grants = access.of_create(spec, facts.engine, facts.inventory, facts.host, facts.mounts_of)
     except Refusal as e:
         return Deny(f"gpu-alloc refused the container create: {e}")
-    refused = grants.refused()
+    refused = tuple(g for g in grants.refused() if not g.guarded)
     if refused:
         return Deny(_refusal_text(refused))
-    return ask_of(grants)
+    return ask_of(access.Access(tuple(g for g in grants.grants if g.leasable)))
