@@ -45,7 +45,7 @@ from allocator.core.verdicts import (
 from allocator.host import ledger
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
-from allocator.host.filesystem import Host
+from allocator.host.filesystem import Host, engine_paths
 from allocator.host.inventory import load as load_inventory
 from allocator.host.ledger import Ledger
 
@@ -60,9 +60,11 @@ class Allocator:
         self.engine = engine
         self.ledger = Ledger(config.state_dir, config.policy.lock_timeout)
         self.policy = POLICIES[config.policy.placement]
-        self.host = (host or Host()).with_protected(config.state_dir)
+        # gpu-alloc's state and its plugin's socket, then (once asked) the Engine's own
+        # paths.  The shim's socket is the users' way in and vets every call: not protected.
+        self.host = (host or Host()).with_protected(config.state_dir, config.plugin.socket)
         self._inventory: tuple[object, Inventory] | None = None
-        self._view: tuple[float, EngineView] | None = None
+        self._view: tuple[float, EngineView, Host] | None = None
         self._no_gpu: set[str] = set()  # containers inspected and found without GPUs
         self._lock = threading.Lock()
         self._reconciling = threading.Condition()
@@ -89,22 +91,41 @@ class Allocator:
         return (st.st_mtime_ns, st.st_size, st.st_ino)
 
     def engine_view(self) -> EngineView:
-        """The Engine's runtimes; without an Engine, assume nothing but runc is safe."""
+        """The Engine's runtimes and version; without an Engine, judge it as the oldest."""
+        return self._engine_facts()[0]
+
+    def _engine_facts(self) -> tuple[EngineView, Host]:
+        """What the Engine says it is, and the host with the Engine's own paths protected."""
         with self._lock:
             if self._view and time.monotonic() - self._view[0] < ENGINE_VIEW_MAX_AGE:
-                return self._view[1]
-        view = (
-            EngineView.from_info(self.engine.info(), self.engine.version())
-            if self.engine
-            else EngineView()
-        )
+                return self._view[1], self._view[2]
+        view, host = EngineView(), self.host
+        if self.engine is not None:
+            info = self.engine.info()
+            view = EngineView.from_info(info, self.engine.version())
+            sock = self.config.engine
+            host = host.with_protected(*engine_paths(info, sock.daemon_json, sock.socket))
         with self._lock:
-            self._view = (time.monotonic(), view)
-        return view
+            self._view = (time.monotonic(), view, host)
+        return view, host
 
     def facts(self, engine_view: EngineView | None = None) -> Facts:
-        mounts_of = self._bind_mounts if self.engine is not None else None
-        return Facts(self.inventory(), engine_view or self.engine_view(), self.host, mounts_of)
+        with_engine = self.engine is not None
+        view, host = self._engine_facts()
+        return Facts(
+            self.inventory(),
+            engine_view or view,
+            host,
+            self._bind_mounts if with_engine else None,
+            self._volume if with_engine else None,
+        )
+
+    def _volume(self, name: str) -> tuple[str, dict[str, str]] | None:
+        """(driver, options) of the named volume; None when the Engine knows no such one."""
+        info = self.engine.volume(name) if self.engine else None
+        if info is None:
+            return None
+        return str(info.get("Driver") or "local"), dict(info.get("Options") or {})
 
     def _bind_mounts(self, container: str) -> list[tuple[str, str]] | None:
         info = self.engine.inspect(container) if self.engine else None
@@ -366,7 +387,9 @@ class Allocator:
         info = self.engine.inspect(cid) if self.engine else None
         if info is None:
             return None
-        grants = access.of_container(info, facts.engine, facts.inventory, facts.host)
+        grants = access.of_container(
+            info, facts.engine, facts.inventory, facts.host, facts.volume_of
+        )
         if grants.none:
             return None
         gpus = tuple(sorted(grants.gpus(facts.inventory))) if grants.pinned else None

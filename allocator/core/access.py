@@ -31,11 +31,11 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 from typing import Any, Protocol
 
-from allocator.core import gonum
+from allocator.core import gonum, mounts
 from allocator.core.inventory import Inventory
+from allocator.core.mounts import Mount, exposure, within
 
 # The nvidia driver's capability set in dockerd (daemon/nvidia_linux.go): a
 # device request with Driver "" goes to nvidia when one of its AND-sets fits.
@@ -56,6 +56,7 @@ CDI_ANNOTATION_MARK = "cdi.k8s.io/"
 
 
 MountsOf = Callable[[str], Iterable[tuple[str, str]] | None]  # container -> (source, target)
+VolumeOf = Callable[[str], tuple[str, Mapping[str, str]] | None]  # name -> (driver, options)
 
 
 class Refusal(Exception):
@@ -188,6 +189,8 @@ class HostFacts(Protocol):
 
     def dynamic_majors(self) -> frozenset[int]: ...
 
+    def mounts(self) -> Iterable[Mount]: ...
+
 
 @dataclass(frozen=True)
 class View:
@@ -197,7 +200,7 @@ class View:
     env_complete: bool  # False for a create: the image's ENV is merged in later
     host_config: Mapping[str, Any]
     volumes: tuple[str, ...] = ()
-    mount_points: tuple[tuple[str, str], ...] = ()  # (source, destination) from inspect
+    mount_points: tuple[tuple[str, str, bool], ...] = ()  # (source, dest, read-only), inspect
 
 
 @dataclass
@@ -208,6 +211,7 @@ class _Ctx:
     host: HostFacts
     strict: bool  # True for creates: malformed input is a Refusal, not a claim
     mounts_of: MountsOf | None = None  # for VolumesFrom: another container's bind mounts
+    volume_of: VolumeOf | None = None  # a named volume's driver and options, from the Engine
     grants: list[Grant] = field(default_factory=list)
 
     env_read: bool = False  # a row already judged what the hook makes of the env
@@ -472,24 +476,58 @@ def _cgroup_rules(ctx: _Ctx) -> None:
 def _binds(ctx: _Ctx) -> None:
     hc = ctx.view.host_config
     for i, bind in enumerate(hc.get("Binds") or ()):
+        fld = f"HostConfig.Binds[{i}]"
         src, _, rest = str(bind).partition(":")
-        dst = rest.split(":")[0]
-        _mount(ctx, f"HostConfig.Binds[{i}]", src if src.startswith("/") else "", dst)
+        dst, _, mode = rest.partition(":")
+        read_only = "ro" in mode.split(",")
+        if src.startswith("/"):
+            _mount(ctx, fld, src, dst, read_only)
+            continue
+        _mount(ctx, fld, "", dst)
+        if src:
+            _named_volume(ctx, fld, src, read_only)
     for i, m in enumerate(hc.get("Mounts") or ()):
         m = m or {}
         fld = f"HostConfig.Mounts[{i}]"
-        kind = str(m.get("Type") or "")
-        src = str(m.get("Source") or "") if kind == "bind" else ""
-        opts = ((m.get("VolumeOptions") or {}).get("DriverConfig") or {}).get("Options") or {}
-        if kind == "volume" and "bind" in str(opts.get("o", "")).split(","):
-            src = str(opts.get("device") or "")
-        _mount(ctx, fld, src, str(m.get("Target") or ""))
+        kind, dst = str(m.get("Type") or ""), str(m.get("Target") or "")
+        read_only = m.get("ReadOnly") is True
+        if kind != "volume":
+            src = str(m.get("Source") or "") if kind == "bind" else ""
+            _mount(ctx, fld, src, dst, read_only)
+            continue
+        driver = (m.get("VolumeOptions") or {}).get("DriverConfig") or {}
+        if str(driver.get("Name") or "") in mounts.LOCAL_DRIVERS:
+            opts = driver.get("Options") or {}
+            _volume(ctx, f"{fld}.VolumeOptions.DriverConfig.Options", opts, read_only)
+        if m.get("Source"):  # an existing volume keeps its own options; the given are unused
+            _named_volume(ctx, fld, str(m["Source"]), read_only)
+        _mount(ctx, fld, "", dst)
     for vol in ctx.view.volumes:
         _mount(ctx, "Config.Volumes", "", vol)
-    for src, dst in ctx.view.mount_points:
-        _mount(ctx, "Mounts", src, dst)
+    for src, dst, read_only in ctx.view.mount_points:
+        _mount(ctx, "Mounts", src, dst, read_only)
     if ctx.strict:
         _volumes_from(ctx)
+
+
+def _named_volume(ctx: _Ctx, fld: str, name: str, read_only: bool) -> None:
+    """A volume used by name is mounted with the options it was created with."""
+    if ctx.volume_of is None:
+        if ctx.strict:
+            raise Refusal(f"{fld}: the options of volume '{name}' cannot be checked here")
+        return
+    found = ctx.volume_of(name)  # None: dockerd makes it now, with no options
+    if found is not None and found[0] in mounts.LOCAL_DRIVERS:
+        _volume(ctx, f"{fld} (volume {name})", found[1], read_only)
+
+
+def _volume(ctx: _Ctx, fld: str, options: Mapping[str, str], read_only: bool) -> None:
+    """A local volume, judged by the mount its options make."""
+    made = mounts.local_volume(options)
+    if made.refusal:
+        ctx.refuse(fld, made.refusal)
+    elif made.source:
+        _mount(ctx, fld, made.source, "", read_only or made.read_only)
 
 
 def _volumes_from(ctx: _Ctx) -> None:
@@ -503,23 +541,19 @@ def _volumes_from(ctx: _Ctx) -> None:
             _mount(ctx, fld, src, dst)
 
 
-def _mount(ctx: _Ctx, fld: str, src: str, dst: str) -> None:
+def _mount(ctx: _Ctx, fld: str, src: str, dst: str, read_only: bool = False) -> None:
     if dst and within(posixpath.normpath(dst), SENTINEL_MOUNT_DIR):
         ctx.add(fld, f"mount at {dst} selects GPUs through the toolkit's volume list", None)
     if not src:
         return
     real = ctx.host.resolve(src)
-    for p in ctx.host.protected:
-        if within(real, p) or within(p, real):
-            ctx.add(fld, f"bind mount of {src} exposes {p}", None)
-            return
+    exposed = exposure(ctx.host, real, read_only)
+    if exposed:
+        ctx.add(fld, f"bind mount of {src} exposes {exposed}", None)
+        return
     node = ctx.host.node(real)
     if node is not None and node.kind == "chr":
         _device_node(ctx, fld, src, node)  # a GPU node is judged by its numbers, wherever it is
-
-
-def within(path: str, top: str) -> bool:
-    return PurePosixPath(path).is_relative_to(top)
 
 
 def _annotations(ctx: _Ctx) -> None:
@@ -548,8 +582,9 @@ def _analyse(
     host: HostFacts,
     strict: bool,
     mounts_of: MountsOf | None = None,
+    volume_of: VolumeOf | None = None,
 ) -> Access:
-    ctx = _Ctx(view, engine, inventory, host, strict, mounts_of)
+    ctx = _Ctx(view, engine, inventory, host, strict, mounts_of, volume_of)
     for source in SOURCES:
         source(ctx)
     return Access(tuple(ctx.grants))
@@ -561,6 +596,7 @@ def of_create(
     inventory: Inventory,
     host: HostFacts,
     mounts_of: MountsOf | None = None,
+    volume_of: VolumeOf | None = None,
 ) -> Access:
     view = View(
         env=tuple(str(e) for e in body.get("Env") or ()),
@@ -568,11 +604,15 @@ def of_create(
         host_config=body.get("HostConfig") or {},
         volumes=tuple(body.get("Volumes") or ()),
     )
-    return _analyse(view, engine, inventory, host, True, mounts_of)
+    return _analyse(view, engine, inventory, host, True, mounts_of, volume_of)
 
 
 def of_container(
-    inspect: Mapping[str, Any], engine: EngineView, inventory: Inventory, host: HostFacts
+    inspect: Mapping[str, Any],
+    engine: EngineView,
+    inventory: Inventory,
+    host: HostFacts,
+    volume_of: VolumeOf | None = None,
 ) -> Access:
     config = inspect.get("Config") or {}
     view = View(
@@ -581,9 +621,9 @@ def of_container(
         host_config=inspect.get("HostConfig") or {},
         volumes=tuple(config.get("Volumes") or ()),
         mount_points=tuple(
-            (str(m.get("Source") or ""), str(m.get("Destination") or ""))
+            (str(m.get("Source") or ""), str(m.get("Destination") or ""), m.get("RW") is False)
             for m in inspect.get("Mounts") or ()
             if m.get("Type") == "bind"
         ),
     )
-    return _analyse(view, engine, inventory, host, strict=False)
+    return _analyse(view, engine, inventory, host, False, None, volume_of)

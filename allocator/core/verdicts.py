@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from allocator.core import access, fields, gojson, labels
+from allocator.core import access, fields, gojson, labels, mounts
 from allocator.core.access import EngineView, HostFacts, Refusal
 from allocator.core.ask import Ask, ask_of
 from allocator.core.inventory import Inventory
@@ -40,6 +40,7 @@ class Facts:
     engine: EngineView
     host: HostFacts
     mounts_of: access.MountsOf | None = None  # another container's binds, for VolumesFrom
+    volume_of: access.VolumeOf | None = None  # a named volume's driver and options
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,9 @@ def _create(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
         return missing
     try:
         spec = decode_create(body or b"")
-        grants = access.of_create(spec, facts.engine, facts.inventory, facts.host, facts.mounts_of)
+        grants = access.of_create(
+            spec, facts.engine, facts.inventory, facts.host, facts.mounts_of, facts.volume_of
+        )
     except (gojson.BodyError, Refusal) as e:
         return Deny(f"gpu-alloc refused the container create: {e}")
     if grants.none:
@@ -275,21 +278,32 @@ def _volume_create(
         spec = gojson.decode(body or b"", _VOLUME_BODY) or {}
     except gojson.BodyError as e:
         return Deny(f"gpu-alloc refused the volume create: {e}")
-    opts = spec.get("DriverOpts") or {}
-    device = str(opts.get("device") or "")
-    if (spec.get("Driver") or "local") == "local" and device and _exposes(facts.host, device):
+    if str(spec.get("Driver") or "") not in mounts.LOCAL_DRIVERS:
+        return ALLOW  # a volume plugin: its own privileges were vetted at install
+    made = mounts.local_volume(spec.get("DriverOpts") or {})
+    exposed = made.refusal or _exposes(facts.host, made.source, made.read_only)
+    where = "DriverOpts.device" if made.source else "DriverOpts"
+    if exposed:
         return Deny(
-            f"gpu-alloc refused the volume create: DriverOpts.device {device} would expose "
-            "GPU devices or the Engine's control files to containers; bind a narrower path"
+            f"gpu-alloc refused the volume create: {where}: {exposed}; a volume may be a "
+            "plain directory, a tmpfs, a network share, or a bind of a path that exposes no "
+            "GPU device or Engine control file"
         )
     return ALLOW
 
 
-def _exposes(host: HostFacts, path: str) -> bool:
+def _exposes(host: HostFacts, path: str, read_only: bool = False) -> str:
+    """What a bind of ``path`` exposes, in words; empty when nothing."""
     if not path.startswith("/"):
-        return False
+        return ""
     real = host.resolve(path)
-    return any(access.within(real, p) or access.within(p, real) for p in host.protected)
+    exposed = mounts.exposure(host, real, read_only)
+    if exposed:
+        return f"a bind of {path} exposes {exposed}"
+    node = host.node(real)
+    if node is not None and node.kind == "chr":
+        return f"{path} is a device node"
+    return ""
 
 
 def _unknown(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
@@ -397,7 +411,9 @@ def authz_response(
 def shim_ask(spec: Mapping[str, Any], facts: Facts) -> Ask | Deny:
     """Turn a decoded create into an `Ask`, or refuse the fields no lease can cover."""
     try:
-        grants = access.of_create(spec, facts.engine, facts.inventory, facts.host, facts.mounts_of)
+        grants = access.of_create(
+            spec, facts.engine, facts.inventory, facts.host, facts.mounts_of, facts.volume_of
+        )
     except Refusal as e:
         return Deny(f"gpu-alloc refused the container create: {e}")
     refused = tuple(g for g in grants.refused() if not g.guarded)
