@@ -95,6 +95,20 @@ def cases(devdir: Path) -> list[Case]:
         Case("a block-device rule for major 195 (no GPU is a block device)",
              body(HostConfig={"DeviceCgroupRules": ["b 195:* rwm"]}), "allow", "allow"),
         Case("an ordinary bind", body(HostConfig={"Binds": ["/srv:/data:ro"]}), "allow", "allow"),
+        Case("the host's /dev/shm (a tmpfs of its own)",
+             body(HostConfig={"Binds": ["/dev/shm:/dev/shm"]}), "allow", "allow"),
+        Case("cgroup files, read-only", body(HostConfig={"Binds": [
+            "/sys/fs/cgroup:/sys/fs/cgroup:ro"]}), "allow", "allow"),
+        Case("Mounts volume with no options", body(HostConfig={"Mounts": [
+            {"Type": "volume", "Source": "", "Target": "/d"}]}), "allow", "allow"),
+        Case("Mounts volume that is a tmpfs", body(HostConfig={"Mounts": [
+            {"Type": "volume", "Target": "/d", "VolumeOptions": {"DriverConfig": {
+                "Name": "local", "Options": {"type": "tmpfs", "device": "tmpfs",
+                                             "o": "size=1m"}}}}]}), "allow", "allow"),
+        Case("Mounts volume that binds an ordinary directory", body(HostConfig={"Mounts": [
+            {"Type": "volume", "Target": "/d", "VolumeOptions": {"DriverConfig": {
+                "Options": {"type": "none", "o": "bind,ro", "device": "/srv"}}}}]}),
+            "allow", "allow"),
         Case("a device request for another vendor's capability",
              body(HostConfig={"DeviceRequests": [request(1, caps=(("tpu",),))]}),
              "deny", "deny", "DeviceRequests"),
@@ -164,6 +178,32 @@ def cases(devdir: Path) -> list[Case]:
             {"Type": "volume", "Source": "", "Target": "/d", "VolumeOptions": {"DriverConfig": {
                 "Name": "local", "Options": {"type": "none", "o": "bind", "device": "/dev"}}}}]}),
             "deny", "deny", "Mounts"),
+        Case("cgroup files, writable", body(HostConfig={"Binds": [
+            "/sys/fs/cgroup:/sys/fs/cgroup"]}), "deny", "deny", "/sys"),
+        Case("sysfs through /dev/shm's parent", body(HostConfig={"Binds": ["/dev/shm/..:/d"]}),
+             "deny", "deny", "/dev"),
+        Case("Mounts volume that rbinds /dev", body(HostConfig={"Mounts": [
+            {"Type": "volume", "Target": "/d", "VolumeOptions": {"DriverConfig": {
+                "Options": {"type": "none", "o": "rbind", "device": "/dev"}}}}]}),
+            "deny", "deny", "Mounts"),
+        Case("Mounts volume that binds the host root, recursively", body(HostConfig={"Mounts": [
+            {"Type": "volume", "Target": "/d", "VolumeOptions": {"DriverConfig": {
+                "Options": {"type": "none", "o": "ro,rbind", "device": "/"}}}}]}),
+            "deny", "deny", "Mounts"),
+        Case("Mounts volume of type devtmpfs", body(HostConfig={"Mounts": [
+            {"Type": "volume", "Target": "/d", "VolumeOptions": {"DriverConfig": {
+                "Name": "local", "Options": {"type": "devtmpfs", "device": "devtmpfs"}}}}]}),
+            "deny", "deny", "devtmpfs"),
+        Case("Mounts volume of type proc", body(HostConfig={"Mounts": [
+            {"Type": "volume", "Target": "/d", "VolumeOptions": {"DriverConfig": {
+                "Options": {"type": "proc", "device": "proc"}}}}]}), "deny", "deny", "proc"),
+        Case("Mounts volume of type sysfs", body(HostConfig={"Mounts": [
+            {"Type": "volume", "Target": "/d", "VolumeOptions": {"DriverConfig": {
+                "Options": {"type": "sysfs", "device": "x"}}}}]}), "deny", "deny", "sysfs"),
+        Case("Mounts volume binding a relative device", body(HostConfig={"Mounts": [
+            {"Type": "volume", "Target": "/d", "VolumeOptions": {"DriverConfig": {
+                "Options": {"type": "none", "o": "bind", "device": "../../dev"}}}}]}),
+            "deny", "deny", "relative"),
         Case("toolkit volume-mount device list", body(HostConfig={"Mounts": [
             {"Type": "tmpfs", "Target": "/var/run/nvidia-container-devices/all"}]}),
             "deny", "deny", "nvidia-container-devices"),
