@@ -47,7 +47,7 @@ from allocator.host import ledger, metrics
 from allocator.host.audit import AuditLog
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
-from allocator.host.filesystem import Host
+from allocator.host.filesystem import Host, engine_paths
 from allocator.host.inventory import load as load_inventory
 from allocator.host.ledger import Ledger
 
@@ -63,9 +63,11 @@ class Allocator:
         self.ledger = Ledger(config.state_dir, config.policy.lock_timeout)
         self.audit = AuditLog(config.state_dir)
         self.policy = POLICIES[config.policy.placement]
-        self.host = (host or Host()).with_protected(config.state_dir)
+        # gpu-alloc's state and its plugin's socket, then (once asked) the Engine's own
+        # paths.  The shim's socket is the users' way in and vets every call: not protected.
+        self.host = (host or Host()).with_protected(config.state_dir, config.plugin.socket)
         self._inventory: tuple[object, Inventory | InventoryError] | None = None
-        self._view: tuple[float, EngineView] | None = None
+        self._view: tuple[float, EngineView, Host] | None = None
         self._no_gpu: set[str] = set()  # containers inspected and found without GPUs
         self._lock = threading.Lock()
         self._reconciling = threading.Condition()
@@ -103,28 +105,51 @@ class Allocator:
         return (st.st_mtime_ns, st.st_size, st.st_ino)
 
     def engine_view(self) -> EngineView:
-        """The Engine's runtimes; without an Engine, assume nothing but runc is safe."""
+        """The Engine's runtimes and version; without an Engine, judge it as the oldest."""
+        return self._engine_facts()[0]
+
+    def _engine_facts(self) -> tuple[EngineView, Host]:
+        """What the Engine says it is, and the host with the Engine's own paths protected."""
         with self._lock:
             if self._view and time.monotonic() - self._view[0] < ENGINE_VIEW_MAX_AGE:
-                return self._view[1]
-        view = EngineView.from_info(self.engine.info()) if self.engine else EngineView()
+                return self._view[1], self._view[2]
+        view, host = EngineView(), self.host
+        if self.engine is not None:
+            info = self.engine.info()
+            view = EngineView.from_info(info, self.engine.version())
+            sock = self.config.engine
+            host = host.with_protected(*engine_paths(info, sock.daemon_json, sock.socket))
         with self._lock:
-            self._view = (time.monotonic(), view)
-        return view
+            self._view = (time.monotonic(), view, host)
+        return view, host
 
     def facts(self, engine_view: EngineView | None = None) -> Facts:
         """The facts for a decision; an unreadable inventory is one of them, not an error."""
-        mounts_of = self._bind_mounts if self.engine is not None else None
+        with_engine = self.engine is not None
         try:
             inventory, missing = self.inventory(), ""
         except InventoryError as e:
             inventory, missing = None, str(e)
-        view = engine_view or self.engine_view()
-        return Facts(inventory, view, self.host, mounts_of, missing)
+        view, host = self._engine_facts()
+        return Facts(
+            inventory,
+            engine_view or view,
+            host,
+            mounts_of=self._bind_mounts if with_engine else None,
+            inventory_error=missing,
+            volume_of=self._volume if with_engine else None,
+        )
 
     def lazy_facts(self) -> Facts:
         """`facts`, read on first use: most calls are judged without the inventory or /info."""
         return cast(Facts, _LazyFacts(self))
+
+    def _volume(self, name: str) -> tuple[str, dict[str, str]] | None:
+        """(driver, options) of the named volume; None when the Engine knows no such one."""
+        info = self.engine.volume(name) if self.engine else None
+        if info is None:
+            return None
+        return str(info.get("Driver") or "local"), dict(info.get("Options") or {})
 
     def _bind_mounts(self, container: str) -> list[tuple[str, str]] | None:
         info = self.engine.inspect(container) if self.engine else None
@@ -438,7 +463,7 @@ class Allocator:
         if info is None:
             return False
         inventory = facts.require_inventory()
-        grants = access.of_container(info, facts.engine, inventory, facts.host)
+        grants = access.of_container(info, facts.engine, inventory, facts.host, facts.volume_of)
         return grants.pinned and grants.gpus(inventory) == frozenset(lease.gpus)
 
     def _claim_of(self, cid: str, facts: Facts) -> Claim | None:
@@ -446,7 +471,7 @@ class Allocator:
         if info is None:
             return None
         inventory = facts.require_inventory()
-        grants = access.of_container(info, facts.engine, inventory, facts.host)
+        grants = access.of_container(info, facts.engine, inventory, facts.host, facts.volume_of)
         if grants.none:
             return None
         gpus = tuple(sorted(grants.gpus(inventory))) if grants.pinned else None

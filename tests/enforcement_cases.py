@@ -65,6 +65,22 @@ def cases(devdir: Path) -> list[Case]:
         Case("driver nvidia.cdi (Engine 28)",
              body(HostConfig={"DeviceRequests": [request(1, driver="nvidia.cdi")]}),
              "lease 1", "deny", "DeviceRequests"),
+        Case("cli --gpus device=all", body(HostConfig={"DeviceRequests": [request(ids=["all"])]}),
+             "lease 4", "deny", "DeviceRequests"),
+        Case("cli --gpus 0: the 20.10 hook still runs, the image's ENV decides",
+             body(HostConfig={"DeviceRequests": [request(0)]}), "allow", "deny", "Count 0"),
+        Case("compose count 0 with NVIDIA_VISIBLE_DEVICES=all in the env",
+             body(Env=["NVIDIA_VISIBLE_DEVICES=all"],
+                  HostConfig={"DeviceRequests": [request(0, driver="nvidia")]}),
+             "allow", "deny", "NVIDIA_VISIBLE_DEVICES=all"),
+        Case("Count 0 with NVIDIA_VISIBLE_DEVICES naming a GPU",
+             body(Env=["NVIDIA_VISIBLE_DEVICES=1"], HostConfig={"DeviceRequests": [request(0)]}),
+             "allow", "deny", "Count 0"),
+        Case("Count 0 pinned to void by the body", body(Env=["NVIDIA_VISIBLE_DEVICES=void"],
+             HostConfig={"DeviceRequests": [request(0)]}), "allow", "allow"),
+        Case("Count 0 pinned to none, last value wins", body(
+             Env=["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=none"],
+             HostConfig={"DeviceRequests": [request(0)]}), "allow", "allow"),
         # -- no GPU: allowed everywhere, without a lease
         Case("no device access", body(), "allow", "allow"),
         Case("NVIDIA_VISIBLE_DEVICES=all under runc reaches nothing",
@@ -74,7 +90,25 @@ def cases(devdir: Path) -> list[Case]:
             "allow", "allow"),
         Case("an ordinary cgroup rule", body(HostConfig={"DeviceCgroupRules": ["c 1:3 rwm"]}),
              "allow", "allow"),
+        Case("an ordinary cgroup rule with a leading zero",
+             body(HostConfig={"DeviceCgroupRules": ["c 01:03 rwm"]}), "allow", "allow"),
+        Case("a block-device rule for major 195 (no GPU is a block device)",
+             body(HostConfig={"DeviceCgroupRules": ["b 195:* rwm"]}), "allow", "allow"),
         Case("an ordinary bind", body(HostConfig={"Binds": ["/srv:/data:ro"]}), "allow", "allow"),
+        Case("the host's /dev/shm (a tmpfs of its own)",
+             body(HostConfig={"Binds": ["/dev/shm:/dev/shm"]}), "allow", "allow"),
+        Case("cgroup files, read-only", body(HostConfig={"Binds": [
+            "/sys/fs/cgroup:/sys/fs/cgroup:ro"]}), "allow", "allow"),
+        Case("Mounts volume with no options", body(HostConfig={"Mounts": [
+            {"Type": "volume", "Source": "", "Target": "/d"}]}), "allow", "allow"),
+        Case("Mounts volume that is a tmpfs", body(HostConfig={"Mounts": [
+            {"Type": "volume", "Target": "/d", "VolumeOptions": {"DriverConfig": {
+                "Name": "local", "Options": {"type": "tmpfs", "device": "tmpfs",
+                                             "o": "size=1m"}}}}]}), "allow", "allow"),
+        Case("Mounts volume that binds an ordinary directory", body(HostConfig={"Mounts": [
+            {"Type": "volume", "Target": "/d", "VolumeOptions": {"DriverConfig": {
+                "Options": {"type": "none", "o": "bind,ro", "device": "/srv"}}}}]}),
+            "allow", "allow"),
         Case("a device request for another vendor's capability",
              body(HostConfig={"DeviceRequests": [request(1, caps=(("tpu",),))]}),
              "deny", "deny", "DeviceRequests"),
@@ -109,6 +143,21 @@ def cases(devdir: Path) -> list[Case]:
         Case("cgroup rule for the nvidia major",
              body(HostConfig={"DeviceCgroupRules": ["c 195:* rwm"]}), "deny", "deny",
              "DeviceCgroupRules"),
+        Case("cgroup rule for the nvidia major with a leading zero",
+             body(HostConfig={"DeviceCgroupRules": ["c 0195:* rwm"]}), "deny", "deny",
+             "DeviceCgroupRules"),
+        Case("cgroup rule for GPU 0 spelled 000195:00",
+             body(HostConfig={"DeviceCgroupRules": ["c 000195:00 rw"]}), "deny", "deny",
+             "DeviceCgroupRules"),
+        Case("cgroup rule for the DRM major with leading zeros",
+             body(HostConfig={"DeviceCgroupRules": ["c 0226:* rwm"]}), "deny", "deny",
+             "DeviceCgroupRules"),
+        Case("cgroup rule with a major past int64 (dockerd refuses it too)",
+             body(HostConfig={"DeviceCgroupRules": ["c 18446744073709551811:* rwm"]}),
+             "deny", "deny", "DeviceCgroupRules"),
+        Case("cgroup rule with a trailing newline (dockerd's regexp refuses it)",
+             body(HostConfig={"DeviceCgroupRules": ["c 195:* rwm\n"]}), "deny", "deny",
+             "DeviceCgroupRules"),
         Case("cgroup rule for all devices", body(HostConfig={"DeviceCgroupRules": ["a *:* rwm"]}),
              "deny", "deny", "DeviceCgroupRules"),
         Case("bind mount of /dev", body(HostConfig={"Binds": ["/dev:/dev"]}),
@@ -129,6 +178,32 @@ def cases(devdir: Path) -> list[Case]:
             {"Type": "volume", "Source": "", "Target": "/d", "VolumeOptions": {"DriverConfig": {
                 "Name": "local", "Options": {"type": "none", "o": "bind", "device": "/dev"}}}}]}),
             "deny", "deny", "Mounts"),
+        Case("cgroup files, writable", body(HostConfig={"Binds": [
+            "/sys/fs/cgroup:/sys/fs/cgroup"]}), "deny", "deny", "/sys"),
+        Case("sysfs through /dev/shm's parent", body(HostConfig={"Binds": ["/dev/shm/..:/d"]}),
+             "deny", "deny", "/dev"),
+        Case("Mounts volume that rbinds /dev", body(HostConfig={"Mounts": [
+            {"Type": "volume", "Target": "/d", "VolumeOptions": {"DriverConfig": {
+                "Options": {"type": "none", "o": "rbind", "device": "/dev"}}}}]}),
+            "deny", "deny", "Mounts"),
+        Case("Mounts volume that binds the host root, recursively", body(HostConfig={"Mounts": [
+            {"Type": "volume", "Target": "/d", "VolumeOptions": {"DriverConfig": {
+                "Options": {"type": "none", "o": "ro,rbind", "device": "/"}}}}]}),
+            "deny", "deny", "Mounts"),
+        Case("Mounts volume of type devtmpfs", body(HostConfig={"Mounts": [
+            {"Type": "volume", "Target": "/d", "VolumeOptions": {"DriverConfig": {
+                "Name": "local", "Options": {"type": "devtmpfs", "device": "devtmpfs"}}}}]}),
+            "deny", "deny", "devtmpfs"),
+        Case("Mounts volume of type proc", body(HostConfig={"Mounts": [
+            {"Type": "volume", "Target": "/d", "VolumeOptions": {"DriverConfig": {
+                "Options": {"type": "proc", "device": "proc"}}}}]}), "deny", "deny", "proc"),
+        Case("Mounts volume of type sysfs", body(HostConfig={"Mounts": [
+            {"Type": "volume", "Target": "/d", "VolumeOptions": {"DriverConfig": {
+                "Options": {"type": "sysfs", "device": "x"}}}}]}), "deny", "deny", "sysfs"),
+        Case("Mounts volume binding a relative device", body(HostConfig={"Mounts": [
+            {"Type": "volume", "Target": "/d", "VolumeOptions": {"DriverConfig": {
+                "Options": {"type": "none", "o": "bind", "device": "../../dev"}}}}]}),
+            "deny", "deny", "relative"),
         Case("toolkit volume-mount device list", body(HostConfig={"Mounts": [
             {"Type": "tmpfs", "Target": "/var/run/nvidia-container-devices/all"}]}),
             "deny", "deny", "nvidia-container-devices"),

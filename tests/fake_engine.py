@@ -71,6 +71,14 @@ class FakeEngine:
         self._call("info")
         return self._info
 
+    def version(self) -> dict[str, Any]:
+        self._call("version")
+        return {"Version": "20.10.24", "ApiVersion": "1.41"}
+
+    def volume(self, name: str) -> dict[str, Any] | None:
+        self._call("volume")
+        return None
+
     def containers(
         self, label: str | None = None, ids: list[str] | None = None
     ) -> list[dict[str, Any]]:

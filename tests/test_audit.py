@@ -171,6 +171,9 @@ class AdoptingEngine:
     def info(self) -> dict:
         return {"Runtimes": {"runc": {}}, "DefaultRuntime": "runc"}
 
+    def version(self) -> dict:
+        return {"Version": "20.10.24", "ApiVersion": "1.41"}
+
     def containers(self, label: str | None = None, ids: list | None = None) -> list[dict]:
         return [] if label else [{"Id": self.CID, "Labels": {}, "Names": ["/legacy"]}]
 

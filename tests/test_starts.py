@@ -13,6 +13,7 @@ from allocator.core import verdicts as decide
 from allocator.core.access import EngineView, Node
 from allocator.core.inventory import GPU, Inventory
 from allocator.core.leases import Lease, Phase, State
+from allocator.core.mounts import Mount
 from allocator.core.starts import refusal
 
 UUIDS = [f"GPU-{k}" for k in range(4)]
@@ -44,6 +45,9 @@ class Table:
 
     def dynamic_majors(self) -> frozenset[int]:
         return frozenset()
+
+    def mounts(self) -> Iterable[Mount]:
+        return (Mount("/", "ext4"), Mount("/dev", "devtmpfs"), Mount("/proc", "proc"))
 
 
 def inspect(cid: str = OWN, name: str = "job", running: bool = False, **host_config) -> dict:

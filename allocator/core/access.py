@@ -31,10 +31,12 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
-from typing import Any, Protocol
+from typing import Any
 
+from allocator.core import gonum, mounts
+from allocator.core.facts import EngineView, HostFacts, Node
 from allocator.core.inventory import Inventory
+from allocator.core.mounts import exposure, within
 
 # The nvidia driver's capability set in dockerd (daemon/nvidia_linux.go): a
 # device request with Driver "" goes to nvidia when one of its AND-sets fits.
@@ -55,6 +57,7 @@ CDI_ANNOTATION_MARK = "cdi.k8s.io/"
 
 
 MountsOf = Callable[[str], Iterable[tuple[str, str]] | None]  # container -> (source, target)
+VolumeOf = Callable[[str], tuple[str, Mapping[str, str]] | None]  # name -> (driver, options)
 
 
 class Refusal(Exception):
@@ -77,6 +80,9 @@ class Grant:
     detail: str  # what it asks, in words
     gpus: frozenset[str] | None  # UUIDs; None: cannot be pinned, holds every GPU
     demand: Demand | None = None  # set only for leasable sources
+    # True when only the toolkit's reading of NVIDIA_VISIBLE_DEVICES grants it, so the
+    # shim's NVIDIA_VISIBLE_DEVICES=void guard (appended last, it wins) takes it away.
+    guarded: bool = False
 
     @property
     def leasable(self) -> bool:
@@ -110,72 +116,6 @@ class Access:
 
 
 @dataclass(frozen=True)
-class EngineView:
-    """The part of ``GET /info`` that decides whether the toolkit runs."""
-
-    default_runtime: str = "runc"
-    nvidia_runtimes: frozenset[str] = frozenset({"nvidia"})
-
-    @classmethod
-    def from_info(cls, info: Mapping[str, Any]) -> EngineView:
-        """From ``GET /info``, or daemon.json's keys in its shape (`from_daemon_json`).
-
-        A runtime is nvidia's when its name or its binary says so; the default counts
-        even where it is not listed (dockerd would not start, but fail closed).
-        """
-        default = str(info.get("DefaultRuntime") or "runc")
-        runtimes = {default: {}, **(info.get("Runtimes") or {})}
-        nvidia = {
-            name
-            for name, spec in runtimes.items()
-            if "nvidia" in name.lower()
-            or "nvidia" in posixpath.basename(str((spec or {}).get("path", ""))).lower()
-        }
-        return cls(default, frozenset(nvidia))
-
-    @classmethod
-    def from_daemon_json(cls, data: Mapping[str, Any]) -> EngineView:
-        return cls.from_info(
-            {"DefaultRuntime": data.get("default-runtime"), "Runtimes": data.get("runtimes")}
-        )
-
-    def is_nvidia(self, runtime: str) -> bool:
-        return (runtime or self.default_runtime) in self.nvidia_runtimes
-
-    @property
-    def default_is_nvidia(self) -> bool:
-        """The one check: with nvidia as the default, every container runs the hook, and
-        an image's own NVIDIA_VISIBLE_DEVICES grants GPUs without asking."""
-        return self.is_nvidia("")
-
-
-@dataclass(frozen=True)
-class Node:
-    """What a path is, as far as device access goes."""
-
-    kind: str  # "chr" (a character device), "dir", or "other"
-    major: int = 0
-    minor: int = 0
-
-
-class HostFacts(Protocol):
-    """The filesystem questions access asks; allocator.host.filesystem answers them for
-    this host, tests answer them from tables."""
-
-    protected: tuple[str, ...]
-
-    def resolve(self, path: str) -> str: ...
-
-    def node(self, path: str) -> Node | None: ...
-
-    def walk(self, top: str) -> Iterable[str]: ...
-
-    def drm_bus_id(self, minor: int) -> str | None: ...
-
-    def dynamic_majors(self) -> frozenset[int]: ...
-
-
-@dataclass(frozen=True)
 class View:
     """The fields of a container that matter, from a create body or an inspect."""
 
@@ -183,7 +123,7 @@ class View:
     env_complete: bool  # False for a create: the image's ENV is merged in later
     host_config: Mapping[str, Any]
     volumes: tuple[str, ...] = ()
-    mount_points: tuple[tuple[str, str], ...] = ()  # (source, destination) from inspect
+    mount_points: tuple[tuple[str, str, bool], ...] = ()  # (source, dest, read-only), inspect
 
 
 @dataclass
@@ -194,10 +134,16 @@ class _Ctx:
     host: HostFacts
     strict: bool  # True for creates: malformed input is a Refusal, not a claim
     mounts_of: MountsOf | None = None  # for VolumesFrom: another container's bind mounts
+    volume_of: VolumeOf | None = None  # a named volume's driver and options, from the Engine
     grants: list[Grant] = field(default_factory=list)
 
-    def add(self, fld: str, detail: str, gpus: Iterable[str] | None, demand=None) -> None:
-        self.grants.append(Grant(fld, detail, None if gpus is None else frozenset(gpus), demand))
+    env_read: bool = False  # a row already judged what the hook makes of the env
+
+    def add(
+        self, fld: str, detail: str, gpus: Iterable[str] | None, demand=None, guarded=False
+    ) -> None:
+        pinned = None if gpus is None else frozenset(gpus)
+        self.grants.append(Grant(fld, detail, pinned, demand, guarded))
 
     def refuse(self, fld: str, why: str) -> None:
         if self.strict:
@@ -231,8 +177,11 @@ def _device_requests(ctx: _Ctx) -> None:
             continue
         nvidia_seen = True
         caps = caps or ("gpu",)
+        ctx.env_read = True  # dockerd appends the request's NVIDIA_VISIBLE_DEVICES last
         if count and ids:
             ctx.refuse(fld, "sets both Count and DeviceIDs, which dockerd rejects")
+        elif "all" in ids:
+            ctx.add(fld, "all GPUs (DeviceIDs all)", None, Demand(all=True, caps=caps))
         elif ids:
             demand = Demand(ids=ids, caps=caps)
             ctx.add(fld, f"DeviceIDs {','.join(ids)}", _resolve_ids(ctx, fld, ids), demand)
@@ -243,6 +192,8 @@ def _device_requests(ctx: _Ctx) -> None:
             indices = ",".join(map(str, range(min(count, 8)))) + ",..." * (count > 8)
             what = f"Count {count} (dockerd alone would give GPU indices {indices})"
             ctx.add(fld, what, None, Demand(count=count, caps=caps))
+        elif not ctx.engine.count_zero_is_void:
+            _hook_env(ctx, fld, "a Count 0 device request")
     if nvidia_seen:
         _swarm_resources(ctx)
 
@@ -278,13 +229,44 @@ def _swarm_resources(ctx: _Ctx) -> None:
             ctx.refuse("Config.Env", f"{entry.split('=')[0]} can select GPUs in the toolkit")
 
 
+def _hook_env(ctx: _Ctx, fld: str, why: str) -> None:
+    """The hook runs and dockerd set no NVIDIA_VISIBLE_DEVICES: the env alone decides.
+
+    That is the container's env, then its image's ENV, then the legacy CUDA rule.  At a
+    create the image's ENV is unknown, so only a body that pins the variable to none or
+    void is safe; the shim's void guard makes any other such create safe (hence
+    ``guarded``), which the real socket cannot.
+    """
+    values = env_values(ctx.view.env, VISIBLE)
+    value = values[-1].strip() if values else None
+    where = "Config.Env"
+    if value is None and not ctx.view.env_complete:
+        detail = (
+            f"{why} still runs the NVIDIA hook on this Engine, and without {VISIBLE} in "
+            f"Config.Env the image's ENV decides which GPUs it gets; set {VISIBLE}=void"
+        )
+        ctx.add(fld, detail, None, guarded=True)
+    elif value is None:
+        if _legacy_cuda_image(ctx.view.env):
+            ctx.add(fld, f"{why} on a legacy CUDA image without {VISIBLE}: all GPUs", None)
+    elif value in NONE_VALUES:
+        pass
+    elif value == "all":
+        ctx.add(fld, f"{why} with {where} {VISIBLE}=all: all GPUs", None, guarded=True)
+    else:
+        ids = tuple(v.strip() for v in value.split(","))
+        gpus = None if any("=" in i or "/" in i for i in ids) else _resolve_ids(ctx, fld, ids)
+        ctx.add(fld, f"{why} with {where} {VISIBLE}={value}", gpus, guarded=True)
+    ctx.env_read = True
+
+
 def _runtime_env(ctx: _Ctx) -> None:
     hc = ctx.view.host_config
     runtime = hc.get("Runtime") or ""
     if not ctx.engine.is_nvidia(runtime):
         return
-    if any(g.field.startswith("HostConfig.DeviceRequests") for g in ctx.grants):
-        return  # dockerd appends the request's NVIDIA_VISIBLE_DEVICES last; it wins
+    if ctx.env_read:
+        return  # a device request already set (or judged) what the hook reads
     name = runtime or f"{ctx.engine.default_runtime} (the Engine's default)"
     fld = "Config.Env"
     _swarm_resources(ctx)
@@ -390,22 +372,23 @@ def _cdi_names(ctx: _Ctx, fld: str, names: Iterable[str]) -> None:
         ctx.add(fld, f"CDI device {name}", _resolve_ids(ctx, fld, [dev]) if dev != "all" else None)
 
 
-_CGROUP_TYPES = ("a", "c")
+_CGROUP_TYPES = ("a", "c")  # "b" rules are for block devices: no GPU is one
 
 
 def _cgroup_rules(ctx: _Ctx) -> None:
-    majors = {str(NVIDIA_MAJOR), str(DRM_MAJOR), "*"} | {str(m) for m in ctx.host.dynamic_majors()}
+    """Each rule by the numbers dockerd parses from it (``0195`` is 195), not its spelling."""
+    majors = {NVIDIA_MAJOR, DRM_MAJOR, gonum.ANY} | set(ctx.host.dynamic_majors())
     for i, rule in enumerate(ctx.view.host_config.get("DeviceCgroupRules") or ()):
         fld = f"HostConfig.DeviceCgroupRules[{i}]"
-        parts = str(rule).split()
-        if len(parts) != 3 or parts[1].count(":") != 1:
+        try:
+            kind, major, minor, _ = gonum.cgroup_rule(str(rule))
+        except gonum.NumError:
             ctx.refuse(fld, f"rule '{rule}' is not of the form 'c MAJOR:MINOR rwm'")
             continue
-        kind, (major, minor) = parts[0], parts[1].split(":")
         if kind == "a" or (kind in _CGROUP_TYPES and major in majors):
             gpu = None
-            if major == str(NVIDIA_MAJOR) and minor.isdigit():
-                gpu = ctx.inventory.by_minor(int(minor))
+            if major == NVIDIA_MAJOR and minor not in (gonum.ANY, *NVIDIA_CONTROL_MINORS):
+                gpu = ctx.inventory.by_minor(minor)
             ctx.add(
                 fld,
                 f"device cgroup rule '{rule}' opens GPU devices",
@@ -416,24 +399,58 @@ def _cgroup_rules(ctx: _Ctx) -> None:
 def _binds(ctx: _Ctx) -> None:
     hc = ctx.view.host_config
     for i, bind in enumerate(hc.get("Binds") or ()):
+        fld = f"HostConfig.Binds[{i}]"
         src, _, rest = str(bind).partition(":")
-        dst = rest.split(":")[0]
-        _mount(ctx, f"HostConfig.Binds[{i}]", src if src.startswith("/") else "", dst)
+        dst, _, mode = rest.partition(":")
+        read_only = "ro" in mode.split(",")
+        if src.startswith("/"):
+            _mount(ctx, fld, src, dst, read_only)
+            continue
+        _mount(ctx, fld, "", dst)
+        if src:
+            _named_volume(ctx, fld, src, read_only)
     for i, m in enumerate(hc.get("Mounts") or ()):
         m = m or {}
         fld = f"HostConfig.Mounts[{i}]"
-        kind = str(m.get("Type") or "")
-        src = str(m.get("Source") or "") if kind == "bind" else ""
-        opts = ((m.get("VolumeOptions") or {}).get("DriverConfig") or {}).get("Options") or {}
-        if kind == "volume" and "bind" in str(opts.get("o", "")).split(","):
-            src = str(opts.get("device") or "")
-        _mount(ctx, fld, src, str(m.get("Target") or ""))
+        kind, dst = str(m.get("Type") or ""), str(m.get("Target") or "")
+        read_only = m.get("ReadOnly") is True
+        if kind != "volume":
+            src = str(m.get("Source") or "") if kind == "bind" else ""
+            _mount(ctx, fld, src, dst, read_only)
+            continue
+        driver = (m.get("VolumeOptions") or {}).get("DriverConfig") or {}
+        if str(driver.get("Name") or "") in mounts.LOCAL_DRIVERS:
+            opts = driver.get("Options") or {}
+            _volume(ctx, f"{fld}.VolumeOptions.DriverConfig.Options", opts, read_only)
+        if m.get("Source"):  # an existing volume keeps its own options; the given are unused
+            _named_volume(ctx, fld, str(m["Source"]), read_only)
+        _mount(ctx, fld, "", dst)
     for vol in ctx.view.volumes:
         _mount(ctx, "Config.Volumes", "", vol)
-    for src, dst in ctx.view.mount_points:
-        _mount(ctx, "Mounts", src, dst)
+    for src, dst, read_only in ctx.view.mount_points:
+        _mount(ctx, "Mounts", src, dst, read_only)
     if ctx.strict:
         _volumes_from(ctx)
+
+
+def _named_volume(ctx: _Ctx, fld: str, name: str, read_only: bool) -> None:
+    """A volume used by name is mounted with the options it was created with."""
+    if ctx.volume_of is None:
+        if ctx.strict:
+            raise Refusal(f"{fld}: the options of volume '{name}' cannot be checked here")
+        return
+    found = ctx.volume_of(name)  # None: dockerd makes it now, with no options
+    if found is not None and found[0] in mounts.LOCAL_DRIVERS:
+        _volume(ctx, f"{fld} (volume {name})", found[1], read_only)
+
+
+def _volume(ctx: _Ctx, fld: str, options: Mapping[str, str], read_only: bool) -> None:
+    """A local volume, judged by the mount its options make."""
+    made = mounts.local_volume(options)
+    if made.refusal:
+        ctx.refuse(fld, made.refusal)
+    elif made.source:
+        _mount(ctx, fld, made.source, "", read_only or made.read_only)
 
 
 def _volumes_from(ctx: _Ctx) -> None:
@@ -447,23 +464,19 @@ def _volumes_from(ctx: _Ctx) -> None:
             _mount(ctx, fld, src, dst)
 
 
-def _mount(ctx: _Ctx, fld: str, src: str, dst: str) -> None:
+def _mount(ctx: _Ctx, fld: str, src: str, dst: str, read_only: bool = False) -> None:
     if dst and within(posixpath.normpath(dst), SENTINEL_MOUNT_DIR):
         ctx.add(fld, f"mount at {dst} selects GPUs through the toolkit's volume list", None)
     if not src:
         return
     real = ctx.host.resolve(src)
-    for p in ctx.host.protected:
-        if within(real, p) or within(p, real):
-            ctx.add(fld, f"bind mount of {src} exposes {p}", None)
-            return
+    exposed = exposure(ctx.host, real, read_only)
+    if exposed:
+        ctx.add(fld, f"bind mount of {src} exposes {exposed}", None)
+        return
     node = ctx.host.node(real)
     if node is not None and node.kind == "chr":
         _device_node(ctx, fld, src, node)  # a GPU node is judged by its numbers, wherever it is
-
-
-def within(path: str, top: str) -> bool:
-    return PurePosixPath(path).is_relative_to(top)
 
 
 def _annotations(ctx: _Ctx) -> None:
@@ -492,8 +505,9 @@ def _analyse(
     host: HostFacts,
     strict: bool,
     mounts_of: MountsOf | None = None,
+    volume_of: VolumeOf | None = None,
 ) -> Access:
-    ctx = _Ctx(view, engine, inventory, host, strict, mounts_of)
+    ctx = _Ctx(view, engine, inventory, host, strict, mounts_of, volume_of)
     for source in SOURCES:
         source(ctx)
     return Access(tuple(ctx.grants))
@@ -505,6 +519,7 @@ def of_create(
     inventory: Inventory,
     host: HostFacts,
     mounts_of: MountsOf | None = None,
+    volume_of: VolumeOf | None = None,
 ) -> Access:
     view = View(
         env=tuple(str(e) for e in body.get("Env") or ()),
@@ -512,11 +527,15 @@ def of_create(
         host_config=body.get("HostConfig") or {},
         volumes=tuple(body.get("Volumes") or ()),
     )
-    return _analyse(view, engine, inventory, host, True, mounts_of)
+    return _analyse(view, engine, inventory, host, True, mounts_of, volume_of)
 
 
 def of_container(
-    inspect: Mapping[str, Any], engine: EngineView, inventory: Inventory, host: HostFacts
+    inspect: Mapping[str, Any],
+    engine: EngineView,
+    inventory: Inventory,
+    host: HostFacts,
+    volume_of: VolumeOf | None = None,
 ) -> Access:
     config = inspect.get("Config") or {}
     view = View(
@@ -525,9 +544,9 @@ def of_container(
         host_config=inspect.get("HostConfig") or {},
         volumes=tuple(config.get("Volumes") or ()),
         mount_points=tuple(
-            (str(m.get("Source") or ""), str(m.get("Destination") or ""))
+            (str(m.get("Source") or ""), str(m.get("Destination") or ""), m.get("RW") is False)
             for m in inspect.get("Mounts") or ()
             if m.get("Type") == "bind"
         ),
     )
-    return _analyse(view, engine, inventory, host, strict=False)
+    return _analyse(view, engine, inventory, host, False, None, volume_of)

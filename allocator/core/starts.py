@@ -38,17 +38,19 @@ def refusal(
     inventory: Inventory,
     host: HostFacts,
     predecessor: Inspect | None = None,
+    volume_of: access.VolumeOf | None = None,
 ) -> str | None:
     """Why starting ``ref`` must be refused, or None.
 
     ``info``: the container's inspect now (None: dockerd will answer "no such
     container").  ``state``: the ledger, or why it could not be read.
     ``predecessor``: the inspect now of the container whose GPUs this one's lease
-    took over (None: it is gone), when the ledger records one.
+    took over (None: it is gone), when the ledger records one.  ``volume_of``: a
+    named volume's driver and options, looked up now.
     """
     if info is None:
         return None
-    grants = access.of_container(info, engine, inventory, host)
+    grants = access.of_container(info, engine, inventory, host, volume_of)
     if grants.none:
         return None  # no GPU at all: starts whatever the ledger says
     what = f"gpu-alloc refused to start {ref}"

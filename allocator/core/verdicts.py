@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from allocator.core import access, fields, gojson, labels
+from allocator.core import access, fields, gojson, labels, mounts
 from allocator.core.access import EngineView, HostFacts, Refusal
 from allocator.core.ask import Ask, ask_of
 from allocator.core.inventory import Inventory, InventoryError
@@ -49,6 +49,7 @@ class Facts:
     host: HostFacts
     mounts_of: access.MountsOf | None = None  # another container's binds, for VolumesFrom
     inventory_error: str = ""  # why `inventory` is None
+    volume_of: access.VolumeOf | None = None  # a named volume's driver and options
 
     @property
     def known_gpus(self) -> Inventory:
@@ -174,7 +175,9 @@ def _create(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
 def grants_of_create(spec: Mapping[str, Any], facts: Facts) -> access.Access | Deny:
     """The create's effective access; without an inventory, only a create with none passes."""
     try:
-        grants = access.of_create(spec, facts.engine, facts.known_gpus, facts.host, facts.mounts_of)
+        grants = access.of_create(
+            spec, facts.engine, facts.known_gpus, facts.host, facts.mounts_of, facts.volume_of
+        )
     except Refusal as e:
         if facts.inventory is None:
             return Deny(
@@ -331,21 +334,32 @@ def _volume_create(
         spec = gojson.decode(body or b"", _VOLUME_BODY) or {}
     except gojson.BodyError as e:
         return Deny(f"gpu-alloc refused the volume create: {e}")
-    opts = spec.get("DriverOpts") or {}
-    device = str(opts.get("device") or "")
-    if (spec.get("Driver") or "local") == "local" and device and _exposes(facts.host, device):
+    if str(spec.get("Driver") or "") not in mounts.LOCAL_DRIVERS:
+        return ALLOW  # a volume plugin: its own privileges were vetted at install
+    made = mounts.local_volume(spec.get("DriverOpts") or {})
+    exposed = made.refusal or _exposes(facts.host, made.source, made.read_only)
+    where = "DriverOpts.device" if made.source else "DriverOpts"
+    if exposed:
         return Deny(
-            f"gpu-alloc refused the volume create: DriverOpts.device {device} would expose "
-            "GPU devices or the Engine's control files to containers; bind a narrower path"
+            f"gpu-alloc refused the volume create: {where}: {exposed}; a volume may be a "
+            "plain directory, a tmpfs, a network share, or a bind of a path that exposes no "
+            "GPU device or Engine control file"
         )
     return ALLOW
 
 
-def _exposes(host: HostFacts, path: str) -> bool:
+def _exposes(host: HostFacts, path: str, read_only: bool = False) -> str:
+    """What a bind of ``path`` exposes, in words; empty when nothing."""
     if not path.startswith("/"):
-        return False
+        return ""
     real = host.resolve(path)
-    return any(access.within(real, p) or access.within(p, real) for p in host.protected)
+    exposed = mounts.exposure(host, real, read_only)
+    if exposed:
+        return f"a bind of {path} exposes {exposed}"
+    node = host.node(real)
+    if node is not None and node.kind == "chr":
+        return f"{path} is a device node"
+    return ""
 
 
 def _unknown(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
@@ -467,7 +481,7 @@ def shim_ask(spec: Mapping[str, Any], facts: Facts) -> Ask | Deny:
     grants = grants_of_create(spec, facts)
     if isinstance(grants, Deny):
         return grants
-    refused = grants.refused()
+    refused = tuple(g for g in grants.refused() if not g.guarded)
     if refused:
         return Deny(_refusal_text(refused), refused[0].field)
-    return ask_of(grants)
+    return ask_of(access.Access(tuple(g for g in grants.grants if g.leasable)))

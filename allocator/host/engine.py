@@ -50,6 +50,14 @@ class Engine:
     def info(self) -> dict[str, Any]:
         return self._call("GET /info", lambda api: api.info())
 
+    def version(self) -> dict[str, Any]:
+        """GET /version: what the Engine says it is (the toolkit's behaviour depends on it)."""
+        return self._call("GET /version", lambda api: api.version(api_version=False)) or {}
+
+    def volume(self, name: str) -> dict[str, Any] | None:
+        """GET /volumes/NAME: the driver and options a named volume will be mounted with."""
+        return self._call(f"inspect volume {name}", lambda api: api.inspect_volume(name))
+
     def containers(
         self, label: str | None = None, ids: list[str] | None = None
     ) -> list[dict[str, Any]]:

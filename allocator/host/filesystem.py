@@ -7,12 +7,15 @@ is the one place that stats, resolves and walks for it.
 from __future__ import annotations
 
 import functools
+import json
 import os
+import re
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from allocator.core.access import DRM_MAJOR, Node
+from allocator.core.mounts import Mount
 
 DEFAULT_PROTECTED = (
     "/dev",
@@ -33,6 +36,7 @@ class Host:
     protected: tuple[str, ...] = DEFAULT_PROTECTED
     sysfs: str = "/sys"
     proc_devices: str = "/proc/devices"
+    mountinfo: str = "/proc/self/mountinfo"
 
     def resolve(self, path: str) -> str:
         return os.path.realpath(path)
@@ -61,8 +65,29 @@ class Host:
     def dynamic_majors(self) -> frozenset[int]:
         return _dynamic_majors(self.proc_devices)
 
+    def mounts(self) -> Iterable[Mount]:
+        """This process's mount table (fields 5 and the type after ``-`` of mountinfo)."""
+        try:
+            with open(self.mountinfo) as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return ()
+        table = []
+        for line in lines:
+            left, _, right = line.partition(" - ")
+            fields, kind = left.split(), right.split()
+            if len(fields) >= 5 and kind:
+                table.append(Mount(_unescape(fields[4]), kind[0]))
+        return table
+
     def with_protected(self, *paths: str) -> Host:
-        return Host(tuple(dict.fromkeys((*self.protected, *paths))), self.sysfs, self.proc_devices)
+        merged = tuple(dict.fromkeys((*self.protected, *(p for p in paths if p))))
+        return replace(self, protected=merged)
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 @functools.cache
@@ -78,3 +103,97 @@ def _dynamic_majors(proc_devices: str) -> frozenset[int]:
         for n, _, name in (ln.strip().partition(" ") for ln in lines)
         if n.isdigit() and name.startswith("nvidia")
     )
+
+
+# dockerd's flags and daemon.json keys that name the paths it keeps its control files in.
+_ENGINE_FLAGS = {
+    "--data-root": "data-root",
+    "--graph": "data-root",
+    "-g": "data-root",
+    "--exec-root": "exec-root",
+    "--containerd": "containerd",
+    "--pidfile": "pidfile",
+    "-p": "pidfile",
+    "--config-file": "config-file",
+}
+_PATH_KEYS = ("data-root", "graph", "exec-root", "pidfile")
+
+
+def engine_paths(info: dict, daemon_json: str, socket: str, proc: str = "/proc") -> tuple[str, ...]:
+    """The paths this Engine keeps its state and sockets in, from what it says itself.
+
+    ``GET /info`` names the data root; its command line (read from /proc for the process
+    listening on ``socket``, when readable) and daemon.json name the exec root and
+    containerd's socket.  Each path is given as named and as it resolves.  The Engine's
+    socket itself is not among them: every call on it passes the plugin.
+    """
+    flags = _cmdline_flags(_listener_cmdline(socket, proc))
+    conf = _read_json(flags.get("config-file") or daemon_json)
+    found = [str(info.get("DockerRootDir") or "")]
+    found += [str(conf.get(k) or "") for k in _PATH_KEYS]
+    found += [flags.get(k, "") for k in ("data-root", "exec-root", "pidfile")]
+    for sock in (str(conf.get("containerd") or ""), flags.get("containerd", "")):
+        found.append(os.path.dirname(sock) if sock else "")
+    absolute = [p for p in found if p.startswith("/")]
+    return tuple(dict.fromkeys([*absolute, *map(os.path.realpath, absolute)]))
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _cmdline_flags(argv: list[str]) -> dict[str, str]:
+    flags: dict[str, str] = {}
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in _ENGINE_FLAGS:
+            if not eq:
+                value = argv[i + 1] if i + 1 < len(argv) else ""
+            flags[_ENGINE_FLAGS[name]] = value
+    return flags
+
+
+def _listener_cmdline(socket: str, proc: str) -> list[str]:
+    """The argv of the process that holds the listening unix socket at ``socket``."""
+    try:
+        with open(os.path.join(proc, "net/unix")) as f:
+            rows = [ln.split() for ln in f.read().splitlines()[1:]]
+    except OSError:
+        return []
+    inodes = {r[6] for r in rows if len(r) >= 8 and r[7] == socket}
+    if not inodes:
+        return []
+    wanted = {f"socket:[{i}]" for i in inodes}
+    pids = [p for p in _listdir(proc) if p.isdigit()]
+    # Processes named dockerd first: reading every fd of every process is the slow part.
+    pids.sort(key=lambda pid: "dockerd" not in _read(os.path.join(proc, pid, "comm")))
+    for pid in pids:
+        fd_dir = os.path.join(proc, pid, "fd")
+        for fd in _listdir(fd_dir):
+            try:
+                if os.readlink(os.path.join(fd_dir, fd)) in wanted:
+                    with open(os.path.join(proc, pid, "cmdline"), "rb") as f:
+                        return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+            except OSError:
+                continue
+    return []
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []

@@ -1,0 +1,108 @@
+"""The facts effective access is judged against: what the Engine is, what the host's
+filesystem holds.  Gathered at the edges (allocator/service.py, allocator/host/), passed in
+as data, so the core reads nothing itself and tests hand in their own tables.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from allocator.core.mounts import Mount
+
+# moby 5128007 (first in 27.3.0): a nvidia device request with Count 0 and no DeviceIDs
+# sets NVIDIA_VISIBLE_DEVICES=void.  Before it the hook ran with whatever the env said.
+COUNT_ZERO_VOID_SINCE = (27, 3, 0)
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """The part of ``GET /info`` and ``GET /version`` that decides what the toolkit gets."""
+
+    default_runtime: str = "runc"
+    nvidia_runtimes: frozenset[str] = frozenset({"nvidia"})
+    version: tuple[int, int, int] | None = None  # None: not known, judged as the oldest
+    api_version: str = ""
+
+    @classmethod
+    def from_info(
+        cls, info: Mapping[str, Any], version: Mapping[str, Any] | None = None
+    ) -> EngineView:
+        """From ``GET /info`` (and ``GET /version``), or daemon.json's keys in its shape.
+
+        A runtime is nvidia's when its name or its binary says so; the default counts
+        even where it is not listed (dockerd would not start, but fail closed).
+        """
+        default = str(info.get("DefaultRuntime") or "runc")
+        runtimes = {default: {}, **(info.get("Runtimes") or {})}
+        nvidia = {
+            name
+            for name, spec in runtimes.items()
+            if "nvidia" in name.lower()
+            or "nvidia" in posixpath.basename(str((spec or {}).get("path", ""))).lower()
+        }
+        version = version or {}
+        return cls(
+            default,
+            frozenset(nvidia),
+            engine_version(str(version.get("Version") or info.get("ServerVersion") or "")),
+            str(version.get("ApiVersion") or ""),
+        )
+
+    @classmethod
+    def from_daemon_json(cls, data: Mapping[str, Any]) -> EngineView:
+        return cls.from_info(
+            {"DefaultRuntime": data.get("default-runtime"), "Runtimes": data.get("runtimes")}
+        )
+
+    def is_nvidia(self, runtime: str) -> bool:
+        return (runtime or self.default_runtime) in self.nvidia_runtimes
+
+    @property
+    def default_is_nvidia(self) -> bool:
+        """The one check: with nvidia as the default, every container runs the hook, and
+        an image's own NVIDIA_VISIBLE_DEVICES grants GPUs without asking."""
+        return self.is_nvidia("")
+
+    @property
+    def count_zero_is_void(self) -> bool:
+        """Does this Engine itself pin a ``Count: 0`` nvidia request to no GPU?"""
+        return self.version is not None and self.version >= COUNT_ZERO_VOID_SINCE
+
+
+def engine_version(text: str) -> tuple[int, int, int] | None:
+    """``20.10.24+dfsg1`` -> (20, 10, 24); anything else -> None (judged as the oldest)."""
+    parts = text.split("+")[0].split("-")[0].split(".")
+    if len(parts) < 3 or not all(p.isascii() and p.isdigit() for p in parts[:3]):
+        return None
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+@dataclass(frozen=True)
+class Node:
+    """What a path is, as far as device access goes."""
+
+    kind: str  # "chr" (a character device), "dir", or "other"
+    major: int = 0
+    minor: int = 0
+
+
+class HostFacts(Protocol):
+    """The filesystem questions access asks; allocator.host.filesystem answers them for
+    this host, tests answer them from tables."""
+
+    protected: tuple[str, ...]
+
+    def resolve(self, path: str) -> str: ...
+
+    def node(self, path: str) -> Node | None: ...
+
+    def walk(self, top: str) -> Iterable[str]: ...
+
+    def drm_bus_id(self, minor: int) -> str | None: ...
+
+    def dynamic_majors(self) -> frozenset[int]: ...
+
+    def mounts(self) -> Iterable[Mount]: ...
