@@ -23,12 +23,13 @@ import threading
 import time
 from dataclasses import replace
 
-from allocator.core import access, compose, labels
+from allocator.core import access, compose, labels, policy
 from allocator.core.access import EngineView
 from allocator.core.ask import Ask
 from allocator.core.inventory import Inventory
 from allocator.core.leases import Claim, Lease, Phase, StateError
 from allocator.core.placement import POLICIES, Shortage, place
+from allocator.core.policy import NOBODY, Invalid, Owner, Refusal, Rules, Wanted
 from allocator.core.reconcile import Report, apply
 from allocator.core.verdicts import (
     ALLOW,
@@ -114,25 +115,42 @@ class Allocator:
 
     # ------------------------------------------------------------ leases
 
+    @property
+    def rules(self) -> Rules:
+        """The policy's limits, pools and defaults as they are now."""
+        return self.config.policy.rules
+
     def lease(
-        self, ask: Ask, name: str = "", labels: dict[str, str] | None = None
-    ) -> tuple[Lease, str] | Shortage:
+        self,
+        ask: Ask,
+        name: str = "",
+        labels: dict[str, str] | None = None,
+        owner: Owner = NOBODY,
+        want: Wanted = Wanted(),  # noqa: B008  # frozen
+    ) -> tuple[Lease, str] | Shortage | Refusal | Invalid:
         """Place and record a pending lease; on shortage, reconcile once and retry.
+
+        The policy decides first: the pool and request labels narrow the GPUs, and the
+        owner's limit counts every GPU their leases hold, under the lock.
 
         A create that replaces a stopped container of the same Compose service (compose
         stops the old one and renames it ``<short id>_<name>`` before creating the new
         one) may take over the old container's GPUs, so recreating a service on a full
         host needs no more free GPUs than it had.
         """
-        result = self._try_lease(ask, name)
+        rules = self.rules
+        scope = policy.eligible(self.inventory(), want, owner, rules, ask.required)
+        if not isinstance(scope, tuple):
+            return scope
+        result = self._try_lease(ask, name, owner, scope)
         if isinstance(result, Shortage) and self.engine is not None:
             if self.reconcile():
-                result = self._try_lease(ask, name)
+                result = self._try_lease(ask, name, owner, scope)
             predecessor = None
             if isinstance(result, Shortage):
                 predecessor = self._compose_predecessor(name, labels or {})
             if predecessor is not None:
-                result = self._try_lease(ask, name, predecessor)
+                result = self._try_lease(ask, name, owner, scope, predecessor)
                 if not isinstance(result, Shortage):
                     self._keep_down(predecessor[0])
         return result
@@ -150,23 +168,36 @@ class Allocator:
             log.warning("could not turn off the restart policy of %s: %s", container[:12], e)
 
     def _try_lease(
-        self, ask: Ask, name: str, predecessor: tuple[str, str] | None = None
-    ) -> tuple[Lease, str] | Shortage:
-        inventory = self.inventory()
+        self,
+        ask: Ask,
+        name: str,
+        owner: Owner,
+        scope: tuple[Inventory, str | None],
+        predecessor: tuple[str, str] | None = None,
+    ) -> tuple[Lease, str] | Shortage | Refusal:
+        inventory, pool = scope
+        where = f"pool '{pool}'" if pool else ""
         with self.ledger.transaction() as state:
-            held = state.holders(inventory.uuids)
+            now = ledger.now()
+            held = state.holders(self.inventory().uuids)
             old = state.lease_of(predecessor[0]) if predecessor else None
             if predecessor and (old is None or old.phase is not Phase.BOUND):
-                return place(ask, inventory, held, self.policy)  # the shortage, as it is
+                return place(ask, inventory, held, self.policy, now, where)  # the shortage
+            asking = len(inventory.gpus) if ask.every else len(ask.required) + ask.count
+            holding = state.held_by(owner.user, besides=old.id if old else None)
+            refused = policy.over_limit(owner, holding, asking, self.rules)
+            if refused is not None:
+                return refused
             for uuid in old.gpus if old else ():
                 held.pop(uuid, None)
-            picked = place(ask, inventory, held, self.policy)
+            picked = place(ask, inventory, held, self.policy, now, where)
             if isinstance(picked, Shortage):
                 return picked
             lease, token = state.new_lease(
-                tuple(g.uuid for g in picked), ledger.now(), self.config.policy.pending_ttl
+                tuple(g.uuid for g in picked), now, self.config.policy.pending_ttl
             )
-            state.leases[lease.id] = lease = replace(lease, name=name)
+            lease = replace(lease, name=name, owner=owner.user, owner_uid=owner.uid, pool=pool)
+            state.leases[lease.id] = lease
             if old is not None and predecessor is not None:
                 state.hand_over(old.id, lease.id, predecessor[1])
             return lease, token

@@ -83,6 +83,10 @@ class Lease:
     created: float = 0.0
     deadline: float = 0.0
     handed_to: str | None = None  # the lease of the container replacing this one
+    # Who asked (the shim's SO_PEERCRED); files written before owners existed load as unknown.
+    owner_uid: int | None = None
+    owner: str = ""
+    pool: str | None = None
 
     @property
     def phase(self) -> Phase:
@@ -119,23 +123,32 @@ class Holder:
     why: str
     lease: str | None = None
     state: str | None = None
+    owner: str = "unknown"
+    owner_uid: int | None = None
+    since: float | None = None
+    pool: str | None = None
 
-    def describe(self) -> str:
+    def describe(self, now: float | None = None) -> str:
+        """One phrase for refusals: what holds it, whose it is, for how long."""
         if self.lease is None:
             return f"container {(self.container or '')[:12]} '{self.name}' (not leased: {self.why})"
+        age = f", for {ago(now - self.since)}" if now is not None and self.since else ""
         return " ".join(
             filter(
                 None,
                 (
                     f"container {self.container[:12]}" if self.container else "a create in flight",
                     f"'{self.name}'" if self.name else "",
+                    f"of {self.owner}{age}",
                     f"(lease {self.lease}, {self.state})",
                 ),
             )
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None or k == "container"}
+        out = {k: v for k, v in asdict(self).items() if v is not None or k == "container"}
+        out["owner"] = {"uid": out.pop("owner_uid", None), "user": self.owner}
+        return out
 
 
 @dataclass
@@ -151,7 +164,17 @@ class State:
         for lease in self.leases.values():
             if lease.phase is Phase.HANDED_OVER:
                 continue
-            who = Holder(lease.container, lease.name, "leased by gpu-alloc", lease.id, lease.state)
+            who = Holder(
+                lease.container,
+                lease.name,
+                "leased by gpu-alloc",
+                lease.id,
+                lease.state,
+                lease.owner or "unknown",
+                lease.owner_uid,
+                lease.created or None,
+                lease.pool,
+            )
             for uuid in lease.gpus:
                 held.setdefault(uuid, who)
         for claim in sorted(self.claims.values(), key=lambda c: c.gpus is None):
@@ -159,6 +182,14 @@ class State:
             for uuid in all_gpus if claim.gpus is None else claim.gpus:
                 held.setdefault(uuid, who)
         return held
+
+    def held_by(self, owner: str, besides: str | None = None) -> int:
+        """GPUs ``owner``'s live leases hold (running or stopped), ``besides`` one lease."""
+        return sum(
+            len(le.gpus)
+            for le in self.leases.values()
+            if le.owner == owner and le.id != besides and le.phase is not Phase.HANDED_OVER
+        )
 
     def named_gpus(self) -> set[str]:
         """Every GPU a lease or a pinned claim names, present on the host or not."""
@@ -263,6 +294,15 @@ def _lease(v: dict[str, Any]) -> Lease:
 def _claim(v: dict[str, Any]) -> Claim:
     gpus = v["gpus"]
     return Claim(**{**v, "gpus": None if gpus is None else tuple(gpus)})
+
+
+def ago(seconds: float) -> str:
+    """A duration as people say it: 45s, 12m, 3h, 2d."""
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def _hash(token: str) -> str:
