@@ -101,7 +101,13 @@ class Allocator:
 
     def facts(self, engine_view: EngineView | None = None) -> Facts:
         mounts_of = self._bind_mounts if self.engine is not None else None
-        return Facts(self.inventory(), engine_view or self.engine_view(), self.host, mounts_of)
+        return Facts(
+            self.inventory(),
+            engine_view or self.engine_view(),
+            self.host,
+            mounts_of,
+            self.config.shim.socket,
+        )
 
     def _bind_mounts(self, container: str) -> list[tuple[str, str]] | None:
         info = self.engine.inspect(container) if self.engine else None

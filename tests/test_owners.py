@@ -160,3 +160,17 @@ def test_gpu_defaults_only_where_the_client_set_nothing(stack):
     cpu_only = as_user(stack, None, "create", "--name", "cpu", IMAGE, "true")
     assert cpu_only.returncode == 0
     assert api.inspect_container("cpu")["HostConfig"]["ShmSize"] == 64 * 2**20
+
+
+def test_a_privileged_gpu_container_is_refused_in_plain_words(stack):
+    out = as_user(stack, ALICE, "run", "--rm", "--privileged", "--gpus", "1", IMAGE, "true")
+    assert out.returncode != 0
+    assert "privileged containers cannot be given GPUs here (HostConfig.Privileged" in out.stderr
+    assert "--context" not in out.stderr and "--gpus N" in out.stderr
+
+
+def test_a_denial_on_the_real_socket_gives_the_context_command(stack):
+    out = engine.docker_cli(stack.engine_sock, "run", "--rm", "--gpus", "1", IMAGE, "true")
+    assert out.returncode != 0
+    assert "it asks for GPUs without a gpu-alloc lease (HostConfig.DeviceRequests" in out.stderr
+    assert f"docker context create gpu-alloc --docker host=unix://{stack.shim_sock}" in out.stderr

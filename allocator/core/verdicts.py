@@ -27,7 +27,27 @@ from allocator.core.ask import Ask, ask_of
 from allocator.core.inventory import Inventory
 from allocator.core.routes import Check, Route, RouteError, classify
 
-HINT = "use 'docker --context gpu-alloc' and ask with --gpus or a Compose device reservation"
+DEFAULT_SHIM_SOCKET = "/run/gpu-alloc/docker.sock"
+
+
+def context_hint(shim_socket: str = DEFAULT_SHIM_SOCKET) -> str:
+    """What to do instead, for a refusal on the real socket: the command that fixes it."""
+    return (
+        "GPUs are leased only through the gpu-alloc socket: create its context once with "
+        f"'docker context create gpu-alloc --docker host=unix://{shim_socket}', then run "
+        "'docker --context gpu-alloc run --gpus 1 ...' (or a Compose device reservation)"
+    )
+
+
+HINT = context_hint()
+# Plain words for the grants people hit most, before the field that carries them.
+PLAIN = {
+    "HostConfig.Privileged": "privileged containers cannot be given GPUs here",
+}
+SHIM_INSTEAD = (
+    "ask for GPUs with --gpus N (or a Compose device reservation) instead; a privileged "
+    "container needs --privileged removed, and --cap-add for what it really needs"
+)
 DEVICE_FIELDS = ("Devices", "DeviceRequests", "DeviceCgroupRules")
 MIN_START_BODY_FREE_API = (1, 24)  # below it, start may carry a HostConfig
 
@@ -40,6 +60,7 @@ class Facts:
     engine: EngineView
     host: HostFacts
     mounts_of: access.MountsOf | None = None  # another container's binds, for VolumesFrom
+    shim_socket: str = DEFAULT_SHIM_SOCKET  # for the hint on the real socket
 
 
 @dataclass(frozen=True)
@@ -117,13 +138,13 @@ def _create(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
         return ALLOW
     refused = grants.refused()
     if refused:
-        return Deny(_refusal_text(refused))
+        return Deny(_refusal_text(refused, context_hint(facts.shim_socket)))
     lease_id, token = labels.parse_lease(spec.get("Labels"))
     first = grants.grants[0]
     if not lease_id or not token:
         return Deny(
-            f"gpu-alloc refused the container create: {first.describe()} asks for GPUs "
-            f"without a gpu-alloc lease; {HINT}"
+            "gpu-alloc refused the container create: it asks for GPUs without a gpu-alloc "
+            f"lease ({first.describe()}); {context_hint(facts.shim_socket)}"
         )
     if not grants.pinned:
         return Deny(
@@ -140,12 +161,16 @@ def _create(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
     return NeedsLease(lease_id, token, gpus)
 
 
-def _refusal_text(refused: Sequence[access.Grant]) -> str:
+def _refusal_text(refused: Sequence[access.Grant], instead: str) -> str:
+    """Plain words first (`PLAIN`), then the field and its detail, then what to do."""
+    plain = [PLAIN[g.field] for g in refused if g.field in PLAIN]
     what = "; ".join(g.describe() for g in refused)
+    if plain:
+        return f"gpu-alloc refused the container create: {'; '.join(plain)} ({what}); {instead}"
     return (
         f"gpu-alloc refused the container create: {what}. gpu-alloc leases GPUs only through "
         f"device requests (--gpus, Compose reservations) or the nvidia runtime with "
-        f"NVIDIA_VISIBLE_DEVICES; {HINT}"
+        f"NVIDIA_VISIBLE_DEVICES; {instead}"
     )
 
 
@@ -402,5 +427,5 @@ def shim_ask(spec: Mapping[str, Any], facts: Facts) -> Ask | Deny:
         return Deny(f"gpu-alloc refused the container create: {e}")
     refused = grants.refused()
     if refused:
-        return Deny(_refusal_text(refused))
+        return Deny(_refusal_text(refused, SHIM_INSTEAD))
     return ask_of(grants)
