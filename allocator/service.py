@@ -161,6 +161,29 @@ class Allocator:
                     self._keep_down(predecessor[0])
         return result
 
+    def explain(
+        self, ask: Ask, owner: Owner, want: Wanted
+    ) -> tuple[list[str], str | None] | Shortage | Refusal | Invalid:
+        """What `lease` would answer now, taking nothing: (GPUs, pool) or the refusal.
+
+        The ledger is read without the lock, so the answer can be stale by one create.
+        """
+        scope = policy.eligible(self.inventory(), want, owner, self.rules, ask.required)
+        if not isinstance(scope, tuple):
+            return scope
+        inventory, pool = scope
+        state = self.ledger.read()
+        asking = len(inventory.gpus) if ask.every else len(ask.required) + ask.count
+        refused = policy.over_limit(owner, state.held_by(owner.user), asking, self.rules)
+        if refused is not None:
+            return refused
+        held = state.holders(self.inventory().uuids)
+        where = f"pool '{pool}'" if pool else ""
+        picked = place(ask, inventory, held, self.policy, ledger.now(), where)
+        if isinstance(picked, Shortage):
+            return picked
+        return [g.uuid for g in picked], pool
+
     def _keep_down(self, container: str) -> None:
         """A predecessor that lent its GPUs must not come back by itself.
 

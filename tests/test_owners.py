@@ -174,3 +174,30 @@ def test_a_denial_on_the_real_socket_gives_the_context_command(stack):
     assert out.returncode != 0
     assert "it asks for GPUs without a gpu-alloc lease (HostConfig.DeviceRequests" in out.stderr
     assert f"docker context create gpu-alloc --docker host=unix://{stack.shim_sock}" in out.stderr
+
+
+def explain(stack: engine.Stack, *args: str) -> tuple[int, dict]:
+    out = gpu_alloc(stack, "explain", *args, "--json")
+    return out.returncode, json.loads(out.stdout) if out.stdout else {"stderr": out.stderr}
+
+
+def test_explain_answers_each_case_with_its_exit_code(stack):
+    code, fits = explain(stack, "--user", BOB, "--gpus", "1")
+    assert code == 0 and fits["verdict"] == "fits" and len(fits["gpus"]) == 1
+    assert engine.engine_api(stack.engine_sock).containers(all=True) == []  # took nothing
+    assert explain(stack, "--gpus", "1")[1]["user"] == "root"  # whoever runs it
+    assert create(stack, BOB, "bobs").returncode == 0
+    code, refused = explain(stack, "--user", BOB, "--gpus", "1")
+    assert code == 4 and "(policy.limits.default)" in refused["message"]
+    code, barred = explain(stack, "--user", BOB, "--label", "io.gpu-alloc.pool=training")
+    assert code == 4 and "(policy.pools.training)" in barred["message"]
+    assert as_user(stack, None, "create", "--gpus", "3", IMAGE, "true").returncode == 0
+    code, short = explain(stack, "--gpus", "1")
+    assert code == 2 and f"'bobs' of {BOB}" in short["message"]
+    assert explain(stack, "--gpus", "device=7")[0] == 3
+    assert explain(stack, "--user", "no-such-user-here")[0] == 3
+    assert explain(stack, "--label", "io.gpu-alloc.request.min-memory=lots")[0] == 3
+    broken = gpu_alloc(stack, "explain", "--config", str(stack.dir / "missing.yaml"))
+    assert broken.returncode == 1 and "no such config file" in broken.stderr
+    text = gpu_alloc(stack, "explain", "--user", ALICE, "--gpus", "1")
+    assert text.returncode == 2 and "not enough free GPUs" in text.stdout
