@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import replace
+from datetime import datetime
 
 from allocator.core import access, compose, labels, policy
 from allocator.core.access import EngineView
 from allocator.core.ask import Ask
 from allocator.core.inventory import Inventory
-from allocator.core.leases import Claim, Lease, Phase, StateError
+from allocator.core.leases import Claim, Lease, Phase, State, StateError
 from allocator.core.placement import POLICIES, Shortage, place
 from allocator.core.policy import NOBODY, Invalid, Owner, Refusal, Rules, Wanted
 from allocator.core.reconcile import Report, apply
@@ -43,8 +45,9 @@ from allocator.core.verdicts import (
     Release,
     StartCheck,
 )
+from allocator.host import config as configmod
 from allocator.host import ledger
-from allocator.host.config import Config
+from allocator.host.config import Config, ConfigError
 from allocator.host.engine import Engine, EngineError
 from allocator.host.filesystem import Host
 from allocator.host.inventory import load as load_inventory
@@ -69,6 +72,9 @@ class Allocator:
         self._reconciling = threading.Condition()
         self._reconcile_running = False
         self._last_reconcile: tuple[float, bool, Report] | None = None
+        self._rules = config.policy.rules
+        self._policy_lock = threading.RLock()  # re-entrant: SIGHUP runs on the main thread
+        self._rules_stamp = self._config_stamp()
 
     # ------------------------------------------------------------- facts
 
@@ -123,8 +129,37 @@ class Allocator:
 
     @property
     def rules(self) -> Rules:
-        """The policy's limits, pools and defaults as they are now."""
-        return self.config.policy.rules
+        """The policy's limits, pools and defaults as the config file says now.
+
+        The file is re-read when it changes (one stat per create, never on the fast
+        path) or on `reload_policy` (SIGHUP); a bad new file keeps the policy in force.
+        """
+        stamp = self._config_stamp()
+        if stamp != self._rules_stamp:
+            self.reload_policy(stamp)
+        return self._rules
+
+    def reload_policy(self, stamp: object = None) -> None:
+        stamp = stamp or self._config_stamp()
+        with self._policy_lock:
+            self._rules_stamp = stamp
+            try:
+                new = configmod.load(self.config.source).policy.rules
+            except ConfigError as e:
+                log.error("policy not reloaded, the one in force stays: %s", e)
+                return
+            if new != self._rules:
+                log.info("policy reloaded from %s", self.config.source)
+                self._rules = new
+
+    def _config_stamp(self) -> object:
+        if self.config.source.startswith("<"):
+            return None  # built in code (tests) or the defaults: nothing to re-read
+        try:
+            st = os.stat(self.config.source)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
 
     def lease(
         self,
@@ -269,9 +304,11 @@ class Allocator:
             facts = self.facts()
             grants = access.of_container(info, facts.engine, facts.inventory, facts.host)
             return None if grants.none else f"gpu-alloc refused to start {ref}: {e}"
-        if not state.handing_over():
+        if not state.handing_over() and not state.expired:
             return None  # the common case: no recreate in progress, no Engine call
         info = self.engine.inspect(ref) if self.engine else None
+        if info and info["Id"] in state.expired:
+            return policy.expired_text(ref, self.rules)
         lease = state.lease_of(info["Id"]) if info else None
         if lease is None:
             return None
@@ -400,6 +437,7 @@ class Allocator:
         found: dict[str, Claim] = {}
         if adopt:
             known = {le.container for le in snapshot.leases.values()} | set(snapshot.claims)
+            known |= set(snapshot.expired)  # their GPUs went back: never adopt them
             for cid in listed.keys() - known - self._no_gpu - set(by_label.values()):
                 claim = self._claim_of(cid, facts)
                 if claim is None:
@@ -407,8 +445,39 @@ class Allocator:
                 else:
                     found[cid] = claim
             self._no_gpu &= set(listed)
+        stopped = self._stopped_since(snapshot, listed)
         with self.ledger.transaction() as state:
-            return apply(state, snapshot, listed, by_label, found, ledger.now())
+            now = ledger.now()
+            report = apply(state, snapshot, listed, by_label, found, now)
+            bound = [(le.id, le.container or "") for le in state.leases.values()]
+            for lease_id in policy.expired(bound, stopped, now, self.rules):
+                state.expire(lease_id, now)
+                report.freed.append(lease_id)
+                log.info("lease %s: its container stayed stopped too long; freed", lease_id)
+            for cid in set(state.expired) - set(listed):
+                if cid in snapshot.expired:
+                    del state.expired[cid]  # removed: nothing left to refuse
+            return report
+
+    def _stopped_since(self, snapshot: State, listed: dict[str, dict]) -> dict[str, float]:
+        """When each leased container that is not running stopped (or was created).
+
+        Asked only when ``release_stopped_after`` is set, and only of containers the
+        listing shows stopped, so a host without the rule pays nothing.
+        """
+        if self.rules.release_stopped_after is None or self.engine is None:
+            return {}
+        leased = {le.container for le in snapshot.leases.values() if le.phase is Phase.BOUND}
+        since: dict[str, float] = {}
+        for cid in leased & set(listed):
+            if listed[cid].get("State") not in ("exited", "created", "dead"):
+                continue
+            info = self.engine.inspect(cid)
+            st = (info or {}).get("State") or {}
+            stamp = _go_time(st.get("FinishedAt")) or _go_time((info or {}).get("Created"))
+            if info and not st.get("Running") and stamp:
+                since[cid] = stamp
+        return since
 
     def _carries(self, cid: str, lease: Lease, facts: Facts) -> bool:
         """Does this container really hold the lease's GPUs (not a label copied by commit)?"""
@@ -428,3 +497,16 @@ class Allocator:
         gpus = tuple(sorted(grants.gpus(facts.inventory))) if grants.pinned else None
         why = "; ".join(g.describe() for g in grants.grants)
         return Claim(cid, str(info.get("Name") or "").lstrip("/"), gpus, why)
+
+
+_GO_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
+
+
+def _go_time(text: object) -> float | None:
+    """A Go RFC 3339 time (nanoseconds, ``Z``) as epoch seconds; None for Go's zero time."""
+    m = _GO_TIME.match(text) if isinstance(text, str) else None
+    if m is None or text.startswith("0001-"):  # type: ignore[union-attr]
+        return None
+    frac = f".{m.group(2)[:6]}" if m.group(2) else ""
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    return datetime.fromisoformat(m.group(1) + frac + zone).timestamp()

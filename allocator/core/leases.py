@@ -156,6 +156,9 @@ class State:
     leases: dict[str, Lease] = field(default_factory=dict)
     claims: dict[str, Claim] = field(default_factory=dict)
     adopted_at: float | None = None
+    # container -> when its lease ended under policy.release_stopped_after; its start
+    # is refused with that reason until it is removed.
+    expired: dict[str, float] = field(default_factory=dict)
 
     def holders(self, all_gpus: frozenset[str] | set[str]) -> dict[str, Holder]:
         """UUID -> its holder.  A handed-over lease's GPUs count under the lease it lent
@@ -244,6 +247,13 @@ class State:
             self.leases[lease_id], Event.HAND_OVER, handed_to=to, name=current_name
         )
 
+    def expire(self, lease_id: str, now: float) -> Lease | None:
+        """End a stopped container's lease for good: its GPUs go back, its start is refused."""
+        lease = self.release(lease_id)
+        if lease is not None and lease.container:
+            self.expired[lease.container] = now
+        return lease
+
     def lease_of(self, container: str) -> Lease | None:
         return next((le for le in self.leases.values() if le.container == container), None)
 
@@ -260,6 +270,7 @@ class State:
             "leases": {k: asdict(v) for k, v in sorted(self.leases.items())},
             "claims": {k: asdict(v) for k, v in sorted(self.claims.items())},
             "adopted_at": self.adopted_at,
+            "expired": dict(sorted(self.expired.items())),
         }
 
     @classmethod
@@ -280,9 +291,10 @@ class State:
             leases = {k: _lease(v) for k, v in data["leases"].items()}
             claims = {k: _claim(v) for k, v in data["claims"].items()}
             adopted_at = data.get("adopted_at")
+            expired = {str(k): float(v) for k, v in (data.get("expired") or {}).items()}
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise StateError(f"{path}: malformed entry ({e!r}); {REPAIR_HINT}") from None
-        return cls(leases, claims, adopted_at)
+        return cls(leases, claims, adopted_at, expired)
 
 
 def _lease(v: dict[str, Any]) -> Lease:

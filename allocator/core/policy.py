@@ -229,6 +229,30 @@ def with_defaults(spec: dict[str, Any], rules: Rules) -> dict[str, Any]:
     return {**spec, "HostConfig": hc}
 
 
+def expired(
+    leases: Sequence[tuple[str, str]], stopped_since: Mapping[str, float], now: float, rules: Rules
+) -> list[str]:
+    """Lease ids (of ``(lease id, container)``) stopped longer than release_stopped_after."""
+    after = rules.release_stopped_after
+    if after is None:
+        return []
+    return [
+        lease_id
+        for lease_id, cid in leases
+        if cid in stopped_since and now - stopped_since[cid] >= after
+    ]
+
+
+def expired_text(ref: str, rules: Rules) -> str:
+    after = rules.release_stopped_after
+    limit = f" ({after:g}s)" if after is not None else ""
+    return (
+        f"gpu-alloc refused to start {ref}: it was stopped longer than "
+        f"policy.release_stopped_after{limit}, so its GPUs went back to the pool; "
+        "remove it and create it again (docker rm, then docker run --gpus ...) to get GPUs"
+    )
+
+
 def owner_label(owner: Owner) -> str:
     return f"{'' if owner.uid is None else owner.uid}:{owner.user}"
 
