@@ -108,7 +108,7 @@ def render_table(snap: dict[str, Any]) -> str:
         gpus = ",".join(map(str, sorted(h["gpus"]))) or "-"
         name = h["name"] or (h["container"] or "")[:12] or "-"
         if h.get("lease") is None:
-            name += f" (not leased: {h['why']})"
+            name += " (adopted)"
         age = "-" if h.get("age_s") is None else ago(h["age_s"])
         rows.append((gpus, h["owner"]["user"], name, h["state"], age, h.get("pool") or "-"))
     widths = [min(max(len(r[i]) for r in rows), cap) for i, cap in enumerate((15, 12, 36, 24))]
@@ -125,6 +125,10 @@ def render_table(snap: dict[str, Any]) -> str:
     )
     if busy:
         lines.append(f"busy with host processes: GPU {','.join(busy)}")
+    for h in snap.get("holders") or ():
+        if h.get("lease") is None:
+            gpus = ",".join(map(str, sorted(h["gpus"])))
+            lines.append(f"adopted, not leased by gpu-alloc: GPU {gpus} '{h['name']}': {h['why']}")
     for gone in snap.get("departed") or ():
         lines.append(
             f"warning: {gone['uuid']} is held by {_who(gone['holder'])} but is no longer on "
