@@ -183,15 +183,15 @@ class Allocator:
         scope = policy.eligible(self.inventory(), want, owner, rules, ask.required)
         if not isinstance(scope, tuple):
             return scope
-        result = self._try_lease(ask, name, owner, scope)
+        result = self._try_lease(ask, name, owner, scope, want)
         if isinstance(result, Shortage) and self.engine is not None:
             if self.reconcile():
-                result = self._try_lease(ask, name, owner, scope)
+                result = self._try_lease(ask, name, owner, scope, want)
             predecessor = None
             if isinstance(result, Shortage):
                 predecessor = self._compose_predecessor(name, labels or {})
             if predecessor is not None:
-                result = self._try_lease(ask, name, owner, scope, predecessor)
+                result = self._try_lease(ask, name, owner, scope, want, predecessor)
                 if not isinstance(result, Shortage):
                     self._keep_down(predecessor[0])
         return result
@@ -213,8 +213,7 @@ class Allocator:
         if refused is not None:
             return refused
         held = state.holders(self.inventory().uuids)
-        where = f"pool '{pool}'" if pool else ""
-        picked = place(ask, inventory, held, self.policy, ledger.now(), where)
+        picked = place(ask, inventory, held, self.policy, ledger.now(), want.where(pool))
         if isinstance(picked, Shortage):
             return picked
         return [g.uuid for g in picked], pool
@@ -237,10 +236,11 @@ class Allocator:
         name: str,
         owner: Owner,
         scope: tuple[Inventory, str | None],
+        want: Wanted,
         predecessor: tuple[str, str] | None = None,
     ) -> tuple[Lease, str] | Shortage | Refusal:
         inventory, pool = scope
-        where = f"pool '{pool}'" if pool else ""
+        where = want.where(pool)
         with self.ledger.transaction() as state:
             now = ledger.now()
             held = state.holders(self.inventory().uuids)

@@ -177,9 +177,9 @@ def test_gpu_defaults_fill_only_what_the_client_left_unset():
     assert policy.with_defaults(spec, Rules()) is spec
 
 
-def test_the_owner_label_round_trips_and_unknown_stays_unknown():
-    assert policy.parse_owner({policy.OWNER: policy.owner_label(ALICE)}) == Owner(1000, "alice")
-    assert policy.parse_owner({}) == policy.NOBODY and policy.NOBODY.user == "unknown"
+def test_the_owner_label_reads_uid_then_user():
+    assert policy.owner_label(ALICE) == "1000:alice"
+    assert policy.owner_label(policy.NOBODY) == ":unknown"
 
 
 def test_an_old_state_file_without_owners_still_loads():
@@ -192,3 +192,23 @@ def test_an_old_state_file_without_owners_still_loads():
     assert lease.owner == "" and lease.owner_uid is None and lease.pool is None
     (holder,) = State.from_json(data, "state.json").holders({"GPU-0"}).values()
     assert holder.owner == "unknown"
+
+
+def test_a_shortage_names_each_holder_once_with_owner_and_age():
+    from allocator.core.ask import Ask
+    from allocator.core.leases import Holder
+    from allocator.core.placement import POLICIES, Shortage, place
+
+    inventory = Inventory(INVENTORY.gpus[:4])
+    alice = Holder("c" * 64, "train", "leased", "l1", "bound", "alice", 1000, 1000.0)
+    held = {g.uuid: alice for g in inventory.gpus}
+    short = place(Ask((), 1, False, ("gpu",)), inventory, held, POLICIES["numa"], 1000.0 + 7200)
+    assert isinstance(short, Shortage)
+    assert short.msg.count("alice") == 1
+    assert "GPUs 0,1,2,3: container cccccccccccc 'train' of alice, for 2h" in short.msg
+    where = Wanted(pool="training", model="A100").where("training")
+    assert where == "pool 'training', model containing 'A100'"
+    more = place(Ask((), 5, False, ("gpu",)), inventory, {}, POLICIES["numa"], None, where)
+    assert isinstance(more, Shortage)
+    assert "asked for 5 GPUs but pool 'training', model containing 'A100' has only 4" in more.msg
+    assert "Remove" not in more.msg

@@ -28,9 +28,6 @@ class Owner:
     user: str
     groups: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"uid": self.uid, "user": self.user}
-
 
 NOBODY = Owner(None, UNKNOWN)
 
@@ -90,11 +87,14 @@ class Wanted:
     model: str | None = None
     min_memory: int | None = None  # bytes
 
-    def describe(self) -> str:
-        parts = [f"model containing '{self.model}'"] if self.model else []
+    def where(self, pool: str | None) -> str:
+        """The set a request is placed in, for the shortage text ("" for the whole host)."""
+        parts = [f"pool '{pool}'"] if pool else []
+        if self.model:
+            parts.append(f"model containing '{self.model}'")
         if self.min_memory is not None:
-            parts.append(f"at least {self.min_memory // 2**20} MiB of memory")
-        return " and ".join(parts)
+            parts.append(f"at least {self.min_memory // 2**20} MiB")
+        return ", ".join(parts) if not parts or pool else "the GPUs with " + ", ".join(parts)
 
 
 POOL = labels.PREFIX + "pool"
@@ -255,11 +255,3 @@ def expired_text(ref: str, rules: Rules) -> str:
 
 def owner_label(owner: Owner) -> str:
     return f"{'' if owner.uid is None else owner.uid}:{owner.user}"
-
-
-def parse_owner(given: Mapping[str, Any] | None) -> Owner:
-    """The owner recorded in a container's labels; `NOBODY` where none was."""
-    uid, sep, user = str((given or {}).get(OWNER) or "").partition(":")
-    if not sep or not user:
-        return NOBODY
-    return Owner(int(uid) if uid.isdigit() else None, user)
