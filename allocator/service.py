@@ -184,16 +184,19 @@ class Allocator:
         if not isinstance(scope, tuple):
             return scope
         result = self._try_lease(ask, name, owner, scope, want)
-        if isinstance(result, Shortage) and self.engine is not None:
-            if self.reconcile():
-                result = self._try_lease(ask, name, owner, scope, want)
-            predecessor = None
-            if isinstance(result, Shortage):
-                predecessor = self._compose_predecessor(name, labels or {})
+        if isinstance(result, Shortage) and self.engine is not None and self.reconcile():
+            result = self._try_lease(ask, name, owner, scope, want)
+        # A Compose recreate may take over its predecessor's GPUs: when the host is full,
+        # and when the owner is at their limit (the old container's GPUs count there).
+        if isinstance(result, Shortage | Refusal) and self.engine is not None:
+            predecessor = self._compose_predecessor(name, labels or {})
             if predecessor is not None:
-                result = self._try_lease(ask, name, owner, scope, want, predecessor)
-                if not isinstance(result, Shortage):
+                retry = self._try_lease(ask, name, owner, scope, want, predecessor)
+                if isinstance(retry, tuple):
                     self._keep_down(predecessor[0])
+                    result = retry
+                elif isinstance(result, Shortage) and isinstance(retry, Shortage):
+                    result = retry
         return result
 
     def explain(
@@ -245,7 +248,11 @@ class Allocator:
             now = ledger.now()
             held = state.holders(self.inventory().uuids)
             old = state.lease_of(predecessor[0]) if predecessor else None
-            if predecessor and (old is None or old.phase is not Phase.BOUND):
+            # Only the owner's own predecessor lends its GPUs (leases from before owners
+            # were recorded have none, and may).
+            if predecessor and (
+                old is None or old.phase is not Phase.BOUND or old.owner not in ("", owner.user)
+            ):
                 return place(ask, inventory, held, self.policy, now, where)  # the shortage
             asking = len(inventory.gpus) if ask.every else len(ask.required) + ask.count
             holding = state.held_by(owner.user, besides=old.id if old else None)

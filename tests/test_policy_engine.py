@@ -89,3 +89,18 @@ def test_a_container_stopped_too_long_loses_its_gpus_and_may_not_start(stack):
     status(stack)
     state = json.loads((stack.state_dir / "state.json").read_text())
     assert state["expired"] == {}
+
+
+def test_a_compose_recreate_at_the_limit_takes_over_its_own_gpu(stack, tmp_path):
+    from tests.test_compose import write_project
+
+    write_project(tmp_path)
+    up = engine.docker_compose(stack.shim_sock, tmp_path, "up", "-d", project_name="gapol")
+    assert up.returncode == 0, up.stderr + stack.logs()
+    write_project(tmp_path, command="301")  # changed: Compose recreates at 1 of 1 GPU
+    again = engine.docker_compose(stack.shim_sock, tmp_path, "up", "-d", project_name="gapol")
+    assert again.returncode == 0, again.stderr + stack.logs()
+    assert "Recreating" in again.stderr
+    assert status(stack)["free"] == 3
+    down = engine.docker_compose(stack.shim_sock, tmp_path, "down", project_name="gapol")
+    assert down.returncode == 0, down.stderr
