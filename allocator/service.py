@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from dataclasses import replace
-from datetime import datetime
 
 from allocator.core import access, compose, labels, policy
 from allocator.core.access import EngineView
@@ -48,7 +46,7 @@ from allocator.core.verdicts import (
 from allocator.host import config as configmod
 from allocator.host import ledger
 from allocator.host.config import Config, ConfigError
-from allocator.host.engine import Engine, EngineError
+from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.filesystem import Host
 from allocator.host.inventory import load as load_inventory
 from allocator.host.ledger import Ledger
@@ -481,7 +479,7 @@ class Allocator:
                 continue
             info = self.engine.inspect(cid)
             st = (info or {}).get("State") or {}
-            stamp = _go_time(st.get("FinishedAt")) or _go_time((info or {}).get("Created"))
+            stamp = go_time(st.get("FinishedAt")) or go_time((info or {}).get("Created"))
             if info and not st.get("Running") and stamp:
                 since[cid] = stamp
         return since
@@ -504,16 +502,3 @@ class Allocator:
         gpus = tuple(sorted(grants.gpus(facts.inventory))) if grants.pinned else None
         why = "; ".join(g.describe() for g in grants.grants)
         return Claim(cid, str(info.get("Name") or "").lstrip("/"), gpus, why)
-
-
-_GO_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
-
-
-def _go_time(text: object) -> float | None:
-    """A Go RFC 3339 time (nanoseconds, ``Z``) as epoch seconds; None for Go's zero time."""
-    m = _GO_TIME.match(text) if isinstance(text, str) else None
-    if m is None or text.startswith("0001-"):  # type: ignore[union-attr]
-        return None
-    frac = f".{m.group(2)[:6]}" if m.group(2) else ""
-    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
-    return datetime.fromisoformat(m.group(1) + frac + zone).timestamp()

@@ -212,3 +212,26 @@ def test_a_shortage_names_each_holder_once_with_owner_and_age():
     assert isinstance(more, Shortage)
     assert "asked for 5 GPUs but pool 'training', model containing 'A100' has only 4" in more.msg
     assert "Remove" not in more.msg
+
+
+@pytest.mark.parametrize(
+    ("text", "stamp"),
+    [
+        ("2026-12-01T09:30:00.123456789Z", 1796117400.123456),
+        ("2026-12-01T09:30:00Z", 1796117400.0),
+        ("2026-12-01T09:30:00.5+01:00", 1796113800.5),
+        ("0001-01-01T00:00:00Z", None),  # Go's zero time: never stopped
+        ("yesterday", None),
+    ],
+)
+def test_the_engines_times_read_as_go_writes_them(text, stamp):
+    from allocator.host.engine import go_time
+
+    assert go_time(text) == stamp
+
+
+def test_only_leases_stopped_past_the_duration_expire():
+    rules = Rules(release_stopped_after=60.0)
+    leases = [("a", "c1"), ("b", "c2"), ("c", "c3")]
+    assert policy.expired(leases, {"c1": 0.0, "c2": 50.0}, 100.0, rules) == ["a"]
+    assert policy.expired(leases, {"c1": 0.0}, 100.0, Rules()) == []
