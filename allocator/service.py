@@ -24,12 +24,13 @@ import time
 from dataclasses import replace
 from typing import Any, cast
 
-from allocator.core import access, compose, events, labels, starts
+from allocator.core import access, compose, events, labels, policy, starts
 from allocator.core.access import EngineView
 from allocator.core.ask import Ask
 from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.leases import Claim, Lease, Phase, State, StateError
 from allocator.core.placement import POLICIES, Shortage, place
+from allocator.core.policy import NOBODY, Invalid, Owner, Refusal, Rules, Wanted
 from allocator.core.reconcile import Report, apply
 from allocator.core.verdicts import (
     ALLOW,
@@ -43,10 +44,11 @@ from allocator.core.verdicts import (
     StartCheck,
     Unanswered,
 )
+from allocator.host import config as configmod
 from allocator.host import ledger, metrics
 from allocator.host.audit import AuditLog
-from allocator.host.config import Config
-from allocator.host.engine import Engine, EngineError
+from allocator.host.config import Config, ConfigError
+from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.filesystem import Host, engine_paths
 from allocator.host.inventory import load as load_inventory
 from allocator.host.ledger import Ledger
@@ -73,6 +75,9 @@ class Allocator:
         self._reconciling = threading.Condition()
         self._reconcile_running = False
         self._last_reconcile: tuple[float, bool, Report] | None = None
+        self._rules = config.policy.rules
+        self._policy_lock = threading.RLock()  # re-entrant: SIGHUP runs on the main thread
+        self._rules_stamp = self._config_stamp()
 
     # ------------------------------------------------------------- facts
 
@@ -138,6 +143,7 @@ class Allocator:
             mounts_of=self._bind_mounts if with_engine else None,
             inventory_error=missing,
             volume_of=self._volume if with_engine else None,
+            shim_socket=self.config.shim.socket,
         )
 
     def lazy_facts(self) -> Facts:
@@ -163,33 +169,109 @@ class Allocator:
 
     # ------------------------------------------------------------ leases
 
+    @property
+    def rules(self) -> Rules:
+        """The policy's limits, pools and defaults as the config file says now.
+
+        The file is re-read when it changes (one stat per create, never on the fast
+        path) or on `reload_policy` (SIGHUP); a bad new file keeps the policy in force.
+        """
+        stamp = self._config_stamp()
+        if stamp != self._rules_stamp:
+            self.reload_policy(stamp)
+        return self._rules
+
+    def reload_policy(self, stamp: object = None) -> None:
+        stamp = stamp or self._config_stamp()
+        with self._policy_lock:
+            self._rules_stamp = stamp
+            try:
+                new = configmod.load(self.config.source).policy.rules
+            except ConfigError as e:
+                log.error("policy not reloaded, the one in force stays: %s", e)
+                return
+            if new != self._rules:
+                log.info("policy reloaded from %s", self.config.source)
+                self._rules = new
+
+    def _config_stamp(self) -> object:
+        if self.config.source.startswith("<"):
+            return None  # built in code (tests) or the defaults: nothing to re-read
+        try:
+            st = os.stat(self.config.source)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
     def lease(
-        self, ask: Ask, name: str = "", labels: dict[str, str] | None = None
-    ) -> tuple[Lease, str] | Shortage:
+        self,
+        ask: Ask,
+        name: str = "",
+        labels: dict[str, str] | None = None,
+        owner: Owner = NOBODY,
+        want: Wanted = Wanted(),  # noqa: B008  # frozen
+    ) -> tuple[Lease, str] | Shortage | Refusal | Invalid:
         """Place and record a pending lease; on shortage, reconcile once and retry.
+
+        The policy decides first: the pool and request labels narrow the GPUs, and the
+        owner's limit counts every GPU their leases hold, under the lock.
 
         A create that replaces a stopped container of the same Compose service (compose
         stops the old one and renames it ``<short id>_<name>`` before creating the new
         one) may take over the old container's GPUs, so recreating a service on a full
         host needs no more free GPUs than it had.
         """
-        result = self._try_lease(ask, name)
-        if isinstance(result, Shortage) and self.engine is not None:
-            if self.reconcile():
-                result = self._try_lease(ask, name)
-            predecessor = None
-            if isinstance(result, Shortage):
-                predecessor = self._compose_predecessor(name, labels or {})
+        rules = self.rules
+        scope = policy.eligible(self.inventory(), want, owner, rules, ask.required)
+        if not isinstance(scope, tuple):
+            return scope
+        result = self._try_lease(ask, name, owner, scope, want)
+        if isinstance(result, Shortage) and self.engine is not None and self.reconcile():
+            result = self._try_lease(ask, name, owner, scope, want)
+        # A Compose recreate may take over its predecessor's GPUs: when the host is full,
+        # and when the owner is at their limit (the old container's GPUs count there).
+        if isinstance(result, Shortage | Refusal) and self.engine is not None:
+            predecessor = self._compose_predecessor(name, labels or {})
             if predecessor is not None:
-                result = self._try_lease(ask, name, predecessor)
-                if not isinstance(result, Shortage):
+                retry = self._try_lease(ask, name, owner, scope, want, predecessor)
+                if isinstance(retry, tuple):
                     self._keep_down(predecessor[0])
-        if isinstance(result, Shortage):
-            metrics.request("short")
-            self.record("refusal", name=name, reason=result.msg)
-        else:
-            metrics.request("granted")
+                    result = retry
+                elif isinstance(result, Shortage) and isinstance(retry, Shortage):
+                    result = retry
+        self._count(result, name)
         return result
+
+    def _count(self, result: object, name: str) -> None:
+        """Metrics and the audit trail for a lease decision."""
+        if isinstance(result, tuple):
+            metrics.request("granted")
+            return
+        outcome = "short" if isinstance(result, Shortage) else "policy"
+        metrics.request(outcome)
+        self.record("refusal", name=name, reason=str(getattr(result, "msg", result)))
+
+    def explain(
+        self, ask: Ask, owner: Owner, want: Wanted
+    ) -> tuple[list[str], str | None] | Shortage | Refusal | Invalid:
+        """What `lease` would answer now, taking nothing: (GPUs, pool) or the refusal.
+
+        The ledger is read without the lock, so the answer can be stale by one create.
+        """
+        scope = policy.eligible(self.inventory(), want, owner, self.rules, ask.required)
+        if not isinstance(scope, tuple):
+            return scope
+        inventory, pool = scope
+        state = self.ledger.read()
+        asking = len(inventory.gpus) if ask.every else len(ask.required) + ask.count
+        refused = policy.over_limit(owner, state.held_by(owner.user), asking, self.rules)
+        if refused is not None:
+            return refused
+        held = state.holders(self.inventory().uuids)
+        picked = place(ask, inventory, held, self.policy, ledger.now(), want.where(pool))
+        if isinstance(picked, Shortage):
+            return picked
+        return [g.uuid for g in picked], pool
 
     def _keep_down(self, container: str) -> None:
         """A predecessor that lent its GPUs must not come back by itself.
@@ -204,23 +286,41 @@ class Allocator:
             log.warning("could not turn off the restart policy of %s: %s", container[:12], e)
 
     def _try_lease(
-        self, ask: Ask, name: str, predecessor: tuple[str, str] | None = None
-    ) -> tuple[Lease, str] | Shortage:
-        inventory = self.inventory()
+        self,
+        ask: Ask,
+        name: str,
+        owner: Owner,
+        scope: tuple[Inventory, str | None],
+        want: Wanted,
+        predecessor: tuple[str, str] | None = None,
+    ) -> tuple[Lease, str] | Shortage | Refusal:
+        inventory, pool = scope
+        where = want.where(pool)
         with self.ledger.transaction() as state:
-            held = state.holders(inventory.uuids)
+            now = ledger.now()
+            held = state.holders(self.inventory().uuids)
             old = state.lease_of(predecessor[0]) if predecessor else None
-            if predecessor and (old is None or old.phase is not Phase.BOUND):
-                return place(ask, inventory, held, self.policy)  # the shortage, as it is
+            # Only the owner's own predecessor lends its GPUs (leases from before owners
+            # were recorded have none, and may).
+            if predecessor and (
+                old is None or old.phase is not Phase.BOUND or old.owner not in ("", owner.user)
+            ):
+                return place(ask, inventory, held, self.policy, now, where)  # the shortage
+            asking = len(inventory.gpus) if ask.every else len(ask.required) + ask.count
+            holding = state.held_by(owner.user, besides=old.id if old else None)
+            refused = policy.over_limit(owner, holding, asking, self.rules)
+            if refused is not None:
+                return refused
             for uuid in old.gpus if old else ():
                 held.pop(uuid, None)
-            picked = place(ask, inventory, held, self.policy)
+            picked = place(ask, inventory, held, self.policy, now, where)
             if isinstance(picked, Shortage):
                 return picked
             lease, token = state.new_lease(
-                tuple(g.uuid for g in picked), ledger.now(), self.config.policy.pending_ttl
+                tuple(g.uuid for g in picked), now, self.config.policy.pending_ttl
             )
-            state.leases[lease.id] = lease = replace(lease, name=name)
+            lease = replace(lease, name=name, owner=owner.user, owner_uid=owner.uid, pool=pool)
+            state.leases[lease.id] = lease
             if old is not None and predecessor is not None:
                 state.hand_over(old.id, lease.id, predecessor[1])
         self.record("grant", lease)
@@ -238,7 +338,7 @@ class Allocator:
                 "lease": lease.id,
                 "container": lease.container,
                 "name": lease.name,
-                "owner": getattr(lease, "owner", None),
+                "owner": lease.owner,
                 **fields,
             }
         gpus = fields.get("gpus") or ()
@@ -292,6 +392,8 @@ class Allocator:
         except StateError as e:
             state = str(e)
         info = self.engine.inspect(ref) if self.engine else None
+        if info and not isinstance(state, str) and info["Id"] in state.expired:
+            return policy.expired_text(ref, self.rules)
         old_info = None
         if info is not None and not isinstance(state, str) and self.engine is not None:
             lease = state.lease_of(str(info.get("Id") or ""))
@@ -300,7 +402,7 @@ class Allocator:
                 old_info = self.engine.inspect(old.container)  # by full id: None if gone
         facts = self.facts()
         return starts.refusal(
-            ref, info, state, facts.engine, facts.known_gpus, facts.host, old_info
+            ref, info, state, facts.engine, facts.known_gpus, facts.host, old_info, facts.volume_of
         )
 
     def settle_unanswered(self, lease_id: str, label: str) -> None:
@@ -436,6 +538,7 @@ class Allocator:
         found: dict[str, Claim] = {}
         if adopt:
             known = {le.container for le in snapshot.leases.values()} | set(snapshot.claims)
+            known |= set(snapshot.expired)  # their GPUs went back: never adopt them
             for cid in listed.keys() - known - self._no_gpu - set(by_label.values()):
                 claim = self._claim_of(cid, facts)
                 if claim is None:
@@ -443,12 +546,25 @@ class Allocator:
                 else:
                     found[cid] = claim
             self._no_gpu &= set(listed)
+        stopped = self._stopped_since(snapshot, listed)
         with self.ledger.transaction() as state:
             before = dict(state.leases)
-            report = apply(state, snapshot, listed, by_label, found, ledger.now())
+            now = ledger.now()
+            report = apply(state, snapshot, listed, by_label, found, now)
+            bound = [(le.id, le.container or "") for le in state.leases.values()]
+            expired = policy.expired(bound, stopped, now, self.rules)
+            for lease_id in expired:
+                state.expire(lease_id, now)
+                report.freed.append(lease_id)
+                log.info("lease %s: its container stayed stopped too long; freed", lease_id)
+            for cid in set(state.expired) - set(listed):
+                if cid in snapshot.expired:
+                    del state.expired[cid]  # removed: nothing left to refuse
         for lease_id in report.freed:
             lease = before.get(lease_id)
             why = "container gone" if lease and lease.container else "create never completed"
+            if lease_id in expired:
+                why = "stopped longer than policy.release_stopped_after"
             self._ended(lease, f"reconcile: {why}")
         for cid in report.adopted:
             claim = found[cid]
@@ -456,6 +572,26 @@ class Allocator:
                 "adoption", gpus=claim.gpus or (), container=cid, name=claim.name, reason=claim.why
             )
         return report
+
+    def _stopped_since(self, snapshot: State, listed: dict[str, dict]) -> dict[str, float]:
+        """When each leased container that is not running stopped (or was created).
+
+        Asked only when ``release_stopped_after`` is set, and only of containers the
+        listing shows stopped, so a host without the rule pays nothing.
+        """
+        if self.rules.release_stopped_after is None or self.engine is None:
+            return {}
+        leased = {le.container for le in snapshot.leases.values() if le.phase is Phase.BOUND}
+        since: dict[str, float] = {}
+        for cid in leased & set(listed):
+            if listed[cid].get("State") not in ("exited", "created", "dead"):
+                continue
+            info = self.engine.inspect(cid)
+            st = (info or {}).get("State") or {}
+            stamp = go_time(st.get("FinishedAt")) or go_time((info or {}).get("Created"))
+            if info and not st.get("Running") and stamp:
+                since[cid] = stamp
+        return since
 
     def _carries(self, cid: str, lease: Lease, facts: Facts) -> bool:
         """Does this container really hold the lease's GPUs (not a label copied by commit)?"""

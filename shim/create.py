@@ -23,11 +23,14 @@ granted twice.
 from __future__ import annotations
 
 import asyncio
+import grp
 import logging
+import os
+import pwd
 from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
 
-from allocator.core import cuda, errors, gojson, labels
+from allocator.core import cuda, errors, gojson, labels, policy
 from allocator.core import verdicts as decide
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
@@ -38,7 +41,7 @@ from allocator.host import metrics
 from allocator.host.engine import EngineError
 from allocator.ops import gpus, status
 from allocator.service import Allocator
-from shim.framing import Request, Response, UpstreamError
+from shim.framing import Peer, Request, Response, UpstreamError
 
 log = logging.getLogger("gpu-alloc.shim")
 STATUS_PATH = "/gpu-alloc/v1/status"  # not an Engine route: dockerd has no /gpu-alloc
@@ -88,9 +91,11 @@ class CreateInterceptor:
 
     async def _create(self, request: Request, forward: Forward) -> Response:
         try:
-            spec = strip_labels(decide.decode_create(request.body))
+            decoded = decide.decode_create(request.body)
         except gojson.BodyError as e:
             return error(400, f"gpu-alloc refused the container create: {e}")
+        want = policy.wanted(decoded.get("Labels") if isinstance(decoded, dict) else None)
+        spec = strip_labels(decoded)
         facts = await asyncio.to_thread(self.alloc.facts)
         ask = decide.shim_ask(spec, facts)
         name = _name(request.target)
@@ -103,14 +108,20 @@ class CreateInterceptor:
         if refused:
             await asyncio.to_thread(self._refused, name, refused)
             return error(403, refused)
+        if isinstance(want, policy.Invalid):
+            return error(400, want.msg)
         given = spec.get("Labels") or {}
-        leased = await asyncio.to_thread(self.alloc.lease, ask, name, given)
-        if isinstance(leased, Shortage):
-            log.info("refused create %r: %s", name, leased.msg)
-            return error(409, leased.msg)
+        owner = await asyncio.to_thread(owner_of, request.peer)
+        leased = await asyncio.to_thread(self.alloc.lease, ask, name, given, owner, want)
+        if not isinstance(leased, tuple):
+            log.info("refused create %r of %s: %s", name, owner.user, leased.msg)
+            return error(_REFUSAL_STATUS[type(leased)], leased.msg)
         lease, token = leased
         label = labels.lease_label(lease.id, token)
-        body = rewrite(spec, lease.gpus, label, ask.caps)
+        body = rewrite(policy.with_defaults(spec, self.alloc.rules), lease.gpus, label, ask.caps)
+        body["Labels"][policy.OWNER] = policy.owner_label(owner)
+        if lease.pool:
+            body["Labels"][policy.POOL] = lease.pool
         log.info("lease %s: GPUs %s for create %r", lease.id, ",".join(lease.gpus), name)
         try:
             response = await forward(_with_body(request, body))
@@ -167,6 +178,30 @@ class CreateInterceptor:
         if response.status != 201:
             log.info("lease %s: the Engine answered %s", lease_id, response.status)
         self.alloc.settle(decide.create_outcome(lease_id, token, response.status, response.body))
+
+
+_REFUSAL_STATUS = {Shortage: 409, policy.Refusal: 403, policy.Invalid: 400}
+
+
+def owner_of(peer: Peer | None) -> policy.Owner:
+    """The user and groups behind a connection's uid, as this host's NSS knows them."""
+    if peer is None:
+        return policy.NOBODY
+    try:
+        user = pwd.getpwuid(peer.uid).pw_name
+    except KeyError:
+        return policy.Owner(peer.uid, str(peer.uid))
+    try:
+        gids = os.getgrouplist(user, peer.gid)
+    except OSError:
+        gids = [peer.gid]
+    groups = []
+    for gid in gids:
+        try:
+            groups.append(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue
+    return policy.Owner(peer.uid, user, tuple(groups))
 
 
 def _name(target: str) -> str:

@@ -57,6 +57,16 @@ class Request:
     target: str  # raw request-target as received, e.g. "/v1.41/containers/create?name=x"
     headers: list[tuple[str, str]]
     body: bytes
+    peer: Peer | None = None  # the client's credentials, where the socket gives them
+
+
+@dataclass(frozen=True)
+class Peer:
+    """SO_PEERCRED of the client connection: who asks, as the kernel says."""
+
+    pid: int
+    uid: int
+    gid: int
 
 
 @dataclass

@@ -26,6 +26,7 @@ from shim.framing import (
     _NO_BODY_STATUS,
     MAX_HEAD,
     READ_AHEAD,
+    Peer,
     Request,
     UpstreamError,
     _BadMessage,
@@ -63,6 +64,8 @@ if TYPE_CHECKING:
 
 import asyncio
 import logging
+import socket
+import struct
 import time
 
 import httptools
@@ -105,11 +108,13 @@ class _Client(UpstreamSide, asyncio.Protocol):
         self.collector: _Collector | None = None
         self.task: asyncio.Task[None] | None = None
         self.connecting: asyncio.Future[None] | None = None
+        self.peer: Peer | None = None
 
     # -- client transport callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.ct = transport  # type: ignore[assignment]
+        self.peer = _peer_of(transport)
         self.proxy.conns.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -333,7 +338,7 @@ class _Client(UpstreamSide, asyncio.Protocol):
         method, target, headers, keep, head_req = self.pending
         self.body = self.pending = None
         self.rq = _RQ_INTERCEPT
-        request = Request(method, target, headers, b"".join(body.parts))
+        request = Request(method, target, headers, b"".join(body.parts), self.peer)
         self.task = asyncio.create_task(self._intercept(request, keep, head_req))
 
     async def _intercept(self, request: Request, keep: bool, head_req: bool) -> None:
@@ -542,3 +547,20 @@ def _method(buf: bytes) -> bytes:
     # After llhttp's upgrade exception get_method() is unavailable; the head parsed, so the
     # method is the first token of the request line.
     return buf.lstrip(b"\r\n").split(b" ", 1)[0]
+
+
+_CRED = struct.Struct("3i")
+
+
+def _peer_of(transport: asyncio.BaseTransport) -> Peer | None:
+    """The kernel's word on who connected (pid, uid, gid at connect time), once."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family != socket.AF_UNIX:
+        return None
+    try:
+        pid, uid, gid = _CRED.unpack(
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size)
+        )
+    except OSError:
+        return None
+    return Peer(pid, uid, gid)

@@ -32,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
@@ -418,13 +419,18 @@ def docker_cli(
     env: Mapping[str, str] | None = None,
     input: str | bytes | None = None,
     timeout: float = 120,
+    user: str | None = None,
 ) -> subprocess.CompletedProcess:
     """Run the `docker` CLI against `sock`; text output; never raises on a non-zero exit.
 
     `$GA_DOCKER_CLI` picks a specific binary (several CLI versions may be installed).
+    ``user`` runs it as that (non-root) user, as a person on a shared host would.
     """
     docker_bin = os.environ.get("GA_DOCKER_CLI") or _which("docker") or "docker"
     full_env = _client_env(sock, env)
+    if user is not None:
+        shutil.chown(full_env["DOCKER_CONFIG"], user)
+        full_env["HOME"] = full_env["DOCKER_CONFIG"]
     try:
         return subprocess.run(
             [docker_bin, "-H", full_env["DOCKER_HOST"], *args],
@@ -434,6 +440,7 @@ def docker_cli(
             text=not isinstance(input, bytes),
             timeout=timeout,
             check=False,
+            user=user,
         )
     finally:
         shutil.rmtree(full_env["DOCKER_CONFIG"], ignore_errors=True)
@@ -518,9 +525,13 @@ class Stack:
         gpus: int = 4,
         cuda: str | None = None,
         extra: dict[str, dict[str, object]] | None = None,
+        policy: Mapping[str, Any] | None = None,
+        gpus_yaml: list[dict[str, Any]] | None = None,
     ) -> None:
         self.cuda = cuda
         self.extra = extra or {}  # config sections merged over the defaults below
+        self.policy = dict(policy or {})  # extra policy: keys (limits, pools, ...)
+        self.gpus_yaml = gpus_yaml  # GPUs as written to the sim file, overriding `gpus`
         self._own_dir = tmp is None
         self.dir = Path(tmp or tempfile.mkdtemp(prefix="ga-", dir="/tmp"))
         check_short(self.dir / "e")
@@ -540,6 +551,8 @@ class Stack:
 
     def write_config(self) -> Path:
         write_sim_gpus(self.gpus_file, self.gpu_count, self.cuda)
+        if self.gpus_yaml is not None:
+            self.gpus_file.write_text(yaml.safe_dump(self.gpus_yaml, sort_keys=False))
         self.state_dir.mkdir(exist_ok=True)
         config = {
             "engine": {"socket": self.engine_sock, "timeout": 10,
@@ -547,7 +560,8 @@ class Stack:
             "shim": {"socket": self.shim_sock, "mode": "0660", "group": None,
                      "create_timeout": 120},
             "plugin": {"socket": self.plugin_sock, "name": self.plugin_name, "workers": 2},
-            "policy": {"placement": "numa", "lock_timeout": 5, "pending_ttl": 300},
+            "policy": {"placement": "numa", "lock_timeout": 5, "pending_ttl": 300,
+                       **self.policy},
             "state_dir": str(self.state_dir),
             "gpus": str(self.gpus_file),
         }  # fmt: skip

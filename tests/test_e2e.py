@@ -96,10 +96,11 @@ def test_unknown_gpu_is_refused_and_lists_the_gpus(stack):
     assert UUIDS[0] in out.stderr
 
 
-def test_too_many_gpus_is_a_409_saying_asked_and_free(stack):
+def test_more_gpus_than_the_host_has_is_a_409_saying_so(stack):
     out = visible(stack, "--gpus", "5")
     assert out.returncode != 0
-    assert "asked for 5 GPUs, 4 of 4 free" in out.stderr
+    assert "asked for 5 GPUs but this host has only 4; ask for fewer" in out.stderr
+    assert "Remove" not in out.stderr
 
 
 def test_sixteen_parallel_runs_share_four_gpus_without_overlap(stack):

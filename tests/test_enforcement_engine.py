@@ -212,8 +212,9 @@ def test_an_unpinned_adopted_claim_holds_every_gpu():
     s.start()
     try:
         status = gpu_alloc(s, "status")
-        assert status.stdout.count("held") == 2, status.stdout
-        assert "Count 1" in status.stdout
+        holder = next(line for line in status.stdout.splitlines() if "old (adopted)" in line)
+        assert holder.startswith("0,1 ") and "unknown" in holder, status.stdout
+        assert "GPU 0,1 'old': HostConfig.DeviceRequests[0]: Count 1" in status.stdout
         refused = engine.docker_cli(s.shim_sock, "run", "--rm", "--gpus", "1", IMAGE, "true")
         assert "0 of 2 free" in refused.stderr
         assert engine.docker_cli(s.engine_sock, "rm", "old").returncode == 0

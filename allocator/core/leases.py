@@ -83,6 +83,10 @@ class Lease:
     created: float = 0.0
     deadline: float = 0.0
     handed_to: str | None = None  # the lease of the container replacing this one
+    # Who asked (the shim's SO_PEERCRED); files written before owners existed load as unknown.
+    owner_uid: int | None = None
+    owner: str = ""
+    pool: str | None = None
 
     @property
     def phase(self) -> Phase:
@@ -119,23 +123,32 @@ class Holder:
     why: str
     lease: str | None = None
     state: str | None = None
+    owner: str = "unknown"
+    owner_uid: int | None = None
+    since: float | None = None
+    pool: str | None = None
 
-    def describe(self) -> str:
+    def describe(self, now: float | None = None) -> str:
+        """One phrase for refusals: what holds it, whose it is, for how long."""
         if self.lease is None:
             return f"container {(self.container or '')[:12]} '{self.name}' (not leased: {self.why})"
+        age = f", for {ago(now - self.since)}" if now is not None and self.since else ""
         return " ".join(
             filter(
                 None,
                 (
                     f"container {self.container[:12]}" if self.container else "a create in flight",
                     f"'{self.name}'" if self.name else "",
+                    f"of {self.owner}{age}",
                     f"(lease {self.lease}, {self.state})",
                 ),
             )
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None or k == "container"}
+        out = {k: v for k, v in asdict(self).items() if v is not None or k == "container"}
+        out["owner"] = {"uid": out.pop("owner_uid", None), "user": self.owner}
+        return out
 
 
 @dataclass
@@ -143,6 +156,9 @@ class State:
     leases: dict[str, Lease] = field(default_factory=dict)
     claims: dict[str, Claim] = field(default_factory=dict)
     adopted_at: float | None = None
+    # container -> when its lease ended under policy.release_stopped_after; its start
+    # is refused with that reason until it is removed.
+    expired: dict[str, float] = field(default_factory=dict)
 
     def holders(self, all_gpus: frozenset[str] | set[str]) -> dict[str, Holder]:
         """UUID -> its holder.  A handed-over lease's GPUs count under the lease it lent
@@ -151,7 +167,17 @@ class State:
         for lease in self.leases.values():
             if lease.phase is Phase.HANDED_OVER:
                 continue
-            who = Holder(lease.container, lease.name, "leased by gpu-alloc", lease.id, lease.state)
+            who = Holder(
+                lease.container,
+                lease.name,
+                "leased by gpu-alloc",
+                lease.id,
+                lease.state,
+                lease.owner or "unknown",
+                lease.owner_uid,
+                lease.created or None,
+                lease.pool,
+            )
             for uuid in lease.gpus:
                 held.setdefault(uuid, who)
         for claim in sorted(self.claims.values(), key=lambda c: c.gpus is None):
@@ -159,6 +185,14 @@ class State:
             for uuid in all_gpus if claim.gpus is None else claim.gpus:
                 held.setdefault(uuid, who)
         return held
+
+    def held_by(self, owner: str, besides: str | None = None) -> int:
+        """GPUs ``owner``'s live leases hold (running or stopped), ``besides`` one lease."""
+        return sum(
+            len(le.gpus)
+            for le in self.leases.values()
+            if le.owner == owner and le.id != besides and le.phase is not Phase.HANDED_OVER
+        )
 
     def named_gpus(self) -> set[str]:
         """Every GPU a lease or a pinned claim names, present on the host or not."""
@@ -213,6 +247,13 @@ class State:
             self.leases[lease_id], Event.HAND_OVER, handed_to=to, name=current_name
         )
 
+    def expire(self, lease_id: str, now: float) -> Lease | None:
+        """End a stopped container's lease for good: its GPUs go back, its start is refused."""
+        lease = self.release(lease_id)
+        if lease is not None and lease.container:
+            self.expired[lease.container] = now
+        return lease
+
     def lease_of(self, container: str) -> Lease | None:
         return next((le for le in self.leases.values() if le.container == container), None)
 
@@ -229,6 +270,7 @@ class State:
             "leases": {k: asdict(v) for k, v in sorted(self.leases.items())},
             "claims": {k: asdict(v) for k, v in sorted(self.claims.items())},
             "adopted_at": self.adopted_at,
+            "expired": dict(sorted(self.expired.items())),
         }
 
     @classmethod
@@ -249,9 +291,10 @@ class State:
             leases = {k: _lease(v) for k, v in data["leases"].items()}
             claims = {k: _claim(v) for k, v in data["claims"].items()}
             adopted_at = data.get("adopted_at")
+            expired = {str(k): float(v) for k, v in (data.get("expired") or {}).items()}
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise StateError(f"{path}: malformed entry ({e!r}); {REPAIR_HINT}") from None
-        return cls(leases, claims, adopted_at)
+        return cls(leases, claims, adopted_at, expired)
 
 
 def _lease(v: dict[str, Any]) -> Lease:
@@ -263,6 +306,15 @@ def _lease(v: dict[str, Any]) -> Lease:
 def _claim(v: dict[str, Any]) -> Claim:
     gpus = v["gpus"]
     return Claim(**{**v, "gpus": None if gpus is None else tuple(gpus)})
+
+
+def ago(seconds: float) -> str:
+    """A duration as people say it: 45s, 12m, 3h, 2d."""
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def _hash(token: str) -> str:

@@ -27,7 +27,27 @@ from allocator.core.ask import Ask, ask_of
 from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.routes import Check, Route, RouteError, classify
 
-HINT = "use 'docker --context gpu-alloc' and ask with --gpus or a Compose device reservation"
+DEFAULT_SHIM_SOCKET = "/run/gpu-alloc/docker.sock"
+
+
+def context_hint(shim_socket: str = DEFAULT_SHIM_SOCKET) -> str:
+    """What to do instead, for a refusal on the real socket: the command that fixes it."""
+    return (
+        "GPUs are leased only through the gpu-alloc socket: create its context once with "
+        f"'docker context create gpu-alloc --docker host=unix://{shim_socket}', then run "
+        "'docker --context gpu-alloc run --gpus 1 ...' (or a Compose device reservation)"
+    )
+
+
+HINT = context_hint()
+# Plain words for the grants people hit most, before the field that carries them.
+PLAIN = {
+    "HostConfig.Privileged": "privileged containers cannot be given GPUs here",
+}
+SHIM_INSTEAD = (
+    "ask for GPUs with --gpus N (or a Compose device reservation) instead; a privileged "
+    "container needs --privileged removed, and --cap-add for what it really needs"
+)
 DEVICE_FIELDS = ("Devices", "DeviceRequests", "DeviceCgroupRules")
 MIN_START_BODY_FREE_API = (1, 24)  # below it, start may carry a HostConfig
 
@@ -50,6 +70,7 @@ class Facts:
     mounts_of: access.MountsOf | None = None  # another container's binds, for VolumesFrom
     inventory_error: str = ""  # why `inventory` is None
     volume_of: access.VolumeOf | None = None  # a named volume's driver and options
+    shim_socket: str = DEFAULT_SHIM_SOCKET  # for the hint on the real socket
 
     @property
     def known_gpus(self) -> Inventory:
@@ -146,13 +167,13 @@ def _create(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
         return ALLOW
     refused = grants.refused()
     if refused:
-        return Deny(_refusal_text(refused), refused[0].field)
+        return Deny(_refusal_text(refused, context_hint(facts.shim_socket)), refused[0].field)
     lease_id, token = labels.parse_lease(spec.get("Labels"))
     first = grants.grants[0]
     if not lease_id or not token:
         return Deny(
-            f"gpu-alloc refused the container create: {first.describe()} asks for GPUs "
-            f"without a gpu-alloc lease; {HINT}",
+            "gpu-alloc refused the container create: it asks for GPUs without a gpu-alloc "
+            f"lease ({first.describe()}); {context_hint(facts.shim_socket)}",
             first.field,
         )
     if not grants.pinned:
@@ -195,12 +216,16 @@ def grants_of_create(spec: Mapping[str, Any], facts: Facts) -> access.Access | D
     return grants
 
 
-def _refusal_text(refused: Sequence[access.Grant]) -> str:
+def _refusal_text(refused: Sequence[access.Grant], instead: str) -> str:
+    """Plain words first (`PLAIN`), then the field and its detail, then what to do."""
+    plain = [PLAIN[g.field] for g in refused if g.field in PLAIN]
     what = "; ".join(g.describe() for g in refused)
+    if plain:
+        return f"gpu-alloc refused the container create: {'; '.join(plain)} ({what}); {instead}"
     return (
         f"gpu-alloc refused the container create: {what}. gpu-alloc leases GPUs only through "
         f"device requests (--gpus, Compose reservations) or the nvidia runtime with "
-        f"NVIDIA_VISIBLE_DEVICES; {HINT}"
+        f"NVIDIA_VISIBLE_DEVICES; {instead}"
     )
 
 
@@ -483,5 +508,5 @@ def shim_ask(spec: Mapping[str, Any], facts: Facts) -> Ask | Deny:
         return grants
     refused = tuple(g for g in grants.refused() if not g.guarded)
     if refused:
-        return Deny(_refusal_text(refused), refused[0].field)
+        return Deny(_refusal_text(refused, SHIM_INSTEAD), refused[0].field)
     return ask_of(access.Access(tuple(g for g in grants.grants if g.leasable)))

@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from allocator.core.policy import Pool, Rules, Ulimit, parse_size
+
 DEFAULT_PATH = "/etc/gpu-alloc/config.yaml"
 ENV_VAR = "GPU_ALLOC_CONFIG"
 PLACEMENT_POLICIES = ("numa", "first-fit")
@@ -52,6 +54,7 @@ class PolicyConfig:
     lock_timeout: float = 5.0
     pending_ttl: float = 300.0
     idle_after: float = 3600.0  # a leased GPU unused this long is marked idle
+    rules: Rules = field(default_factory=Rules)  # limits, pools, gpu_defaults, ...
 
 
 @dataclass(frozen=True)
@@ -86,9 +89,16 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "lock_timeout": (int, float),
         "pending_ttl": (int, float),
         "idle_after": (int, float),
+        "limits": dict,
+        "exempt": list,
+        "pools": dict,
+        "default_pool": (str, type(None)),
+        "gpu_defaults": dict,
+        "release_stopped_after": (int, float, str, type(None)),
     },
     "metrics": {"listen": (str, type(None))},
 }
+_RULE_KEYS = ("limits", "exempt", "pools", "default_pool", "gpu_defaults", "release_stopped_after")
 _SCALARS: dict[str, type] = {"state_dir": str, "gpus": str}
 
 
@@ -203,7 +213,9 @@ def _build(data: dict[str, Any], path: str) -> Config:
         engine=EngineConfig(**sections["engine"]),
         shim=ShimConfig(**shim),
         plugin=PluginConfig(**sections["plugin"]),
-        policy=PolicyConfig(**policy),
+        policy=PolicyConfig(
+            **{k: v for k, v in policy.items() if k not in _RULE_KEYS}, rules=_rules(path, policy)
+        ),
         metrics=MetricsConfig(**sections["metrics"]),
         state_dir=data.get("state_dir", Config.state_dir),
         gpus=gpus,
@@ -219,3 +231,122 @@ def _mode(path: str, value: int | str) -> int:
     except ValueError:
         why = f"expected an octal mode such as '0660', got '{value}'"
         raise _fail(path, "shim.mode", why) from None
+
+
+# ------------------------------------------------------------------ policy rules
+
+_DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _rules(path: str, policy: dict[str, Any]) -> Rules:
+    """The policy's limits, pools and defaults, each key checked (see README, Policy)."""
+    limits = _mapping(path, "policy.limits", policy.get("limits"), ("default", "users", "groups"))
+    default = limits.get("default")
+    exempt = policy.get("exempt", ["root"])
+    for i, name in enumerate(exempt):
+        _check_type(path, f"policy.exempt[{i}]", name, str)
+    pools = {}
+    for name, raw in _mapping(path, "policy.pools", policy.get("pools"), None).items():
+        key = f"policy.pools.{name}"
+        pool = _mapping(path, key, raw, ("gpus", "users", "groups"))
+        if "gpus" not in pool:
+            raise _fail(path, f"{key}.gpus", "a pool must list its GPU indices")
+        pools[str(name)] = Pool(
+            tuple(_ints(path, f"{key}.gpus", pool["gpus"])),
+            tuple(_strs(path, f"{key}.users", pool.get("users") or [])),
+            tuple(_strs(path, f"{key}.groups", pool.get("groups") or [])),
+        )
+    default_pool = policy.get("default_pool")
+    if default_pool is not None and default_pool not in pools:
+        raise _fail(path, "policy.default_pool", f"no pool '{default_pool}' in policy.pools")
+    gd = _mapping(path, "policy.gpu_defaults", policy.get("gpu_defaults"), ("shm_size", "ulimits"))
+    shm = None
+    if gd.get("shm_size") is not None:
+        try:
+            shm = parse_size(str(gd["shm_size"]))
+        except ValueError as e:
+            raise _fail(path, "policy.gpu_defaults.shm_size", str(e)) from None
+    ulimits = []
+    for name, value in _mapping(
+        path, "policy.gpu_defaults.ulimits", gd.get("ulimits"), None
+    ).items():
+        key = f"policy.gpu_defaults.ulimits.{name}"
+        if isinstance(value, dict):
+            v = _mapping(path, key, value, ("soft", "hard"))
+            soft, hard = v.get("soft", v.get("hard")), v.get("hard", v.get("soft"))
+        else:
+            soft = hard = value
+        for k, n in (("soft", soft), ("hard", hard)):
+            _check_type(path, f"{key}.{k}" if isinstance(value, dict) else key, n, int)
+        ulimits.append(Ulimit(str(name), soft, hard))
+    return Rules(
+        default_limit=None if default is None else _gpus(path, "policy.limits.default", default),
+        user_limits={
+            str(u): _gpus(path, f"policy.limits.users.{u}", v)
+            for u, v in _mapping(path, "policy.limits.users", limits.get("users"), None).items()
+        },
+        group_limits={
+            str(g): _gpus(path, f"policy.limits.groups.{g}", v)
+            for g, v in _mapping(path, "policy.limits.groups", limits.get("groups"), None).items()
+        },
+        exempt=tuple(exempt),
+        pools=pools,
+        default_pool=default_pool,
+        shm_size=shm,
+        ulimits=tuple(ulimits),
+        release_stopped_after=_duration(
+            path, "policy.release_stopped_after", policy.get("release_stopped_after")
+        ),
+    )
+
+
+def _mapping(path: str, key: str, value: Any, known: tuple[str, ...] | None) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _fail(path, key, "must be a mapping")
+    for k in value:
+        if known is not None and k not in known:
+            raise _fail(path, f"{key}.{k}", f"unknown key (known: {', '.join(known)})")
+    return value
+
+
+def _gpus(path: str, key: str, value: Any) -> int:
+    """A limit is written ``{gpus: N}``, to leave room for more kinds of limit."""
+    gpus = _mapping(path, key, value, ("gpus",)).get("gpus")
+    _check_type(path, f"{key}.gpus", gpus, int)
+    if gpus < 0:
+        raise _fail(path, f"{key}.gpus", "must be zero or more")
+    return gpus
+
+
+def _ints(path: str, key: str, value: Any) -> list[int]:
+    _check_type(path, key, value, list)
+    for i, v in enumerate(value):
+        _check_type(path, f"{key}[{i}]", v, int)
+    return value
+
+
+def _strs(path: str, key: str, value: Any) -> list[str]:
+    _check_type(path, key, value, list)
+    for i, v in enumerate(value):
+        _check_type(path, f"{key}[{i}]", v, str)
+    return value
+
+
+def _duration(path: str, key: str, value: Any) -> float | None:
+    """Seconds in ``90``, ``30s``, ``15m``, ``24h`` or ``7d``; None when unset."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        unit = _DURATION.get(text[-1:].lower())
+        try:
+            value = float(text[:-1] if unit else text) * (unit or 1)
+        except ValueError:
+            raise _fail(
+                path, key, f"expected a duration such as 24h or 30m, got '{text}'"
+            ) from None
+    if value <= 0:
+        raise _fail(path, key, "must be greater than zero")
+    return float(value)

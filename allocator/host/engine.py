@@ -9,7 +9,9 @@ plugin's gevent patching comes before anything imports ssl.
 
 from __future__ import annotations
 
+import re
 import threading
+from datetime import datetime
 from typing import Any
 
 
@@ -90,3 +92,16 @@ class Engine:
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+
+
+_GO_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
+
+
+def go_time(text: object) -> float | None:
+    """A Go RFC 3339 time (nanoseconds, ``Z``) as epoch seconds; None for Go's zero time."""
+    m = _GO_TIME.match(text) if isinstance(text, str) else None
+    if m is None or text.startswith("0001-"):  # type: ignore[union-attr]
+        return None
+    frac = f".{m.group(2)[:6]}" if m.group(2) else ""
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    return datetime.fromisoformat(m.group(1) + frac + zone).timestamp()

@@ -7,6 +7,7 @@ them, so the library stays free of sockets.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(cfg, args) or 0)
     except ConfigError as e:
         print(f"gpu-alloc: config error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        return EXIT_FAIL if args.command == "explain" else EXIT_CONFIG  # 2 means "short" there
     except (StateError, EngineError, InventoryError, StartupError, OSError) as e:
         print(f"gpu-alloc: {e}", file=sys.stderr)  # e.g. a socket path that cannot be bound
         return EXIT_FAIL
@@ -55,22 +56,46 @@ class StartupError(Exception):
     """The host is configured so that gpu-alloc could not keep its promise."""
 
 
+def _common(suppress: bool) -> argparse.ArgumentParser:
+    """Options accepted before the subcommand and after it (``status --config x``).
+
+    After it they default to SUPPRESS, so they never undo what was given before it.
+    """
+    c = argparse.ArgumentParser(add_help=False)
+    c.add_argument(
+        "--config",
+        default=argparse.SUPPRESS if suppress else None,
+        help=f"config file (default: ${configmod.ENV_VAR}, else {configmod.DEFAULT_PATH})",
+    )
+    c.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS if suppress else False
+    )
+    return c
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("gpu-alloc")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpu-alloc",
         description="Exclusive GPUs for docker run, Compose and the Docker SDK on one host.",
+        parents=[_common(suppress=False)],
     )
-    p.add_argument(
-        "--config",
-        help=f"config file (default: ${configmod.ENV_VAR}, else {configmod.DEFAULT_PATH})",
-    )
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--version", action="version", version=f"gpu-alloc {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("plugin", help="serve the Docker authorization plugin").set_defaults(
-        func=cmd_plugin
-    )
-    sub.add_parser("shim", help="serve the rewriting Engine API socket").set_defaults(func=cmd_shim)
-    s = sub.add_parser("status", help="show which GPUs are free and who holds the rest")
+    common = [_common(suppress=True)]
+
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, parents=common)
+
+    add("plugin", "serve the Docker authorization plugin").set_defaults(func=cmd_plugin)
+    add("shim", "serve the rewriting Engine API socket").set_defaults(func=cmd_shim)
+    s = add("status", "show which GPUs are free and who holds the rest")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument(
         "--no-reconcile",
@@ -78,25 +103,31 @@ def _parser() -> argparse.ArgumentParser:
         help="show the ledger as it is, without asking the Engine",
     )
     s.set_defaults(func=cmd_status)
-    r = sub.add_parser("repair", help="re-read the Engine and rebuild or clean the ledger")
+    e = add("explain", "say whether a GPU request would be granted now, and why not")
+    e.add_argument("--user", help="as this user (default: you)")
+    e.add_argument("--gpus", default="1", help="as docker run --gpus: N, all, device=0,1")
+    e.add_argument(
+        "--label", action="append", default=[], metavar="K=V", help="a request label (repeat)"
+    )
+    e.add_argument("--json", action="store_true", help="machine-readable output")
+    e.set_defaults(func=cmd_explain)
+    r = add("repair", "re-read the Engine and rebuild or clean the ledger")
     r.add_argument(
         "--reset",
         action="store_true",
         help="start from an empty ledger (after moving a corrupt one aside)",
     )
     r.set_defaults(func=cmd_repair)
-    h = sub.add_parser("history", help="who used which GPU when (from the audit trail)")
+    h = add("history", "who used which GPU when (from the audit trail)")
     h.add_argument("--gpu", help="a GPU index (as recorded) or UUID prefix")
     h.add_argument("--user", help="only this owner's events")
     h.add_argument("--since", help="a duration (7d, 12h, 30m) or an RFC 3339 time")
     h.add_argument("--json", action="store_true", help="machine-readable output")
     h.set_defaults(func=cmd_history)
-    g = sub.add_parser("gpus", help="live GPU use: utilisation, memory, processes, owners")
+    g = add("gpus", "live GPU use: utilisation, memory, processes, owners")
     g.add_argument("--json", action="store_true", help="machine-readable output")
     g.set_defaults(func=cmd_gpus)
-    sub.add_parser("doctor", help="check the host end to end and say what to fix").set_defaults(
-        func=cmd_doctor
-    )
+    add("doctor", "check the host end to end and say what to fix").set_defaults(func=cmd_doctor)
     return p
 
 
@@ -216,8 +247,30 @@ def cmd_repair(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(cfg: Config, args: argparse.Namespace) -> int:
+    """Exit 0 fits, 2 short of GPUs, 3 invalid request, 4 refused by policy, 1 no answer."""
+    from allocator.ops.explain import explain, render
+
+    alloc = _allocator(cfg)
+    try:
+        alloc.reconcile()  # frees what removed containers left, so "short" is current
+    except EngineError as e:
+        logging.getLogger("gpu-alloc").warning("answering from the ledger only: %s", e)
+    answer = explain(alloc, args.user, args.gpus, args.label)
+    print(render(answer, args.json))
+    return int(answer["code"])
+
+
 def cmd_doctor(cfg: Config, args: argparse.Namespace) -> int:
     from allocator.ops import doctor
+
+    if os.geteuid() != 0:
+        print(
+            "gpu-alloc doctor reads the state dir, the Engine socket and daemon.json, which "
+            "need root: run it as 'sudo gpu-alloc doctor'",
+            file=sys.stderr,
+        )
+        return EXIT_FAIL
 
     lines, healthy = doctor.run(cfg)
     for line in lines:

@@ -13,7 +13,7 @@ import json
 import threading
 from typing import Any
 
-from allocator.core import compose
+from allocator.core import compose, policy
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import Lease, State, StateError
 from allocator.core.usage import Usage, idle_since
@@ -22,7 +22,6 @@ from allocator.host.engine import EngineError
 from allocator.service import Allocator
 
 GPUS_PATH = "/gpu-alloc/v1/gpus"  # on the shim socket, next to /gpu-alloc/v1/status
-OWNER_LABEL = "io.gpu-alloc.owner"
 STATES = ("free", "leased", "busy", "departed", "unhealthy")
 
 
@@ -90,8 +89,9 @@ class LiveView:
     def _who(self, cid: str | None, lease: Lease | None, name: str = "") -> dict[str, Any]:
         """Owner, container name and Compose project: the lease first, then the labels."""
         labels = self._labels_of(cid) if cid else {}
+        known = lease.owner if lease and lease.owner != policy.NOBODY.user else ""
         return {
-            "owner": getattr(lease, "owner", None) or labels.get(OWNER_LABEL),
+            "owner": known or policy.user_of_label(labels.get(policy.OWNER)) or None,
             "container_name": (lease.name if lease else "") or name or labels.get("_name", ""),
             "compose_project": labels.get(compose.PROJECT, ""),
         }

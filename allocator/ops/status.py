@@ -4,12 +4,42 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
+from datetime import UTC, datetime
 from typing import Any
 
-from allocator.core.leases import StateError
+from allocator.core import labels
+from allocator.core.leases import StateError, ago
 from allocator.host import unixhttp
+from allocator.host.engine import EngineError
 from allocator.ops.gpus import LiveView
 from allocator.service import Allocator
+
+WIDTH = 100
+HOST = "host compute processes"
+
+
+def _listed(alloc: Allocator, ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Each holder container as the Engine lists it now (name after a rename, state)."""
+    if alloc.engine is None:
+        return {}
+    try:
+        listed = alloc.engine.containers(label=labels.LEASE)
+        if ids:
+            listed += alloc.engine.containers(ids=ids)
+    except EngineError:
+        return {}  # the ledger's names and no state: still worth showing
+    return {c["Id"]: c for c in listed}
+
+
+def _state(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return "unknown"
+    state = str(c.get("State") or "unknown")
+    if state == "exited":
+        status = str(c.get("Status") or "")  # "Exited (0) 5 minutes ago"
+        return status.lower().replace(" ago", "") + " ago" if status else "exited"
+    return state
 
 
 def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
@@ -17,17 +47,50 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
     state = alloc.ledger.read()
     present = [g.uuid for g in inventory.gpus]
     departed = sorted(state.named_gpus() - set(present))
-    holder_of = {u: h.to_dict() for u, h in state.holders({*present, *departed}).items()}
+    held = state.holders({*present, *departed})
+    holder_of = {u: h.to_dict() for u, h in held.items()}
+    now = time.time()
+    engine = _listed(alloc, sorted({h.container for h in held.values() if h.container}))
+    holders: dict[tuple[Any, ...], dict[str, Any]] = {}
+    index = {g.uuid: g.index for g in inventory.gpus}
+    for uuid, h in held.items():
+        c = engine.get(h.container or "")
+        row = holders.setdefault(
+            (h.lease, h.container),
+            {
+                "gpus": [],
+                "uuids": [],
+                "container": h.container,
+                "name": (c["Names"][0].lstrip("/") if c and c.get("Names") else h.name),
+                "state": _state(c) if h.container else "creating",
+                "owner": {"uid": h.owner_uid, "user": h.owner},
+                "since": _rfc3339(h.since),
+                "age_s": None if h.since is None else round(now - h.since),
+                "pool": h.pool,
+                "lease": h.lease,
+                "why": h.why,
+            },
+        )
+        row["uuids"].append(uuid)
+        if uuid in index:
+            row["gpus"].append(index[uuid])
+    for h in holder_of.values():
+        c = engine.get(h.get("container") or "")
+        if c and c.get("Names"):
+            h["name"] = c["Names"][0].lstrip("/")
     idle = {g["uuid"]: g["idle_since"] for g in (live or LiveView(alloc)).snapshot()["gpus"]}
+    for row in holders.values():
+        row["idle"] = any(idle.get(u) is not None for u in row["uuids"])
     gpus = []
     for g in inventory.gpus:
         holder = holder_of.get(g.uuid)
         if holder is None and g.busy:
-            holder = {"container": None, "name": None, "why": "host compute processes"}
+            holder = {"container": None, "name": None, "why": HOST}
         since = idle.get(g.uuid)
         gpus.append({**g.to_dict(), "free": holder is None, "holder": holder, "idle_since": since})
     return {
         "gpus": gpus,
+        "holders": sorted(holders.values(), key=lambda r: (r["gpus"] or [1 << 30], r["uuids"])),
         "leases": [vars(le) | {"gpus": list(le.gpus)} for le in state.leases.values()],
         "claims": [
             vars(c) | {"gpus": None if c.gpus is None else list(c.gpus)}
@@ -44,20 +107,34 @@ def render_json(snap: dict[str, Any]) -> str:
 
 
 def render_table(snap: dict[str, Any]) -> str:
-    rows = [("GPU", "UUID", "NAME", "STATE", "HOLDER")]
-    for g in snap["gpus"]:
-        h = g["holder"]
-        who = "-" if h is None else _who(h)
-        state = "free" if g["free"] else "held"
-        if g.get("idle_since") is not None:
-            state += " (idle)"
-        rows.append((str(g["index"]), g["uuid"], g["name"], state, who))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    """One line per holder, then the free GPUs; fits in `WIDTH` columns."""
+    rows = [("GPUS", "OWNER", "CONTAINER", "STATE", "AGE", "POOL")]
+    for h in snap.get("holders") or ():
+        gpus = ",".join(map(str, sorted(h["gpus"]))) or "-"
+        name = h["name"] or (h["container"] or "")[:12] or "-"
+        if h.get("lease") is None:
+            name += " (adopted)"
+        age = "-" if h.get("age_s") is None else ago(h["age_s"])
+        state = h["state"] + (" (idle)" if h.get("idle") else "")
+        rows.append((gpus, h["owner"]["user"], name, state, age, h.get("pool") or "-"))
+    widths = [min(max(len(r[i]) for r in rows), cap) for i, cap in enumerate((15, 12, 36, 24))]
     lines = [
-        "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
+        "  ".join(_fit(c, w).ljust(w) for c, w in zip(r[:4], widths, strict=True))
+        + f"  {r[4]:<4}  {r[5]}"
         for r in rows
     ]
-    lines.append(f"{snap['free']} of {snap['total']} GPUs free")
+    free = [str(g["index"]) for g in snap["gpus"] if g["free"]]
+    busy = [str(g["index"]) for g in snap["gpus"] if not g["free"] and g["holder"]["why"] == HOST]
+    lines.append(
+        f"free: {snap['free']} of {snap['total']} GPUs"
+        + (f" (GPU{'s' * (len(free) > 1)} {','.join(free)})" if free else "")
+    )
+    if busy:
+        lines.append(f"busy with host processes: GPU {','.join(busy)}")
+    for h in snap.get("holders") or ():
+        if h.get("lease") is None:
+            gpus = ",".join(map(str, sorted(h["gpus"])))
+            lines.append(f"adopted, not leased by gpu-alloc: GPU {gpus} '{h['name']}': {h['why']}")
     for gone in snap.get("departed") or ():
         lines.append(
             f"warning: {gone['uuid']} is held by {_who(gone['holder'])} but is no longer on "
@@ -67,6 +144,16 @@ def render_table(snap: dict[str, Any]) -> str:
     if snap.get("warning"):
         lines.append(f"warning: {snap['warning']}")
     return "\n".join(lines)
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "~"
+
+
+def _rfc3339(stamp: float | None) -> str | None:
+    if not stamp:
+        return None
+    return datetime.fromtimestamp(stamp, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _who(h: dict[str, Any]) -> str:

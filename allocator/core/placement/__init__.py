@@ -30,9 +30,18 @@ class Shortage:
 
 
 def place(
-    ask: Ask, inventory: Inventory, held: Mapping[str, Holder], policy: Policy
+    ask: Ask,
+    inventory: Inventory,
+    held: Mapping[str, Holder],
+    policy: Policy,
+    now: float | None = None,
+    where: str = "",
 ) -> list[GPU] | Shortage:
-    """Pick GPUs for `ask` among those not in ``held`` (UUID -> `Holder`); all or nothing."""
+    """Pick GPUs for `ask` among those not in ``held`` (UUID -> `Holder`); all or nothing.
+
+    ``where`` names the set ``inventory`` is (a pool, say) in the shortage text; ``now``
+    lets it say how long each holder has held its GPUs.
+    """
     free = [g for g in inventory.gpus if g.uuid not in held and not g.busy]
     if ask.every:
         required = list(inventory.gpus)
@@ -44,7 +53,7 @@ def place(
     picked = None if taken else policy(free, required, size)
     if picked is not None:
         return picked
-    return Shortage(_shortage_text(ask, size, free, taken, inventory, held))
+    return Shortage(_shortage_text(ask, size, free, taken, inventory, held, now, where))
 
 
 def _shortage_text(
@@ -54,20 +63,34 @@ def _shortage_text(
     taken: Sequence[GPU],
     inventory: Inventory,
     held: Mapping[str, Holder],
+    now: float | None,
+    where: str,
 ) -> str:
+    """At most one line per holder; asking for more than exists says so, not "remove"."""
     asked = "all GPUs" if ask.every else f"{size} GPU{'s' * (size != 1)}"
+    place_name = where or "this host"
+    if size > len(inventory.gpus):
+        return (
+            f"gpu-alloc: asked for {asked} but {place_name} has only {len(inventory.gpus)}; "
+            "ask for fewer" + (", or another pool" if where else "")
+        )
     if taken:
         asked += " including " + ", ".join(f"GPU {g.index} ({g.uuid})" for g in taken)
+    by_holder: dict[object, tuple[list[int], str]] = {}
+    for g in inventory.gpus:
+        if g in free:
+            continue
+        h = held.get(g.uuid)
+        key = (h.lease, h.container) if h else "busy"
+        text = h.describe(now) if h else "host processes"
+        by_holder.setdefault(key, ([], text))[0].append(g.index)
     holders = "; ".join(
-        f"GPU {g.index} held by {held[g.uuid].describe()}"
-        if g.uuid in held
-        else f"GPU {g.index} busy with host processes"
-        for g in inventory.gpus
-        if g not in free
+        f"GPU{'s' * (len(ix) > 1)} {','.join(map(str, ix))}: {text}"
+        for ix, text in by_holder.values()
     )
     return (
         f"gpu-alloc: not enough free GPUs: asked for {asked}, {len(free)} of "
-        f"{len(inventory.gpus)} free"
+        f"{len(inventory.gpus)} free in {place_name}"
         + (f" ({holders})" if holders else "")
         + ". Remove a container that holds GPUs, or ask for fewer; 'gpu-alloc status' "
         "shows who holds what"

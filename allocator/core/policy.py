@@ -1,0 +1,263 @@
+"""The operator's policy: per-owner GPU limits, named pools, request labels, defaults.
+
+Pure decisions: the owner, the ledger's counts and the inventory come in, an
+answer goes out.  A refusal by policy (`Refusal`) is a 403 that names the rule in
+the config (``policy.limits.default``), so a user can quote it to the operator; a
+request that cannot be understood (`Invalid`, an unknown pool, a bad size) is a
+400; a shortage of GPUs stays a 409 and is placement's business.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from allocator.core import labels
+from allocator.core.inventory import GPU, Inventory
+
+UNKNOWN = "unknown"  # the owner shown for adopted containers and creates with no peer
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who asked: from the shim connection's peer credentials (SO_PEERCRED)."""
+
+    uid: int | None
+    user: str
+    groups: tuple[str, ...] = ()
+
+
+NOBODY = Owner(None, UNKNOWN)
+
+
+@dataclass(frozen=True)
+class Pool:
+    gpus: tuple[int, ...]  # GPU indices, as nvidia-smi numbers them
+    users: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+
+    def open_to(self, owner: Owner) -> bool:
+        """A pool that names no users or groups is open to everyone."""
+        if not (self.users or self.groups):
+            return True
+        return owner.user in self.users or bool(set(owner.groups) & set(self.groups))
+
+
+@dataclass(frozen=True)
+class Ulimit:
+    name: str
+    soft: int
+    hard: int
+
+
+@dataclass(frozen=True)
+class Rules:
+    default_limit: int | None = None  # policy.limits.default.gpus; None: unlimited
+    user_limits: Mapping[str, int] = field(default_factory=dict)
+    group_limits: Mapping[str, int] = field(default_factory=dict)
+    exempt: tuple[str, ...] = ("root",)
+    pools: Mapping[str, Pool] = field(default_factory=dict)
+    default_pool: str | None = None
+    shm_size: int | None = None  # bytes
+    ulimits: tuple[Ulimit, ...] = ()
+    release_stopped_after: float | None = None  # seconds
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Refused by a rule of the policy: HTTP 403."""
+
+    msg: str
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """A request label gpu-alloc cannot act on: HTTP 400."""
+
+    msg: str
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What a create's request labels ask for beyond a GPU count."""
+
+    pool: str | None = None
+    model: str | None = None
+    min_memory: int | None = None  # bytes
+
+    def where(self, pool: str | None) -> str:
+        """The set a request is placed in, for the shortage text ("" for the whole host)."""
+        parts = [f"pool '{pool}'"] if pool else []
+        if self.model:
+            parts.append(f"model containing '{self.model}'")
+        if self.min_memory is not None:
+            parts.append(f"at least {self.min_memory // 2**20} MiB")
+        return ", ".join(parts) if not parts or pool else "the GPUs with " + ", ".join(parts)
+
+
+POOL = labels.PREFIX + "pool"
+MODEL = labels.PREFIX + "request.model"
+MIN_MEMORY = labels.PREFIX + "request.min-memory"
+OWNER = labels.PREFIX + "owner"  # set by gpu-alloc only: "<uid>:<user>"
+REQUEST_LABELS = (POOL, MODEL, MIN_MEMORY)
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``text`` as Docker reads ``--shm-size`` (1024-based; ``40g``, ``512MiB``)."""
+    m = _SIZE.match(str(text))
+    if m is None:
+        raise ValueError(f"'{text}' is not a size such as 40g or 512m")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def wanted(given: Mapping[str, Any] | None) -> Wanted | Invalid:
+    """The request labels of a create, as the user set them (before they are stripped)."""
+    given = given or {}
+    size = given.get(MIN_MEMORY)
+    try:
+        memory = None if size in (None, "") else parse_size(str(size))
+    except ValueError as e:
+        return Invalid(f"label {MIN_MEMORY}: {e}")
+    return Wanted(
+        str(given[POOL]) if given.get(POOL) else None,
+        str(given[MODEL]) if given.get(MODEL) else None,
+        memory,
+    )
+
+
+def limit_of(owner: Owner, rules: Rules) -> tuple[int, str] | None:
+    """(GPUs allowed at once, the rule's dotted key); None when no limit applies.
+
+    The largest limit that applies wins (the user's own, their groups', the default),
+    the most specific rule on a tie.  The exempt (root by default) have none.
+    """
+    if owner.user in rules.exempt:
+        return None
+    found: list[tuple[int, str]] = []
+    if owner.user in rules.user_limits:
+        found.append((rules.user_limits[owner.user], f"policy.limits.users.{owner.user}"))
+    found += [
+        (rules.group_limits[g], f"policy.limits.groups.{g}")
+        for g in sorted(owner.groups)
+        if g in rules.group_limits
+    ]
+    if rules.default_limit is not None:
+        found.append((rules.default_limit, "policy.limits.default"))
+    if not found:
+        return None
+    best = max(gpus for gpus, _ in found)
+    return next(f for f in found if f[0] == best)
+
+
+def over_limit(owner: Owner, holding: int, asking: int, rules: Rules) -> Refusal | None:
+    """Refuse a create that would take ``owner`` past their limit (running or stopped)."""
+    limit = limit_of(owner, rules)
+    if limit is None or holding + asking <= limit[0]:
+        return None
+    allowed, rule = limit
+    if holding:
+        now = f"{owner.user} holds {holding} of {allowed} GPU{'s' * (allowed != 1)} allowed"
+    else:
+        now = f"{owner.user} may hold {allowed} GPU{'s' * (allowed != 1)} at once"
+    return Refusal(
+        f"gpu-alloc refused the container create: {now} ({rule}) and asked for {asking} "
+        "more; release one with 'docker rm' (a stopped container still holds its GPUs), "
+        "or ask your operator"
+    )
+
+
+def eligible(
+    inventory: Inventory, want: Wanted, owner: Owner, rules: Rules, required: Sequence[str] = ()
+) -> tuple[Inventory, str | None] | Refusal | Invalid:
+    """The GPUs this request may be placed on, and the pool it is placed in.
+
+    A request without a pool label goes to ``default_pool`` (none: every GPU).
+    GPUs named explicitly (``device=``) must lie inside that set.
+    """
+    pool_name = want.pool or rules.default_pool
+    gpus: Sequence[GPU] = inventory.gpus
+    if pool_name is not None:
+        pool = rules.pools.get(pool_name)
+        if pool is None:
+            known = ", ".join(sorted(rules.pools)) or "none are configured"
+            return Invalid(f"gpu-alloc: there is no GPU pool '{pool_name}' (pools: {known})")
+        if not pool.open_to(owner):
+            return Refusal(
+                f"gpu-alloc refused the container create: pool '{pool_name}' is not open to "
+                f"{owner.user} (policy.pools.{pool_name}); use another pool with "
+                f"--label {POOL}=NAME, or ask your operator"
+            )
+        gpus = [g for g in gpus if g.index in pool.gpus]
+    if want.model:
+        gpus = [g for g in gpus if want.model.lower() in g.name.lower()]
+    if want.min_memory is not None:
+        gpus = [g for g in gpus if g.memory_mib * 2**20 >= want.min_memory]
+    allowed = {g.uuid for g in gpus}
+    outside = [g for g in inventory.gpus if g.uuid in required and g.uuid not in allowed]
+    if outside:
+        where = f"pool '{pool_name}'" if pool_name else "the GPUs matching the request labels"
+        named = ", ".join(f"GPU {g.index}" for g in outside)
+        return Refusal(
+            f"gpu-alloc refused the container create: {named} is not in {where}"
+            + (f" (policy.pools.{pool_name})" if pool_name else "")
+            + f"; name a GPU of that set, or pick its pool with --label {POOL}=NAME"
+        )
+    return Inventory(tuple(gpus), inventory.cuda_driver_version), pool_name
+
+
+def with_defaults(spec: dict[str, Any], rules: Rules) -> dict[str, Any]:
+    """``gpu_defaults`` added to a GPU create, only for what the client left unset."""
+    hc = dict(spec.get("HostConfig") or {})
+    if rules.shm_size is not None and not hc.get("ShmSize"):
+        hc["ShmSize"] = rules.shm_size
+    given = list(hc.get("Ulimits") or ())
+    names = {str((u or {}).get("Name")) for u in given}
+    extra = [
+        {"Name": u.name, "Soft": u.soft, "Hard": u.hard}
+        for u in rules.ulimits
+        if u.name not in names
+    ]
+    if extra:
+        hc["Ulimits"] = given + extra
+    if hc == (spec.get("HostConfig") or {}):
+        return spec
+    return {**spec, "HostConfig": hc}
+
+
+def expired(
+    leases: Sequence[tuple[str, str]], stopped_since: Mapping[str, float], now: float, rules: Rules
+) -> list[str]:
+    """Lease ids (of ``(lease id, container)``) stopped longer than release_stopped_after."""
+    after = rules.release_stopped_after
+    if after is None:
+        return []
+    return [
+        lease_id
+        for lease_id, cid in leases
+        if cid in stopped_since and now - stopped_since[cid] >= after
+    ]
+
+
+def expired_text(ref: str, rules: Rules) -> str:
+    after = rules.release_stopped_after
+    limit = f" ({after:g}s)" if after is not None else ""
+    return (
+        f"gpu-alloc refused to start {ref}: it was stopped longer than "
+        f"policy.release_stopped_after{limit}, so its GPUs went back to the pool; "
+        "remove it and create it again (docker rm, then docker run --gpus ...) to get GPUs"
+    )
+
+
+def owner_label(owner: Owner) -> str:
+    return f"{'' if owner.uid is None else owner.uid}:{owner.user}"
+
+
+def user_of_label(value: str | None) -> str:
+    """The user name in an `OWNER` label ("<uid>:<user>"); "" when there is none."""
+    _, _, user = (value or "").rpartition(":")
+    return user

@@ -1,0 +1,42 @@
+"""The gpu-alloc command line: where options go, --version, doctor without root."""
+
+from __future__ import annotations
+
+import pytest
+
+from allocator.ops import cli
+
+
+def test_options_are_accepted_after_the_subcommand_as_well_as_before(tmp_path, capsys):
+    missing = str(tmp_path / "nope.yaml")
+    for argv in (["--config", missing, "status"], ["status", "--config", missing]):
+        assert cli.main(argv) == cli.EXIT_CONFIG
+        assert f"{missing}: no such config file" in capsys.readouterr().err
+
+
+def test_an_option_before_the_subcommand_is_not_undone_after_it():
+    args = cli._parser().parse_args(["--config", "/x.yaml", "-v", "status", "--json"])
+    assert args.config == "/x.yaml" and args.verbose and args.json
+    args = cli._parser().parse_args(["status", "-v", "--config", "/y.yaml"])
+    assert args.config == "/y.yaml" and args.verbose
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith("gpu-alloc ")
+
+
+def test_doctor_without_root_says_to_use_sudo(monkeypatch, tmp_path, capsys):
+    config = tmp_path / "config.yaml"
+    config.write_text(f"state_dir: {tmp_path}\n")
+    monkeypatch.setattr(cli.os, "geteuid", lambda: 1000)
+    assert cli.main(["doctor", "--config", str(config)]) == cli.EXIT_FAIL
+    err = capsys.readouterr().err
+    assert "sudo gpu-alloc doctor" in err and "fix" not in err
+
+
+def test_explain_without_a_config_could_not_check(tmp_path, capsys):
+    assert cli.main(["explain", "--config", str(tmp_path / "nope.yaml")]) == 1
+    assert "no such config file" in capsys.readouterr().err

@@ -1,0 +1,203 @@
+"""Who asks, and the operator's policy, through the shim with real non-root users.
+
+The docker CLI runs as ga11alice (in group ga11ml) and ga11bob, the way people on a
+shared server use the gpu-alloc context; the shim learns them from SO_PEERCRED.
+GPUs 0-1 are 80 GB A100s in the ml-staff pool, 2-3 are 16 GB T4s open to all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from tests import engine
+
+IMAGE = engine.BUSYBOX_TAG
+ALICE, BOB, GROUP = "ga11alice", "ga11bob", "ga11ml"
+UUIDS = [engine.sim_gpu_uuid(k) for k in range(4)]
+POLICY = {
+    "limits": {"default": {"gpus": 1}},
+    "pools": {"training": {"gpus": [0, 1], "groups": [GROUP]}, "open": {"gpus": [2, 3]}},
+    "gpu_defaults": {"shm_size": "2g", "ulimits": {"memlock": -1}},
+}
+GPUS = [
+    {
+        "uuid": UUIDS[k],
+        "index": k,
+        "minor": k,
+        "numa_node": 0,
+        "name": "NVIDIA A100-SXM4-80GB" if k < 2 else "Tesla T4",
+        "memory_mib": 81920 if k < 2 else 16384,
+    }
+    for k in range(4)
+]
+
+pytestmark = pytest.mark.engine
+
+
+def make_stack() -> engine.Stack:
+    return engine.Stack(gpus=4, policy=POLICY, gpus_yaml=GPUS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def users(stack: engine.Stack) -> Iterator[None]:
+    """Two people who may use the shim socket, and nothing else of the stack."""
+    subprocess.run(["groupadd", "-f", GROUP], check=True)
+    for user, extra in ((ALICE, ["-G", GROUP]), (BOB, [])):
+        if subprocess.run(["id", user], capture_output=True).returncode != 0:
+            subprocess.run(["useradd", "-M", "-s", "/bin/false", *extra, user], check=True)
+    os.chmod(stack.dir, 0o711)
+    os.chmod(stack.shim_sock, 0o666)
+    yield
+    for user in (ALICE, BOB):
+        subprocess.run(["userdel", user], capture_output=True)
+    subprocess.run(["groupdel", GROUP], capture_output=True)
+
+
+def as_user(stack: engine.Stack, user: str | None, *args: str) -> subprocess.CompletedProcess:
+    return engine.docker_cli(stack.shim_sock, *args, user=user)
+
+
+def gpu_alloc(stack: engine.Stack, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*engine.gpu_alloc_command(), "--config", str(stack.config_path), *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def gpus_of(stack: engine.Stack, name: str) -> list[str]:
+    info = engine.engine_api(stack.engine_sock).inspect_container(name)
+    return info["HostConfig"]["DeviceRequests"][0]["DeviceIDs"]
+
+
+def create(stack: engine.Stack, user: str | None, name: str, *flags: str):
+    return as_user(stack, user, "create", "--name", name, "--gpus", "1", *flags, IMAGE, "true")
+
+
+def test_a_users_container_shows_them_in_status_and_its_name_after_rename(stack):
+    made = create(stack, ALICE, "job")
+    assert made.returncode == 0, made.stderr + stack.logs()
+    labels = engine.engine_api(stack.engine_sock).inspect_container("job")["Config"]["Labels"]
+    uid = int(subprocess.run(["id", "-u", ALICE], capture_output=True, text=True).stdout)
+    assert labels["io.gpu-alloc.owner"] == f"{uid}:{ALICE}"
+    assert as_user(stack, ALICE, "rename", "job", "job-renamed").returncode == 0
+    snap = json.loads(gpu_alloc(stack, "status", "--json").stdout)
+    (holder,) = snap["holders"]
+    assert holder["owner"] == {"uid": uid, "user": ALICE}
+    assert holder["name"] == "job-renamed" and holder["state"] == "created"
+    assert holder["since"].endswith("Z")
+    table = gpu_alloc(stack, "status").stdout
+    line = next(row for row in table.splitlines() if ALICE in row)
+    assert "job-renamed" in line and "created" in line
+    assert max(map(len, table.splitlines())) <= 100
+    assert "free: 3 of 4 GPUs" in table
+
+
+def test_a_second_gpu_over_the_limit_is_refused_naming_the_rule(stack):
+    assert create(stack, BOB, "first").returncode == 0
+    second = create(stack, BOB, "second")
+    assert second.returncode != 0
+    assert f"{BOB} holds 1 of 1 GPU allowed (policy.limits.default)" in second.stderr
+    assert "docker rm" in second.stderr
+    other = create(stack, ALICE, "someone-else")
+    assert other.returncode == 0, other.stderr
+    for name in ("root-1", "root-2"):  # root is exempt by default
+        assert create(stack, None, name).returncode == 0
+
+
+def test_a_full_host_names_each_holder_once_with_owner(stack):
+    assert (
+        as_user(stack, ALICE, "create", "--name", "alices", "--gpus", "1", IMAGE, "true").returncode
+        == 0
+    )
+    assert (
+        as_user(stack, None, "create", "--name", "roots", "--gpus", "3", IMAGE, "true").returncode
+        == 0
+    )
+    full = create(stack, None, "late")
+    assert full.returncode != 0
+    assert "0 of 4 free" in full.stderr
+    assert full.stderr.count(f"of {ALICE}") == 1 and full.stderr.count("of root") == 1
+    assert "'roots' of root" in full.stderr
+
+
+def test_asking_for_more_than_the_host_has_says_so(stack):
+    many = as_user(stack, None, "create", "--gpus", "9", IMAGE, "true")
+    assert "this host has only 4" in many.stderr and "Remove" not in many.stderr
+
+
+def test_pools_and_request_labels_pick_matching_gpus(stack):
+    pool = "--label=io.gpu-alloc.pool=training"
+    assert create(stack, ALICE, "train", pool).returncode == 0
+    assert gpus_of(stack, "train")[0] in UUIDS[:2]
+    barred = create(stack, BOB, "not-staff", pool)
+    assert barred.returncode != 0 and "(policy.pools.training)" in barred.stderr
+    t4 = create(stack, BOB, "small", "--label=io.gpu-alloc.request.model=T4")
+    assert t4.returncode == 0, t4.stderr
+    assert gpus_of(stack, "small")[0] in UUIDS[2:]
+    big = create(stack, None, "big", "--label=io.gpu-alloc.request.min-memory=40g")
+    assert big.returncode == 0 and gpus_of(stack, "big")[0] in UUIDS[:2]
+    unknown = create(stack, None, "x", "--label=io.gpu-alloc.pool=nope")
+    assert "there is no GPU pool 'nope'" in unknown.stderr
+
+
+def test_gpu_defaults_only_where_the_client_set_nothing(stack):
+    assert create(stack, None, "plain").returncode == 0
+    assert (
+        create(stack, None, "own", "--shm-size", "1g", "--ulimit", "memlock=1024").returncode == 0
+    )
+    api = engine.engine_api(stack.engine_sock)
+    plain = api.inspect_container("plain")["HostConfig"]
+    own = api.inspect_container("own")["HostConfig"]
+    assert plain["ShmSize"] == 2 * 2**30
+    assert {"Name": "memlock", "Soft": -1, "Hard": -1} in plain["Ulimits"]
+    assert own["ShmSize"] == 2**30
+    assert own["Ulimits"] == [{"Name": "memlock", "Soft": 1024, "Hard": 1024}]
+    cpu_only = as_user(stack, None, "create", "--name", "cpu", IMAGE, "true")
+    assert cpu_only.returncode == 0
+    assert api.inspect_container("cpu")["HostConfig"]["ShmSize"] == 64 * 2**20
+
+
+def test_a_privileged_gpu_container_is_refused_in_plain_words(stack):
+    out = as_user(stack, ALICE, "run", "--rm", "--privileged", "--gpus", "1", IMAGE, "true")
+    assert out.returncode != 0
+    assert "privileged containers cannot be given GPUs here (HostConfig.Privileged" in out.stderr
+    assert "--context" not in out.stderr and "--gpus N" in out.stderr
+
+
+def test_a_denial_on_the_real_socket_gives_the_context_command(stack):
+    out = engine.docker_cli(stack.engine_sock, "run", "--rm", "--gpus", "1", IMAGE, "true")
+    assert out.returncode != 0
+    assert "it asks for GPUs without a gpu-alloc lease (HostConfig.DeviceRequests" in out.stderr
+    assert f"docker context create gpu-alloc --docker host=unix://{stack.shim_sock}" in out.stderr
+
+
+def explain(stack: engine.Stack, *args: str) -> tuple[int, dict]:
+    out = gpu_alloc(stack, "explain", *args, "--json")
+    return out.returncode, json.loads(out.stdout) if out.stdout else {"stderr": out.stderr}
+
+
+def test_explain_answers_each_case_with_its_exit_code(stack):
+    code, fits = explain(stack, "--user", BOB, "--gpus", "1")
+    assert code == 0 and fits["verdict"] == "fits" and len(fits["gpus"]) == 1
+    assert engine.engine_api(stack.engine_sock).containers(all=True) == []  # took nothing
+    assert explain(stack, "--gpus", "1")[1]["user"] == "root"  # whoever runs it
+    assert create(stack, BOB, "bobs").returncode == 0
+    code, refused = explain(stack, "--user", BOB, "--gpus", "1")
+    assert code == 4 and "(policy.limits.default)" in refused["message"]
+    code, barred = explain(stack, "--user", BOB, "--label", "io.gpu-alloc.pool=training")
+    assert code == 4 and "(policy.pools.training)" in barred["message"]
+    assert as_user(stack, None, "create", "--gpus", "3", IMAGE, "true").returncode == 0
+    code, short = explain(stack, "--gpus", "1")
+    assert code == 2 and f"'bobs' of {BOB}" in short["message"]
+    assert explain(stack, "--gpus", "device=7")[0] == 3
+    assert explain(stack, "--user", "no-such-user-here")[0] == 3
+    assert explain(stack, "--label", "io.gpu-alloc.request.min-memory=lots")[0] == 3
+    broken = gpu_alloc(stack, "explain", "--config", str(stack.dir / "missing.yaml"))
+    assert broken.returncode == 1 and "no such config file" in broken.stderr
+    text = gpu_alloc(stack, "explain", "--user", ALICE, "--gpus", "1")
+    assert text.returncode == 2 and "not enough free GPUs" in text.stdout

@@ -1,0 +1,237 @@
+"""allocator.core.policy and the policy keys of the config: limits, pools, labels, defaults."""
+
+from __future__ import annotations
+
+import pytest
+
+from allocator.core import policy
+from allocator.core.inventory import GPU, Inventory
+from allocator.core.leases import Lease, Phase, State
+from allocator.core.policy import Invalid, Owner, Pool, Refusal, Rules, Ulimit, Wanted
+from allocator.host.config import ConfigError, parse
+
+LAB = """
+policy:
+  limits:
+    default: {gpus: 2}
+    users: {alice: {gpus: 4}}
+    groups: {ml-staff: {gpus: 8}}
+  exempt: [root]
+  pools:
+    training: {gpus: [0, 1, 2, 3], groups: [ml-staff]}
+    interactive: {gpus: [4, 5, 6, 7]}
+  default_pool: interactive
+  gpu_defaults:
+    shm_size: 2g
+    ulimits: {memlock: -1, stack: 67108864}
+  release_stopped_after: 24h
+"""
+RULES = parse(LAB, "lab.yaml").policy.rules
+ALICE = Owner(1000, "alice", ("alice",))
+BOB = Owner(1001, "bob", ("bob", "ml-staff"))
+CAROL = Owner(1002, "carol", ("carol",))
+INVENTORY = Inventory(
+    tuple(
+        GPU(f"GPU-{k}", k, "NVIDIA A100 80GB" if k < 4 else "Tesla T4", 81920 if k < 4 else 16384)
+        for k in range(8)
+    )
+)
+
+
+def test_the_lab_policy_reads_as_written():
+    assert RULES.default_limit == 2 and RULES.user_limits == {"alice": 4}
+    assert RULES.group_limits == {"ml-staff": 8} and RULES.exempt == ("root",)
+    assert RULES.pools["training"] == Pool((0, 1, 2, 3), (), ("ml-staff",))
+    assert RULES.default_pool == "interactive"
+    assert RULES.shm_size == 2 * 2**30
+    assert RULES.ulimits == (Ulimit("memlock", -1, -1), Ulimit("stack", 67108864, 67108864))
+    assert RULES.release_stopped_after == 86400
+
+
+def test_no_policy_means_no_limits_no_pools_and_root_exempt():
+    rules = parse("", "x.yaml").policy.rules
+    assert rules == Rules() and rules.exempt == ("root",)
+    assert policy.limit_of(CAROL, rules) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("policy: {limits: {defualt: {gpus: 1}}}", "policy.limits.defualt"),
+        ("policy: {limits: {default: {gpus: -1}}}", "policy.limits.default.gpus"),
+        ("policy: {limits: {users: {alice: {gpus: two}}}}", "policy.limits.users.alice.gpus"),
+        ("policy: {limits: {groups: {ml: 3}}}", "policy.limits.groups.ml"),
+        ("policy: {exempt: [root, 0]}", "policy.exempt[1]"),
+        ("policy: {pools: {a: {users: [x]}}}", "policy.pools.a.gpus"),
+        ("policy: {pools: {a: {gpus: [0, one]}}}", "policy.pools.a.gpus[1]"),
+        ("policy: {pools: {a: {gpus: [0]}}, default_pool: b}", "policy.default_pool"),
+        ("policy: {gpu_defaults: {shm_size: lots}}", "policy.gpu_defaults.shm_size"),
+        (
+            "policy: {gpu_defaults: {ulimits: {memlock: big}}}",
+            "policy.gpu_defaults.ulimits.memlock",
+        ),
+        ("policy: {gpu_defaults: {shm: 1g}}", "policy.gpu_defaults.shm"),
+        ("policy: {release_stopped_after: soon}", "policy.release_stopped_after"),
+        ("policy: {release_stopped_after: 0}", "policy.release_stopped_after"),
+    ],
+)
+def test_each_mistake_names_the_file_and_dotted_key(text, key):
+    with pytest.raises(ConfigError) as info:
+        parse(text, "/etc/gpu-alloc/config.yaml")
+    assert str(info.value).startswith(f"/etc/gpu-alloc/config.yaml: key '{key}'")
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90", 90), (90, 90), ("30s", 30), ("15m", 900), ("2d", 172800)]
+)
+def test_durations(text, seconds):
+    assert (
+        parse(f"policy: {{release_stopped_after: {text}}}").policy.rules.release_stopped_after
+        == seconds
+    )
+
+
+def test_the_largest_limit_that_applies_wins_and_the_exempt_have_none():
+    assert policy.limit_of(CAROL, RULES) == (2, "policy.limits.default")
+    assert policy.limit_of(ALICE, RULES) == (4, "policy.limits.users.alice")
+    assert policy.limit_of(BOB, RULES) == (8, "policy.limits.groups.ml-staff")
+    assert policy.limit_of(Owner(0, "root"), RULES) is None
+
+
+def test_over_the_limit_is_refused_naming_the_rule():
+    refused = policy.over_limit(CAROL, 2, 1, RULES)
+    assert isinstance(refused, Refusal)
+    assert "carol holds 2 of 2 GPUs allowed (policy.limits.default)" in refused.msg
+    assert "docker rm" in refused.msg and "ask your operator" in refused.msg
+    assert policy.over_limit(CAROL, 1, 1, RULES) is None
+    first = policy.over_limit(CAROL, 0, 3, RULES)
+    assert first and "carol may hold 2 GPUs at once (policy.limits.default)" in first.msg
+
+
+def test_the_ledger_counts_an_owners_gpus_running_or_stopped():
+    state = State()
+    state.leases["a"] = Lease("a", ("GPU-0", "GPU-1"), "", Phase.BOUND.value, "c1", owner="carol")
+    state.leases["b"] = Lease("b", ("GPU-2",), "", Phase.PENDING.value, owner="carol")
+    state.leases["c"] = Lease("c", ("GPU-3",), "", Phase.BOUND.value, "c3", owner="dave")
+    assert state.held_by("carol") == 3
+    assert state.held_by("carol", besides="a") == 1  # a Compose predecessor hands them over
+
+
+def test_a_request_without_a_pool_goes_to_the_default_pool():
+    gpus, pool = policy.eligible(INVENTORY, Wanted(), CAROL, RULES)
+    assert pool == "interactive" and [g.index for g in gpus.gpus] == [4, 5, 6, 7]
+
+
+def test_a_pool_with_groups_is_open_to_its_members_only():
+    gpus, pool = policy.eligible(INVENTORY, Wanted(pool="training"), BOB, RULES)
+    assert pool == "training" and [g.index for g in gpus.gpus] == [0, 1, 2, 3]
+    refused = policy.eligible(INVENTORY, Wanted(pool="training"), CAROL, RULES)
+    assert isinstance(refused, Refusal)
+    assert "pool 'training' is not open to carol (policy.pools.training)" in refused.msg
+
+
+def test_an_unknown_pool_is_an_invalid_request():
+    unknown = policy.eligible(INVENTORY, Wanted(pool="gpu"), CAROL, RULES)
+    assert isinstance(unknown, Invalid)
+    assert "no GPU pool 'gpu' (pools: interactive, training)" in unknown.msg
+
+
+def test_model_and_memory_labels_narrow_the_gpus():
+    no_pools = Rules()
+    want = policy.wanted({policy.MODEL: "t4"})
+    gpus, _ = policy.eligible(INVENTORY, want, CAROL, no_pools)
+    assert [g.index for g in gpus.gpus] == [4, 5, 6, 7]
+    want = policy.wanted({policy.MIN_MEMORY: "40g"})
+    gpus, _ = policy.eligible(INVENTORY, want, CAROL, no_pools)
+    assert [g.index for g in gpus.gpus] == [0, 1, 2, 3]
+    bad = policy.wanted({policy.MIN_MEMORY: "lots"})
+    assert isinstance(bad, Invalid) and policy.MIN_MEMORY in bad.msg
+
+
+def test_a_named_gpu_outside_the_pool_is_refused():
+    refused = policy.eligible(INVENTORY, Wanted(), CAROL, RULES, required=("GPU-0",))
+    assert isinstance(refused, Refusal)
+    assert "GPU 0 is not in pool 'interactive' (policy.pools.interactive)" in refused.msg
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("40g", 40 * 2**30), ("512MiB", 512 * 2**20), ("1.5G", 3 * 2**29), ("4096", 4096)],
+)
+def test_sizes_read_like_docker_shm_size(text, size):
+    assert policy.parse_size(text) == size
+
+
+def test_gpu_defaults_fill_only_what_the_client_left_unset():
+    filled = policy.with_defaults({"HostConfig": {"ShmSize": 0}}, RULES)["HostConfig"]
+    assert filled["ShmSize"] == 2 * 2**30
+    assert [u["Name"] for u in filled["Ulimits"]] == ["memlock", "stack"]
+    own = {"HostConfig": {"ShmSize": 2**30, "Ulimits": [{"Name": "memlock", "Soft": 1, "Hard": 1}]}}
+    kept = policy.with_defaults(own, RULES)["HostConfig"]
+    assert kept["ShmSize"] == 2**30
+    assert kept["Ulimits"] == [
+        {"Name": "memlock", "Soft": 1, "Hard": 1},
+        {"Name": "stack", "Soft": 67108864, "Hard": 67108864},
+    ]
+    spec = {"Image": "x"}
+    assert policy.with_defaults(spec, Rules()) is spec
+
+
+def test_the_owner_label_reads_uid_then_user():
+    assert policy.owner_label(ALICE) == "1000:alice"
+    assert policy.owner_label(policy.NOBODY) == ":unknown"
+
+
+def test_an_old_state_file_without_owners_still_loads():
+    data = {
+        "version": 1,
+        "leases": {"a": {"id": "a", "gpus": ["GPU-0"], "token_sha256": "x", "state": "bound"}},
+        "claims": {},
+    }
+    lease = State.from_json(data, "state.json").leases["a"]
+    assert lease.owner == "" and lease.owner_uid is None and lease.pool is None
+    (holder,) = State.from_json(data, "state.json").holders({"GPU-0"}).values()
+    assert holder.owner == "unknown"
+
+
+def test_a_shortage_names_each_holder_once_with_owner_and_age():
+    from allocator.core.ask import Ask
+    from allocator.core.leases import Holder
+    from allocator.core.placement import POLICIES, Shortage, place
+
+    inventory = Inventory(INVENTORY.gpus[:4])
+    alice = Holder("c" * 64, "train", "leased", "l1", "bound", "alice", 1000, 1000.0)
+    held = {g.uuid: alice for g in inventory.gpus}
+    short = place(Ask((), 1, False, ("gpu",)), inventory, held, POLICIES["numa"], 1000.0 + 7200)
+    assert isinstance(short, Shortage)
+    assert short.msg.count("alice") == 1
+    assert "GPUs 0,1,2,3: container cccccccccccc 'train' of alice, for 2h" in short.msg
+    where = Wanted(pool="training", model="A100").where("training")
+    assert where == "pool 'training', model containing 'A100'"
+    more = place(Ask((), 5, False, ("gpu",)), inventory, {}, POLICIES["numa"], None, where)
+    assert isinstance(more, Shortage)
+    assert "asked for 5 GPUs but pool 'training', model containing 'A100' has only 4" in more.msg
+    assert "Remove" not in more.msg
+
+
+@pytest.mark.parametrize(
+    ("text", "stamp"),
+    [
+        ("2026-12-01T09:30:00.123456789Z", 1796117400.123456),
+        ("2026-12-01T09:30:00Z", 1796117400.0),
+        ("2026-12-01T09:30:00.5+01:00", 1796113800.5),
+        ("0001-01-01T00:00:00Z", None),  # Go's zero time: never stopped
+        ("yesterday", None),
+    ],
+)
+def test_the_engines_times_read_as_go_writes_them(text, stamp):
+    from allocator.host.engine import go_time
+
+    assert go_time(text) == stamp
+
+
+def test_only_leases_stopped_past_the_duration_expire():
+    rules = Rules(release_stopped_after=60.0)
+    leases = [("a", "c1"), ("b", "c2"), ("c", "c3")]
+    assert policy.expired(leases, {"c1": 0.0, "c2": 50.0}, 100.0, rules) == ["a"]
+    assert policy.expired(leases, {"c1": 0.0}, 100.0, Rules()) == []
