@@ -17,7 +17,7 @@ import yaml
 
 DEFAULT_PATH = "/etc/gpu-alloc/config.yaml"
 ENV_VAR = "GPU_ALLOC_CONFIG"
-PLACEMENT_POLICIES = ("numa", "first-fit")
+PLACEMENT_POLICIES = ("best-effort", "numa", "first-fit")
 
 
 class ConfigError(Exception):
@@ -48,7 +48,7 @@ class PluginConfig:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    placement: str = "numa"
+    placement: str = "best-effort"
     lock_timeout: float = 5.0
     pending_ttl: float = 300.0
 
@@ -149,7 +149,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
     if "mode" in shim:
         shim["mode"] = _mode(path, shim["mode"])
     policy = sections["policy"]
-    if policy.get("placement", "numa") not in PLACEMENT_POLICIES:
+    if policy.get("placement", "best-effort") not in PLACEMENT_POLICIES:
         raise _fail(path, "policy.placement", f"must be one of {', '.join(PLACEMENT_POLICIES)}")
     for dotted, value in (
         ("policy.lock_timeout", policy.get("lock_timeout", 1)),
