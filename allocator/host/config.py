@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from allocator.core.cpus import parse_list
+
 DEFAULT_PATH = "/etc/gpu-alloc/config.yaml"
 ENV_VAR = "GPU_ALLOC_CONFIG"
 PLACEMENT_POLICIES = ("best-effort", "numa", "first-fit")
@@ -51,6 +53,7 @@ class PolicyConfig:
     placement: str = "best-effort"
     lock_timeout: float = 5.0
     pending_ttl: float = 300.0
+    reserved_cpus: str = ""  # a CPU list ("0-1") never leased: housekeeping cores
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     state_dir: str = "/var/lib/gpu-alloc"
     gpus: str = "nvml"
+    sysfs: str = "/sys"  # where the CPU topology is read; tests point it at a fake tree
     source: str = "<defaults>"
 
 
@@ -74,9 +78,14 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "create_timeout": (int, float),
     },
     "plugin": {"socket": str, "name": str, "workers": int},
-    "policy": {"placement": str, "lock_timeout": (int, float), "pending_ttl": (int, float)},
+    "policy": {
+        "placement": str,
+        "lock_timeout": (int, float),
+        "pending_ttl": (int, float),
+        "reserved_cpus": str,
+    },
 }
-_SCALARS: dict[str, type] = {"state_dir": str, "gpus": str}
+_SCALARS: dict[str, type] = {"state_dir": str, "gpus": str, "sysfs": str}
 
 
 def resolve_path(explicit: str | None) -> str:
@@ -165,9 +174,14 @@ def _build(data: dict[str, Any], path: str) -> Config:
         ("shim.socket", shim.get("socket", "/")),
         ("plugin.socket", sections["plugin"].get("socket", "/")),
         ("state_dir", data.get("state_dir", "/")),
+        ("sysfs", data.get("sysfs", "/")),
     ):
         if not value.startswith("/"):
             raise _fail(path, dotted, f"must be an absolute path, got '{value}'") from None
+    try:
+        parse_list(policy.get("reserved_cpus", ""))
+    except ValueError as e:
+        raise _fail(path, "policy.reserved_cpus", str(e)) from None
     ttl = policy.get("pending_ttl", PolicyConfig.pending_ttl)
     create_timeout = shim.get("create_timeout", ShimConfig.create_timeout)
     if ttl <= create_timeout:
@@ -187,6 +201,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
         policy=PolicyConfig(**policy),
         state_dir=data.get("state_dir", Config.state_dir),
         gpus=gpus,
+        sysfs=data.get("sysfs", Config.sysfs),
         source=path,
     )
 
