@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import replace
 
-from allocator.core import access, compose, labels
+from allocator.core import access, compose, cpus, labels
 from allocator.core.access import EngineView
 from allocator.core.ask import Ask
 from allocator.core.inventory import Inventory
@@ -41,7 +41,9 @@ from allocator.core.verdicts import (
     NeedsLease,
     Release,
     StartCheck,
+    UpdateCheck,
 )
+from allocator.host import cpus as host_cpus
 from allocator.host import ledger
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
@@ -68,6 +70,7 @@ class Allocator:
         self._reconciling = threading.Condition()
         self._reconcile_running = False
         self._last_reconcile: tuple[float, bool, Report] | None = None
+        self._topology: cpus.Topology | None = None
 
     # ------------------------------------------------------------- facts
 
@@ -87,6 +90,12 @@ class Allocator:
         except OSError:
             return None  # load_inventory reports it
         return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def cpu_topology(self) -> cpus.Topology:
+        """Read from sysfs once, on the first create that asks for cores or memory."""
+        if self._topology is None:
+            self._topology = host_cpus.read(self.config.sysfs)
+        return self._topology
 
     def engine_view(self) -> EngineView:
         """The Engine's runtimes; without an Engine, assume nothing but runc is safe."""
@@ -115,7 +124,11 @@ class Allocator:
     # ------------------------------------------------------------ leases
 
     def lease(
-        self, ask: Ask, name: str = "", labels: dict[str, str] | None = None
+        self,
+        ask: Ask,
+        name: str = "",
+        labels: dict[str, str] | None = None,
+        want: cpus.Resources = cpus.NOTHING,
     ) -> tuple[Lease, str] | Shortage:
         """Place and record a pending lease; on shortage, reconcile once and retry.
 
@@ -124,15 +137,16 @@ class Allocator:
         one) may take over the old container's GPUs, so recreating a service on a full
         host needs no more free GPUs than it had.
         """
-        result = self._try_lease(ask, name)
+        topology = self.cpu_topology() if want.any else None
+        result = self._try_lease(ask, name, want, topology)
         if isinstance(result, Shortage) and self.engine is not None:
             if self.reconcile():
-                result = self._try_lease(ask, name)
+                result = self._try_lease(ask, name, want, topology)
             predecessor = None
             if isinstance(result, Shortage):
                 predecessor = self._compose_predecessor(name, labels or {})
             if predecessor is not None:
-                result = self._try_lease(ask, name, predecessor)
+                result = self._try_lease(ask, name, want, topology, predecessor)
                 if not isinstance(result, Shortage):
                     self._keep_down(predecessor[0])
         return result
@@ -150,7 +164,12 @@ class Allocator:
             log.warning("could not turn off the restart policy of %s: %s", container[:12], e)
 
     def _try_lease(
-        self, ask: Ask, name: str, predecessor: tuple[str, str] | None = None
+        self,
+        ask: Ask,
+        name: str,
+        want: cpus.Resources,
+        topology: cpus.Topology | None,
+        predecessor: tuple[str, str] | None = None,
     ) -> tuple[Lease, str] | Shortage:
         inventory = self.inventory()
         with self.ledger.transaction() as state:
@@ -163,10 +182,25 @@ class Allocator:
             picked = place(ask, inventory, held, self.policy)
             if isinstance(picked, Shortage):
                 return picked
+            placed = cpus.Placed((), (), 0)
+            if topology is not None:
+                got = cpus.place(
+                    topology,
+                    want,
+                    cpus.gpu_nodes(g.numa_node for g in picked),
+                    state.leased_cpus(but=old.id if old else None),
+                    state.leased_memory(but=old.id if old else None),
+                    cpus.parse_list(self.config.policy.reserved_cpus),
+                )
+                if isinstance(got, str):
+                    return Shortage(f"gpu-alloc: {got}; 'gpu-alloc status' shows the leases")
+                placed = got
             lease, token = state.new_lease(
                 tuple(g.uuid for g in picked), ledger.now(), self.config.policy.pending_ttl
             )
-            state.leases[lease.id] = lease = replace(lease, name=name)
+            state.leases[lease.id] = lease = replace(
+                lease, name=name, cpus=placed.cpus, mems=placed.mems, memory=placed.memory
+            )
             if old is not None and predecessor is not None:
                 state.hand_over(old.id, lease.id, predecessor[1])
             return lease, token
@@ -190,7 +224,29 @@ class Allocator:
         if isinstance(decision, StartCheck):
             why = self.start_refusal(decision.ref)
             return ALLOW if why is None else Deny(why)
+        if isinstance(decision, UpdateCheck):
+            why = self.update_refusal(decision.ref, decision.fields)
+            return ALLOW if why is None else Deny(why)
         return decision
+
+    def update_refusal(self, ref: str, fields: tuple[str, ...]) -> str | None:
+        """``docker update`` may not move a lease's cores or memory: others lease the rest."""
+        state = self.ledger.read()
+        info = self.engine.inspect(ref) if self.engine else None
+        cid = info["Id"] if info else ref
+        lease = state.lease_of(cid) or next(
+            (le for le in state.leases.values() if le.name == ref.lstrip("/")), None
+        )
+        owned = cpus.owned_fields(lease.cpus, lease.memory) if lease else ()
+        clash = [f for f in fields if f in owned]
+        if not clash:
+            return None
+        return (
+            f"gpu-alloc refused the container update: {', '.join(clash)} of {ref} were leased "
+            f"with its GPUs (lease {lease.id if lease else ''}), and other containers lease "
+            "the cores and memory around them; recreate the container with other "
+            "io.gpu-alloc.request.* labels instead"
+        )
 
     def start_refusal(self, ref: str) -> str | None:
         """Why a start of container ``ref`` must be refused, if it must.

@@ -29,11 +29,13 @@ from urllib.parse import parse_qs, urlsplit
 
 from allocator.core import cuda, gojson, labels
 from allocator.core import verdicts as decide
+from allocator.core.cpus import Placed, Resources, conflicts
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
 from allocator.core.placement import Shortage
 from allocator.core.rewrite import rewrite, strip_labels
 from allocator.core.routes import Check, RouteError, classify, needs_check
+from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
 from allocator.ops import status
 from allocator.service import Allocator
@@ -41,7 +43,7 @@ from shim.framing import Request, Response, UpstreamError
 
 log = logging.getLogger("gpu-alloc.shim")
 STATUS_PATH = "/gpu-alloc/v1/status"  # not an Engine route: dockerd has no /gpu-alloc
-_FAILURES = (StateError, EngineError, InventoryError)
+_FAILURES = (StateError, EngineError, InventoryError, TopologyError)
 Forward = Callable[[Request], Awaitable[Response]]
 
 
@@ -91,13 +93,22 @@ class CreateInterceptor:
 
     async def _create(self, request: Request, forward: Forward) -> Response:
         try:
-            spec = strip_labels(decide.decode_create(request.body))
+            decoded = decide.decode_create(request.body)
         except gojson.BodyError as e:
             return error(400, f"gpu-alloc refused the container create: {e}")
+        # Request labels are the client's words to gpu-alloc: read here, before every
+        # io.gpu-alloc.* label the client set is stripped.
+        want = labels.resources(decoded.get("Labels"))
+        if isinstance(want, str):
+            return error(400, f"gpu-alloc refused the container create: {want}")
+        spec = strip_labels(decoded)
         facts = await asyncio.to_thread(self.alloc.facts)
         ask = decide.shim_ask(spec, facts)
         if isinstance(ask, decide.Deny):
             return error(403, ask.msg)
+        refused = _resources_refusal(want, ask.any, spec)
+        if refused:
+            return error(400, refused)
         if not ask.any:
             return await forward(_with_body(request, rewrite(spec, (), None)))
         refused = await asyncio.to_thread(self._cuda_refusal, spec, facts)
@@ -105,13 +116,14 @@ class CreateInterceptor:
             return error(403, refused)
         name = _name(request.target)
         given = spec.get("Labels") or {}
-        leased = await asyncio.to_thread(self.alloc.lease, ask, name, given)
+        leased = await asyncio.to_thread(self.alloc.lease, ask, name, given, want)
         if isinstance(leased, Shortage):
             log.info("refused create %r: %s", name, leased.msg)
             return error(409, leased.msg)
         lease, token = leased
         label = labels.lease_label(lease.id, token)
-        body = rewrite(spec, lease.gpus, label, ask.caps)
+        placed = Placed(lease.cpus, lease.mems, lease.memory)
+        body = rewrite(spec, lease.gpus, label, ask.caps, placed)
         log.info("lease %s: GPUs %s for create %r", lease.id, ",".join(lease.gpus), name)
         try:
             response = await forward(_with_body(request, body))
@@ -158,6 +170,17 @@ class CreateInterceptor:
         else:
             log.info("lease %s: the Engine answered %s", lease_id, response.status)
             self.alloc.settle_unanswered(lease_id, label)
+
+
+def _resources_refusal(want: Resources, gpus: bool, spec: dict) -> str | None:
+    """Cores and memory come with GPUs only, and never over fields the client set."""
+    if want.any and not gpus:
+        return (
+            "gpu-alloc refused the container create: io.gpu-alloc.request.cpus and "
+            ".memory lease cores and memory near the container's GPUs, and it asks for "
+            "none; add --gpus, or set --cpuset-cpus/--memory yourself"
+        )
+    return conflicts(want, spec.get("HostConfig"))
 
 
 def _name(target: str) -> str:

@@ -48,6 +48,9 @@ class Resources:
         return self.cpus > 0 or self.memory > 0
 
 
+NOTHING = Resources()
+
+
 @dataclass(frozen=True)
 class Placed:
     cpus: tuple[int, ...]

@@ -6,6 +6,7 @@ import http.client
 import json
 from typing import Any
 
+from allocator.core.cpus import format_list
 from allocator.core.leases import StateError
 from allocator.host import unixhttp
 from allocator.service import Allocator
@@ -25,7 +26,10 @@ def snapshot(alloc: Allocator) -> dict[str, Any]:
         gpus.append({**g.to_dict(), "free": holder is None, "holder": holder})
     return {
         "gpus": gpus,
-        "leases": [vars(le) | {"gpus": list(le.gpus)} for le in state.leases.values()],
+        "leases": [
+            vars(le) | {"gpus": list(le.gpus), "cpus": list(le.cpus), "mems": list(le.mems)}
+            for le in state.leases.values()
+        ],
         "claims": [
             vars(c) | {"gpus": None if c.gpus is None else list(c.gpus)}
             for c in state.claims.values()
@@ -52,6 +56,9 @@ def render_table(snap: dict[str, Any]) -> str:
         for r in rows
     ]
     lines.append(f"{snap['free']} of {snap['total']} GPUs free")
+    for le in snap.get("leases") or ():
+        if le.get("cpus") or le.get("memory"):
+            lines.append(_cpu_line(le))
     for gone in snap.get("departed") or ():
         lines.append(
             f"warning: {gone['uuid']} is held by {_who(gone['holder'])} but is no longer on "
@@ -61,6 +68,17 @@ def render_table(snap: dict[str, Any]) -> str:
     if snap.get("warning"):
         lines.append(f"warning: {snap['warning']}")
     return "\n".join(lines)
+
+
+def _cpu_line(le: dict[str, Any]) -> str:
+    """``lease 1a2b 'job': CPUs 8-11,24-27, memory 4 GiB on node 0``."""
+    parts = []
+    if le.get("cpus"):
+        parts.append(f"CPUs {format_list(le['cpus'])}")
+    if le.get("memory"):
+        parts.append(f"memory {le['memory'] / (1 << 30):g} GiB on node {format_list(le['mems'])}")
+    name = f" '{le['name']}'" if le.get("name") else ""
+    return f"lease {le['id']}{name}: " + ", ".join(parts)
 
 
 def _who(h: dict[str, Any]) -> str:
