@@ -16,6 +16,7 @@ import yaml
 from allocator.core import labels
 from allocator.core.cpus import parse_list
 from allocator.host import config as configmod
+from allocator.ops import status
 from allocator.service import Allocator
 from plugin.app import create_app
 from shim.create import CreateInterceptor
@@ -175,3 +176,14 @@ def test_updating_the_cpuset_of_a_container_without_a_cpu_lease_passes(machine: 
     assert machine.create(2).status == 201
     update = json.dumps({"CpusetCpus": "0-3"}).encode()
     assert machine.authz("POST", f"/v1.41/containers/{'c' * 64}/update", update)["Allow"] is True
+
+
+def test_status_shows_the_cores_and_memory_of_each_lease(machine: Machine) -> None:
+    assert machine.create(2, cpus="2", memory="4g").status == 201
+    snap = status.snapshot(machine.alloc)
+    (lease,) = snap["leases"]
+    assert (lease["cpus"], lease["mems"], lease["memory"]) == ([0, 1, 16, 17], [0], 4 * GIB)
+    assert f"lease {lease['id']} 'job': CPUs 0-1,16-17, memory 4 GiB on node 0" in (
+        status.render_table(snap).splitlines()
+    )
+    json.loads(status.render_json(snap))
