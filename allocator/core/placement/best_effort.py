@@ -51,48 +51,47 @@ def allocate(available: Sequence[GPU], required: Sequence[GPU], size: int) -> li
     need = size - len(required)
     if need > len(rest):
         return None
-    future = _future(free, max(size, 2))  # a single GPU should not split a pair
+    pairs = {(a.index, b.index): pair_score(a, b) for a, b in combinations(free, 2)}
+
+    def score(indices: Sequence[int]) -> int:  # indices in ascending order
+        return sum(pairs[p] for p in combinations(indices, 2))
+
+    # A single GPU should not split a pair: what is left is judged as pairs then.
+    future = _future(score, max(size, 2), exact=len(free) <= EXACT_LIMIT)
+    everyone = frozenset(g.index for g in free)
     best: tuple[tuple[int, ...], list[GPU]] | None = None
     for extra in combinations(rest, need):
         chosen = sorted([*required, *extra], key=lambda g: g.index)
-        left = frozenset(g.index for g in free) - {g.index for g in chosen}
-        rank = _rank(chosen, future(left))
+        own = score([g.index for g in chosen])
+        rank = _rank(chosen, own, future(everyone - {g.index for g in chosen}))
         if best is None or rank > best[0]:
             best = (rank, chosen)
     return None if best is None else best[1]
 
 
-def _rank(chosen: list[GPU], left_score: int) -> tuple[int, ...]:
+def _rank(chosen: list[GPU], own: int, left_score: int) -> tuple[int, ...]:
     """Higher is better: the total kept, this set's own score, then the tie-breaks."""
     nodes = {-1 if g.numa_node is None else g.numa_node for g in chosen}
-    return (
-        set_score(chosen) + left_score,
-        set_score(chosen),
-        -len(nodes),
-        -min(nodes, default=0),
-        *(-g.index for g in chosen),
-    )
+    return (own + left_score, own, -len(nodes), -min(nodes, default=0), *(-g.index for g in chosen))
 
 
-def _future(free: Sequence[GPU], size: int) -> Callable[[frozenset[int]], int]:
+def _future(
+    score: Callable[[Sequence[int]], int], size: int, exact: bool
+) -> Callable[[frozenset[int]], int]:
     """The best total score the GPUs left (by index) can still be cut into sets of ``size``."""
-    by_index = {g.index: g for g in free}
 
     @cache
     def best(left: frozenset[int]) -> int:
-        if size < 2 or len(left) < size or len(free) > EXACT_LIMIT:
+        if not exact or len(left) < size:
             return 0
         first, *others = sorted(left)
         skip = best(left - {first})  # the lowest GPU stays out of every set
         return max(
             [skip]
             + [
-                _score(first, group) + best(left - {first, *group})
+                score((first, *group)) + best(left - {first, *group})
                 for group in combinations(others, size - 1)
             ]
         )
-
-    def _score(first: int, group: tuple[int, ...]) -> int:
-        return set_score([by_index[first], *(by_index[i] for i in group)])
 
     return best
