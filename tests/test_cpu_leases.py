@@ -34,8 +34,10 @@ class Machine(World):
     def __init__(self, root: Path, reserved: str = "") -> None:
         super().__init__(root, gpus=8)
         gpus = yaml.safe_load((root / "gpus.yaml").read_text())
-        for g in gpus:
+        for g in gpus:  # a DGX-like board: NVSwitch, PCIe switch pairs
             g["numa_node"] = g["index"] // 4
+            g["pcie_switch"] = f"sw{g['index'] // 2}"
+            g["nvlinks"] = {p: 12 for p in range(8) if p != g["index"]}
         (root / "gpus.yaml").write_text(yaml.safe_dump(gpus))
         cfg = yaml.safe_load((root / "config.yaml").read_text())
         cfg |= {"sysfs": str(two_socket(root / "sys")), "policy": {"reserved_cpus": reserved}}
@@ -187,3 +189,17 @@ def test_status_shows_the_cores_and_memory_of_each_lease(machine: Machine) -> No
         status.render_table(snap).splitlines()
     )
     json.loads(status.render_json(snap))
+
+
+def test_the_readmes_eight_gpu_table(machine: Machine) -> None:
+    index = {engine.sim_gpu_uuid(i): i for i in range(8)}
+    placed = []
+    for gpus in (1, 2, 4):
+        assert machine.create(gpus, cpus="4").status == 201
+        hc = machine.forwarded_host_config()
+        placed.append(([index[u] for u in hc["DeviceRequests"][0]["DeviceIDs"]], hc["CpusetCpus"]))
+    assert placed == [
+        ([0], "0-3,16-19"),
+        ([2, 3], "4-7,20-23"),
+        ([4, 5, 6, 7], "8-11,24-27"),
+    ]
