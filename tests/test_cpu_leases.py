@@ -203,3 +203,10 @@ def test_the_readmes_eight_gpu_table(machine: Machine) -> None:
         ([2, 3], "4-7,20-23"),
         ([4, 5, 6, 7], "8-11,24-27"),
     ]
+
+
+def test_an_unreadable_ledger_does_not_stop_cpuset_updates(machine: Machine) -> None:
+    assert machine.create(2, cpus="2").status == 201
+    machine.alloc.ledger.path.write_text("{not json")
+    update = json.dumps({"CpusetCpus": "0-3"}).encode()
+    assert machine.authz("POST", f"/v1.41/containers/{'c' * 64}/update", update)["Allow"] is True
