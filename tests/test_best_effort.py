@@ -188,3 +188,16 @@ def test_a_run_of_requests_never_grants_a_gpu_twice(pool: list[GPU], sizes: list
         assert len({g.uuid for g in picked}) == size
         assert not {g.uuid for g in picked} & held.keys()
         held |= {g.uuid: Holder(None, f"job{n}", "test", f"lease{n}", "pending") for g in picked}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(["dgx", "bridged"]), st.sampled_from([2, 4]), st.data())
+def test_on_both_shapes_a_request_gets_a_best_linked_free_set(
+    shape: str, size: int, data: st.DataObject
+) -> None:
+    pool = dgx() if shape == "dgx" else bridged()
+    taken = data.draw(st.sets(st.sampled_from(range(len(pool))), max_size=len(pool) - size))
+    free = without(pool, *taken)
+    picked = allocate(free, [], size)
+    assert picked is not None
+    assert set_score(picked) == max(set_score(c) for c in combinations(free, size))

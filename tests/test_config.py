@@ -144,6 +144,13 @@ REFUSED = {
     "relative shim socket": ("shim: {socket: run/d.sock}", "shim.socket", "absolute"),
     "relative plugin socket": ("plugin: {socket: ./p.sock}", "plugin.socket", "absolute"),
     "relative state_dir": ("state_dir: var/lib/gpu-alloc", "state_dir", "absolute"),
+    "relative sysfs": ("sysfs: sys", "sysfs", "absolute"),
+    "reserved cpus not a list": (
+        "policy: {reserved_cpus: 3-1}",
+        "policy.reserved_cpus",
+        "CPU list",
+    ),
+    "reserved cpus as a number": ("policy: {reserved_cpus: 2}", "policy.reserved_cpus", "str"),
     "unknown placement policy": (
         "policy: {placement: random}",
         "policy.placement",
