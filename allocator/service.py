@@ -236,6 +236,8 @@ class Allocator:
         except StateError as e:  # cores and memory are not GPUs: keep updates working
             log.warning("update of %s allowed unchecked: %s", ref, e)
             return None
+        if not any(le.cpus or le.memory for le in state.leases.values()):
+            return None  # the common case: no CPU or memory lease, no Engine call
         if self.engine is None:  # no Engine to resolve the name: the ledger's own words
             lease = next(
                 (le for le in state.leases.values() if ref in (le.container, le.name)), None
