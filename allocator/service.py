@@ -24,7 +24,7 @@ import time
 from dataclasses import replace
 from typing import Any, cast
 
-from allocator.core import access, compose, events, labels, policy, starts
+from allocator.core import access, compose, cpus, events, labels, policy, starts
 from allocator.core.access import EngineView
 from allocator.core.ask import Ask
 from allocator.core.inventory import Inventory, InventoryError
@@ -43,8 +43,10 @@ from allocator.core.verdicts import (
     NeedsLease,
     StartCheck,
     Unanswered,
+    UpdateCheck,
 )
 from allocator.host import config as configmod
+from allocator.host import cpus as host_cpus
 from allocator.host import ledger, metrics
 from allocator.host.audit import AuditLog
 from allocator.host.config import Config, ConfigError
@@ -78,6 +80,7 @@ class Allocator:
         self._rules = config.policy.rules
         self._policy_lock = threading.RLock()  # re-entrant: SIGHUP runs on the main thread
         self._rules_stamp = self._config_stamp()
+        self._topology: cpus.Topology | None = None
 
     # ------------------------------------------------------------- facts
 
@@ -108,6 +111,12 @@ class Allocator:
         except OSError:
             return None  # load_inventory reports it
         return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def cpu_topology(self) -> cpus.Topology:
+        """Read from sysfs once, on the first create that asks for cores or memory."""
+        if self._topology is None:
+            self._topology = host_cpus.read(self.config.sysfs)
+        return self._topology
 
     def engine_view(self) -> EngineView:
         """The Engine's runtimes and version; without an Engine, judge it as the oldest."""
@@ -210,6 +219,7 @@ class Allocator:
         labels: dict[str, str] | None = None,
         owner: Owner = NOBODY,
         want: Wanted = Wanted(),  # noqa: B008  # frozen
+        resources: cpus.Resources = cpus.NOTHING,
     ) -> tuple[Lease, str] | Shortage | Refusal | Invalid:
         """Place and record a pending lease; on shortage, reconcile once and retry.
 
@@ -225,15 +235,17 @@ class Allocator:
         scope = policy.eligible(self.inventory(), want, owner, rules, ask.required)
         if not isinstance(scope, tuple):
             return scope
-        result = self._try_lease(ask, name, owner, scope, want)
+        topology = self.cpu_topology() if resources.any else None
+        wants = (owner, scope, want, resources, topology)
+        result = self._try_lease(ask, name, *wants)
         if isinstance(result, Shortage) and self.engine is not None and self.reconcile():
-            result = self._try_lease(ask, name, owner, scope, want)
+            result = self._try_lease(ask, name, *wants)
         # A Compose recreate may take over its predecessor's GPUs: when the host is full,
         # and when the owner is at their limit (the old container's GPUs count there).
         if isinstance(result, Shortage | Refusal) and self.engine is not None:
             predecessor = self._compose_predecessor(name, labels or {})
             if predecessor is not None:
-                retry = self._try_lease(ask, name, owner, scope, want, predecessor)
+                retry = self._try_lease(ask, name, *wants, predecessor)
                 if isinstance(retry, tuple):
                     self._keep_down(predecessor[0])
                     result = retry
@@ -292,6 +304,8 @@ class Allocator:
         owner: Owner,
         scope: tuple[Inventory, str | None],
         want: Wanted,
+        resources: cpus.Resources,
+        topology: cpus.Topology | None,
         predecessor: tuple[str, str] | None = None,
     ) -> tuple[Lease, str] | Shortage | Refusal:
         inventory, pool = scope
@@ -316,10 +330,32 @@ class Allocator:
             picked = place(ask, inventory, held, self.policy, now, where)
             if isinstance(picked, Shortage):
                 return picked
+            placed = cpus.Placed((), (), 0)
+            if topology is not None:
+                got = cpus.place(
+                    topology,
+                    resources,
+                    cpus.gpu_nodes(g.numa_node for g in picked),
+                    state.leased_cpus(but=old.id if old else None),
+                    state.leased_memory(but=old.id if old else None),
+                    cpus.parse_list(self.config.policy.reserved_cpus),
+                )
+                if isinstance(got, str):
+                    return Shortage(f"gpu-alloc: {got}; 'gpu-alloc status' shows the leases")
+                placed = got
             lease, token = state.new_lease(
                 tuple(g.uuid for g in picked), now, self.config.policy.pending_ttl
             )
-            lease = replace(lease, name=name, owner=owner.user, owner_uid=owner.uid, pool=pool)
+            lease = replace(
+                lease,
+                name=name,
+                owner=owner.user,
+                owner_uid=owner.uid,
+                pool=pool,
+                cpus=placed.cpus,
+                mems=placed.mems,
+                memory=placed.memory,
+            )
             state.leases[lease.id] = lease
             if old is not None and predecessor is not None:
                 state.hand_over(old.id, lease.id, predecessor[1])
@@ -376,7 +412,37 @@ class Allocator:
         if isinstance(decision, StartCheck):
             why = self.start_refusal(decision.ref)
             return ALLOW if why is None else Deny(why)
+        if isinstance(decision, UpdateCheck):
+            why = self.update_refusal(decision.ref, decision.fields)
+            return ALLOW if why is None else Deny(why)
         return decision
+
+    def update_refusal(self, ref: str, fields: tuple[str, ...]) -> str | None:
+        """``docker update`` may not move a lease's cores or memory: others lease the rest."""
+        try:
+            state = self.ledger.read()
+        except StateError as e:  # cores and memory are not GPUs: keep updates working
+            log.warning("update of %s allowed unchecked: %s", ref, e)
+            return None
+        if not any(le.cpus or le.memory for le in state.leases.values()):
+            return None  # the common case: no CPU or memory lease, no Engine call
+        if self.engine is None:  # no Engine to resolve the name: the ledger's own words
+            lease = next(
+                (le for le in state.leases.values() if ref in (le.container, le.name)), None
+            )
+        else:
+            info = self.engine.inspect(ref)
+            lease = state.lease_of(info["Id"]) if info else None
+        owned = cpus.owned_fields(lease.cpus, lease.memory) if lease else ()
+        clash = [f for f in fields if f in owned]
+        if not clash:
+            return None
+        return (
+            f"gpu-alloc refused the container update: {', '.join(clash)} of {ref} were leased "
+            f"with its GPUs (lease {lease.id if lease else ''}), and other containers lease "
+            "the cores and memory around them; recreate the container with other "
+            "io.gpu-alloc.request.* labels instead"
+        )
 
     def start_refusal(self, ref: str) -> str | None:
         """Why a start (or restart) of container ``ref`` must be refused, if it must.

@@ -32,12 +32,14 @@ from urllib.parse import parse_qs, urlsplit
 
 from allocator.core import cuda, errors, gojson, labels, policy
 from allocator.core import verdicts as decide
+from allocator.core.cpus import Placed, Resources, conflicts
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
 from allocator.core.placement import Shortage
 from allocator.core.rewrite import rewrite, strip_labels
 from allocator.core.routes import Check, Route, needs_check
 from allocator.host import metrics
+from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
 from allocator.ops import gpus, status
 from allocator.service import Allocator
@@ -45,7 +47,7 @@ from shim.framing import Peer, Request, Response, UpstreamError
 
 log = logging.getLogger("gpu-alloc.shim")
 STATUS_PATH = "/gpu-alloc/v1/status"  # not an Engine route: dockerd has no /gpu-alloc
-_FAILURES = (StateError, EngineError, InventoryError)
+_FAILURES = (StateError, EngineError, InventoryError, TopologyError)
 Forward = Callable[[Request], Awaitable[Response]]
 
 
@@ -94,7 +96,13 @@ class CreateInterceptor:
             decoded = decide.decode_create(request.body)
         except gojson.BodyError as e:
             return error(400, f"gpu-alloc refused the container create: {e}")
-        want = policy.wanted(decoded.get("Labels") if isinstance(decoded, dict) else None)
+        # Request labels are the client's words to gpu-alloc: read here, before every
+        # io.gpu-alloc.* label the client set is stripped.
+        given_labels = decoded.get("Labels") if isinstance(decoded, dict) else None
+        want = policy.wanted(given_labels)
+        resources = labels.resources(given_labels)
+        if isinstance(resources, str):
+            return error(400, f"gpu-alloc refused the container create: {resources}")
         spec = strip_labels(decoded)
         facts = await asyncio.to_thread(self.alloc.facts)
         ask = decide.shim_ask(spec, facts)
@@ -102,6 +110,9 @@ class CreateInterceptor:
         if isinstance(ask, decide.Deny):
             await asyncio.to_thread(self._refused, name, ask.msg, ask.field)
             return error(403, ask.msg)
+        refused = _resources_refusal(resources, ask.any, spec)
+        if refused:
+            return error(400, refused)
         if not ask.any:
             return await forward(_with_body(request, rewrite(spec, (), None)))
         refused = await asyncio.to_thread(self._cuda_refusal, spec, facts)
@@ -112,13 +123,15 @@ class CreateInterceptor:
             return error(400, want.msg)
         given = spec.get("Labels") or {}
         owner = await asyncio.to_thread(owner_of, request.peer)
-        leased = await asyncio.to_thread(self.alloc.lease, ask, name, given, owner, want)
+        leased = await asyncio.to_thread(self.alloc.lease, ask, name, given, owner, want, resources)
         if not isinstance(leased, tuple):
             log.info("refused create %r of %s: %s", name, owner.user, leased.msg)
             return error(_REFUSAL_STATUS[type(leased)], leased.msg)
         lease, token = leased
         label = labels.lease_label(lease.id, token)
-        body = rewrite(policy.with_defaults(spec, self.alloc.rules), lease.gpus, label, ask.caps)
+        placed = Placed(lease.cpus, lease.mems, lease.memory)
+        with_defaults = policy.with_defaults(spec, self.alloc.rules)
+        body = rewrite(with_defaults, lease.gpus, label, ask.caps, placed)
         body["Labels"][policy.OWNER] = policy.owner_label(owner)
         if lease.pool:
             body["Labels"][policy.POOL] = lease.pool
@@ -202,6 +215,17 @@ def owner_of(peer: Peer | None) -> policy.Owner:
         except KeyError:
             continue
     return policy.Owner(peer.uid, user, tuple(groups))
+
+
+def _resources_refusal(want: Resources, gpus: bool, spec: dict) -> str | None:
+    """Cores and memory come with GPUs only, and never over fields the client set."""
+    if want.any and not gpus:
+        return (
+            "gpu-alloc refused the container create: io.gpu-alloc.request.cpus and "
+            ".memory lease cores and memory near the container's GPUs, and it asks for "
+            "none; add --gpus, or set --cpuset-cpus/--memory yourself"
+        )
+    return conflicts(want, spec.get("HostConfig"))
 
 
 def _name(target: str) -> str:

@@ -560,7 +560,7 @@ class Stack:
             "shim": {"socket": self.shim_sock, "mode": "0660", "group": None,
                      "create_timeout": 120},
             "plugin": {"socket": self.plugin_sock, "name": self.plugin_name, "workers": 2},
-            "policy": {"placement": "numa", "lock_timeout": 5, "pending_ttl": 300,
+            "policy": {"placement": "best-effort", "lock_timeout": 5, "pending_ttl": 300,
                        **self.policy},
             "state_dir": str(self.state_dir),
             "gpus": str(self.gpus_file),

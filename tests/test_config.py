@@ -49,7 +49,7 @@ def test_an_empty_file_or_empty_sections_give_the_defaults(text: str) -> None:
         socket="/run/gpu-alloc/docker.sock", mode=0o660, group="docker", create_timeout=120.0
     )
     assert cfg.plugin == PluginConfig(socket="/run/docker/plugins/gpu-alloc.sock", workers=2)
-    assert cfg.policy == PolicyConfig(placement="numa", lock_timeout=5.0, pending_ttl=300.0)
+    assert cfg.policy == PolicyConfig(placement="best-effort", lock_timeout=5.0, pending_ttl=300.0)
     assert (cfg.state_dir, cfg.gpus) == ("/var/lib/gpu-alloc", "nvml")
     assert cfg.state_dir == "/var/lib/gpu-alloc"
 
@@ -144,7 +144,18 @@ REFUSED = {
     "relative shim socket": ("shim: {socket: run/d.sock}", "shim.socket", "absolute"),
     "relative plugin socket": ("plugin: {socket: ./p.sock}", "plugin.socket", "absolute"),
     "relative state_dir": ("state_dir: var/lib/gpu-alloc", "state_dir", "absolute"),
-    "unknown placement policy": ("policy: {placement: random}", "policy.placement", "numa"),
+    "relative sysfs": ("sysfs: sys", "sysfs", "absolute"),
+    "reserved cpus not a list": (
+        "policy: {reserved_cpus: 3-1}",
+        "policy.reserved_cpus",
+        "CPU list",
+    ),
+    "reserved cpus as a number": ("policy: {reserved_cpus: 2}", "policy.reserved_cpus", "str"),
+    "unknown placement policy": (
+        "policy: {placement: random}",
+        "policy.placement",
+        "one of best-effort",
+    ),
     "placement in the wrong case": ("policy: {placement: NUMA}", "policy.placement", "one of"),
     "zero engine timeout": ("engine: {timeout: 0}", "engine.timeout", "greater than zero"),
     "negative lock_timeout": ("policy: {lock_timeout: -1}", "policy.lock_timeout", "greater"),

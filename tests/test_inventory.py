@@ -93,6 +93,15 @@ REFUSED = {
     "a scalar": ("nvml\n", "expected a list"),
     "an empty file": ("", "expected a list"),
     "invalid YAML": ("- {uuid: [\n", "not valid YAML"),
+    "nvlinks not a mapping": (
+        f"- {{uuid: {UUID_A}, index: 0, nvlinks: [1]}}\n",
+        "nvlinks must map a peer GPU's index to a positive link count",
+    ),
+    "a zero NVLink count": (f"- {{uuid: {UUID_A}, index: 0, nvlinks: {{1: 0}}}}\n", "1: 0 is not"),
+    "an unknown PCIe level": (
+        f"- {{uuid: {UUID_A}, index: 0, pcie: {{1: nearby}}}}\n",
+        "pcie: 1: 'nearby' is not one of same-board, single-switch",
+    ),
 }
 
 
@@ -193,7 +202,24 @@ def test_to_dict_has_every_field() -> None:
         "minor": None,
         "numa_node": 1,
         "busy": False,
+        "nvlinks": {},
+        "pcie": {},
+        "pcie_switch": None,
     }
+
+
+def test_links_to_other_gpus_are_read_by_peer_index(tmp_path: Path) -> None:
+    text = (
+        f"- {{uuid: {UUID_A}, index: 0, nvlinks: {{1: 4}}, pcie: {{1: host-bridge}}}}\n"
+        f"- {{uuid: {UUID_B}, index: 1, nvlinks: {{0: 4}}, pcie_switch: sw1}}\n"
+        f"- {{uuid: {UUID_C}, index: 2, pcie_switch: sw1}}\n"
+    )
+    a, b, c = load_file(write(tmp_path, text)).gpus
+    assert (a.nvlinks, a.pcie, b.nvlinks) == (((1, 4),), ((1, "host-bridge"),), ((0, 4),))
+    assert (a.nvlinks_to(1), a.nvlinks_to(2)) == (4, 0)
+    assert (a.pcie_to(b), b.pcie_to(a)) == ("host-bridge", "host-bridge")  # one side suffices
+    assert b.pcie_to(c) == "single-switch"
+    assert a.pcie_to(c) is None  # nothing known: no NUMA node either
 
 
 def test_a_simulated_file_may_also_simulate_the_drivers_cuda_version(tmp_path):

@@ -6,6 +6,7 @@ import os
 import random
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -416,3 +417,19 @@ def test_a_writer_killed_at_random_moments_leaves_a_parseable_state(tmp_path: Pa
     with Ledger(tmp_path, lock_timeout=1).transaction() as st:  # no lock left behind
         st.leases.clear()
     assert Ledger(tmp_path).read().leases == {}
+
+
+def test_a_state_file_from_before_cpu_leases_still_loads() -> None:
+    old = {"id": "x", "gpus": [A], "token_sha256": "", "state": "bound", "container": "c" * 64}
+    lease = State.from_json({"version": 1, "leases": {"x": old}, "claims": {}}, "f").leases["x"]
+    assert (lease.cpus, lease.mems, lease.memory) == ((), (), 0)
+
+
+def test_leased_cpus_and_memory_round_trip_and_count_only_live_leases() -> None:
+    st = State()
+    a, _ = st.new_lease((A,), 0, 60)
+    st.leases[a.id] = replace(a, cpus=(0, 16), mems=(0,), memory=1 << 30)
+    again = State.from_json(json.loads(json.dumps(st.to_json())), "f")
+    assert again.leases[a.id].cpus == (0, 16) and again.leases[a.id].mems == (0,)
+    assert (again.leased_cpus(), again.leased_memory()) == ({0, 16}, {0: 1 << 30})
+    assert (again.leased_cpus(but=a.id), again.leased_memory(but=a.id)) == (set(), {})

@@ -27,6 +27,7 @@ class FakeNVML:
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.init_error: Exception | None = None
         self.fail_on: str | None = None
+        self.levels: dict[frozenset[int], int] = {}  # {minor, minor} -> topology level
 
     def _call(self, name: str, *args: Any) -> None:
         self.calls.append((name, args))
@@ -93,6 +94,23 @@ class FakeNVML:
 
     NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
 
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: dict[str, Any], b: dict[str, Any]) -> int:
+        self._call("nvmlDeviceGetTopologyCommonAncestor", a, b)
+        return self.levels.get(frozenset((a["minor"], b["minor"])), pynvml.NVML_TOPOLOGY_SYSTEM)
+
+    def nvmlDeviceGetNvLinkState(self, handle: dict[str, Any], link: int) -> int:
+        """``links``: the far end's bus id for each link; a GPU without any has no NVLink."""
+        self._call("nvmlDeviceGetNvLinkState", handle, link)
+        if link >= len(handle.get("links", ())):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return pynvml.NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(
+        self, handle: dict[str, Any], link: int
+    ) -> SimpleNamespace:
+        self._call("nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+        return SimpleNamespace(busId=handle["links"][link])
+
     def nvmlSystemGetCudaDriverVersion(self) -> int:
         self._call("nvmlSystemGetCudaDriverVersion")
         if isinstance(self.cuda, Exception):
@@ -135,10 +153,20 @@ def test_the_stand_ins_struct_fields_exist_in_pynvml() -> None:
     assert "busId" in dict(pynvml.nvmlPciInfo_t._fields_)
     assert {"gpu", "memory"} <= set(dict(pynvml.c_nvmlUtilization_t._fields_))
     assert {"pid", "usedGpuMemory"} <= set(dict(pynvml.c_nvmlProcessInfo_t._fields_))
+    assert nvml.NVLINK_MAX_LINKS == pynvml.NVML_NVLINK_MAX_LINKS
+    assert nvml.FEATURE_ENABLED == pynvml.NVML_FEATURE_ENABLED
+    assert nvml.TOPOLOGY_LEVELS == {
+        pynvml.NVML_TOPOLOGY_INTERNAL: "same-board",
+        pynvml.NVML_TOPOLOGY_SINGLE: "single-switch",
+        pynvml.NVML_TOPOLOGY_MULTIPLE: "multi-switch",
+        pynvml.NVML_TOPOLOGY_HOSTBRIDGE: "host-bridge",
+        pynvml.NVML_TOPOLOGY_NODE: "same-cpu",
+        pynvml.NVML_TOPOLOGY_SYSTEM: "cross-cpu",
+    }
 
 
 def test_nvml_py_calls_pynvml_with_arguments_its_signatures_accept(tmp_path: Path) -> None:
-    fake = FakeNVML([device(0), device(1, milliwatts=250_000)])
+    fake = FakeNVML([device(0, links=[device(1)["bus_id"]]), device(1, milliwatts=250_000)])
     nvml.read(fake, sysfs=str(tmp_path))
     nvml.usage(fake)
     assert {n for n, _ in fake.calls} == set(FAKE_FUNCTIONS)
@@ -161,6 +189,7 @@ def test_each_device_becomes_a_gpu(tmp_path: Path, as_bytes: bool) -> None:
             memory_mib=81559,
             pci_bus_id="00000000:3B:00.0",
             minor=0,
+            pcie=((1, "cross-cpu"),),
         ),
         GPU(
             uuid="GPU-00000001-0000-0000-0000-000000000000",
@@ -169,6 +198,7 @@ def test_each_device_becomes_a_gpu(tmp_path: Path, as_bytes: bool) -> None:
             memory_mib=81559,
             pci_bus_id="00000000:3C:00.0",
             minor=7,
+            pcie=((0, "cross-cpu"),),
         ),
     )
     assert all(isinstance(g.uuid, str) and isinstance(g.pci_bus_id, str) for g in inv.gpus)
@@ -243,6 +273,56 @@ def test_each_gpu_gets_its_own_numa_node(tmp_path: Path) -> None:
     sysfs_numa(tmp_path, "0000:3c:00.0", "1\n")
     fake = FakeNVML([device(0, as_bytes=True), device(1, as_bytes=True)])
     assert [g.numa_node for g in nvml.read(fake, sysfs=str(tmp_path)).gpus] == [0, 1]
+
+
+# --- links between GPUs -----------------------------------------------------------------------
+
+
+def bus(i: int) -> str:
+    return device(i)["bus_id"]
+
+
+def test_each_pairs_pcie_level_comes_from_the_common_ancestor(tmp_path: Path) -> None:
+    fake = FakeNVML([device(0), device(1), device(2)])
+    fake.levels = {frozenset((0, 1)): pynvml.NVML_TOPOLOGY_SINGLE}
+    a, b, c = nvml.read(fake, sysfs=str(tmp_path)).gpus
+    assert a.pcie == ((1, "single-switch"), (2, "cross-cpu"))
+    assert b.pcie == ((0, "single-switch"), (2, "cross-cpu"))
+    assert c.pcie_to(a) == "cross-cpu"
+
+
+def test_nvlink_bridges_count_the_links_to_each_peer_gpu(tmp_path: Path) -> None:
+    # A PCIe server with two 4-link bridges: 0=2 and 1=3.  The far end's bus id
+    # comes with NVML's 8-digit domain or sysfs's 4; both name the same GPU.
+    short = {i: "0000:" + bus(i)[9:].lower() for i in range(4)}
+    fake = FakeNVML(
+        [
+            device(0, links=[bus(2)] * 4),
+            device(1, links=[short[3]] * 4),
+            device(2, links=[bus(0)] * 4),
+            device(3, links=[bus(1)] * 4),
+        ]
+    )
+    gpus = nvml.read(fake, sysfs=str(tmp_path)).gpus
+    assert [g.nvlinks for g in gpus] == [((2, 4),), ((3, 4),), ((0, 4),), ((1, 4),)]
+
+
+def test_links_to_nvswitches_join_every_two_gpus_on_them(tmp_path: Path) -> None:
+    switch = ["00000000:C0:00.0", "00000000:C1:00.0"]  # no GPU has these bus ids
+    fake = FakeNVML(
+        [device(0, links=switch * 6), device(1, links=switch * 6), device(2, links=switch * 3)]
+    )
+    a, b, c = nvml.read(fake, sysfs=str(tmp_path)).gpus
+    assert a.nvlinks == ((1, 12), (2, 6))
+    assert b.nvlinks == ((0, 12), (2, 6))
+    assert c.nvlinks == ((0, 6), (1, 6))
+
+
+def test_unreadable_links_leave_the_gpus_usable_without_them(tmp_path: Path) -> None:
+    fake = FakeNVML([device(0, links=[bus(1)]), device(1, links=[bus(0)])])
+    fake.fail_on = "nvmlDeviceGetTopologyCommonAncestor"
+    gpus = nvml.read(fake, sysfs=str(tmp_path)).gpus
+    assert [(g.index, g.pcie, g.nvlinks) for g in gpus] == [(0, (), ()), (1, (), ())]
 
 
 # --- failures ----------------------------------------------------------------------------------

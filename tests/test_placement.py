@@ -1,4 +1,4 @@
-"""allocator.placement: all-or-nothing policies (numa, first-fit), by example and by property."""
+"""allocator.placement: all-or-nothing policies, by example and by property."""
 
 from collections.abc import Sequence
 
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocator.core.inventory import GPU
-from allocator.core.placement import POLICIES, first_fit, numa
+from allocator.core.placement import POLICIES, best_effort, first_fit, numa
 
 
 def gpus(*nodes: int | None) -> list[GPU]:
@@ -19,8 +19,12 @@ def indices(picked: Sequence[GPU] | None) -> list[int] | None:
     return None if picked is None else [g.index for g in picked]
 
 
-def test_both_policies_are_registered_under_their_config_names() -> None:
-    assert {"numa": numa.allocate, "first-fit": first_fit.allocate} == POLICIES
+def test_the_policies_are_registered_under_their_config_names() -> None:
+    assert {
+        "best-effort": best_effort.allocate,
+        "numa": numa.allocate,
+        "first-fit": first_fit.allocate,
+    } == POLICIES
 
 
 # --- behaviour common to both policies ---------------------------------------------------------

@@ -26,9 +26,42 @@ class GPU:
     minor: int | None = None
     numa_node: int | None = None
     busy: bool = False  # host compute processes are running on it
+    # Links to other GPUs, by peer index (tuples of pairs so the GPU stays hashable):
+    # NVLinks joining the two, and the PCIe path's level (a `PCIE_LEVELS` name).
+    nvlinks: tuple[tuple[int, int], ...] = ()
+    pcie: tuple[tuple[int, str], ...] = ()
+    pcie_switch: str | None = None  # GPUs under one PCIe switch (simulated files)
+
+    def nvlinks_to(self, peer: int) -> int:
+        return dict(self.nvlinks).get(peer, 0)
+
+    def pcie_to(self, peer: GPU) -> str | None:
+        """The PCIe level to ``peer``: as read, else from a shared switch or NUMA node."""
+        level = dict(self.pcie).get(peer.index) or dict(peer.pcie).get(self.index)
+        if level:
+            return level
+        if self.pcie_switch is not None and self.pcie_switch == peer.pcie_switch:
+            return "single-switch"
+        if self.numa_node is None or peer.numa_node is None:
+            return None
+        return "same-cpu" if self.numa_node == peer.numa_node else "cross-cpu"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["nvlinks"] = {str(k): v for k, v in self.nvlinks}
+        d["pcie"] = {str(k): v for k, v in self.pcie}
+        return d
+
+
+# NVML's PCIe topology levels, closest first, named as the simulated-GPU file names them.
+PCIE_LEVELS = (
+    "same-board",
+    "single-switch",
+    "multi-switch",
+    "host-bridge",
+    "same-cpu",
+    "cross-cpu",
+)
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from allocator.core.cpus import Resources, parse_size
+
 PREFIX = "io.gpu-alloc."
 LEASE = PREFIX + "lease"
+REQUEST_CPUS = PREFIX + "request.cpus"
+REQUEST_MEMORY = PREFIX + "request.memory"
+REQUEST_TOPOLOGY = PREFIX + "request.topology"
+TOPOLOGIES = ("prefer", "strict")
 
 
 def lease_label(lease_id: str, token: str) -> str:
@@ -30,3 +36,21 @@ def parse_lease(labels: Mapping[str, Any] | None) -> tuple[str, str]:
 def strip(labels: Mapping[str, Any] | None) -> dict[str, Any]:
     """The labels without any under gpu-alloc's prefix."""
     return {k: v for k, v in (labels or {}).items() if not k.startswith(PREFIX)}
+
+
+def resources(labels: Mapping[str, Any] | None) -> Resources | str:
+    """CPU cores and memory a create asks for by label, or why the labels are wrong."""
+    given = labels or {}
+    cpus = str(given.get(REQUEST_CPUS, "0")).strip()
+    if not cpus.isdigit():
+        return f"{REQUEST_CPUS}={cpus}: expected a whole number of physical cores, such as 8"
+    memory = 0
+    if REQUEST_MEMORY in given:
+        try:
+            memory = parse_size(str(given[REQUEST_MEMORY]))
+        except ValueError as e:
+            return f"{REQUEST_MEMORY}: {e}"
+    topology = str(given.get(REQUEST_TOPOLOGY, "prefer")).strip()
+    if topology not in TOPOLOGIES:
+        return f"{REQUEST_TOPOLOGY}={topology}: expected {' or '.join(TOPOLOGIES)}"
+    return Resources(int(cpus), memory, topology == "strict")

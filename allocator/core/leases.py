@@ -87,6 +87,10 @@ class Lease:
     owner_uid: int | None = None
     owner: str = ""
     pool: str | None = None
+    # CPU cores (with SMT siblings) and memory leased with the GPUs; absent in old files.
+    cpus: tuple[int, ...] = ()
+    mems: tuple[int, ...] = ()  # the NUMA node the memory was admitted on
+    memory: int = 0  # bytes
 
     @property
     def phase(self) -> Phase:
@@ -194,6 +198,23 @@ class State:
             if le.owner == owner and le.id != besides and le.phase is not Phase.HANDED_OVER
         )
 
+    def leased_cpus(self, but: str | None = None) -> set[int]:
+        """The cores live leases hold (a handed-over one's went with its GPUs)."""
+        return {
+            c
+            for le in self.leases.values()
+            if le.phase is not Phase.HANDED_OVER and le.id != but
+            for c in le.cpus
+        }
+
+    def leased_memory(self, but: str | None = None) -> dict[int, int]:
+        """NUMA node -> bytes live leases admitted on it."""
+        used: dict[int, int] = {}
+        for le in self.leases.values():
+            if le.memory and le.mems and le.phase is not Phase.HANDED_OVER and le.id != but:
+                used[le.mems[0]] = used.get(le.mems[0], 0) + le.memory
+        return used
+
     def named_gpus(self) -> set[str]:
         """Every GPU a lease or a pinned claim names, present on the host or not."""
         named = {u for le in self.leases.values() for u in le.gpus}
@@ -298,7 +319,14 @@ class State:
 
 
 def _lease(v: dict[str, Any]) -> Lease:
-    lease = Lease(**{**v, "gpus": tuple(v["gpus"])})
+    lease = Lease(
+        **{
+            **v,
+            "gpus": tuple(v["gpus"]),
+            "cpus": tuple(v.get("cpus", ())),
+            "mems": tuple(v.get("mems", ())),
+        }
+    )
     lease.phase  # noqa: B018  # an unknown phase is a malformed entry (ValueError)
     return lease
 

@@ -7,15 +7,24 @@ from typing import Any
 
 from allocator.core import labels
 from allocator.core.access import VISIBLE
+from allocator.core.cpus import Placed, format_list
+
+CUDA_ORDER = "CUDA_DEVICE_ORDER"
 
 
 def rewrite(
-    spec: dict[str, Any], uuids: Sequence[str], label: str | None, caps: Sequence[str] = ("gpu",)
+    spec: dict[str, Any],
+    uuids: Sequence[str],
+    label: str | None,
+    caps: Sequence[str] = ("gpu",),
+    placed: Placed | None = None,
 ) -> dict[str, Any]:
     """The canonical body the shim forwards: UUID device request, guard env, lease label.
 
     Without GPUs (``label`` None) only the guard is added: ``void`` keeps an image's own
-    ``NVIDIA_VISIBLE_DEVICES`` from reaching any GPU should a hook ever run.
+    ``NVIDIA_VISIBLE_DEVICES`` from reaching any GPU should a hook ever run.  A leased
+    container gets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless it sets one, so CUDA numbers
+    its GPUs as ``nvidia-smi`` does, and the cores and memory `placed` with its GPUs.
     """
     out = dict(spec)
     hc = dict(out.get("HostConfig") or {})
@@ -25,6 +34,10 @@ def rewrite(
         env.append(f"{VISIBLE}=void")
     else:
         env.append(f"{VISIBLE}={','.join(uuids)}")
+        if not any(str(e).startswith(CUDA_ORDER + "=") for e in env):
+            env.append(f"{CUDA_ORDER}=PCI_BUS_ID")
+        if placed is not None:
+            hc.update(_resources(placed))
         own[labels.LEASE] = label
         if hc.get("DeviceRequests"):
             hc["DeviceRequests"] = [
@@ -41,6 +54,16 @@ def rewrite(
     if hc or "HostConfig" in out:
         out["HostConfig"] = hc
     return out
+
+
+def _resources(placed: Placed) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    if placed.cpus:
+        fields["CpusetCpus"] = format_list(placed.cpus)
+    if placed.memory:
+        fields["Memory"] = placed.memory
+        fields["CpusetMems"] = format_list(placed.mems)
+    return fields
 
 
 def strip_labels(spec: dict[str, Any]) -> dict[str, Any]:

@@ -111,7 +111,15 @@ class StartCheck:
     ref: str
 
 
-Decision = Allow | Deny | NeedsLease | StartCheck
+@dataclass(frozen=True)
+class UpdateCheck:
+    """Allow unless ``ref``'s lease set one of ``fields`` (its leased cores or memory)."""
+
+    ref: str
+    fields: tuple[str, ...]
+
+
+Decision = Allow | Deny | NeedsLease | StartCheck | UpdateCheck
 ALLOW = Allow()
 
 
@@ -262,7 +270,12 @@ def _update(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
             f"gpu-alloc refused the container update: {', '.join(touched)} would change the "
             "container's device access; recreate the container through gpu-alloc instead"
         )
-    return ALLOW
+    leasable = tuple(f for f in LEASED_FIELDS if (spec or {}).get(f))
+    return UpdateCheck(route.name, leasable) if leasable else ALLOW
+
+
+# HostConfig fields a CPU or memory lease sets; only their updates need the ledger.
+LEASED_FIELDS = ("CpusetCpus", "CpusetMems", "Memory")
 
 
 def _exec(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:

@@ -15,11 +15,12 @@ from typing import Any
 
 import yaml
 
+from allocator.core.cpus import parse_list
 from allocator.core.policy import Pool, Rules, Ulimit, parse_size
 
 DEFAULT_PATH = "/etc/gpu-alloc/config.yaml"
 ENV_VAR = "GPU_ALLOC_CONFIG"
-PLACEMENT_POLICIES = ("numa", "first-fit")
+PLACEMENT_POLICIES = ("best-effort", "numa", "first-fit")
 
 
 class ConfigError(Exception):
@@ -50,10 +51,11 @@ class PluginConfig:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    placement: str = "numa"
+    placement: str = "best-effort"
     lock_timeout: float = 5.0
     pending_ttl: float = 300.0
     idle_after: float = 3600.0  # a leased GPU unused this long is marked idle
+    reserved_cpus: str = ""  # a CPU list ("0-1") never leased: housekeeping cores
     rules: Rules = field(default_factory=Rules)  # limits, pools, gpu_defaults, ...
 
 
@@ -71,6 +73,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     state_dir: str = "/var/lib/gpu-alloc"
     gpus: str = "nvml"
+    sysfs: str = "/sys"  # where the CPU topology is read; tests point it at a fake tree
     source: str = "<defaults>"
 
 
@@ -89,6 +92,7 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "lock_timeout": (int, float),
         "pending_ttl": (int, float),
         "idle_after": (int, float),
+        "reserved_cpus": str,
         "limits": dict,
         "exempt": list,
         "pools": dict,
@@ -99,7 +103,7 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "metrics": {"listen": (str, type(None))},
 }
 _RULE_KEYS = ("limits", "exempt", "pools", "default_pool", "gpu_defaults", "release_stopped_after")
-_SCALARS: dict[str, type] = {"state_dir": str, "gpus": str}
+_SCALARS: dict[str, type] = {"state_dir": str, "gpus": str, "sysfs": str}
 
 
 def resolve_path(explicit: str | None) -> str:
@@ -172,7 +176,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
     if "mode" in shim:
         shim["mode"] = _mode(path, shim["mode"])
     policy = sections["policy"]
-    if policy.get("placement", "numa") not in PLACEMENT_POLICIES:
+    if policy.get("placement", "best-effort") not in PLACEMENT_POLICIES:
         raise _fail(path, "policy.placement", f"must be one of {', '.join(PLACEMENT_POLICIES)}")
     for dotted, value in (
         ("policy.lock_timeout", policy.get("lock_timeout", 1)),
@@ -189,9 +193,14 @@ def _build(data: dict[str, Any], path: str) -> Config:
         ("shim.socket", shim.get("socket", "/")),
         ("plugin.socket", sections["plugin"].get("socket", "/")),
         ("state_dir", data.get("state_dir", "/")),
+        ("sysfs", data.get("sysfs", "/")),
     ):
         if not value.startswith("/"):
             raise _fail(path, dotted, f"must be an absolute path, got '{value}'") from None
+    try:
+        parse_list(policy.get("reserved_cpus", ""))
+    except ValueError as e:
+        raise _fail(path, "policy.reserved_cpus", str(e)) from None
     ttl = policy.get("pending_ttl", PolicyConfig.pending_ttl)
     create_timeout = shim.get("create_timeout", ShimConfig.create_timeout)
     if ttl <= create_timeout:
@@ -219,6 +228,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
         metrics=MetricsConfig(**sections["metrics"]),
         state_dir=data.get("state_dir", Config.state_dir),
         gpus=gpus,
+        sysfs=data.get("sysfs", Config.sysfs),
         source=path,
     )
 

@@ -2,6 +2,9 @@
 
 A simulated-GPU file is a list of GPUs, or a mapping ``{gpus: [...],
 cuda_driver_version: "12.4"}`` to simulate the driver's CUDA version too.
+Links between GPUs are described per GPU, by peer index: ``nvlinks: {1: 12}``
+(NVLinks to GPU 1), ``pcie: {1: single-switch}`` (the PCIe level, one of
+`PCIE_LEVELS`), or ``pcie_switch: sw0`` (GPUs naming one switch share it).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from allocator.core.inventory import GPU, Inventory, InventoryError
+from allocator.core.inventory import GPU, PCIE_LEVELS, Inventory, InventoryError
 
 __all__ = ["GPU", "Inventory", "InventoryError", "load", "load_file"]
 
@@ -48,7 +51,8 @@ def load_file(path: str) -> Inventory:
             raise InventoryError(f"{path}: entry {n}: unknown keys {sorted(unknown)}")
         if not isinstance(entry["uuid"], str) or not isinstance(entry["index"], int):
             raise InventoryError(f"{path}: entry {n}: uuid must be a string, index an integer")
-        gpus.append(GPU(**{k: v for k, v in entry.items() if k != "usage"}))
+        plain = {k: v for k, v in entry.items() if k != "usage"}
+        gpus.append(GPU(**{**plain, **_links(f"{path}: entry {n}", entry)}))
     try:
         return Inventory(tuple(sorted(gpus, key=lambda g: g.index)), version)
     except InventoryError as e:
@@ -63,3 +67,22 @@ def _cuda_version(path: str, value: Any) -> tuple[int, int] | None:
     if not (major.isdigit() and dot and minor.isdigit()):
         raise InventoryError(f'{path}: cuda_driver_version must look like "12.4"')
     return int(major), int(minor)
+
+
+def _links(where: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """``nvlinks`` and ``pcie`` mappings by peer index, as the GPU's tuples of pairs."""
+    out: dict[str, Any] = {}
+    for key, ok, want in (
+        ("nvlinks", lambda v: isinstance(v, int) and v > 0, "a positive link count"),
+        ("pcie", lambda v: v in PCIE_LEVELS, "one of " + ", ".join(PCIE_LEVELS)),
+    ):
+        given = entry.get(key) or {}
+        if not isinstance(given, dict):
+            raise InventoryError(f"{where}: {key} must map a peer GPU's index to {want}")
+        for peer, value in given.items():
+            if not isinstance(peer, int) or isinstance(value, bool) or not ok(value):
+                raise InventoryError(f"{where}: {key}: {peer!r}: {value!r} is not {want}")
+        out[key] = tuple(sorted(given.items()))
+    if entry.get("pcie_switch") is not None:
+        out["pcie_switch"] = str(entry["pcie_switch"])
+    return out

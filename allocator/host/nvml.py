@@ -4,16 +4,39 @@ The module is passed in so tests can hand over a stand-in with the same
 function names; on a host ``pynvml`` itself is used.  A GPU that runs host
 compute processes is reported ``busy``: a job outside Docker is using it, so
 placement skips it, as the reference design does.
+
+Links between GPUs (for the best-effort placement) are read as go-gpuallocator
+reads them: the PCIe level of each pair from ``nvmlDeviceGetTopologyCommonAncestor``,
+and each active NVLink's far end from ``nvmlDeviceGetNvLinkRemotePciInfo``.  A far
+end that is no GPU is an NVSwitch: two GPUs on the switches are joined by as many
+links as the less-connected of them has.  Links only rank choices, so a driver
+that cannot report them leaves the GPUs without links rather than unusable.
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
+from itertools import combinations
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from allocator.core.inventory import GPU, Inventory, InventoryError
 from allocator.core.usage import Process, Usage
+
+log = logging.getLogger("gpu-alloc")
+# nvmlGpuTopologyLevel_t -> the inventory's PCIe level names.
+TOPOLOGY_LEVELS = {
+    0: "same-board",  # NVML_TOPOLOGY_INTERNAL
+    10: "single-switch",  # NVML_TOPOLOGY_SINGLE
+    20: "multi-switch",  # NVML_TOPOLOGY_MULTIPLE
+    30: "host-bridge",  # NVML_TOPOLOGY_HOSTBRIDGE
+    40: "same-cpu",  # NVML_TOPOLOGY_NODE
+    50: "cross-cpu",  # NVML_TOPOLOGY_SYSTEM
+}
+NVLINK_MAX_LINKS = 36  # pynvml's NVML_NVLINK_MAX_LINKS; links past a GPU's last are errors
+FEATURE_ENABLED = 1  # NVML_FEATURE_ENABLED
 
 
 def read(nvml: ModuleType | Any | None = None, sysfs: str = "/sys") -> Inventory:
@@ -30,7 +53,9 @@ def read(nvml: ModuleType | Any | None = None, sysfs: str = "/sys") -> Inventory
             "Set 'gpus:' to a simulated-GPU file to run without one"
         ) from None
     try:
-        gpus = tuple(_gpu(nvml, i, sysfs) for i in range(nvml.nvmlDeviceGetCount()))
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        gpus = tuple(_gpu(nvml, i, h, sysfs) for i, h in enumerate(handles))
+        gpus = _with_links(nvml, handles, gpus)
         version = _cuda_version(nvml)
     except Exception as e:
         raise InventoryError(f"NVML: reading the GPUs failed: {e}") from None
@@ -43,8 +68,7 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _gpu(nvml: Any, index: int, sysfs: str) -> GPU:
-    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+def _gpu(nvml: Any, index: int, handle: Any, sysfs: str) -> GPU:
     bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
     return GPU(
         uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
@@ -58,11 +82,61 @@ def _gpu(nvml: Any, index: int, sysfs: str) -> GPU:
     )
 
 
-def _numa_node(bus_id: str, sysfs: str) -> int | None:
+def _with_links(nvml: Any, handles: list[Any], gpus: tuple[GPU, ...]) -> tuple[GPU, ...]:
+    try:
+        pcie = {i: {} for i in range(len(gpus))}
+        for a, b in combinations(range(len(gpus)), 2):
+            level = TOPOLOGY_LEVELS.get(
+                int(nvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b]))
+            )
+            if level:
+                pcie[a][b] = pcie[b][a] = level
+        nvlinks = _nvlinks(nvml, handles, gpus)
+    except Exception as e:
+        log.warning("NVML: GPU links unreadable (%s); placement ignores them", e)
+        return gpus
+    return tuple(
+        replace(g, pcie=tuple(sorted(pcie[i].items())), nvlinks=tuple(sorted(nvlinks[i].items())))
+        for i, g in enumerate(gpus)
+    )
+
+
+def _nvlinks(nvml: Any, handles: list[Any], gpus: tuple[GPU, ...]) -> dict[int, dict[int, int]]:
+    """index -> {peer index: NVLinks}, switch links counted between every two GPUs on them."""
+    by_bus = {_short(g.pci_bus_id): g.index for g in gpus}
+    links: dict[int, dict[int, int]] = {g.index: {} for g in gpus}
+    switched: dict[int, int] = {}
+    for g, handle in zip(gpus, handles, strict=True):
+        for link in range(NVLINK_MAX_LINKS):
+            try:
+                active = nvml.nvmlDeviceGetNvLinkState(handle, link) == FEATURE_ENABLED
+            except Exception:
+                break  # no NVLink on this GPU, or past its last link
+            if not active:
+                continue
+            remote = _short(_text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId))
+            peer = by_bus.get(remote)
+            if peer is None:
+                switched[g.index] = switched.get(g.index, 0) + 1
+            elif peer != g.index:
+                links[g.index][peer] = links[g.index].get(peer, 0) + 1
+    for a, b in combinations(sorted(switched), 2):
+        both = min(switched[a], switched[b])
+        links[a][b] = links[a].get(b, 0) + both
+        links[b][a] = links[b].get(a, 0) + both
+    return links
+
+
+def _short(bus_id: str) -> str:
     """NVML's bus id has an 8-digit domain; sysfs names the device with 4."""
     short = bus_id.lower()
     if len(short.split(":")[0]) == 8:
         short = short[4:]
+    return short
+
+
+def _numa_node(bus_id: str, sysfs: str) -> int | None:
+    short = _short(bus_id)
     try:
         node = int(Path(sysfs, "bus/pci/devices", short, "numa_node").read_text())
     except (OSError, ValueError):

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from allocator.core import labels
+from allocator.core.cpus import format_list
 from allocator.core.leases import StateError, ago
 from allocator.host import unixhttp
 from allocator.host.engine import EngineError
@@ -91,7 +92,10 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
     return {
         "gpus": gpus,
         "holders": sorted(holders.values(), key=lambda r: (r["gpus"] or [1 << 30], r["uuids"])),
-        "leases": [vars(le) | {"gpus": list(le.gpus)} for le in state.leases.values()],
+        "leases": [
+            vars(le) | {"gpus": list(le.gpus), "cpus": list(le.cpus), "mems": list(le.mems)}
+            for le in state.leases.values()
+        ],
         "claims": [
             vars(c) | {"gpus": None if c.gpus is None else list(c.gpus)}
             for c in state.claims.values()
@@ -131,6 +135,9 @@ def render_table(snap: dict[str, Any]) -> str:
     )
     if busy:
         lines.append(f"busy with host processes: GPU {','.join(busy)}")
+    for le in snap.get("leases") or ():
+        if le.get("cpus") or le.get("memory"):
+            lines.append(_cpu_line(le))
     for h in snap.get("holders") or ():
         if h.get("lease") is None:
             gpus = ",".join(map(str, sorted(h["gpus"])))
@@ -154,6 +161,17 @@ def _rfc3339(stamp: float | None) -> str | None:
     if not stamp:
         return None
     return datetime.fromtimestamp(stamp, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _cpu_line(le: dict[str, Any]) -> str:
+    """``lease 1a2b 'job': CPUs 8-11,24-27, memory 4 GiB on node 0``."""
+    parts = []
+    if le.get("cpus"):
+        parts.append(f"CPUs {format_list(le['cpus'])}")
+    if le.get("memory"):
+        parts.append(f"memory {le['memory'] / (1 << 30):g} GiB on node {format_list(le['mems'])}")
+    name = f" '{le['name']}'" if le.get("name") else ""
+    return f"lease {le['id']}{name}: " + ", ".join(parts)
 
 
 def _who(h: dict[str, Any]) -> str:

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from allocator.core.ask import Ask
 from allocator.core.inventory import GPU, Inventory
 from allocator.core.leases import Holder
-from allocator.core.placement import first_fit, numa
+from allocator.core.placement import best_effort, first_fit, numa
 
 Policy = Callable[[Sequence[GPU], Sequence[GPU], int], list[GPU] | None]
 
 POLICIES: dict[str, Policy] = {
+    "best-effort": best_effort.allocate,
     "numa": numa.allocate,
     "first-fit": first_fit.allocate,
 }

@@ -1,0 +1,62 @@
+"""CPU leases on the real Engine, with the docker CLI through the shim.
+
+dockerd checks ``CpusetCpus`` against the host's own CPUs, so here the CPU
+topology is this machine's real sysfs (the default ``sysfs: /sys``); the 8-core
+case on a 2-socket machine runs through the real interceptor in test_cpu_leases.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from allocator.core.cpus import parse_list
+from allocator.host import cpus as host_cpus
+from tests import engine
+
+pytestmark = pytest.mark.engine
+
+
+def shim(stack: engine.Stack, *args: str) -> subprocess.CompletedProcess:
+    return engine.docker_cli(stack.shim_sock, *args)
+
+
+def host_config(stack: engine.Stack, name: str) -> dict:
+    out = shim(stack, "inspect", "--format", "{{json .HostConfig}}", name)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_dockerd_itself_refuses_a_cpuset_naming_cpus_the_host_lacks(stack: engine.Stack) -> None:
+    out = shim(
+        stack, "create", "--cpuset-cpus", f"0-{os.cpu_count() or 1}", engine.BUSYBOX_TAG, "true"
+    )
+    assert out.returncode != 0 and "Requested CPUs are not available" in out.stderr
+
+
+def test_a_gpu_container_gets_whole_cores_of_its_gpus_node_and_keeps_them(
+    stack: engine.Stack,
+) -> None:
+    node = host_cpus.read("/sys").nodes[0]
+    first = node.cores[0]
+    out = shim(stack, "run", "-d", "--name", "cores", "--gpus", "2", "--label",
+               "io.gpu-alloc.request.cpus=1", engine.BUSYBOX_TAG, "sleep", "60")  # fmt: skip
+    try:
+        assert out.returncode == 0, out.stderr
+        hc = host_config(stack, "cores")
+        assert parse_list(hc["CpusetCpus"]) == list(first)
+        env = shim(stack, "inspect", "--format", "{{json .Config.Env}}", "cores").stdout
+        assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in json.loads(env)
+        moved = shim(stack, "update", "--cpuset-cpus", "0", "cores")
+        assert moved.returncode != 0
+        assert "CpusetCpus of cores were leased with its GPUs" in moved.stderr
+        assert shim(stack, "update", "--restart", "always", "cores").returncode == 0
+        assert (
+            engine.docker_cli(stack.engine_sock, "update", "--cpuset-cpus", "0", "cores").returncode
+            != 0
+        )
+    finally:
+        shim(stack, "rm", "-f", "cores")
