@@ -46,6 +46,7 @@ from allocator.host import ledger
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
 from allocator.host.filesystem import Host
+from allocator.host.health import HealthFile
 from allocator.host.inventory import load as load_inventory
 from allocator.host.ledger import Ledger
 
@@ -59,6 +60,7 @@ class Allocator:
         self.config = config
         self.engine = engine
         self.ledger = Ledger(config.state_dir, config.policy.lock_timeout)
+        self.health = HealthFile(self.ledger)
         self.policy = POLICIES[config.policy.placement]
         self.host = (host or Host()).with_protected(config.state_dir)
         self._inventory: tuple[object, Inventory] | None = None
@@ -154,13 +156,14 @@ class Allocator:
     ) -> tuple[Lease, str] | Shortage:
         inventory = self.inventory()
         with self.ledger.transaction() as state:
+            sick = self.unhealthy()
             held = state.holders(inventory.uuids)
             old = state.lease_of(predecessor[0]) if predecessor else None
             if predecessor and (old is None or old.phase is not Phase.BOUND):
-                return place(ask, inventory, held, self.policy)  # the shortage, as it is
+                return place(ask, inventory, held, self.policy, sick)  # the shortage, as it is
             for uuid in old.gpus if old else ():
                 held.pop(uuid, None)
-            picked = place(ask, inventory, held, self.policy)
+            picked = place(ask, inventory, held, self.policy, sick)
             if isinstance(picked, Shortage):
                 return picked
             lease, token = state.new_lease(
@@ -170,6 +173,10 @@ class Allocator:
             if old is not None and predecessor is not None:
                 state.hand_over(old.id, lease.id, predecessor[1])
             return lease, token
+
+    def unhealthy(self) -> dict[str, str]:
+        """UUID -> its event; nothing when the operator turned health off."""
+        return {} if self.config.health.disabled else self.health.read().unhealthy()
 
     def _compose_predecessor(self, name: str, given: dict[str, str]) -> tuple[str, str] | None:
         """(id, current name) of the container this Compose create replaces, if any."""

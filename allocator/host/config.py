@@ -15,9 +15,12 @@ from typing import Any
 
 import yaml
 
+from allocator.core.health import DEFAULT_IGNORED_XIDS, HealthPolicy
+
 DEFAULT_PATH = "/etc/gpu-alloc/config.yaml"
 ENV_VAR = "GPU_ALLOC_CONFIG"
 PLACEMENT_POLICIES = ("numa", "first-fit")
+MIG_POLICIES = ("none", "single", "mixed")  # as the NVIDIA Kubernetes device plugin names them
 
 
 class ConfigError(Exception):
@@ -51,6 +54,21 @@ class PolicyConfig:
     placement: str = "numa"
     lock_timeout: float = 5.0
     pending_ttl: float = 300.0
+    mig: str = "none"
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """The GPU health watcher (allocator/host/watcher.py); defaults as the Kubernetes
+    device plugin's."""
+
+    disabled: bool = False
+    ignored_xids: tuple[int, ...] = tuple(sorted(DEFAULT_IGNORED_XIDS))
+    recheck_after: float = 300.0  # seconds before the automatic probe; 0: never
+    period: float = 1.0  # seconds per watcher step
+
+    def policy(self) -> HealthPolicy:
+        return HealthPolicy(self.disabled, frozenset(self.ignored_xids), self.recheck_after)
 
 
 @dataclass(frozen=True)
@@ -59,6 +77,7 @@ class Config:
     shim: ShimConfig = field(default_factory=ShimConfig)
     plugin: PluginConfig = field(default_factory=PluginConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
     state_dir: str = "/var/lib/gpu-alloc"
     gpus: str = "nvml"
     source: str = "<defaults>"
@@ -74,7 +93,18 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "create_timeout": (int, float),
     },
     "plugin": {"socket": str, "name": str, "workers": int},
-    "policy": {"placement": str, "lock_timeout": (int, float), "pending_ttl": (int, float)},
+    "policy": {
+        "placement": str,
+        "lock_timeout": (int, float),
+        "pending_ttl": (int, float),
+        "mig": str,
+    },
+    "health": {
+        "disabled": bool,
+        "ignored_xids": list,
+        "recheck_after": (int, float),
+        "period": (int, float),
+    },
 }
 _SCALARS: dict[str, type] = {"state_dir": str, "gpus": str}
 
@@ -151,12 +181,23 @@ def _build(data: dict[str, Any], path: str) -> Config:
     policy = sections["policy"]
     if policy.get("placement", "numa") not in PLACEMENT_POLICIES:
         raise _fail(path, "policy.placement", f"must be one of {', '.join(PLACEMENT_POLICIES)}")
+    if policy.get("mig", "none") not in MIG_POLICIES:
+        raise _fail(path, "policy.mig", f"must be one of {', '.join(MIG_POLICIES)}")
+    health = sections["health"]
+    if "ignored_xids" in health:
+        xids = health["ignored_xids"]
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in xids):
+            raise _fail(path, "health.ignored_xids", "must be a list of Xid numbers, e.g. [13, 43]")
+        health["ignored_xids"] = tuple(xids)
+    if health.get("recheck_after", 0) < 0:
+        raise _fail(path, "health.recheck_after", "must be 0 (never) or a number of seconds")
     for dotted, value in (
         ("policy.lock_timeout", policy.get("lock_timeout", 1)),
         ("policy.pending_ttl", policy.get("pending_ttl", 1)),
         ("engine.timeout", sections["engine"].get("timeout", 1)),
         ("shim.create_timeout", shim.get("create_timeout", 1)),
         ("plugin.workers", sections["plugin"].get("workers", 1)),
+        ("health.period", health.get("period", 1)),
     ):
         if value <= 0:
             raise _fail(path, dotted, "must be greater than zero")
@@ -185,6 +226,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
         shim=ShimConfig(**shim),
         plugin=PluginConfig(**sections["plugin"]),
         policy=PolicyConfig(**policy),
+        health=HealthConfig(**health),
         state_dir=data.get("state_dir", Config.state_dir),
         gpus=gpus,
         source=path,

@@ -2,6 +2,8 @@
 
 A simulated-GPU file is a list of GPUs, or a mapping ``{gpus: [...],
 cuda_driver_version: "12.4"}`` to simulate the driver's CUDA version too.
+A GPU entry may carry simulated health events (``xid: 79``, ``xids: [79]``,
+``double_bit_ecc: 1``, ``single_bit_ecc: 3``) for the health watcher.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import yaml
 from allocator.core.inventory import GPU, Inventory, InventoryError
 
 __all__ = ["GPU", "Inventory", "InventoryError", "load", "load_file"]
+# Simulated health events on a GPU entry; allocator/host/watcher.py reads them.
+EVENT_KEYS = frozenset({"xid", "xids", "double_bit_ecc", "single_bit_ecc"})
 
 
 def load(source: str) -> Inventory:
@@ -39,7 +43,7 @@ def load_file(path: str) -> Inventory:
     if not isinstance(data, list):
         raise InventoryError(f"{path}: expected a list of GPUs ({{uuid, index}} each)")
     gpus = []
-    allowed = {f for f in GPU.__dataclass_fields__ if f != "busy"} | {"busy"}
+    allowed = set(GPU.__dataclass_fields__) | EVENT_KEYS
     for n, entry in enumerate(data):
         if not isinstance(entry, dict) or "uuid" not in entry or "index" not in entry:
             raise InventoryError(f"{path}: entry {n}: needs 'uuid' and 'index'")
@@ -48,7 +52,7 @@ def load_file(path: str) -> Inventory:
             raise InventoryError(f"{path}: entry {n}: unknown keys {sorted(unknown)}")
         if not isinstance(entry["uuid"], str) or not isinstance(entry["index"], int):
             raise InventoryError(f"{path}: entry {n}: uuid must be a string, index an integer")
-        gpus.append(GPU(**entry))
+        gpus.append(GPU(**{k: v for k, v in entry.items() if k not in EVENT_KEYS}))
     try:
         return Inventory(tuple(sorted(gpus, key=lambda g: g.index)), version)
     except InventoryError as e:

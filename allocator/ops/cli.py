@@ -80,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
         help="start from an empty ledger (after moving a corrupt one aside)",
     )
     r.set_defaults(func=cmd_repair)
+    h = sub.add_parser("health", help="show GPU health, or clear a GPU an operator fixed")
+    hs = h.add_subparsers(dest="action")
+    c = hs.add_parser("clear", help="mark a GPU healthy again (index, UUID or UUID prefix)")
+    c.add_argument("gpu")
+    h.set_defaults(func=cmd_health)
     sub.add_parser("doctor", help="check the host end to end and say what to fix").set_defaults(
         func=cmd_doctor
     )
@@ -124,6 +129,10 @@ def cmd_shim(cfg: Config, args: argparse.Namespace) -> int:
     alloc = _allocator(cfg)
     assert alloc.engine is not None
     check_default_runtime(cfg, alloc.engine.info())
+    if not cfg.health.disabled:
+        from allocator.host.watcher import watch
+
+        watch(alloc)
     report = alloc.reconcile(adopt=True)
     if report:
         logging.getLogger("gpu-alloc.shim").info("reconciled at start: %s", report)
@@ -159,6 +168,34 @@ def cmd_repair(cfg: Config, args: argparse.Namespace) -> int:
     from allocator.ops.repair import repair
 
     print(repair(_allocator(cfg), reset=args.reset))
+    return 0
+
+
+def cmd_health(cfg: Config, args: argparse.Namespace) -> int:
+    from allocator.core import health
+
+    alloc = Allocator(cfg)
+    inventory = alloc.inventory()
+    if args.action == "clear":
+        try:
+            gpu = inventory.resolve(args.gpu)
+        except LookupError as e:
+            print(f"gpu-alloc: {e}", file=sys.stderr)
+            return EXIT_FAIL
+        with alloc.health.transaction() as box:
+            was = box[0].of(gpu.uuid)
+            box[0] = health.clear(box[0], gpu.uuid)
+        print(
+            f"GPU {gpu.index} ({gpu.uuid}) cleared (was: {was.reason()})"
+            if not was.healthy
+            else f"GPU {gpu.index} ({gpu.uuid}) was already healthy"
+        )
+        return 0
+    current = alloc.health.read()
+    for g in inventory.gpus:
+        h = current.of(g.uuid)
+        state = "healthy" if h.healthy else f"unhealthy: {h.reason()}"
+        print(f"GPU {g.index} {g.uuid}: {state}; {h.single_bit} single-bit ECC errors")
     return 0
 
 

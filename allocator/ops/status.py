@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import http.client
 import json
+from dataclasses import asdict
 from typing import Any
 
+from allocator.core.health import Health
 from allocator.core.leases import StateError
 from allocator.host import unixhttp
 from allocator.service import Allocator
@@ -17,12 +19,15 @@ def snapshot(alloc: Allocator) -> dict[str, Any]:
     present = [g.uuid for g in inventory.gpus]
     departed = sorted(state.named_gpus() - set(present))
     holder_of = {u: h.to_dict() for u, h in state.holders({*present, *departed}).items()}
+    health = alloc.health.read()
     gpus = []
     for g in inventory.gpus:
         holder = holder_of.get(g.uuid)
         if holder is None and g.busy:
             holder = {"container": None, "name": None, "why": "host compute processes"}
-        gpus.append({**g.to_dict(), "free": holder is None, "holder": holder})
+        gpus.append(
+            {**g.to_dict(), "free": holder is None, "holder": holder, **_health(health, g.uuid)}
+        )
     return {
         "gpus": gpus,
         "leases": [vars(le) | {"gpus": list(le.gpus)} for le in state.leases.values()],
@@ -36,6 +41,12 @@ def snapshot(alloc: Allocator) -> dict[str, Any]:
     }
 
 
+def _health(health: Health, uuid: str) -> dict[str, Any]:
+    h = health.of(uuid)
+    event = None if h.event is None else asdict(h.event) | {"what": h.event.describe()}
+    return {"healthy": h.healthy, "health_event": event, "single_bit_ecc": h.single_bit}
+
+
 def render_json(snap: dict[str, Any]) -> str:
     return json.dumps(snap, indent=2, sort_keys=True)
 
@@ -45,7 +56,10 @@ def render_table(snap: dict[str, Any]) -> str:
     for g in snap["gpus"]:
         h = g["holder"]
         who = "-" if h is None else _who(h)
-        rows.append((str(g["index"]), g["uuid"], g["name"], "free" if g["free"] else "held", who))
+        state = "free" if g["free"] else "held"
+        if not g.get("healthy", True):
+            state = f"unhealthy ({g['health_event']['what']}), " + state
+        rows.append((str(g["index"]), g["uuid"], g["name"], state, who))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]

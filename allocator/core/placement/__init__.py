@@ -30,10 +30,22 @@ class Shortage:
 
 
 def place(
-    ask: Ask, inventory: Inventory, held: Mapping[str, Holder], policy: Policy
+    ask: Ask,
+    inventory: Inventory,
+    held: Mapping[str, Holder],
+    policy: Policy,
+    unhealthy: Mapping[str, str] | None = None,
 ) -> list[GPU] | Shortage:
-    """Pick GPUs for `ask` among those not in ``held`` (UUID -> `Holder`); all or nothing."""
-    free = [g for g in inventory.gpus if g.uuid not in held and not g.busy]
+    """Pick GPUs for `ask` among those not in ``held`` (UUID -> `Holder`); all or nothing.
+
+    ``unhealthy`` (UUID -> the event, from allocator.core.health) are never placed; an
+    explicit request for one is refused naming its event, since waiting will not help.
+    """
+    sick = unhealthy or {}
+    asked_sick = [g for g in inventory.gpus if g.uuid in ask.required and g.uuid in sick]
+    if asked_sick:
+        return Shortage(_unhealthy_text(asked_sick, sick))
+    free = [g for g in inventory.gpus if g.uuid not in held and not g.busy and g.uuid not in sick]
     if ask.every:
         required = list(inventory.gpus)
         size = len(required)
@@ -44,7 +56,15 @@ def place(
     picked = None if taken else policy(free, required, size)
     if picked is not None:
         return picked
-    return Shortage(_shortage_text(ask, size, free, taken, inventory, held))
+    return Shortage(_shortage_text(ask, size, free, taken, inventory, held, sick))
+
+
+def _unhealthy_text(gpus: Sequence[GPU], sick: Mapping[str, str]) -> str:
+    named = "; ".join(f"GPU {g.index} ({g.uuid}) had {sick[g.uuid]}" for g in gpus)
+    return (
+        f"gpu-alloc: refused: the GPU you asked for is unhealthy: {named}. Ask for another "
+        "GPU; an operator brings it back with 'gpu-alloc health clear GPU' once it is fixed"
+    )
 
 
 def _shortage_text(
@@ -54,6 +74,7 @@ def _shortage_text(
     taken: Sequence[GPU],
     inventory: Inventory,
     held: Mapping[str, Holder],
+    sick: Mapping[str, str],
 ) -> str:
     asked = "all GPUs" if ask.every else f"{size} GPU{'s' * (size != 1)}"
     if taken:
@@ -61,6 +82,8 @@ def _shortage_text(
     holders = "; ".join(
         f"GPU {g.index} held by {held[g.uuid].describe()}"
         if g.uuid in held
+        else f"GPU {g.index} unhealthy ({sick[g.uuid]})"
+        if g.uuid in sick
         else f"GPU {g.index} busy with host processes"
         for g in inventory.gpus
         if g not in free
