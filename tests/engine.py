@@ -32,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
@@ -513,9 +514,18 @@ class Stack:
     """
 
     def __init__(
-        self, tmp: str | os.PathLike[str] | None = None, gpus: int = 4, cuda: str | None = None
+        self,
+        tmp: str | os.PathLike[str] | None = None,
+        gpus: int = 4,
+        cuda: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        sim: object | None = None,
     ) -> None:
+        """``config``: sections merged over the defaults (``{"health": {...}}``); ``sim``:
+        the simulated-GPU file's content instead of `write_sim_gpus`' (MIG slices, say)."""
         self.cuda = cuda
+        self.extra_config = dict(config or {})
+        self.sim = sim
         self._own_dir = tmp is None
         self.dir = Path(tmp or tempfile.mkdtemp(prefix="ga-", dir="/tmp"))
         check_short(self.dir / "e")
@@ -534,7 +544,10 @@ class Stack:
         self.dockerd: Dockerd | None = None
 
     def write_config(self) -> Path:
-        write_sim_gpus(self.gpus_file, self.gpu_count, self.cuda)
+        if self.sim is None:
+            write_sim_gpus(self.gpus_file, self.gpu_count, self.cuda)
+        else:
+            self.gpus_file.write_text(yaml.safe_dump(self.sim, sort_keys=False))
         self.state_dir.mkdir(exist_ok=True)
         config = {
             "engine": {"socket": self.engine_sock, "timeout": 10,
@@ -546,6 +559,8 @@ class Stack:
             "state_dir": str(self.state_dir),
             "gpus": str(self.gpus_file),
         }  # fmt: skip
+        for section, keys in self.extra_config.items():
+            config[section] = {**config.get(section, {}), **keys}
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         return self.config_path
 
