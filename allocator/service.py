@@ -156,14 +156,14 @@ class Allocator:
     ) -> tuple[Lease, str] | Shortage:
         inventory = self.inventory()
         with self.ledger.transaction() as state:
-            sick = self.unhealthy()
+            sick, mig = self.unhealthy(), self.config.policy.mig
             held = state.holders(inventory.uuids)
             old = state.lease_of(predecessor[0]) if predecessor else None
             if predecessor and (old is None or old.phase is not Phase.BOUND):
-                return place(ask, inventory, held, self.policy, sick)  # the shortage, as it is
+                return place(ask, inventory, held, self.policy, sick, mig)  # the shortage, as is
             for uuid in old.gpus if old else ():
                 held.pop(uuid, None)
-            picked = place(ask, inventory, held, self.policy, sick)
+            picked = place(ask, inventory, held, self.policy, sick, mig)
             if isinstance(picked, Shortage):
                 return picked
             lease, token = state.new_lease(

@@ -25,6 +25,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from urllib.parse import parse_qs, urlsplit
 
 from allocator.core import cuda, gojson, labels
@@ -91,7 +92,9 @@ class CreateInterceptor:
 
     async def _create(self, request: Request, forward: Forward) -> Response:
         try:
-            spec = strip_labels(decide.decode_create(request.body))
+            decoded = decide.decode_create(request.body)
+            profile = labels.mig_profile(decoded.get("Labels"))
+            spec = strip_labels(decoded)
         except gojson.BodyError as e:
             return error(400, f"gpu-alloc refused the container create: {e}")
         facts = await asyncio.to_thread(self.alloc.facts)
@@ -100,6 +103,7 @@ class CreateInterceptor:
             return error(403, ask.msg)
         if not ask.any:
             return await forward(_with_body(request, rewrite(spec, (), None)))
+        ask = replace(ask, profile=profile)
         refused = await asyncio.to_thread(self._cuda_refusal, spec, facts)
         if refused:
             return error(403, refused)

@@ -193,6 +193,10 @@ def test_to_dict_has_every_field() -> None:
         "minor": None,
         "numa_node": 1,
         "busy": False,
+        "mig_mode": False,
+        "parent": "",
+        "profile": "",
+        "mig_index": None,
     }
 
 

@@ -14,6 +14,12 @@ from typing import Any
 
 PREFIX = "io.gpu-alloc."
 LEASE = PREFIX + "lease"
+MIG_REQUEST = PREFIX + "request.mig"  # a client's ask: count MIG slices of this profile
+
+
+def mig_profile(labels: Mapping[str, Any] | None) -> str:
+    """The MIG profile a create asks for (read before `strip` removes the label)."""
+    return str((labels or {}).get(MIG_REQUEST) or "").strip()
 
 
 def lease_label(lease_id: str, token: str) -> str:

@@ -4,10 +4,16 @@ The module is passed in so tests can hand over a stand-in with the same
 function names; on a host ``pynvml`` itself is used.  A GPU that runs host
 compute processes is reported ``busy``: a job outside Docker is using it, so
 placement skips it, as the reference design does.
+
+A GPU whose current MIG mode is on lists its slices: ``nvmlDeviceGetMaxMigDeviceCount``
+bounds ``nvmlDeviceGetMigDeviceHandleByIndex`` (an empty index answers NOT_FOUND), and
+each slice's profile is the tail of its NVML name (``NVIDIA H100 80GB HBM3 MIG 1g.10gb``).
+Only reads: gpu-alloc never changes MIG mode or any other GPU setting.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -29,21 +35,26 @@ def read(nvml: ModuleType | Any | None = None, sysfs: str = "/sys") -> Inventory
             "Set 'gpus:' to a simulated-GPU file to run without one"
         ) from None
     try:
-        gpus = tuple(_gpu(nvml, i, sysfs) for i in range(nvml.nvmlDeviceGetCount()))
+        gpus, migs = [], []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            gpu = _gpu(nvml, handle, i, sysfs)
+            gpus.append(gpu)
+            if gpu.mig_mode:
+                migs += _slices(nvml, handle, gpu)
         version = _cuda_version(nvml)
     except Exception as e:
         raise InventoryError(f"NVML: reading the GPUs failed: {e}") from None
     finally:
         nvml.nvmlShutdown()
-    return Inventory(gpus, cuda_driver_version=version)
+    return Inventory(tuple(gpus), cuda_driver_version=version, migs=tuple(migs))
 
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _gpu(nvml: Any, index: int, sysfs: str) -> GPU:
-    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+def _gpu(nvml: Any, handle: Any, index: int, sysfs: str) -> GPU:
     bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
     return GPU(
         uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
@@ -54,7 +65,45 @@ def _gpu(nvml: Any, index: int, sysfs: str) -> GPU:
         minor=int(nvml.nvmlDeviceGetMinorNumber(handle)),
         numa_node=_numa_node(bus_id, sysfs),
         busy=bool(nvml.nvmlDeviceGetComputeRunningProcesses(handle)),
+        mig_mode=_mig_mode(nvml, handle),
     )
+
+
+def _mig_mode(nvml: Any, handle: Any) -> bool:
+    """The current (not the pending) mode; GPUs without MIG answer NOT_SUPPORTED."""
+    try:
+        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+    except nvml.NVMLError:
+        return False
+    return int(current) == nvml.NVML_DEVICE_MIG_ENABLE
+
+
+def _slices(nvml: Any, handle: Any, gpu: GPU) -> list[GPU]:
+    out = []
+    for k in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+        try:
+            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)
+        except nvml.NVMLError:
+            continue  # no slice at this index
+        name = _text(nvml.nvmlDeviceGetName(mig))
+        try:
+            busy = bool(nvml.nvmlDeviceGetComputeRunningProcesses(mig))
+        except nvml.NVMLError:
+            busy = False
+        out.append(
+            replace(
+                gpu,
+                uuid=_text(nvml.nvmlDeviceGetUUID(mig)),
+                name=name,
+                memory_mib=int(nvml.nvmlDeviceGetMemoryInfo(mig).total) // (1024 * 1024),
+                busy=busy,
+                mig_mode=False,
+                parent=gpu.uuid,
+                profile=name.rpartition("MIG ")[2] if "MIG " in name else "",
+                mig_index=k,
+            )
+        )
+    return out
 
 
 def _numa_node(bus_id: str, sysfs: str) -> int | None:

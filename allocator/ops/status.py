@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from allocator.core.health import Health
+from allocator.core.inventory import GPU
 from allocator.core.leases import StateError
 from allocator.host import unixhttp
 from allocator.service import Allocator
@@ -16,20 +17,23 @@ from allocator.service import Allocator
 def snapshot(alloc: Allocator) -> dict[str, Any]:
     inventory = alloc.inventory()
     state = alloc.ledger.read()
-    present = [g.uuid for g in inventory.gpus]
+    present = [g.uuid for g in (*inventory.gpus, *inventory.migs)]
     departed = sorted(state.named_gpus() - set(present))
     holder_of = {u: h.to_dict() for u, h in state.holders({*present, *departed}).items()}
     health = alloc.health.read()
-    gpus = []
-    for g in inventory.gpus:
+
+    def row(g: GPU) -> dict[str, Any]:
         holder = holder_of.get(g.uuid)
         if holder is None and g.busy:
             holder = {"container": None, "name": None, "why": "host compute processes"}
-        gpus.append(
-            {**g.to_dict(), "free": holder is None, "holder": holder, **_health(health, g.uuid)}
-        )
+        return {**g.to_dict(), "free": holder is None, "holder": holder}
+
+    gpus = [row(g) | _health(health, g.uuid) for g in inventory.gpus]
+    migs = [row(m) | _health(health, m.parent) for m in inventory.migs]
     return {
         "gpus": gpus,
+        "migs": migs,
+        "mig_policy": alloc.config.policy.mig,
         "leases": [vars(le) | {"gpus": list(le.gpus)} for le in state.leases.values()],
         "claims": [
             vars(c) | {"gpus": None if c.gpus is None else list(c.gpus)}
@@ -53,13 +57,17 @@ def render_json(snap: dict[str, Any]) -> str:
 
 def render_table(snap: dict[str, Any]) -> str:
     rows = [("GPU", "UUID", "NAME", "STATE", "HOLDER")]
-    for g in snap["gpus"]:
+    for g in [*snap["gpus"], *snap.get("migs", ())]:
         h = g["holder"]
         who = "-" if h is None else _who(h)
         state = "free" if g["free"] else "held"
+        if g.get("mig_mode"):
+            state = "MIG mode (leased as its slices)"
         if not g.get("healthy", True):
             state = f"unhealthy ({g['health_event']['what']}), " + state
-        rows.append((str(g["index"]), g["uuid"], g["name"], state, who))
+        gpu = str(g["index"]) if not g.get("parent") else f"{g['index']}:{g['mig_index']}"
+        name = g["name"] if not g.get("parent") else f"MIG {g['profile']}"
+        rows.append((gpu, g["uuid"], name, state, who))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]

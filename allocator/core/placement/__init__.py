@@ -35,28 +35,66 @@ def place(
     held: Mapping[str, Holder],
     policy: Policy,
     unhealthy: Mapping[str, str] | None = None,
+    mig: str = "none",
 ) -> list[GPU] | Shortage:
     """Pick GPUs for `ask` among those not in ``held`` (UUID -> `Holder`); all or nothing.
 
     ``unhealthy`` (UUID -> the event, from allocator.core.health) are never placed; an
     explicit request for one is refused naming its event, since waiting will not help.
+    ``mig`` is ``policy.mig``: which of GPUs and MIG slices are units (`Inventory.units`);
+    a held GPU blocks its slices and a held slice its GPU, whoever holds them.
     """
-    sick = unhealthy or {}
-    asked_sick = [g for g in inventory.gpus if g.uuid in ask.required and g.uuid in sick]
+    sick = dict(unhealthy or {})
+    sick.update({m.uuid: sick[m.parent] for m in inventory.migs if m.parent in sick})
+    units = inventory.units(mig)
+    known = {g.uuid: g for g in (*inventory.gpus, *inventory.migs)}
+    required = [known[u] for u in ask.required if u in known]
+    asked_sick = [g for g in required if g.uuid in sick]
     if asked_sick:
         return Shortage(_unhealthy_text(asked_sick, sick))
-    free = [g for g in inventory.gpus if g.uuid not in held and not g.busy and g.uuid not in sick]
+    outside = [g for g in required if g not in units]
+    if outside:
+        return Shortage(_not_a_unit_text(outside, mig))
+    blocked = _blocked(held, inventory)
+    free = [g for g in units if g.uuid not in blocked and not g.busy and g.uuid not in sick]
     if ask.every:
-        required = list(inventory.gpus)
+        required = list(units)
         size = len(required)
     else:
-        required = [g for g in inventory.gpus if g.uuid in ask.required]
         size = len(required) + ask.count
+    pool = [g for g in free if g in required or _fits(g, ask.profile, mig)]
     taken = [g for g in required if g not in free]
-    picked = None if taken else policy(free, required, size)
+    picked = None if taken else policy(pool, required, size)
     if picked is not None:
         return picked
-    return Shortage(_shortage_text(ask, size, free, taken, inventory, held, sick))
+    return Shortage(_shortage_text(ask, size, pool, taken, units, blocked, sick))
+
+
+def _fits(unit: GPU, profile: str, mig: str) -> bool:
+    """May a count request draw this unit?  ``mixed`` hands slices out by profile only."""
+    if profile:
+        return unit.profile == profile
+    return mig == "single" or not unit.is_slice
+
+
+def _blocked(held: Mapping[str, Holder], inventory: Inventory) -> dict[str, Holder]:
+    """Held UUIDs and their families: a GPU's slices, a slice's GPU."""
+    blocked: dict[str, Holder] = {}
+    for uuid, who in held.items():
+        for u in sorted(inventory.family(uuid)):
+            blocked.setdefault(u, who)
+    return blocked
+
+
+def _not_a_unit_text(gpus: Sequence[GPU], mig: str) -> str:
+    named = ", ".join(f"{g.label()} ({g.uuid})" for g in gpus)
+    if any(g.is_slice for g in gpus):
+        why = "policy.mig is 'none', so MIG slices are not leased"
+        fix = "ask for a GPU without MIG mode, or have the operator set policy.mig"
+    else:
+        why = "it is in MIG mode, so it is leased only as its slices"
+        fix = "ask for one of its MIG slices (gpu-alloc status lists them)"
+    return f"gpu-alloc: refused: {named}: {why}; {fix}"
 
 
 def _unhealthy_text(gpus: Sequence[GPU], sick: Mapping[str, str]) -> str:
@@ -72,25 +110,27 @@ def _shortage_text(
     size: int,
     free: Sequence[GPU],
     taken: Sequence[GPU],
-    inventory: Inventory,
+    units: Sequence[GPU],
     held: Mapping[str, Holder],
     sick: Mapping[str, str],
 ) -> str:
     asked = "all GPUs" if ask.every else f"{size} GPU{'s' * (size != 1)}"
+    if ask.profile:
+        asked = f"{size} MIG slice{'s' * (size != 1)} of profile {ask.profile}"
     if taken:
-        asked += " including " + ", ".join(f"GPU {g.index} ({g.uuid})" for g in taken)
+        asked += " including " + ", ".join(f"{g.label()} ({g.uuid})" for g in taken)
     holders = "; ".join(
-        f"GPU {g.index} held by {held[g.uuid].describe()}"
+        f"{g.label()} held by {held[g.uuid].describe()}"
         if g.uuid in held
-        else f"GPU {g.index} unhealthy ({sick[g.uuid]})"
+        else f"{g.label()} unhealthy ({sick[g.uuid]})"
         if g.uuid in sick
-        else f"GPU {g.index} busy with host processes"
-        for g in inventory.gpus
-        if g not in free
+        else f"{g.label()} busy with host processes"
+        for g in units
+        if g not in free and (g.uuid in held or g.uuid in sick or g.busy)
     )
     return (
         f"gpu-alloc: not enough free GPUs: asked for {asked}, {len(free)} of "
-        f"{len(inventory.gpus)} free"
+        f"{len(units)} free"
         + (f" ({holders})" if holders else "")
         + ". Remove a container that holds GPUs, or ask for fewer; 'gpu-alloc status' "
         "shows who holds what"
