@@ -210,6 +210,18 @@ def test_the_watcher_takes_a_gpu_out_in_one_step_and_the_probe_brings_it_back(
     assert health.read().of(U0).healthy
 
 
+def test_a_held_gpu_that_turns_unhealthy_is_reported_not_stopped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    f = sim_file(tmp_path / "gpus.yaml")
+    health = HealthFile(Ledger(tmp_path / "state"))
+    w = Watcher(SimEvents(str(f)), health, POLICY, lambda: {U0}, 0)
+    sim_file(f, xid=79)
+    w.step()
+    assert f"GPU {U0} is unhealthy while held: its container is not stopped" in caplog.text
+    assert f"GPU {U1} is unhealthy" not in caplog.text
+
+
 def test_an_ignored_xid_in_the_file_leaves_the_gpu_healthy(tmp_path: Path) -> None:
     f = sim_file(tmp_path / "gpus.yaml")
     health = HealthFile(Ledger(tmp_path / "state"))

@@ -175,10 +175,13 @@ class Watcher:
         if not events and not due:
             return
         answers = self.source.answers(due) if due else set()
-        free = set(due) - self.held() if due else set()
+        held = self.held()
         with self.health.transaction() as box:
+            before = box[0]
             box[0] = observe(box[0], events, self.policy)
-            box[0] = recover(box[0], self.clock(), self.policy, free, answers)
+            box[0] = recover(box[0], self.clock(), self.policy, set(due) - held, answers)
+        for uuid in sorted((set(box[0].unhealthy()) - set(before.unhealthy())) & held):
+            log.warning("GPU %s is unhealthy while held: its container is not stopped", uuid)
 
     def run(self) -> None:
         while True:
