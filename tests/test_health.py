@@ -363,3 +363,19 @@ def test_health_config_keys() -> None:
 def test_bad_health_config_names_the_key(text: str, key: str) -> None:
     with pytest.raises(configmod.ConfigError, match=f"key '{key}'"):
         configmod.parse(text)
+
+
+# --- doctor ------------------------------------------------------------------------------------
+
+
+def test_doctor_names_an_unhealthy_gpu_and_the_command_that_clears_it(tmp_path: Path) -> None:
+    from allocator.ops.doctor import WARN, check_health
+
+    f = sim_file(tmp_path / "gpus.yaml")
+    cfg = configmod.parse(f"state_dir: {tmp_path / 'state'}\ngpus: {f}")
+    assert check_health(cfg).status == "ok"
+    with HealthFile(Ledger(tmp_path / "state")).transaction() as box:
+        box[0] = observe(box[0], [xid(79)], POLICY)
+    line = check_health(cfg)
+    assert line.status == WARN and "GPU 0 (Xid 79 at" in line.what
+    assert line.fix.endswith("then: gpu-alloc health clear 0")
