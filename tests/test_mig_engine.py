@@ -90,7 +90,11 @@ def test_status_lists_the_slices_under_their_gpu(stack: engine.Stack) -> None:
     from tests.faults import gpu_alloc
 
     table = ok(gpu_alloc(stack, "status", "--no-reconcile"))
-    assert "MIG mode (leased as its slices)" in table
+    snap = status(stack, reconcile=False)
+    assert [g["free"] for g in snap["gpus"]] == [False, False, True, True]  # 0, 1: MIG mode
+    assert snap["free"] == 2 and len(snap["migs"]) == 5
+    print(table)
+    assert "MIG mode  -" not in table and "(leased as its slices)" in table
     assert f"0:2  {A2}  MIG 3g.40gb" in table
 
 

@@ -19,6 +19,7 @@ slices (``mixed`` asks for them by profile).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -82,10 +83,18 @@ class Inventory:
     def slices_of(self, uuid: str) -> tuple[GPU, ...]:
         return tuple(m for m in self.migs if m.parent == uuid)
 
-    def family(self, uuid: str) -> set[str]:
+    @functools.cached_property
+    def _families(self) -> dict[str, frozenset[str]]:
+        fam = {
+            g.uuid: frozenset({g.uuid, *(m.uuid for m in self.slices_of(g.uuid))})
+            for g in self.gpus
+        }
+        fam.update({m.uuid: frozenset({m.uuid, m.parent}) for m in self.migs})
+        return fam
+
+    def family(self, uuid: str) -> frozenset[str]:
         """What a grant of ``uuid`` excludes: a GPU and its slices exclude each other."""
-        parent = next((m.parent for m in self.migs if m.uuid == uuid), uuid)
-        return {uuid, parent} if parent != uuid else {uuid, *(m.uuid for m in self.slices_of(uuid))}
+        return self._families.get(uuid, frozenset({uuid}))
 
     def units(self, mig: str) -> tuple[GPU, ...]:
         """What may be leased under ``policy.mig`` (none, single or mixed)."""

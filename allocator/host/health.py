@@ -30,21 +30,29 @@ class HealthFile:
     def __init__(self, ledger: Ledger):
         self.ledger = ledger
         self.path = Path(ledger.dir) / HEALTH_FILE
+        self._cache: tuple[object, Health] | None = None
 
     def read(self) -> Health:
+        """Parsed again only when the file changed (it is replaced, never edited in place)."""
         try:
+            st = os.stat(self.path)
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if self._cache is not None and self._cache[0] == stamp:
+                return self._cache[1]
             raw = self.path.read_bytes()
         except FileNotFoundError:
             return Health()
         except OSError as e:
             raise StateError(f"{self.path}: cannot read GPU health: {e.strerror}") from None
         try:
-            return Health.from_json(json.loads(raw.decode("utf-8")))
+            health = Health.from_json(json.loads(raw.decode("utf-8")))
         except (ValueError, TypeError, AttributeError) as e:
             raise StateError(
                 f"{self.path}: corrupt GPU health ({e}); remove it and run "
                 "'gpu-alloc health' to start with every GPU healthy"
             ) from None
+        self._cache = (stamp, health)
+        return health
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[list[Health]]:

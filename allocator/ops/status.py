@@ -26,6 +26,8 @@ def snapshot(alloc: Allocator) -> dict[str, Any]:
         holder = holder_of.get(g.uuid)
         if holder is None and g.busy:
             holder = {"container": None, "name": None, "why": "host compute processes"}
+        if holder is None and g.mig_mode:
+            holder = {"container": None, "name": None, "why": "MIG mode: leased as its slices"}
         return {**g.to_dict(), "free": holder is None, "holder": holder}
 
     gpus = [row(g) | _health(health, g.uuid) for g in inventory.gpus]
@@ -62,7 +64,7 @@ def render_table(snap: dict[str, Any]) -> str:
         who = "-" if h is None else _who(h)
         state = "free" if g["free"] else "held"
         if g.get("mig_mode"):
-            state = "MIG mode (leased as its slices)"
+            state, who = "MIG mode", "(leased as its slices)"
         if not g.get("healthy", True):
             state = f"unhealthy ({g['health_event']['what']}), " + state
         gpu = str(g["index"]) if not g.get("parent") else f"{g['index']}:{g['mig_index']}"
