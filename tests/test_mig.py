@@ -135,6 +135,11 @@ def test_none_never_leases_a_gpu_in_mig_mode_or_a_slice() -> None:
     assert isinstance(refused, Shortage) and "policy.mig is 'none'" in refused.msg
 
 
+def test_a_profile_under_none_is_refused_naming_the_policy() -> None:
+    refused = place(ask(1, profile="1g.10gb"), INV, {}, FIRST, mig="none")
+    assert isinstance(refused, Shortage) and "policy.mig is 'none'" in refused.msg
+
+
 def test_a_gpu_in_mig_mode_is_never_leased_whole() -> None:
     refused = place(ask(required=(A,)), INV, {}, FIRST, mig="single")
     assert isinstance(refused, Shortage)

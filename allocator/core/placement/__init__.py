@@ -55,6 +55,12 @@ def place(
     outside = [g for g in required if g not in units]
     if outside:
         return Shortage(_not_a_unit_text(outside, mig))
+    if ask.profile and mig == "none":
+        return Shortage(
+            f"gpu-alloc: refused: MIG profile {ask.profile} asked, but policy.mig is 'none', "
+            "so MIG slices are not leased; drop the io.gpu-alloc.request.mig label, or have "
+            "the operator set policy.mig"
+        )
     blocked = _blocked(held, inventory)
     free = [g for g in units if g.uuid not in blocked and not g.busy and g.uuid not in sick]
     if ask.every:
