@@ -52,6 +52,7 @@ from allocator.host.audit import AuditLog
 from allocator.host.config import Config, ConfigError
 from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.filesystem import Host, engine_paths
+from allocator.host.health import HealthFile
 from allocator.host.inventory import load as load_inventory
 from allocator.host.ledger import Ledger
 
@@ -66,6 +67,7 @@ class Allocator:
         self.engine = engine
         self.ledger = Ledger(config.state_dir, config.policy.lock_timeout)
         self.audit = AuditLog(config.state_dir)
+        self.health = HealthFile(self.ledger)
         self.policy = POLICIES[config.policy.placement]
         # gpu-alloc's state and its plugin's socket, then (once asked) the Engine's own
         # paths.  The shim's socket is the users' way in and vets every call: not protected.
@@ -280,7 +282,16 @@ class Allocator:
         if refused is not None:
             return refused
         held = state.holders(self.inventory().uuids)
-        picked = place(ask, inventory, held, self.policy, ledger.now(), want.where(pool))
+        picked = place(
+            ask,
+            inventory,
+            held,
+            self.policy,
+            ledger.now(),
+            want.where(pool),
+            self.unhealthy(),
+            self.config.policy.mig,
+        )
         if isinstance(picked, Shortage):
             return picked
         return [g.uuid for g in picked], pool
@@ -312,6 +323,7 @@ class Allocator:
         where = want.where(pool)
         with self.ledger.transaction() as state:
             now = ledger.now()
+            sick, mig = self.unhealthy(), self.config.policy.mig
             held = state.holders(self.inventory().uuids)
             old = state.lease_of(predecessor[0]) if predecessor else None
             # Only the owner's own predecessor lends its GPUs (leases from before owners
@@ -319,7 +331,7 @@ class Allocator:
             if predecessor and (
                 old is None or old.phase is not Phase.BOUND or old.owner not in ("", owner.user)
             ):
-                return place(ask, inventory, held, self.policy, now, where)  # the shortage
+                return place(ask, inventory, held, self.policy, now, where, sick, mig)
             asking = len(inventory.gpus) if ask.every else len(ask.required) + ask.count
             holding = state.held_by(owner.user, besides=old.id if old else None)
             refused = policy.over_limit(owner, holding, asking, self.rules)
@@ -327,7 +339,7 @@ class Allocator:
                 return refused
             for uuid in old.gpus if old else ():
                 held.pop(uuid, None)
-            picked = place(ask, inventory, held, self.policy, now, where)
+            picked = place(ask, inventory, held, self.policy, now, where, sick, mig)
             if isinstance(picked, Shortage):
                 return picked
             placed = cpus.Placed((), (), 0)
@@ -390,6 +402,10 @@ class Allocator:
         if lease is not None:
             metrics.lease_ended(ledger.now() - lease.created)
             self.record("release", lease, reason=reason)
+
+    def unhealthy(self) -> dict[str, str]:
+        """UUID -> its event; nothing when the operator turned health off."""
+        return {} if self.config.health.disabled else self.health.read().unhealthy()
 
     def _compose_predecessor(self, name: str, given: dict[str, str]) -> tuple[str, str] | None:
         """(id, current name) of the container this Compose create replaces, if any."""

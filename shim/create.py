@@ -28,6 +28,7 @@ import logging
 import os
 import pwd
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from urllib.parse import parse_qs, urlsplit
 
 from allocator.core import cuda, errors, gojson, labels, policy
@@ -100,6 +101,7 @@ class CreateInterceptor:
         # io.gpu-alloc.* label the client set is stripped.
         given_labels = decoded.get("Labels") if isinstance(decoded, dict) else None
         want = policy.wanted(given_labels)
+        profile = labels.mig_profile(given_labels)
         resources = labels.resources(given_labels)
         if isinstance(resources, str):
             return error(400, f"gpu-alloc refused the container create: {resources}")
@@ -110,11 +112,13 @@ class CreateInterceptor:
         if isinstance(ask, decide.Deny):
             await asyncio.to_thread(self._refused, name, ask.msg, ask.field)
             return error(403, ask.msg)
+        ask = replace(ask, profile=profile)
         refused = _resources_refusal(resources, ask.any, spec)
         if refused:
             return error(400, refused)
         if not ask.any:
             return await forward(_with_body(request, rewrite(spec, (), None)))
+        ask = replace(ask, profile=profile)
         refused = await asyncio.to_thread(self._cuda_refusal, spec, facts)
         if refused:
             await asyncio.to_thread(self._refused, name, refused)

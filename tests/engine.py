@@ -526,12 +526,14 @@ class Stack:
         cuda: str | None = None,
         extra: dict[str, dict[str, object]] | None = None,
         policy: Mapping[str, Any] | None = None,
-        gpus_yaml: list[dict[str, Any]] | None = None,
+        sim: object | None = None,
     ) -> None:
+        """``config``: sections merged over the defaults (``{"health": {...}}``); ``sim``:
+        the simulated-GPU file's content instead of `write_sim_gpus`' (MIG slices, say)."""
         self.cuda = cuda
         self.extra = extra or {}  # config sections merged over the defaults below
-        self.policy = dict(policy or {})  # extra policy: keys (limits, pools, ...)
-        self.gpus_yaml = gpus_yaml  # GPUs as written to the sim file, overriding `gpus`
+        self.policy = dict(policy or {})  # extra policy: keys (limits, pools, mig, ...)
+        self.sim = sim  # the simulated GPU file's content, instead of `gpus` plain GPUs
         self._own_dir = tmp is None
         self.dir = Path(tmp or tempfile.mkdtemp(prefix="ga-", dir="/tmp"))
         check_short(self.dir / "e")
@@ -550,9 +552,10 @@ class Stack:
         self.dockerd: Dockerd | None = None
 
     def write_config(self) -> Path:
-        write_sim_gpus(self.gpus_file, self.gpu_count, self.cuda)
-        if self.gpus_yaml is not None:
-            self.gpus_file.write_text(yaml.safe_dump(self.gpus_yaml, sort_keys=False))
+        if self.sim is None:
+            write_sim_gpus(self.gpus_file, self.gpu_count, self.cuda)
+        else:
+            self.gpus_file.write_text(yaml.safe_dump(self.sim, sort_keys=False))
         self.state_dir.mkdir(exist_ok=True)
         config = {
             "engine": {"socket": self.engine_sock, "timeout": 10,

@@ -92,5 +92,5 @@ def test_a_dead_shim_and_a_wrong_plugin_name_are_failures(stack, tmp_path):
 
 def test_doctor_lines_all_say_ok_warn_or_fail(stack, tmp_path):
     lines = [ln for ln in doctor(stack, tmp_path).stdout.splitlines() if ln.startswith("[")]
-    assert len(lines) == 8
+    assert len(lines) == 9
     assert all(ln[1:5].strip() in ("ok", "warn", "FAIL") for ln in lines), json.dumps(lines)

@@ -205,6 +205,10 @@ def test_to_dict_has_every_field() -> None:
         "nvlinks": {},
         "pcie": {},
         "pcie_switch": None,
+        "mig_mode": False,
+        "parent": "",
+        "profile": "",
+        "mig_index": None,
     }
 
 

@@ -19,7 +19,14 @@ MIB = 1024 * 1024
 
 
 class FakeNVML:
-    """pynvml's functions over a list of device dicts; records every call."""
+    """pynvml's functions over a list of device dicts; records every call.
+
+    A device with ``mig: [slice dicts]`` is in MIG mode with those slices (a ``None``
+    entry is an empty slice index); one without answers MIG calls NOT_SUPPORTED.
+    """
+
+    NVMLError = pynvml.NVMLError
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
 
     def __init__(self, devices: list[dict[str, Any]], cuda: int | Exception = 12040) -> None:
         self.devices = devices
@@ -111,6 +118,23 @@ class FakeNVML:
         self._call("nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
         return SimpleNamespace(busId=handle["links"][link])
 
+    def nvmlDeviceGetMigMode(self, handle: dict[str, Any]) -> list[int]:
+        self._call("nvmlDeviceGetMigMode", handle)
+        if "mig" not in handle:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [handle.get("mig_current", 1), 1]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: dict[str, Any]) -> int:
+        self._call("nvmlDeviceGetMaxMigDeviceCount", handle)
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: dict[str, Any], index: int) -> Any:
+        self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, index)
+        slices = handle["mig"]
+        if index >= len(slices) or slices[index] is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return slices[index]
+
     def nvmlSystemGetCudaDriverVersion(self) -> int:
         self._call("nvmlSystemGetCudaDriverVersion")
         if isinstance(self.cuda, Exception):
@@ -130,6 +154,14 @@ def device(i: int, *, as_bytes: bool = False, **over: Any) -> dict[str, Any]:
     if as_bytes:  # nvidia-ml-py before 11.515 returned bytes
         d.update({k: d[k].encode() for k in ("uuid", "name", "bus_id")})
     return d
+
+
+def mig_slice(gpu: int, k: int, profile: str = "1g.10gb", mib: int = 9984) -> dict[str, Any]:
+    return {
+        "uuid": f"MIG-{gpu:04x}{k:04x}-0000-0000-0000-000000000000",
+        "name": f"NVIDIA H100 80GB HBM3 MIG {profile}",
+        "memory": mib * MIB,
+    }
 
 
 def sysfs_numa(root: Path, bus_id: str, node: str) -> None:
@@ -166,7 +198,12 @@ def test_the_stand_ins_struct_fields_exist_in_pynvml() -> None:
 
 
 def test_nvml_py_calls_pynvml_with_arguments_its_signatures_accept(tmp_path: Path) -> None:
-    fake = FakeNVML([device(0, links=[device(1)["bus_id"]]), device(1, milliwatts=250_000)])
+    fake = FakeNVML(
+        [
+            device(0, links=[device(1)["bus_id"]]),
+            device(1, milliwatts=250_000, mig=[mig_slice(1, 0)]),
+        ]
+    )
     nvml.read(fake, sysfs=str(tmp_path))
     nvml.usage(fake)
     assert {n for n, _ in fake.calls} == set(FAKE_FUNCTIONS)
@@ -400,3 +437,31 @@ def test_an_unavailable_per_process_memory_is_none() -> None:
     use = nvml.usage(FakeNVML([device(0, procs=[unavailable])]))
     [p] = use["GPU-00000000-0000-0000-0000-000000000000"].processes
     assert p.used_memory_bytes is None
+
+
+# --- MIG ---------------------------------------------------------------------------------------
+
+
+def test_a_gpu_in_mig_mode_lists_its_slices_with_profile_and_memory(tmp_path: Path) -> None:
+    slices = [mig_slice(0, 0), None, mig_slice(0, 2, "3g.40gb", 40192)]
+    fake = FakeNVML([device(0, mig=slices), device(1)])
+    inv = nvml.read(fake, sysfs=str(tmp_path))
+    assert [(g.uuid[:8], g.mig_mode) for g in inv.gpus] == [("GPU-0000", True), ("GPU-0000", False)]
+    parent = inv.gpus[0].uuid
+    assert [(m.parent, m.profile, m.memory_mib, m.mig_index, m.index) for m in inv.migs] == [
+        (parent, "1g.10gb", 9984, 0, 0),
+        (parent, "3g.40gb", 40192, 2, 0),
+    ]
+    assert inv.resolve("0:2").uuid == slices[2]["uuid"]  # the toolkit's GPU:SLICE form
+
+
+def test_mig_mode_pending_but_not_current_lists_no_slices(tmp_path: Path) -> None:
+    fake = FakeNVML([device(0, mig=[mig_slice(0, 0)], mig_current=0)])
+    inv = nvml.read(fake, sysfs=str(tmp_path))
+    assert (inv.gpus[0].mig_mode, inv.migs) == (False, ())
+    assert fake.called("nvmlDeviceGetMigDeviceHandleByIndex") == 0
+
+
+def test_nvml_changes_no_mig_setting() -> None:
+    source = Path(nvml.__file__).read_text()
+    assert "nvmlDeviceSetMigMode" not in source and "Create" not in source

@@ -40,7 +40,7 @@ pytestmark = pytest.mark.engine
 
 
 def make_stack() -> engine.Stack:
-    return engine.Stack(gpus=4, policy=POLICY, gpus_yaml=GPUS)
+    return engine.Stack(gpus=4, policy=POLICY, sim=GPUS)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -15,6 +15,7 @@ class Ask:
     count: int  # further GPUs, any
     every: bool  # all GPUs of the host
     caps: tuple[str, ...]
+    profile: str = ""  # a MIG profile (io.gpu-alloc.request.mig): count slices of it
 
     @property
     def any(self) -> bool:

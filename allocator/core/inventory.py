@@ -4,10 +4,22 @@ UUIDs are the identity everywhere in gpu-alloc: indices change when a GPU
 disappears or ``CUDA_DEVICE_ORDER`` differs, UUIDs do not.  Users may still name
 a GPU by index, by full UUID or by a unique UUID prefix (as nvidia-docker v1's
 ``NV_GPU`` did); `Inventory.resolve` turns each into one GPU or an error.
+
+MIG
+---
+A GPU in MIG mode (``mig_mode``) is split into slices, listed in
+`Inventory.migs`: each slice is a `GPU` whose ``parent`` is its GPU's UUID,
+with its own ``MIG-`` UUID, ``profile`` (``1g.10gb``) and memory, and its
+parent's index, minor and NUMA node.  A slice is named by its UUID or as the
+toolkit does, ``GPU:SLICE`` (``0:1``).  `units` says which of GPUs and slices
+are leased under each ``policy.mig``, as the Kubernetes device plugin's
+strategies: ``none`` whole GPUs without MIG mode; ``single`` and ``mixed`` also
+slices (``mixed`` asks for them by profile).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,6 +43,20 @@ class GPU:
     nvlinks: tuple[tuple[int, int], ...] = ()
     pcie: tuple[tuple[int, str], ...] = ()
     pcie_switch: str | None = None  # GPUs under one PCIe switch (simulated files)
+    mig_mode: bool = False  # split into MIG slices; never leased whole then
+    parent: str = ""  # for a MIG slice: its GPU's UUID
+    profile: str = ""  # for a MIG slice: e.g. "1g.10gb"
+    mig_index: int | None = None  # for a MIG slice: its index on its GPU
+
+    @property
+    def is_slice(self) -> bool:
+        return bool(self.parent)
+
+    def label(self) -> str:
+        """How messages name it: ``GPU 0`` or ``MIG 0:1 (1g.10gb)``."""
+        if self.is_slice:
+            return f"MIG {self.index}:{self.mig_index} ({self.profile})"
+        return f"GPU {self.index}"
 
     def nvlinks_to(self, peer: int) -> int:
         return dict(self.nvlinks).get(peer, 0)
@@ -68,18 +94,45 @@ PCIE_LEVELS = (
 class Inventory:
     gpus: tuple[GPU, ...]
     cuda_driver_version: tuple[int, int] | None = None
+    migs: tuple[GPU, ...] = ()  # MIG slices of the GPUs in MIG mode
 
     def __post_init__(self) -> None:
-        uuids = [g.uuid for g in self.gpus]
+        uuids = [g.uuid for g in (*self.gpus, *self.migs)]
         indices = [g.index for g in self.gpus]
         if len(set(uuids)) != len(uuids):
             raise InventoryError("two GPUs share a UUID")
         if len(set(indices)) != len(indices):
             raise InventoryError("two GPUs share an index")
+        in_mig_mode = {g.uuid for g in self.gpus if g.mig_mode}
+        for m in self.migs:
+            if m.parent not in in_mig_mode:
+                raise InventoryError(f"MIG slice {m.uuid}: its GPU {m.parent} is not in MIG mode")
 
     @property
     def uuids(self) -> frozenset[str]:
-        return frozenset(g.uuid for g in self.gpus)
+        """Every GPU and MIG slice: what an unpinned grant holds."""
+        return frozenset(g.uuid for g in (*self.gpus, *self.migs))
+
+    def slices_of(self, uuid: str) -> tuple[GPU, ...]:
+        return tuple(m for m in self.migs if m.parent == uuid)
+
+    @functools.cached_property
+    def _families(self) -> dict[str, frozenset[str]]:
+        fam = {
+            g.uuid: frozenset({g.uuid, *(m.uuid for m in self.slices_of(g.uuid))})
+            for g in self.gpus
+        }
+        fam.update({m.uuid: frozenset({m.uuid, m.parent}) for m in self.migs})
+        return fam
+
+    def family(self, uuid: str) -> frozenset[str]:
+        """What a grant of ``uuid`` excludes: a GPU and its slices exclude each other."""
+        return self._families.get(uuid, frozenset({uuid}))
+
+    def units(self, mig: str) -> tuple[GPU, ...]:
+        """What may be leased under ``policy.mig`` (none, single or mixed)."""
+        whole = tuple(g for g in self.gpus if not g.mig_mode)
+        return whole if mig == "none" else whole + self.migs
 
     def by_minor(self, minor: int) -> GPU | None:
         return next((g for g in self.gpus if g.minor == minor), None)
@@ -87,14 +140,19 @@ class Inventory:
     def resolve(self, ident: str) -> GPU:
         """One GPU for an index, a UUID, or a unique UUID prefix; `LookupError` otherwise."""
         ident = ident.strip()
+        gpu, colon, mig = ident.partition(":")
         if ident.isdigit():
             found = [g for g in self.gpus if g.index == int(ident)]
+        elif colon and gpu.isdigit() and mig.isdigit():
+            found = [m for m in self.migs if (m.index, m.mig_index) == (int(gpu), int(mig))]
         else:
-            found = [g for g in self.gpus if g.uuid == ident]
-            if not found and ident.upper().startswith("GPU-") and len(ident) >= 8:
-                found = [g for g in self.gpus if g.uuid.startswith(ident)]
+            every = (*self.gpus, *self.migs)
+            found = [g for g in every if g.uuid == ident]
+            if not found and ident.upper().startswith(("GPU-", "MIG-")) and len(ident) >= 8:
+                found = [g for g in every if g.uuid.startswith(ident)]
         if len(found) != 1:
             why = "matches several GPUs" if found else "is not a GPU on this host"
             known = ", ".join(f"{g.index}={g.uuid}" for g in self.gpus) or "none"
+            known += "".join(f", {m.index}:{m.mig_index}={m.uuid}" for m in self.migs)
             raise LookupError(f"GPU '{ident}' {why} (GPUs: {known})")
         return found[0]

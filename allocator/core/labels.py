@@ -20,6 +20,12 @@ REQUEST_CPUS = PREFIX + "request.cpus"
 REQUEST_MEMORY = PREFIX + "request.memory"
 REQUEST_TOPOLOGY = PREFIX + "request.topology"
 TOPOLOGIES = ("prefer", "strict")
+MIG_REQUEST = PREFIX + "request.mig"  # a client's ask: count MIG slices of this profile
+
+
+def mig_profile(labels: Mapping[str, Any] | None) -> str:
+    """The MIG profile a create asks for (read before `strip` removes the label)."""
+    return str((labels or {}).get(MIG_REQUEST) or "").strip()
 
 
 def lease_label(lease_id: str, token: str) -> str:

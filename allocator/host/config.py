@@ -16,11 +16,13 @@ from typing import Any
 import yaml
 
 from allocator.core.cpus import parse_list
+from allocator.core.health import DEFAULT_IGNORED_XIDS, HealthPolicy
 from allocator.core.policy import Pool, Rules, Ulimit, parse_size
 
 DEFAULT_PATH = "/etc/gpu-alloc/config.yaml"
 ENV_VAR = "GPU_ALLOC_CONFIG"
 PLACEMENT_POLICIES = ("best-effort", "numa", "first-fit")
+MIG_POLICIES = ("none", "single", "mixed")  # as the NVIDIA Kubernetes device plugin names them
 
 
 class ConfigError(Exception):
@@ -56,6 +58,7 @@ class PolicyConfig:
     pending_ttl: float = 300.0
     idle_after: float = 3600.0  # a leased GPU unused this long is marked idle
     reserved_cpus: str = ""  # a CPU list ("0-1") never leased: housekeeping cores
+    mig: str = "none"
     rules: Rules = field(default_factory=Rules)  # limits, pools, gpu_defaults, ...
 
 
@@ -65,12 +68,27 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class HealthConfig:
+    """The GPU health watcher (allocator/host/watcher.py); defaults as the Kubernetes
+    device plugin's."""
+
+    disabled: bool = False
+    ignored_xids: tuple[int, ...] = tuple(sorted(DEFAULT_IGNORED_XIDS))
+    recheck_after: float = 300.0  # seconds before the automatic probe; 0: never
+    period: float = 1.0  # seconds per watcher step
+
+    def policy(self) -> HealthPolicy:
+        return HealthPolicy(self.disabled, frozenset(self.ignored_xids), self.recheck_after)
+
+
+@dataclass(frozen=True)
 class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     shim: ShimConfig = field(default_factory=ShimConfig)
     plugin: PluginConfig = field(default_factory=PluginConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
     state_dir: str = "/var/lib/gpu-alloc"
     gpus: str = "nvml"
     sysfs: str = "/sys"  # where the CPU topology is read; tests point it at a fake tree
@@ -93,6 +111,7 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "pending_ttl": (int, float),
         "idle_after": (int, float),
         "reserved_cpus": str,
+        "mig": str,
         "limits": dict,
         "exempt": list,
         "pools": dict,
@@ -101,6 +120,12 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "release_stopped_after": (int, float, str, type(None)),
     },
     "metrics": {"listen": (str, type(None))},
+    "health": {
+        "disabled": bool,
+        "ignored_xids": list,
+        "recheck_after": (int, float),
+        "period": (int, float),
+    },
 }
 _RULE_KEYS = ("limits", "exempt", "pools", "default_pool", "gpu_defaults", "release_stopped_after")
 _SCALARS: dict[str, type] = {"state_dir": str, "gpus": str, "sysfs": str}
@@ -178,6 +203,16 @@ def _build(data: dict[str, Any], path: str) -> Config:
     policy = sections["policy"]
     if policy.get("placement", "best-effort") not in PLACEMENT_POLICIES:
         raise _fail(path, "policy.placement", f"must be one of {', '.join(PLACEMENT_POLICIES)}")
+    if policy.get("mig", "none") not in MIG_POLICIES:
+        raise _fail(path, "policy.mig", f"must be one of {', '.join(MIG_POLICIES)}")
+    health = sections["health"]
+    if "ignored_xids" in health:
+        xids = health["ignored_xids"]
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in xids):
+            raise _fail(path, "health.ignored_xids", "must be a list of Xid numbers, e.g. [13, 43]")
+        health["ignored_xids"] = tuple(xids)
+    if health.get("recheck_after", 0) < 0:
+        raise _fail(path, "health.recheck_after", "must be 0 (never) or a number of seconds")
     for dotted, value in (
         ("policy.lock_timeout", policy.get("lock_timeout", 1)),
         ("policy.pending_ttl", policy.get("pending_ttl", 1)),
@@ -185,6 +220,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
         ("shim.create_timeout", shim.get("create_timeout", 1)),
         ("plugin.workers", sections["plugin"].get("workers", 1)),
         ("policy.idle_after", policy.get("idle_after", 1)),
+        ("health.period", health.get("period", 1)),
     ):
         if value <= 0:
             raise _fail(path, dotted, "must be greater than zero")
@@ -226,6 +262,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
             **{k: v for k, v in policy.items() if k not in _RULE_KEYS}, rules=_rules(path, policy)
         ),
         metrics=MetricsConfig(**sections["metrics"]),
+        health=HealthConfig(**health),
         state_dir=data.get("state_dir", Config.state_dir),
         gpus=gpus,
         sysfs=data.get("sysfs", Config.sysfs),

@@ -5,10 +5,16 @@ cuda_driver_version: "12.4"}`` to simulate the driver's CUDA version too.
 Links between GPUs are described per GPU, by peer index: ``nvlinks: {1: 12}``
 (NVLinks to GPU 1), ``pcie: {1: single-switch}`` (the PCIe level, one of
 `PCIE_LEVELS`), or ``pcie_switch: sw0`` (GPUs naming one switch share it).
+
+A GPU entry may carry simulated health events (``xid: 79``, ``xids: [79]``,
+``double_bit_ecc: 1``, ``single_bit_ecc: 3``) for the health watcher, and MIG
+slices: ``migs: [{uuid: MIG-..., profile: 1g.10gb, memory_mib: 9984}]`` puts
+the GPU in MIG mode with those slices.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +23,10 @@ import yaml
 from allocator.core.inventory import GPU, PCIE_LEVELS, Inventory, InventoryError
 
 __all__ = ["GPU", "Inventory", "InventoryError", "load", "load_file"]
+# Simulated health events on a GPU entry; allocator/host/watcher.py reads them.
+EVENT_KEYS = frozenset({"xid", "xids", "double_bit_ecc", "single_bit_ecc"})
+SLICE_ONLY = frozenset({"parent", "mig_index", "profile"})  # set by the GPU's migs list
+SLICE_KEYS = frozenset({"uuid", "profile", "memory_mib", "busy"})
 
 
 def load(source: str) -> Inventory:
@@ -41,8 +51,9 @@ def load_file(path: str) -> Inventory:
         data = data.get("gpus")
     if not isinstance(data, list):
         raise InventoryError(f"{path}: expected a list of GPUs ({{uuid, index}} each)")
-    gpus = []
-    allowed = set(GPU.__dataclass_fields__) | {"usage"}  # usage: see allocator.host.usage
+    gpus, migs = [], []
+    # usage: see allocator.host.usage
+    allowed = (set(GPU.__dataclass_fields__) - SLICE_ONLY) | EVENT_KEYS | {"migs", "usage"}
     for n, entry in enumerate(data):
         if not isinstance(entry, dict) or "uuid" not in entry or "index" not in entry:
             raise InventoryError(f"{path}: entry {n}: needs 'uuid' and 'index'")
@@ -51,12 +62,32 @@ def load_file(path: str) -> Inventory:
             raise InventoryError(f"{path}: entry {n}: unknown keys {sorted(unknown)}")
         if not isinstance(entry["uuid"], str) or not isinstance(entry["index"], int):
             raise InventoryError(f"{path}: entry {n}: uuid must be a string, index an integer")
-        plain = {k: v for k, v in entry.items() if k != "usage"}
-        gpus.append(GPU(**{**plain, **_links(f"{path}: entry {n}", entry)}))
+        fields = {k: v for k, v in entry.items() if k not in EVENT_KEYS | {"migs", "usage"}}
+        fields.update(_links(f"{path}: entry {n}", entry))
+        gpu = GPU(**fields, **({"mig_mode": True} if entry.get("migs") else {}))
+        gpus.append(gpu)
+        migs += _slices(path, n, gpu, entry.get("migs") or [])
     try:
-        return Inventory(tuple(sorted(gpus, key=lambda g: g.index)), version)
+        return Inventory(tuple(sorted(gpus, key=lambda g: g.index)), version, tuple(migs))
     except InventoryError as e:
         raise InventoryError(f"{path}: {e}") from None
+
+
+def _slices(path: str, n: int, gpu: GPU, entries: Any) -> list[GPU]:
+    """A GPU's MIG slices: their own UUID, profile and memory; the rest is the GPU's."""
+    if not isinstance(entries, list):
+        raise InventoryError(f"{path}: entry {n}: migs must be a list of MIG slices")
+    out = []
+    for k, m in enumerate(entries):
+        if not isinstance(m, dict) or not str(m.get("uuid", "")).startswith("MIG-"):
+            raise InventoryError(f"{path}: entry {n}: migs[{k}] needs a 'uuid' starting MIG-")
+        unknown = set(m) - SLICE_KEYS
+        if unknown:
+            raise InventoryError(f"{path}: entry {n}: migs[{k}]: unknown keys {sorted(unknown)}")
+        out.append(
+            replace(gpu, mig_mode=False, parent=gpu.uuid, mig_index=k, name=f"{gpu.name} MIG", **m)
+        )
+    return out
 
 
 def _cuda_version(path: str, value: Any) -> tuple[int, int] | None:

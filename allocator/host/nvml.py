@@ -11,6 +11,10 @@ and each active NVLink's far end from ``nvmlDeviceGetNvLinkRemotePciInfo``.  A f
 end that is no GPU is an NVSwitch: two GPUs on the switches are joined by as many
 links as the less-connected of them has.  Links only rank choices, so a driver
 that cannot report them leaves the GPUs without links rather than unusable.
+A GPU whose current MIG mode is on lists its slices: ``nvmlDeviceGetMaxMigDeviceCount``
+bounds ``nvmlDeviceGetMigDeviceHandleByIndex`` (an empty index answers NOT_FOUND), and
+each slice's profile is the tail of its NVML name (``NVIDIA H100 80GB HBM3 MIG 1g.10gb``).
+Only reads: gpu-alloc never changes MIG mode or any other GPU setting.
 """
 
 from __future__ import annotations
@@ -56,12 +60,15 @@ def read(nvml: ModuleType | Any | None = None, sysfs: str = "/sys") -> Inventory
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
         gpus = tuple(_gpu(nvml, i, h, sysfs) for i, h in enumerate(handles))
         gpus = _with_links(nvml, handles, gpus)
+        migs = [
+            m for g, h in zip(gpus, handles, strict=True) if g.mig_mode for m in _slices(nvml, h, g)
+        ]
         version = _cuda_version(nvml)
     except Exception as e:
         raise InventoryError(f"NVML: reading the GPUs failed: {e}") from None
     finally:
         nvml.nvmlShutdown()
-    return Inventory(gpus, cuda_driver_version=version)
+    return Inventory(tuple(gpus), cuda_driver_version=version, migs=tuple(migs))
 
 
 def _text(value: str | bytes) -> str:
@@ -79,6 +86,7 @@ def _gpu(nvml: Any, index: int, handle: Any, sysfs: str) -> GPU:
         minor=int(nvml.nvmlDeviceGetMinorNumber(handle)),
         numa_node=_numa_node(bus_id, sysfs),
         busy=bool(nvml.nvmlDeviceGetComputeRunningProcesses(handle)),
+        mig_mode=_mig_mode(nvml, handle),
     )
 
 
@@ -125,6 +133,43 @@ def _nvlinks(nvml: Any, handles: list[Any], gpus: tuple[GPU, ...]) -> dict[int, 
         links[a][b] = links[a].get(b, 0) + both
         links[b][a] = links[b].get(a, 0) + both
     return links
+
+
+def _mig_mode(nvml: Any, handle: Any) -> bool:
+    """The current (not the pending) mode; GPUs without MIG answer NOT_SUPPORTED."""
+    try:
+        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+    except nvml.NVMLError:
+        return False
+    return int(current) == nvml.NVML_DEVICE_MIG_ENABLE
+
+
+def _slices(nvml: Any, handle: Any, gpu: GPU) -> list[GPU]:
+    out = []
+    for k in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+        try:
+            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)
+        except nvml.NVMLError:
+            continue  # no slice at this index
+        name = _text(nvml.nvmlDeviceGetName(mig))
+        try:
+            busy = bool(nvml.nvmlDeviceGetComputeRunningProcesses(mig))
+        except nvml.NVMLError:
+            busy = False
+        out.append(
+            replace(
+                gpu,
+                uuid=_text(nvml.nvmlDeviceGetUUID(mig)),
+                name=name,
+                memory_mib=int(nvml.nvmlDeviceGetMemoryInfo(mig).total) // (1024 * 1024),
+                busy=busy,
+                mig_mode=False,
+                parent=gpu.uuid,
+                profile=name.rpartition("MIG ")[2] if "MIG " in name else "",
+                mig_index=k,
+            )
+        )
+    return out
 
 
 def _short(bus_id: str) -> str:

@@ -127,6 +127,11 @@ def _parser() -> argparse.ArgumentParser:
     g = add("gpus", "live GPU use: utilisation, memory, processes, owners")
     g.add_argument("--json", action="store_true", help="machine-readable output")
     g.set_defaults(func=cmd_gpus)
+    hl = add("health", "show GPU health, or clear a GPU an operator fixed")
+    hs = hl.add_subparsers(dest="action")
+    c = hs.add_parser("clear", help="mark a GPU healthy again (index, UUID or UUID prefix)")
+    c.add_argument("gpu")
+    hl.set_defaults(func=cmd_health)
     add("doctor", "check the host end to end and say what to fix").set_defaults(func=cmd_doctor)
     return p
 
@@ -172,6 +177,10 @@ def cmd_shim(cfg: Config, args: argparse.Namespace) -> int:
         alloc = _allocator(cfg)
         assert alloc.engine is not None
         check_default_runtime(cfg, alloc.engine.info())
+        if not cfg.health.disabled:
+            from allocator.host.watcher import watch
+
+            watch(alloc)
         log = logging.getLogger("gpu-alloc.shim")
         try:
             report = alloc.reconcile(adopt=True)
@@ -259,6 +268,34 @@ def cmd_explain(cfg: Config, args: argparse.Namespace) -> int:
     answer = explain(alloc, args.user, args.gpus, args.label)
     print(render(answer, args.json))
     return int(answer["code"])
+
+
+def cmd_health(cfg: Config, args: argparse.Namespace) -> int:
+    from allocator.core import health
+
+    alloc = Allocator(cfg)
+    inventory = alloc.inventory()
+    if args.action == "clear":
+        try:
+            gpu = inventory.resolve(args.gpu)
+        except LookupError as e:
+            print(f"gpu-alloc: {e}", file=sys.stderr)
+            return EXIT_FAIL
+        with alloc.health.transaction() as box:
+            was = box[0].of(gpu.uuid)
+            box[0] = health.clear(box[0], gpu.uuid)
+        print(
+            f"GPU {gpu.index} ({gpu.uuid}) cleared (was: {was.reason()})"
+            if not was.healthy
+            else f"GPU {gpu.index} ({gpu.uuid}) was already healthy"
+        )
+        return 0
+    current = alloc.health.read()
+    for g in inventory.gpus:
+        h = current.of(g.uuid)
+        state = "healthy" if h.healthy else f"unhealthy: {h.reason()}"
+        print(f"GPU {g.index} {g.uuid}: {state}; {h.single_bit} single-bit ECC errors")
+    return 0
 
 
 def cmd_doctor(cfg: Config, args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ from allocator.host import inventory as inventorymod
 from allocator.host import unixhttp
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
+from allocator.host.health import HealthFile
 from allocator.host.ledger import Ledger
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -210,6 +211,34 @@ def check_context(cfg: Config) -> Line:
     )
 
 
+def check_health(cfg: Config) -> Line:
+    """Unhealthy GPUs, and GPUs in MIG mode that ``policy.mig: none`` never leases."""
+    try:
+        inv = inventorymod.load(cfg.gpus)
+        sick = HealthFile(Ledger(cfg.state_dir)).read().unhealthy()
+    except (inventorymod.InventoryError, StateError) as e:
+        return Line(WARN, f"GPU health: not checked: {e}")
+    if cfg.health.disabled:
+        return Line(WARN, "GPU health: not watched (health.disabled)", f"edit {cfg.source}")
+    named = [f"GPU {g.index} ({sick[g.uuid]})" for g in inv.gpus if g.uuid in sick]
+    if named:
+        first = next(g.index for g in inv.gpus if g.uuid in sick)
+        return Line(
+            WARN,
+            f"GPU health: not granted until cleared: {'; '.join(named)}",
+            f"fix the GPU (nvidia-smi -q, a reset, a reboot), then: gpu-alloc health clear {first}",
+        )
+    split = [str(g.index) for g in inv.gpus if g.mig_mode]
+    if split and cfg.policy.mig == "none":
+        return Line(
+            WARN,
+            f"GPU health: healthy; GPUs {', '.join(split)} are in MIG mode and never leased "
+            "under policy.mig: none",
+            f"set policy.mig to single or mixed in {cfg.source}",
+        )
+    return Line(OK, f"GPU health: every GPU healthy; {len(inv.migs)} MIG slice(s)")
+
+
 CHECKS: tuple[Callable[[Config], Line], ...] = (
     check_inventory,
     check_toolkit,
@@ -218,6 +247,7 @@ CHECKS: tuple[Callable[[Config], Line], ...] = (
     check_plugin,
     check_shim,
     check_state,
+    check_health,
     check_context,
 )
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import http.client
 import json
 import time
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
 from allocator.core import labels
 from allocator.core.cpus import format_list
+from allocator.core.health import Health
+from allocator.core.inventory import GPU
 from allocator.core.leases import StateError, ago
 from allocator.host import unixhttp
 from allocator.host.engine import EngineError
@@ -18,6 +21,7 @@ from allocator.service import Allocator
 
 WIDTH = 100
 HOST = "host compute processes"
+MIG_MODE = "MIG mode: leased as its slices"
 
 
 def _listed(alloc: Allocator, ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -46,7 +50,7 @@ def _state(c: dict[str, Any] | None) -> str:
 def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
     inventory = alloc.inventory()
     state = alloc.ledger.read()
-    present = [g.uuid for g in inventory.gpus]
+    present = [g.uuid for g in (*inventory.gpus, *inventory.migs)]
     departed = sorted(state.named_gpus() - set(present))
     held = state.holders({*present, *departed})
     holder_of = {u: h.to_dict() for u, h in held.items()}
@@ -54,12 +58,14 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
     engine = _listed(alloc, sorted({h.container for h in held.values() if h.container}))
     holders: dict[tuple[Any, ...], dict[str, Any]] = {}
     index = {g.uuid: g.index for g in inventory.gpus}
+    slice_of = {m.uuid: f"{m.index}:{m.mig_index}" for m in inventory.migs}
     for uuid, h in held.items():
         c = engine.get(h.container or "")
         row = holders.setdefault(
             (h.lease, h.container),
             {
                 "gpus": [],
+                "slices": [],
                 "uuids": [],
                 "container": h.container,
                 "name": (c["Names"][0].lstrip("/") if c and c.get("Names") else h.name),
@@ -75,6 +81,8 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
         row["uuids"].append(uuid)
         if uuid in index:
             row["gpus"].append(index[uuid])
+        elif uuid in slice_of:
+            row["slices"].append(slice_of[uuid])
     for h in holder_of.values():
         c = engine.get(h.get("container") or "")
         if c and c.get("Names"):
@@ -82,15 +90,23 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
     idle = {g["uuid"]: g["idle_since"] for g in (live or LiveView(alloc)).snapshot()["gpus"]}
     for row in holders.values():
         row["idle"] = any(idle.get(u) is not None for u in row["uuids"])
-    gpus = []
-    for g in inventory.gpus:
+    health = alloc.health.read()
+
+    def row(g: GPU) -> dict[str, Any]:
         holder = holder_of.get(g.uuid)
         if holder is None and g.busy:
             holder = {"container": None, "name": None, "why": HOST}
+        if holder is None and g.mig_mode:
+            holder = {"container": None, "name": None, "why": MIG_MODE}
         since = idle.get(g.uuid)
-        gpus.append({**g.to_dict(), "free": holder is None, "holder": holder, "idle_since": since})
+        return {**g.to_dict(), "free": holder is None, "holder": holder, "idle_since": since}
+
+    gpus = [row(g) | _health(health, g.uuid) for g in inventory.gpus]
+    migs = [row(m) | _health(health, m.parent) for m in inventory.migs]
     return {
         "gpus": gpus,
+        "migs": migs,
+        "mig_policy": alloc.config.policy.mig,
         "holders": sorted(holders.values(), key=lambda r: (r["gpus"] or [1 << 30], r["uuids"])),
         "leases": [
             vars(le) | {"gpus": list(le.gpus), "cpus": list(le.cpus), "mems": list(le.mems)}
@@ -106,6 +122,12 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
     }
 
 
+def _health(health: Health, uuid: str) -> dict[str, Any]:
+    h = health.of(uuid)
+    event = None if h.event is None else asdict(h.event) | {"what": h.event.describe()}
+    return {"healthy": h.healthy, "health_event": event, "single_bit_ecc": h.single_bit}
+
+
 def render_json(snap: dict[str, Any]) -> str:
     return json.dumps(snap, indent=2, sort_keys=True)
 
@@ -114,7 +136,7 @@ def render_table(snap: dict[str, Any]) -> str:
     """One line per holder, then the free GPUs; fits in `WIDTH` columns."""
     rows = [("GPUS", "OWNER", "CONTAINER", "STATE", "AGE", "POOL")]
     for h in snap.get("holders") or ():
-        gpus = ",".join(map(str, sorted(h["gpus"]))) or "-"
+        gpus = ",".join([*map(str, sorted(h["gpus"])), *h.get("slices", ())]) or "-"
         name = h["name"] or (h["container"] or "")[:12] or "-"
         if h.get("lease") is None:
             name += " (adopted)"
@@ -135,6 +157,25 @@ def render_table(snap: dict[str, Any]) -> str:
     )
     if busy:
         lines.append(f"busy with host processes: GPU {','.join(busy)}")
+    for g in snap["gpus"]:
+        if g.get("mig_mode"):
+            free_slices = [
+                f"{m['index']}:{m['mig_index']} {m['profile']}"
+                for m in snap.get("migs") or ()
+                if m["parent"] == g["uuid"] and m["free"]
+            ]
+            lines.append(
+                f"GPU {g['index']} is in MIG mode, leased as its slices; free slices: "
+                + (", ".join(free_slices) or "none")
+            )
+    for g in [*snap["gpus"], *(snap.get("migs") or ())]:
+        if not g.get("healthy", True):
+            name = f"MIG {g['index']}:{g['mig_index']}" if g.get("parent") else f"GPU {g['index']}"
+            held = "" if g["free"] else f", held by {_who(g['holder'])} (not stopped)"
+            lines.append(
+                f"{name} unhealthy ({g['health_event']['what']}){held}: never granted; "
+                "'gpu-alloc health clear' brings it back once fixed"
+            )
     for le in snap.get("leases") or ():
         if le.get("cpus") or le.get("memory"):
             lines.append(_cpu_line(le))

@@ -37,24 +37,83 @@ def place(
     policy: Policy,
     now: float | None = None,
     where: str = "",
+    unhealthy: Mapping[str, str] | None = None,
+    mig: str = "none",
 ) -> list[GPU] | Shortage:
     """Pick GPUs for `ask` among those not in ``held`` (UUID -> `Holder`); all or nothing.
 
     ``where`` names the set ``inventory`` is (a pool, say) in the shortage text; ``now``
-    lets it say how long each holder has held its GPUs.
+    lets it say how long each holder has held its GPUs.  ``unhealthy`` (UUID -> the
+    event, from allocator.core.health) are never placed; an explicit request for one is
+    refused naming its event, since waiting will not help.  ``mig`` is ``policy.mig``:
+    which of GPUs and MIG slices are units (`Inventory.units`); a held GPU blocks its
+    slices and a held slice its GPU, whoever holds them.
     """
-    free = [g for g in inventory.gpus if g.uuid not in held and not g.busy]
+    sick = dict(unhealthy or {})
+    sick.update({m.uuid: sick[m.parent] for m in inventory.migs if m.parent in sick})
+    units = inventory.units(mig)
+    known = {g.uuid: g for g in (*inventory.gpus, *inventory.migs)}
+    required = [known[u] for u in ask.required if u in known]
+    asked_sick = [g for g in required if g.uuid in sick]
+    if asked_sick:
+        return Shortage(_unhealthy_text(asked_sick, sick))
+    outside = [g for g in required if g not in units]
+    if outside:
+        return Shortage(_not_a_unit_text(outside, mig))
+    if ask.profile and mig == "none":
+        return Shortage(
+            f"gpu-alloc: refused: MIG profile {ask.profile} asked, but policy.mig is 'none', "
+            "so MIG slices are not leased; drop the io.gpu-alloc.request.mig label, or have "
+            "the operator set policy.mig"
+        )
+    blocked = _blocked(held, inventory)
+    free = [g for g in units if g.uuid not in blocked and not g.busy and g.uuid not in sick]
     if ask.every:
-        required = list(inventory.gpus)
+        required = list(units)
         size = len(required)
     else:
-        required = [g for g in inventory.gpus if g.uuid in ask.required]
         size = len(required) + ask.count
+    pool = [g for g in free if g in required or _fits(g, ask.profile, mig)]
     taken = [g for g in required if g not in free]
-    picked = None if taken else policy(free, required, size)
+    picked = None if taken else policy(pool, required, size)
     if picked is not None:
         return picked
-    return Shortage(_shortage_text(ask, size, free, taken, inventory, held, now, where))
+    return Shortage(_shortage_text(ask, size, pool, taken, units, blocked, sick, now, where))
+
+
+def _fits(unit: GPU, profile: str, mig: str) -> bool:
+    """May a count request draw this unit?  ``mixed`` hands slices out by profile only."""
+    if profile:
+        return unit.profile == profile
+    return mig == "single" or not unit.is_slice
+
+
+def _blocked(held: Mapping[str, Holder], inventory: Inventory) -> dict[str, Holder]:
+    """Held UUIDs and their families: a GPU's slices, a slice's GPU."""
+    blocked: dict[str, Holder] = {}
+    for uuid, who in held.items():
+        for u in sorted(inventory.family(uuid)):
+            blocked.setdefault(u, who)
+    return blocked
+
+
+def _not_a_unit_text(gpus: Sequence[GPU], mig: str) -> str:
+    named = ", ".join(f"{g.label()} ({g.uuid})" for g in gpus)
+    if any(g.is_slice for g in gpus):
+        why = "policy.mig is 'none', so MIG slices are not leased"
+        fix = "ask for a GPU without MIG mode, or have the operator set policy.mig"
+    else:
+        why = "it is in MIG mode, so it is leased only as its slices"
+        fix = "ask for one of its MIG slices (gpu-alloc status lists them)"
+    return f"gpu-alloc: refused: {named}: {why}; {fix}"
+
+
+def _unhealthy_text(gpus: Sequence[GPU], sick: Mapping[str, str]) -> str:
+    named = "; ".join(f"GPU {g.index} ({g.uuid}) had {sick[g.uuid]}" for g in gpus)
+    return (
+        f"gpu-alloc: refused: the GPU you asked for is unhealthy: {named}. Ask for another "
+        "GPU; an operator brings it back with 'gpu-alloc health clear GPU' once it is fixed"
+    )
 
 
 def _shortage_text(
@@ -62,37 +121,50 @@ def _shortage_text(
     size: int,
     free: Sequence[GPU],
     taken: Sequence[GPU],
-    inventory: Inventory,
+    units: Sequence[GPU],
     held: Mapping[str, Holder],
+    sick: Mapping[str, str],
     now: float | None,
     where: str,
 ) -> str:
     """At most one line per holder; asking for more than exists says so, not "remove"."""
     asked = "all GPUs" if ask.every else f"{size} GPU{'s' * (size != 1)}"
+    if ask.profile:
+        asked = f"{size} MIG slice{'s' * (size != 1)} of profile {ask.profile}"
     place_name = where or "this host"
-    if size > len(inventory.gpus):
+    if size > len(units):
         return (
-            f"gpu-alloc: asked for {asked} but {place_name} has only {len(inventory.gpus)}; "
+            f"gpu-alloc: asked for {asked} but {place_name} has only {len(units)}; "
             "ask for fewer" + (", or another pool" if where else "")
         )
     if taken:
-        asked += " including " + ", ".join(f"GPU {g.index} ({g.uuid})" for g in taken)
-    by_holder: dict[object, tuple[list[int], str]] = {}
-    for g in inventory.gpus:
+        asked += " including " + ", ".join(f"{g.label()} ({g.uuid})" for g in taken)
+    by_holder: dict[object, tuple[list[GPU], str]] = {}
+    for g in units:
         if g in free:
             continue
         h = held.get(g.uuid)
-        key = (h.lease, h.container) if h else "busy"
-        text = h.describe(now) if h else "host processes"
-        by_holder.setdefault(key, ([], text))[0].append(g.index)
-    holders = "; ".join(
-        f"GPU{'s' * (len(ix) > 1)} {','.join(map(str, ix))}: {text}"
-        for ix, text in by_holder.values()
-    )
+        if h is not None:
+            key, text = (h.lease, h.container), h.describe(now)
+        elif g.uuid in sick:
+            key, text = ("unhealthy", sick[g.uuid]), f"unhealthy ({sick[g.uuid]})"
+        elif g.busy:
+            key, text = "busy", "host processes"
+        else:
+            continue
+        by_holder.setdefault(key, ([], text))[0].append(g)
+    holders = "; ".join(f"{_named(gs)}: {text}" for gs, text in by_holder.values())
     return (
         f"gpu-alloc: not enough free GPUs: asked for {asked}, {len(free)} of "
-        f"{len(inventory.gpus)} free in {place_name}"
+        f"{len(units)} free in {place_name}"
         + (f" ({holders})" if holders else "")
         + ". Remove a container that holds GPUs, or ask for fewer; 'gpu-alloc status' "
         "shows who holds what"
     )
+
+
+def _named(gpus: Sequence[GPU]) -> str:
+    """``GPUs 0,1`` for whole GPUs, each slice by its label."""
+    if any(g.is_slice for g in gpus):
+        return ", ".join(g.label() for g in gpus)
+    return f"GPU{'s' * (len(gpus) > 1)} {','.join(str(g.index) for g in gpus)}"

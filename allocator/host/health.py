@@ -1,0 +1,95 @@
+"""The health file: `allocator.core.health.Health` in ``state_dir/health.json``.
+
+It sits beside the ledger and under the ledger's lock, with the same atomic
+replace, so the shim's watcher, the plugin workers and the CLI all see one
+answer.  A missing file means every GPU is healthy; an unreadable one means
+no GPU can be proven healthy, so placement stops (fail closed) with a message
+naming the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from allocator.core.health import Health
+from allocator.core.leases import StateError
+from allocator.host.ledger import Ledger
+
+HEALTH_FILE = "health.json"
+# The audit trail and metrics read these lines (logger "gpu-alloc.health").
+log = logging.getLogger("gpu-alloc.health")
+
+
+class HealthFile:
+    def __init__(self, ledger: Ledger):
+        self.ledger = ledger
+        self.path = Path(ledger.dir) / HEALTH_FILE
+        self._cache: tuple[object, Health] | None = None
+
+    def read(self) -> Health:
+        """Parsed again only when the file changed (it is replaced, never edited in place)."""
+        try:
+            st = os.stat(self.path)
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if self._cache is not None and self._cache[0] == stamp:
+                return self._cache[1]
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return Health()
+        except OSError as e:
+            raise StateError(f"{self.path}: cannot read GPU health: {e.strerror}") from None
+        try:
+            health = Health.from_json(json.loads(raw.decode("utf-8")))
+        except (ValueError, TypeError, AttributeError) as e:
+            raise StateError(
+                f"{self.path}: corrupt GPU health ({e}); remove it and run "
+                "'gpu-alloc health' to start with every GPU healthy"
+            ) from None
+        self._cache = (stamp, health)
+        return health
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[list[Health]]:
+        """Under the ledger lock: the caller replaces ``box[0]``; a change is written."""
+        with self.ledger.locked():
+            box = [self.read()]
+            before = box[0].to_json()
+            yield box
+            if box[0].to_json() != before:
+                self._write(box[0])
+                log_changes(Health.from_json(before), box[0])
+
+    def _write(self, health: Health) -> None:
+        data = json.dumps(health.to_json(), indent=1, sort_keys=True).encode()
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".health.", suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)  # health is no secret: status for docker-group users
+            os.replace(tmp, self.path)
+        except OSError as e:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            raise StateError(f"{self.path}: cannot write GPU health: {e.strerror}") from None
+
+
+def log_changes(before: Health, after: Health) -> None:
+    """One line per GPU whose health changed: the hook for the audit trail and metrics."""
+    for uuid, h in after.gpus.items():
+        old = before.of(uuid)
+        if old.healthy and not h.healthy:
+            log.warning("GPU %s is unhealthy: %s; it is no longer granted", uuid, h.reason())
+        elif not old.healthy and h.healthy:
+            log.warning("GPU %s is healthy again (was: %s)", uuid, old.reason())
+        if h.single_bit != old.single_bit:
+            log.info("GPU %s: %d single-bit ECC errors so far", uuid, h.single_bit)
