@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # The real-Engine tests need Debian's dockerd 20.10, docker-compose 1.29 and a static busybox;
-# the deploy tests lint the shell scripts with shellcheck.
+# the deploy tests lint the shell scripts with shellcheck; debootstrap builds the roots of the
+# newer Engines (26, 28: tests/engine_root.py).
 # policy-rc.d keeps apt from starting the host's own docker/containerd services: the tests run
 # private engines and must not get a docker0 bridge or iptables rules as a side effect.
 deps:
@@ -28,6 +29,7 @@ deps:
 	command -v dockerd >/dev/null || need="$$need docker.io"; \
 	command -v docker-compose >/dev/null || need="$$need docker-compose"; \
 	command -v shellcheck >/dev/null || need="$$need shellcheck"; \
+	command -v debootstrap >/dev/null || need="$$need debootstrap"; \
 	dpkg-query -W -f='$${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' \
 		|| need="$$need busybox-static"; \
 	if [ -z "$$need" ]; then exit 0; fi; \
