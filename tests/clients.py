@@ -68,14 +68,19 @@ def compose_v2(engine: Engine | None = None) -> bool:
     return (engine or engine_root.selected()).root is not None
 
 
+def compose_version(engine: Engine | None = None) -> int:
+    """The Compose major version the helpers run on `engine` (else the run's): 1 or 2."""
+    return 2 if compose_v2(engine) else 1
+
+
 def compose_name(project: str, service: str, number: int, engine: Engine | None = None) -> str:
     """The container name Compose gives replica `number`: v1 `p_s_1`, v2 `p-s-1`."""
     sep = "-" if compose_v2(engine) else "_"
     return sep.join([project, service, str(number)])
 
 
-def _compose_argv(engine: Engine, config_dir: str) -> list[str]:
-    if engine.root is None:
+def _compose_argv(engine: Engine, config_dir: str, version: int) -> list[str]:
+    if version == 1:
         compose = _which("docker-compose")
         if compose is None:
             raise RuntimeError("docker-compose not found; install it (make deps)")
@@ -95,15 +100,20 @@ def docker_compose(
     env: Mapping[str, str] | None = None,
     timeout: float = 180,
     engine: Engine | None = None,
+    version: int | None = None,
 ) -> subprocess.CompletedProcess:
     """Run Compose in `project_dir` (its docker-compose.yml) against `sock`: v1 1.29 on the
-    host Engine, the root's v2 on a root Engine (`engine`, else the run's)."""
+    host Engine, the root's v2 on a root Engine (`engine`, else the run's); `version`
+    forces one (v2 needs a root Engine's plugin)."""
     engine = engine or engine_root.selected()
+    version = version or compose_version(engine)
+    if version == 2 and engine.root is None:
+        engine = engine_root.ENGINES["28"]  # the newest Compose v2 plugin we have
     full_env = _client_env(sock, env)
     full_env["COMPOSE_PROJECT_NAME"] = project_name or f"ga{os.getpid()}x{next(_counter)}"
     try:
         return subprocess.run(
-            [*_compose_argv(engine, full_env["DOCKER_CONFIG"]), *args],
+            [*_compose_argv(engine, full_env["DOCKER_CONFIG"], version), *args],
             cwd=project_dir,
             env=full_env,
             capture_output=True,

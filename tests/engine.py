@@ -42,7 +42,13 @@ import docker.errors
 import yaml
 
 from tests import engine_root
-from tests.clients import compose_name, compose_v2, docker_cli, docker_compose  # noqa: F401
+from tests.clients import (  # noqa: F401
+    compose_name,
+    compose_v2,
+    compose_version,
+    docker_cli,
+    docker_compose,
+)
 from tests.engine_root import Engine
 
 BUSYBOX_TAG = "gpu-alloc-test/busybox:latest"
