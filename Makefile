@@ -48,11 +48,16 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The whole suite on the host's dockerd 20.10 and, in parallel, the Engine-facing suites on
+# dockerd 26 and 28 (Debian roots built on first use under /var/cache/gpu-alloc-tests):
+# tests/run_engines.py.  ENGINES=20.10 for the host Engine only; PYTEST_ARGS for pytest.
+ENGINES ?= 20.10,26,28
 test: deps venv lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m tests.run_engines --engines "$(ENGINES)" -- $(PYTEST_ARGS)
 
+# ENGINE=26 (or 28) make demo: the same on a newer Engine, from its Debian root.
 demo: deps venv
-	bash tests/demo.sh
+	GA_ENGINE="$${GA_ENGINE:-$(ENGINE)}" bash tests/demo.sh
 
 # QUICK=1 make bench (or make bench QUICK=1) for a short run.
 bench: venv

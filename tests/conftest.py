@@ -23,7 +23,7 @@ import pytest
 from tests import engine, engine_root
 
 ENGINE_FIXTURES = frozenset({"bare_engine", "stack_factory", "stack"})
-ARCHIVE_BANNER = "ENGINE NOT RUN: THE DEBIAN ARCHIVE FAILED"
+ARCHIVE_BANNER = engine_root.ARCHIVE_BANNER
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -37,6 +37,8 @@ STAMP = ".gpu-alloc-root"
 # PATH inside the root for dockerd (containerd, runc, the fake nvidia hook ahead of them).
 ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 COMPOSE_PLUGIN = "usr/libexec/docker/cli-plugins/docker-compose"
+# Said in the pytest header, each skip and the summary when the archive fails a root.
+ARCHIVE_BANNER = "ENGINE NOT RUN: THE DEBIAN ARCHIVE FAILED"
 
 # What debootstrap prints when the archive, not this machine, is at fault.
 ARCHIVE_ERRORS = re.compile(
@@ -88,8 +90,8 @@ def lookup(name: str) -> Engine:
 
 
 def selected() -> Engine:
-    """The Engine of this run: $GA_ENGINE (or $ENGINE, as `ENGINE=26 make demo`), else 20.10."""
-    return lookup(os.environ.get("GA_ENGINE") or os.environ.get("ENGINE") or "20.10")
+    """The Engine of this run: $GA_ENGINE (pytest's --engine sets it), else the host's 20.10."""
+    return lookup(os.environ.get("GA_ENGINE") or "20.10")
 
 
 @contextlib.contextmanager
