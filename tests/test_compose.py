@@ -60,7 +60,9 @@ PROJECT = "gacompose"
 V2 = engine.compose_v2()
 # What each Compose prints when it recreates a container, and when a start fails.
 RECREATED = "Recreated" if V2 else "Recreating"
-START_FAILED = "error running hook" if V2 else "Cannot start service"
+START_FAILED = (
+    "hook #0" if V2 else "Cannot start service"
+)  # runc 1.1: "error running hook #0", 1.3: "prestart hook #0"
 
 pytestmark = pytest.mark.engine
 
