@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import itertools
 import os
 import shutil
@@ -31,7 +30,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -42,6 +40,7 @@ import docker.errors
 import yaml
 
 from tests import engine_root
+from tests.busybox_image import BUSYBOX_TAG, busybox_rootfs_tar, import_busybox  # noqa: F401
 from tests.clients import (  # noqa: F401
     compose_name,
     compose_v2,
@@ -51,33 +50,12 @@ from tests.clients import (  # noqa: F401
 )
 from tests.engine_root import Engine
 
-BUSYBOX_TAG = "gpu-alloc-test/busybox:latest"
 PLUGIN_SPEC_DIR = Path("/etc/docker/plugins")
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 20.0
 # The deepest socket dockerd makes is <exec-root>/containerd/containerd.sock.ttrpc (49 more
 # bytes below the state dir), and sun_path holds 107: keep well clear of it.
 MAX_STATE_DIR = 48
-
-# Debian's busybox-static has no `printenv` applet; the image gets a tiny script instead.
-BUSYBOX_APPLETS = (
-    "sh", "ash", "echo", "cat", "env", "sleep", "true", "false", "ls", "id", "test", "[",
-    "grep", "sed", "head", "tail", "wc", "touch", "mkdir", "rm", "ps", "kill", "hostname",
-    "printf", "uname", "date", "seq", "tr", "cut", "sort", "timeout", "wget", "nc",
-)  # fmt: skip
-PRINTENV_SCRIPT = """#!/bin/sh
-# printenv for a busybox image whose busybox lacks the applet.
-[ $# -eq 0 ] && exec env
-rc=0
-for name in "$@"; do
-    if eval "[ \\"\\${$name+set}\\" = set ]"; then
-        eval "printf '%s\\n' \\"\\$$name\\""
-    else
-        rc=1
-    fi
-done
-exit $rc
-"""
 
 _counter = itertools.count()
 
@@ -418,52 +396,6 @@ class Dockerd:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def busybox_rootfs_tar(busybox: str | None = None) -> bytes:
-    """A minimal root filesystem: static busybox plus applet links, as an uncompressed tar."""
-    busybox = busybox or _which("busybox")
-    if busybox is None:
-        raise EngineError("busybox not found; install busybox-static (make deps)")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name in ("bin", "etc", "tmp", "proc", "sys", "dev", "root"):
-            info = tarfile.TarInfo(name)
-            info.type = tarfile.DIRTYPE
-            info.mode = 0o1777 if name == "tmp" else 0o755
-            tar.addfile(info)
-        tar.add(busybox, arcname="bin/busybox")
-        for applet in BUSYBOX_APPLETS:
-            info = tarfile.TarInfo(f"bin/{applet}")
-            info.type = tarfile.SYMTYPE
-            info.linkname = "busybox"
-            tar.addfile(info)
-        for name, text, mode in (
-            ("bin/printenv", PRINTENV_SCRIPT, 0o755),
-            ("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n", 0o644),
-            ("etc/group", "root:x:0:\n", 0o644),
-        ):
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mode = mode
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def import_busybox(docker_sock: str | os.PathLike[str], tag: str = BUSYBOX_TAG) -> str:
-    """Import the busybox rootfs as image `tag` (CMD ["sh"]); return the image id."""
-    repo, _, version = tag.rpartition(":")
-    if not repo or "/" in version:
-        repo, version = tag, "latest"
-    api = engine_api(docker_sock)
-    try:
-        api.import_image_from_data(
-            busybox_rootfs_tar(), repository=repo, tag=version, changes=['CMD ["sh"]']
-        )
-        return api.inspect_image(f"{repo}:{version}")["Id"]
-    finally:
-        api.close()
 
 
 def engine_api(sock: str | os.PathLike[str], timeout: float = 60) -> docker.APIClient:
