@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import glob
 import json
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -149,3 +151,41 @@ def test_compose_v1_recreate(bare_engine: engine.Dockerd, tmp_path: Path, pin: s
             assert len(names) == 1 and names[0].endswith("_gav1_w_1"), names  # renamed, stopped
     finally:
         compose("down")
+
+
+# CDI device names (`--device nvidia.com/gpu=0`): 20.10 treats them as a host path; 26.1
+# resolves them only with `"features": {"cdi": true}`; 28.5 resolves them by default.
+CDI_RESOLVED = {  # Engine -> (without the feature, with it)
+    "20.10": (False, False),
+    "26": (False, True),
+    "28": (True, True),
+}
+CDI_SPEC = {
+    "cdiVersion": "0.5.0",
+    "kind": "nvidia.com/gpu",
+    "devices": [{"name": "0", "containerEdits": {"env": ["GA_CDI_GPU=0"]}}],
+}
+
+
+@pytest.mark.parametrize("feature", [False, True], ids=["default", "features.cdi"])
+def test_cdi_device_names(feature: bool) -> None:
+    state = Path(tempfile.mkdtemp(prefix="ga-", dir="/tmp"))
+    try:
+        config: dict[str, Any] = {}
+        if not engine_root.selected().host:  # 20.10 does not know these keys at all
+            (state / "cdi").mkdir()
+            (state / "cdi" / "gpu.json").write_text(json.dumps(CDI_SPEC))
+            config["cdi-spec-dirs"] = [str(state / "cdi")]
+        if feature:
+            config["features"] = {"cdi": True}
+        (state / "daemon.json").write_text(json.dumps(config))
+        with engine.Dockerd(state) as dockerd:
+            engine.import_busybox(dockerd.sock)
+            out = engine.docker_cli(
+                dockerd.sock, "run", "--rm", "--device", "nvidia.com/gpu=0",
+                engine.BUSYBOX_TAG, "sh", "-c", "echo cdi=$GA_CDI_GPU",
+            )  # fmt: skip
+        resolved = CDI_RESOLVED[this_engine()][feature]
+        assert (out.returncode == 0 and "cdi=0" in out.stdout) == resolved, out.stderr
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
