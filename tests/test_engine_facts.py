@@ -136,3 +136,14 @@ def test_a_json_charset_body_reaches_the_plugin(stack):
     status, answer = post(stack.engine_sock, "/containers/create", body, ctype)
     assert status == 403 and NO_BODY not in answer["message"], answer
     assert names(stack.engine_sock) == []
+
+
+def test_a_cdi_gpu_device_on_the_real_socket_is_denied(stack):
+    """The CLI sends a CDI name as a device request (driver `cdi`) or, to old APIs, as a
+    device path; either way the plugin denies it without a lease, whatever the Engine
+    would resolve."""
+    out = engine.docker_cli(
+        stack.engine_sock, "create", "--device", "nvidia.com/gpu=0", IMAGE, "true"
+    )
+    assert out.returncode != 0 and "authorization denied by plugin" in out.stderr, out.stderr
+    assert names(stack.engine_sock) == []
