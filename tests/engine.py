@@ -261,7 +261,7 @@ class Dockerd:
         self.extra_args = list(extra_args)
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None
-        self._mnt_ns: str | None = None
+        self._mnt_ns: int | None = None  # an fd holding dockerd's mount namespace
 
     @property
     def namespace(self) -> str:
@@ -350,7 +350,7 @@ class Dockerd:
         self.proc = _spawn(argv, self.log, env)
         wait_until(lambda: ping(self.sock), "dockerd", self.proc, self.log, self.start_timeout)
         if root is not None:
-            self._mnt_ns = engine_root.mount_namespace(self.proc.pid)
+            self._mnt_ns = engine_root.hold_namespace(self.proc.pid)
 
     def stop(self, remove: bool = True) -> None:
         """Stop dockerd (and its managed containerd); remove the state dir we created."""
@@ -362,6 +362,7 @@ class Dockerd:
             # Whatever dockerd left in its namespace and cgroups, by namespace, never by name.
             if self._mnt_ns is not None:
                 engine_root.kill_namespace(self._mnt_ns)
+                os.close(self._mnt_ns)  # the namespace, and its mounts, go with the last user
                 self._mnt_ns = None
             engine_root.remove_cgroups(self.namespace)
         # After a SIGKILL the managed containerd may outlive dockerd; it is ours to end.

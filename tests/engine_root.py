@@ -242,15 +242,34 @@ def mount_namespace(pid: int) -> str | None:
         return None
 
 
-def kill_namespace(ns: str | None, keep: int | None = None) -> list[int]:
-    """SIGKILL every process in mount namespace `ns` (containerd, shims a dockerd left)."""
+def hold_namespace(pid: int) -> int | None:
+    """An open fd on `pid`'s mount namespace.  Holding it keeps the namespace alive, so
+    its inode is not reused by someone else's namespace (a container's, another test
+    engine's) before `kill_namespace` compares against it."""
+    try:
+        return os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def kill_namespace(held: int | None) -> list[int]:
+    """SIGKILL every process in the mount namespace `held` (an fd from `hold_namespace`):
+    the containerd and shims a dockerd left behind."""
     killed: list[int] = []
-    if ns is None or ns == mount_namespace(os.getpid()):
+    if held is None:
+        return killed
+    ns = os.fstat(held)
+    own = os.stat(f"/proc/{os.getpid()}/ns/mnt")
+    if (ns.st_dev, ns.st_ino) == (own.st_dev, own.st_ino):
         return killed  # never the host's own namespace
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in (os.getpid(), keep):
+        if not entry.name.isdigit():
             continue
-        if mount_namespace(int(entry.name)) == ns:
+        try:
+            st = os.stat(entry / "ns" / "mnt")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (ns.st_dev, ns.st_ino):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(int(entry.name), 9)
                 killed.append(int(entry.name))

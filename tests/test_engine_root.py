@@ -7,6 +7,8 @@ the archive (or this machine) does.
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -100,5 +102,31 @@ def test_the_launcher_isolates_mounts_and_keeps_one_pid() -> None:
 
 
 def test_the_hosts_own_mount_namespace_is_never_killed() -> None:
-    assert engine_root.kill_namespace(engine_root.mount_namespace(os.getpid())) == []
+    held = engine_root.hold_namespace(os.getpid())
+    assert held is not None
+    try:
+        assert engine_root.kill_namespace(held) == []
+    finally:
+        os.close(held)
     assert engine_root.kill_namespace(None) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="unshare -m needs root")
+def test_only_the_held_namespace_is_killed() -> None:
+    inside = subprocess.Popen(["unshare", "-m", "sleep", "60"])
+    outside = subprocess.Popen(["sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        while engine_root.mount_namespace(inside.pid) == engine_root.mount_namespace(os.getpid()):
+            assert time.monotonic() < deadline, "unshare did not take effect"
+            time.sleep(0.05)
+        held = engine_root.hold_namespace(inside.pid)
+        try:
+            assert engine_root.kill_namespace(held) == [inside.pid]
+        finally:
+            os.close(held or 0)
+        assert inside.wait(10) == -9 and outside.poll() is None
+    finally:
+        for p in (inside, outside):
+            p.kill()
+            p.wait()
