@@ -40,7 +40,8 @@ ENGINE_SUITES = (
     "tests/test_compose.py",
 )
 ARCHIVE_BANNER = engine_root.ARCHIVE_BANNER
-SUMMARY = re.compile(r"^=+ (.*) in ([0-9.]+)s(?: \([0-9:]+\))? =+$")
+# pytest's last line: "2 failed, 915 passed in 758.76s (0:12:38)", framed by "=" without -q.
+SUMMARY = re.compile(r"^=*\s*(\d+ \w+.*?) in ([0-9.]+)s(?: \([0-9:]+\))?\s*=*$")
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected|warnings?)")
 
 
@@ -75,19 +76,49 @@ def start(part: Part, tmp: Path, extra: list[str]) -> None:
         part.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
+def parse_summary(text: str) -> tuple[str, dict[str, int]]:
+    """pytest's last summary line in `text`, and its counts by kind ("passed": 915, ...)."""
+    for line in reversed(text.splitlines()):
+        m = SUMMARY.match(line.strip())
+        if m:
+            counts: dict[str, int] = {}
+            for n, kind in COUNT.findall(m.group(1)):
+                key = {"error": "errors", "warning": "warnings"}.get(kind, kind)
+                counts[key] = counts.get(key, 0) + int(n)
+            return m.group(1), counts
+    return "", {}
+
+
+def total_line(parts: list[Part], seconds: float) -> str:
+    """One pytest-style line for every part together, for whatever reads the last line."""
+    counts: dict[str, int] = {}
+    for part in parts:
+        for k, n in part.counts.items():
+            counts[k] = counts.get(k, 0) + n
+    order = (
+        "failed",
+        "passed",
+        "skipped",
+        "deselected",
+        "xfailed",
+        "xpassed",
+        "warnings",
+        "errors",
+    )
+    said = ", ".join(f"{counts[k]} {k}" for k in order if counts.get(k))
+    if any(p.rc != 0 for p in parts) and not counts.get("failed") and not counts.get("errors"):
+        said = ", ".join(x for x in ("1 errors", said) if x)  # a part died without a summary
+    engines = ", ".join(p.engine for p in parts)
+    bar = "=" * 20
+    return f"{bar} {said or 'no tests ran'} in {seconds:.2f}s (engines {engines}) {bar}"
+
+
 def finish(part: Part) -> None:
     assert part.proc is not None and part.log is not None
     part.rc = part.proc.returncode
     part.seconds = time.monotonic() - part.started
     text = part.log.read_text(errors="replace")
-    for line in reversed(text.splitlines()):
-        m = SUMMARY.match(line.strip())
-        if m:
-            part.summary = m.group(1)
-            for n, kind in COUNT.findall(m.group(1)):
-                key = {"error": "errors", "warning": "warnings"}.get(kind, kind)
-                part.counts[key] = part.counts.get(key, 0) + int(n)
-            break
+    part.summary, part.counts = parse_summary(text)
     banner = next((ln for ln in text.splitlines() if ARCHIVE_BANNER in ln), "")
     part.archive = banner.strip("! ")
     bar = "#" * 12
@@ -116,23 +147,7 @@ def run(parts: list[Part], extra: list[str]) -> int:
         print(f"{part.title}: {part.summary or 'no summary'} in {part.seconds:.1f}s: {status}")
         if part.archive:
             print(f"!!! {part.title}: {part.archive}")
-    counts: dict[str, int] = {}
-    for part in parts:
-        for k, n in part.counts.items():
-            counts[k] = counts.get(k, 0) + n
-    order = (
-        "failed",
-        "passed",
-        "skipped",
-        "deselected",
-        "xfailed",
-        "xpassed",
-        "warnings",
-        "errors",
-    )
-    said = ", ".join(f"{counts[k]} {k}" for k in order if counts.get(k))
-    engines = ", ".join(p.engine for p in parts)
-    print(f"{'=' * 20} {said or 'no tests ran'} in {total:.2f}s (engines {engines}) {'=' * 20}")
+    print(total_line(parts, total))
     if any(p.archive for p in parts):
         print("!!! Some Engine's root could not be built from the Debian archive today: "
               "its engine tests were SKIPPED (see above); the others ran.")  # fmt: skip
