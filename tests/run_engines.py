@@ -42,6 +42,8 @@ ENGINE_SUITES = (
 ARCHIVE_BANNER = engine_root.ARCHIVE_BANNER
 # pytest's last line: "2 failed, 915 passed in 758.76s (0:12:38)", framed by "=" without -q.
 SUMMARY = re.compile(r"^=*\s*(\d+ \w+.*?) in ([0-9.]+)s(?: \([0-9:]+\))?\s*=*$")
+# The counts of a pytest summary, in the order pytest prints them.
+KINDS = ("failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "warnings", "errors")
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected|warnings?)")
 
 
@@ -95,17 +97,8 @@ def total_line(parts: list[Part], seconds: float) -> str:
     for part in parts:
         for k, n in part.counts.items():
             counts[k] = counts.get(k, 0) + n
-    order = (
-        "failed",
-        "passed",
-        "skipped",
-        "deselected",
-        "xfailed",
-        "xpassed",
-        "warnings",
-        "errors",
-    )
-    said = ", ".join(f"{counts[k]} {k}" for k in order if counts.get(k))
+    kinds = [*KINDS]
+    said = ", ".join(f"{counts[k]} {k}" for k in kinds if counts.get(k))
     if any(p.rc != 0 for p in parts) and not counts.get("failed") and not counts.get("errors"):
         said = ", ".join(x for x in ("1 errors", said) if x)  # a part died without a summary
     engines = ", ".join(p.engine for p in parts)
@@ -147,7 +140,6 @@ def run(parts: list[Part], extra: list[str]) -> int:
         print(f"{part.title}: {part.summary or 'no summary'} in {part.seconds:.1f}s: {status}")
         if part.archive:
             print(f"!!! {part.title}: {part.archive}")
-    print(total_line(parts, total))
     if any(p.archive for p in parts):
         print("!!! Some Engine's root could not be built from the Debian archive today: "
               "its engine tests were SKIPPED (see above); the others ran.")  # fmt: skip
@@ -156,6 +148,7 @@ def run(parts: list[Part], extra: list[str]) -> int:
         subprocess.run(["rm", "-rf", str(tmp)], check=False)
     else:
         print(f"logs kept in {tmp}")
+    print(total_line(parts, total))  # last, as pytest's own summary is
     return 0 if ok else 1
 
 
