@@ -3,7 +3,7 @@
 Compose follows the Engine of the run: Debian's docker-compose 1.29 (v1) on the
 host's 20.10, and the root's Compose v2 plugin (`docker compose`) on 26 and 28,
 since that is what people run against those Engines.  v2 runs as a plugin of the
-host's docker CLI, copied into the throwaway client config of each call.
+root's own docker CLI, copied into the throwaway client config of each call.
 """
 
 from __future__ import annotations
@@ -26,9 +26,18 @@ def _which(tool: str) -> str | None:
     return shutil.which(tool, path=path)
 
 
-def docker_bin() -> str:
-    """`$GA_DOCKER_CLI` (several CLI versions may be installed), else `docker` on PATH."""
-    return os.environ.get("GA_DOCKER_CLI") or _which("docker") or "docker"
+def docker_bin(engine: Engine | None = None) -> str:
+    """`$GA_DOCKER_CLI` (several CLI versions may be installed); else, for an Engine from a
+    root, that root's own CLI (the version its users run, whatever the host has: it runs
+    on the host); else `docker` on PATH."""
+    if os.environ.get("GA_DOCKER_CLI"):
+        return os.environ["GA_DOCKER_CLI"]
+    engine = engine or engine_root.selected()
+    if engine.root is not None:
+        cli = engine_root.ensure_root(engine) / "usr/bin/docker"
+        if cli.exists():
+            return str(cli)
+    return _which("docker") or "docker"
 
 
 def _client_env(sock: str | os.PathLike[str], env: Mapping[str, str] | None) -> dict[str, str]:
@@ -89,7 +98,7 @@ def _compose_argv(engine: Engine, config_dir: str, version: int) -> list[str]:
     plugins = os.path.join(config_dir, "cli-plugins")
     os.makedirs(plugins, exist_ok=True)
     shutil.copy2(plugin, os.path.join(plugins, "docker-compose"))
-    return [docker_bin(), "compose", "--ansi", "never", "--progress", "plain"]
+    return [docker_bin(engine), "compose", "--ansi", "never", "--progress", "plain"]
 
 
 def docker_compose(

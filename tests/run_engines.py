@@ -11,7 +11,7 @@ non-zero if any part failed; a part whose Debian root the archive could not give
 today is reported loudly (engine_root.ARCHIVE_BANNER) without failing the run.
 
     python -m tests.run_engines                # what make test runs
-    python -m tests.run_engines --engines 26   # one part only
+    python -m tests.run_engines --engines 26,28 --engine-suites-only
     python -m tests.run_engines -- -k compose  # extra pytest arguments, for every part
 """
 
@@ -156,10 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", default="20.10,26,28",
                         help="comma-separated; the first runs the whole suite")  # fmt: skip
+    parser.add_argument("--engine-suites-only", action="store_true",
+                        help="the Engine-facing suites on every Engine, the first too")  # fmt: skip
     parser.add_argument("pytest_args", nargs="*", help="after --: passed to every pytest")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.engines.split(",") if n.strip()]
-    parts = [Part(n, () if i == 0 else ENGINE_SUITES) for i, n in enumerate(names)]
+    whole = not args.engine_suites_only
+    parts = [Part(n, () if i == 0 and whole else ENGINE_SUITES) for i, n in enumerate(names)]
     return run(parts, args.pytest_args)
 
 

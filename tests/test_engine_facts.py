@@ -139,11 +139,10 @@ def test_a_json_charset_body_reaches_the_plugin(stack):
 
 
 def test_a_cdi_gpu_device_on_the_real_socket_is_denied(stack):
-    """The CLI sends a CDI name as a device request (driver `cdi`) or, to old APIs, as a
-    device path; either way the plugin denies it without a lease, whatever the Engine
-    would resolve."""
-    out = engine.docker_cli(
-        stack.engine_sock, "create", "--device", "nvidia.com/gpu=0", IMAGE, "true"
-    )
-    assert out.returncode != 0 and "authorization denied by plugin" in out.stderr, out.stderr
+    """What a CLI from 25 on sends for `--device nvidia.com/gpu=0` (a `cdi` device request):
+    denied without a lease, whether or not the Engine would resolve it."""
+    request = {"Driver": "cdi", "DeviceIDs": ["nvidia.com/gpu=0"]}
+    spec = {"Image": IMAGE, "Cmd": ["true"], "HostConfig": {"DeviceRequests": [request]}}
+    status, answer = post(stack.engine_sock, "/containers/create", json.dumps(spec).encode())
+    assert status == 403 and "authorization denied by plugin" in answer["message"], answer
     assert names(stack.engine_sock) == []
