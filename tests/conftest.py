@@ -76,7 +76,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The Engine again at the end: `-q` (as make test runs) prints no header."""
     said, archive, _ = engine_state()
+    terminalreporter.write_line(f"engine: {said}")
     if archive:
         terminalreporter.write_sep("!", f"{ARCHIVE_BANNER} ({said})", red=True, bold=True)
         terminalreporter.write_line(archive, red=True)
