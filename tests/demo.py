@@ -45,8 +45,8 @@ def main() -> int:
         print(f"make demo needs a private dockerd: {why}", file=sys.stderr)
         return 1
     which = engine_root.selected()
-    origin = "the host's" if which.host else f"Debian {which.suite}'s, from its root"
-    say(f"Starting a throwaway Engine ({origin} dockerd {which.name}) with the gpu-alloc "
+    origin = "the host's" if which.host else f"from a Debian {which.suite} root"
+    say(f"Starting a throwaway Engine (dockerd {which.name}, {origin}) with the gpu-alloc "
         "plugin, the shim and 4 simulated GPUs")  # fmt: skip
     stack = engine.start_stack(gpus=4)
     config_dir = tempfile.mkdtemp(prefix="ga-demo-")
