@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # The real-Engine tests need Debian's dockerd 20.10, docker-compose 1.29 and a static busybox;
-# the deploy tests lint the shell scripts with shellcheck; the dashboard test runs headless chromium.
+# the deploy tests lint the shell scripts with shellcheck; the dashboard test runs headless
+# chromium; debootstrap builds the roots of the newer Engines (26, 28: tests/engine_root.py).
 # policy-rc.d keeps apt from starting the host's own docker/containerd services: the tests run
 # private engines and must not get a docker0 bridge or iptables rules as a side effect.
 deps:
@@ -29,6 +30,7 @@ deps:
 	command -v docker-compose >/dev/null || need="$$need docker-compose"; \
 	command -v shellcheck >/dev/null || need="$$need shellcheck"; \
 	command -v chromium >/dev/null || need="$$need chromium"; \
+	command -v debootstrap >/dev/null || need="$$need debootstrap"; \
 	dpkg-query -W -f='$${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' \
 		|| need="$$need busybox-static"; \
 	if [ -z "$$need" ]; then exit 0; fi; \
@@ -47,11 +49,16 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The whole suite on the host's dockerd 20.10 and, in parallel, the Engine-facing suites on
+# dockerd 26 and 28 (Debian roots built on first use under /var/cache/gpu-alloc-tests):
+# tests/run_engines.py.  ENGINES=20.10 for the host Engine only; PYTEST_ARGS for pytest.
+ENGINES ?= 20.10,26,28
 test: deps venv lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m tests.run_engines --engines "$(ENGINES)" -- $(PYTEST_ARGS)
 
+# ENGINE=26 (or 28) make demo: the same on a newer Engine, from its Debian root.
 demo: deps venv
-	bash tests/demo.sh
+	GA_ENGINE="$${GA_ENGINE:-$(ENGINE)}" bash tests/demo.sh
 
 # QUICK=1 make bench (or make bench QUICK=1) for a short run.
 bench: venv

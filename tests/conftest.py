@@ -3,17 +3,25 @@
 Tests marked `engine` (or using an engine fixture) need root and docker.io.
 Where those are missing they are skipped on a developer machine but FAIL when
 $CI is set: CI must never pass by silently skipping the real-Engine tests.
+
+The Engine of the run is `--engine` (or $GA_ENGINE): 20.10 (the host's, default),
+26 or 28 (from a Debian root built on first use, tests/engine_root.py); the report
+header names it.  The one reason an engine test is skipped even under CI is the
+Debian archive failing to give a root that day: that is said loudly, in the
+header, in each skip and in a banner at the end.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
 from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests import engine
+from tests import engine, engine_root
 
 # Property tests check behaviour, not speed: on a loaded 2-core CI machine a per-example
 # deadline only makes them flaky.  Speed is measured by the benchmarks.
@@ -21,6 +29,66 @@ settings.register_profile("gpu-alloc", deadline=None, suppress_health_check=[Hea
 settings.load_profile("gpu-alloc")
 
 ENGINE_FIXTURES = frozenset({"bare_engine", "stack_factory", "stack"})
+ARCHIVE_BANNER = engine_root.ARCHIVE_BANNER
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--engine",
+        default=None,
+        help="dockerd to test: 20.10 (the host's), 26 (Debian trixie root), 28 (sid root); "
+        "default $GA_ENGINE, else 20.10",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """--engine wins over $GA_ENGINE; the env carries it to every helper and subprocess."""
+    name = config.getoption("--engine")
+    if name:
+        os.environ["GA_ENGINE"] = engine_root.lookup(name).name
+
+
+@functools.cache
+def engine_state() -> tuple[str, str | None, str | None]:
+    """(what the Engine says it is, why its root is unavailable from the archive, why it
+    failed otherwise); builds a root Engine's root on first use."""
+    eng = engine_root.selected()
+    try:
+        if eng.root is not None and engine.missing_requirements(eng) is None:
+            engine_root.ensure_root(eng)
+    except engine_root.ArchiveUnavailable as e:
+        return f"{eng.name} (Debian {eng.suite})", str(e), None
+    except Exception as e:  # a real failure: engine tests fail under CI
+        return f"{eng.name} (Debian {eng.suite})", None, f"{type(e).__name__}: {e}"
+    if eng.root is not None:
+        lines = engine_root.stamp(eng).splitlines()
+        said = next((ln.partition(": ")[2] for ln in lines if ln.startswith("dockerd:")), "?")
+        compose = next((ln for ln in lines if ln.startswith("docker-compose ")), "")
+        return f"{eng.name} (Debian {eng.suite} root): {said}; Compose v2 {compose}", None, None
+    try:
+        argv = [engine._which("dockerd") or "dockerd", "--version"]
+        said = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()
+    except OSError as e:
+        said = f"not runnable ({e})"
+    return f"{eng.name} (host): {said}; Compose v1 (docker-compose)", None, None
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    said, archive, _ = engine_state()
+    lines = [f"engine: {said}"]
+    if archive:
+        lines.append(f"!!! {ARCHIVE_BANNER}: {archive.splitlines()[0]}")
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The Engine again at the end: `-q` (as make test runs) prints no header."""
+    said, archive, _ = engine_state()
+    terminalreporter.write_line(f"engine: {said}")
+    if archive:
+        terminalreporter.write_sep("!", f"{ARCHIVE_BANNER} ({said})", red=True, bold=True)
+        terminalreporter.write_line(archive, red=True)
+        terminalreporter.write_sep("!", "engine tests of this Engine were SKIPPED", red=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -34,7 +102,12 @@ def require_engine() -> None:
     """Skip (locally) or fail (under $CI) when a private dockerd cannot run here."""
     why = engine.missing_requirements()
     if why is None:
-        return
+        said, archive, failed = engine_state()
+        if archive:  # not this code's fault, nor this machine's: loud, but no CI failure
+            pytest.skip(f"{ARCHIVE_BANNER} for Engine {said}: {archive.splitlines()[0]}")
+        if failed is None:
+            return
+        why = f"Engine {said} unavailable: {failed}"
     if os.environ.get("CI"):
         pytest.fail(f"engine test cannot run under CI: {why}", pytrace=False)
     pytest.skip(why)

@@ -4,6 +4,9 @@ Shows what a user sees: five parallel ``docker run --gpus 1`` through the
 gpu-alloc context (four distinct GPUs, one clear refusal), ``--gpus 1`` on the
 real socket denied by the plugin, and ``gpu-alloc status`` before, during and
 after.  Everything it starts is stopped and removed at the end.
+
+`ENGINE=26 make demo` (or GA_ENGINE=28) runs the same on a newer dockerd from its
+Debian root (tests/engine_root.py).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tests import engine
+from tests import engine, engine_root
 
 IMAGE = engine.BUSYBOX_TAG
 
@@ -32,17 +35,27 @@ def show(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def main() -> int:
+    try:
+        engine_root.selected()
+    except ValueError as e:
+        print(f"make demo: {e}", file=sys.stderr)
+        return 1
     why = engine.missing_requirements()
     if why:
         print(f"make demo needs a private dockerd: {why}", file=sys.stderr)
         return 1
-    say("Starting a throwaway Engine with the gpu-alloc plugin, the shim and 4 simulated GPUs")
+    which = engine_root.selected()
+    origin = "the host's" if which.host else f"from a Debian {which.suite} root"
+    say(f"Starting a throwaway Engine (dockerd {which.name}, {origin}) with the gpu-alloc "
+        "plugin, the shim and 4 simulated GPUs")  # fmt: skip
     stack = engine.start_stack(gpus=4)
     config_dir = tempfile.mkdtemp(prefix="ga-demo-")
     env = {**os.environ, "DOCKER_CONFIG": config_dir}
     env.pop("DOCKER_HOST", None)
     status = [*engine.gpu_alloc_command(), "--config", str(stack.config_path), "status"]
     try:
+        show(["docker", "-H", f"unix://{stack.engine_sock}", "version", "--format",
+              "Engine: dockerd {{.Server.Version}}, API {{.Server.APIVersion}}"], env)  # fmt: skip
         show(["docker", "context", "create", "gpu-alloc", "--docker",
               f"host=unix://{stack.shim_sock}"], env)  # fmt: skip
         say("gpu-alloc status (before)")

@@ -11,6 +11,10 @@ on dockerd's PATH makes dockerd register its nvidia device driver (so `--gpus`
 works and sets NVIDIA_VISIBLE_DEVICES), and an `nvidia` runtime that simply
 execs runc lets `--runtime nvidia` be accepted.
 
+Which dockerd runs is the Engine of the run (`engine_root.selected()`, from
+$GA_ENGINE): the host's 20.10, or 26/28 from a debootstrapped Debian root, run in
+a private mount namespace (tests/engine_root.py).
+
 Plain functions and classes, no pytest: conftest.py and tests/bench.py both
 build on them.
 """
@@ -19,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import itertools
 import os
 import shutil
@@ -27,7 +30,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,33 +40,23 @@ import docker
 import docker.errors
 import yaml
 
-BUSYBOX_TAG = "gpu-alloc-test/busybox:latest"
+from tests import engine_root
+from tests.busybox_image import BUSYBOX_TAG, busybox_rootfs_tar, import_busybox  # noqa: F401
+from tests.clients import (  # noqa: F401
+    compose_name,
+    compose_v2,
+    compose_version,
+    docker_cli,
+    docker_compose,
+)
+from tests.engine_root import Engine
+
 PLUGIN_SPEC_DIR = Path("/etc/docker/plugins")
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 20.0
 # The deepest socket dockerd makes is <exec-root>/containerd/containerd.sock.ttrpc (49 more
 # bytes below the state dir), and sun_path holds 107: keep well clear of it.
 MAX_STATE_DIR = 48
-
-# Debian's busybox-static has no `printenv` applet; the image gets a tiny script instead.
-BUSYBOX_APPLETS = (
-    "sh", "ash", "echo", "cat", "env", "sleep", "true", "false", "ls", "id", "test", "[",
-    "grep", "sed", "head", "tail", "wc", "touch", "mkdir", "rm", "ps", "kill", "hostname",
-    "printf", "uname", "date", "seq", "tr", "cut", "sort", "timeout", "wget", "nc",
-)  # fmt: skip
-PRINTENV_SCRIPT = """#!/bin/sh
-# printenv for a busybox image whose busybox lacks the applet.
-[ $# -eq 0 ] && exec env
-rc=0
-for name in "$@"; do
-    if eval "[ \\"\\${$name+set}\\" = set ]"; then
-        eval "printf '%s\\n' \\"\\$$name\\""
-    else
-        rc=1
-    fi
-done
-exit $rc
-"""
 
 _counter = itertools.count()
 
@@ -73,14 +65,22 @@ class EngineError(RuntimeError):
     """A private engine (or a process of the stack) did not come up or misbehaved."""
 
 
-def missing_requirements() -> str | None:
+def missing_requirements(engine: Engine | None = None) -> str | None:
     """Why a private dockerd cannot run here, or None when it can.
 
-    dockerd needs root (mounts, cgroups) and the Debian docker.io package.
+    dockerd needs root (mounts, cgroups) and the Debian docker.io package; a root Engine
+    needs debootstrap (to build its root) and util-linux's unshare (to run it).
     """
+    engine = engine or engine_root.selected()
     if os.geteuid() != 0:
         return "a private dockerd needs root"
-    for tool in ("dockerd", "containerd", "busybox"):
+    tools = ("dockerd", "containerd", "busybox")
+    if engine.root is not None:
+        tools = ("unshare", "chroot", "busybox", "docker")
+        if not (engine.root / engine_root.STAMP).exists():
+            tools += ("debootstrap",)
+        return next((f"'{t}' is not installed (make deps)" for t in tools if not _which(t)), None)
+    for tool in tools:
         if _which(tool) is None:
             return f"'{tool}' is not installed (make deps)"
     if find_runc() is None:
@@ -99,9 +99,12 @@ def find_runc() -> str | None:
     return _which("runc")
 
 
-def prepare_host_tools(directory: str | os.PathLike[str]) -> Path:
-    """Write the fake NVIDIA host tools into `directory`/bin and return that bin dir."""
-    runc = find_runc()
+def prepare_host_tools(directory: str | os.PathLike[str], runc: str | None = None) -> Path:
+    """Write the fake NVIDIA host tools into `directory`/bin and return that bin dir.
+
+    `runc`: the runc the fake nvidia runtime execs (inside a root: the root's own).
+    """
+    runc = runc or find_runc()
     if runc is None:
         raise EngineError("runc not found; install docker.io (make deps)")
     bin_dir = Path(directory) / "bin"
@@ -239,7 +242,9 @@ class Dockerd:
         plugin_name: str | None = None,
         extra_args: Iterable[str] = (),
         start_timeout: float = START_TIMEOUT,
+        engine: Engine | None = None,
     ) -> None:
+        self.engine = engine or engine_root.selected()
         self._own_dir = state_dir is None
         self.dir = Path(state_dir or tempfile.mkdtemp(prefix="ga-", dir="/tmp"))
         check_short(self.dir)
@@ -250,10 +255,14 @@ class Dockerd:
             os.fspath(authz_plugin_socket) if authz_plugin_socket is not None else None
         )
         self.plugin_name = plugin_name or f"gpu-alloc-test-{os.getpid()}-{next(_counter)}"
-        self.spec_path = PLUGIN_SPEC_DIR / f"{self.plugin_name}.spec"
+        spec_dir = PLUGIN_SPEC_DIR
+        if self.engine.root is not None:  # dockerd reads plugin specs inside its root
+            spec_dir = self.engine.root / "etc/docker/plugins"
+        self.spec_path = spec_dir / f"{self.plugin_name}.spec"
         self.extra_args = list(extra_args)
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None
+        self._mnt_ns: int | None = None  # an fd holding dockerd's mount namespace
 
     @property
     def namespace(self) -> str:
@@ -264,7 +273,8 @@ class Dockerd:
         return "unix://" + self.sock
 
     def argv(self) -> list[str]:
-        dockerd = _which("dockerd") or "dockerd"
+        """dockerd's own command line (inside the root for a root Engine)."""
+        dockerd = "dockerd" if self.engine.root else (_which("dockerd") or "dockerd")
         d = self.dir
         argv = [
             dockerd,
@@ -286,9 +296,25 @@ class Dockerd:
             f"--containerd-plugins-namespace={self.namespace}-plugins",
             f"--add-runtime=nvidia={d / 'bin' / 'nvidia-container-runtime'}",
         ]
+        if self.engine.root is not None:
+            # Containers in cgroups of our own, removed with the engine (tests/engine_root.py).
+            argv.append(f"--cgroup-parent=/{self.namespace}")
         if self.authz_plugin_socket is not None:
             argv.append(f"--authorization-plugin={self.plugin_name}")
         return argv + self.extra_args
+
+    def _binds(self) -> list[Path]:
+        """The host directories a root Engine must see at the same paths: the state dir
+        and the plugin socket's directory (one bind when one holds the other)."""
+        dirs = [self.dir.resolve()]
+        if self.authz_plugin_socket is not None:
+            dirs.append(Path(self.authz_plugin_socket).parent.resolve())
+        dirs.sort(key=lambda p: len(p.parts))
+        out: list[Path] = []
+        for d in dirs:
+            if not any(d == o or o in d.parents for o in out):
+                out.append(d)
+        return out
 
     def start(self) -> Dockerd:
         try:
@@ -299,8 +325,14 @@ class Dockerd:
         return self
 
     def _start(self) -> None:
-        bin_dir = prepare_host_tools(self.dir)
-        (self.dir / "daemon.json").write_text("{}\n")
+        root = engine_root.ensure_root(self.engine) if self.engine.root else None
+        runc = None
+        if root is not None:
+            runc = engine_root.find_in_root(root, "/usr/sbin/runc", "/usr/bin/runc")
+        bin_dir = prepare_host_tools(self.dir, runc)
+        daemon_json = self.dir / "daemon.json"
+        if not daemon_json.exists() or not daemon_json.read_text().strip():
+            daemon_json.write_text("{}\n")
         if self.authz_plugin_socket is not None:
             # dockerd waits ~16 s for a named plugin, then exits: the plugin must already
             # be listening, or the start fails with a clear message rather than a timeout.
@@ -309,9 +341,17 @@ class Dockerd:
             PLUGIN_SPEC_DIR.mkdir(parents=True, exist_ok=True)
             self.spec_path.write_text(f"unix://{self.authz_plugin_socket}\n")
         env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
-        env["PATH"] = os.pathsep.join([str(bin_dir), env.get("PATH", ""), "/usr/sbin:/sbin"])
-        self.proc = _spawn(self.argv(), self.log, env)
+        if root is None:
+            env["PATH"] = os.pathsep.join([str(bin_dir), env.get("PATH", ""), "/usr/sbin:/sbin"])
+            argv = self.argv()
+        else:
+            # The fake hook must be on dockerd's PATH when it starts, or no nvidia driver.
+            path = f"{bin_dir}:{engine_root.ROOT_PATH}"
+            argv = engine_root.root_launcher(root, self._binds(), path, self.argv())
+        self.proc = _spawn(argv, self.log, env)
         wait_until(lambda: ping(self.sock), "dockerd", self.proc, self.log, self.start_timeout)
+        if root is not None:
+            self._mnt_ns = engine_root.hold_namespace(self.proc.pid)
 
     def stop(self, remove: bool = True) -> None:
         """Stop dockerd (and its managed containerd); remove the state dir we created."""
@@ -319,6 +359,13 @@ class Dockerd:
             self._kill_containers()
             stop_process(self.proc)
             self.proc = None
+        if self.engine.root is not None:
+            # Whatever dockerd left in its namespace and cgroups, by namespace, never by name.
+            if self._mnt_ns is not None:
+                engine_root.kill_namespace(self._mnt_ns)
+                os.close(self._mnt_ns)  # the namespace, and its mounts, go with the last user
+                self._mnt_ns = None
+            engine_root.remove_cgroups(self.namespace)
         # After a SIGKILL the managed containerd may outlive dockerd; it is ours to end.
         pid_file = self.dir / "exec" / "containerd" / "containerd.pid"
         with contextlib.suppress(OSError, ValueError, ProcessLookupError):
@@ -353,125 +400,9 @@ class Dockerd:
         self.stop()
 
 
-def busybox_rootfs_tar(busybox: str | None = None) -> bytes:
-    """A minimal root filesystem: static busybox plus applet links, as an uncompressed tar."""
-    busybox = busybox or _which("busybox")
-    if busybox is None:
-        raise EngineError("busybox not found; install busybox-static (make deps)")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name in ("bin", "etc", "tmp", "proc", "sys", "dev", "root"):
-            info = tarfile.TarInfo(name)
-            info.type = tarfile.DIRTYPE
-            info.mode = 0o1777 if name == "tmp" else 0o755
-            tar.addfile(info)
-        tar.add(busybox, arcname="bin/busybox")
-        for applet in BUSYBOX_APPLETS:
-            info = tarfile.TarInfo(f"bin/{applet}")
-            info.type = tarfile.SYMTYPE
-            info.linkname = "busybox"
-            tar.addfile(info)
-        for name, text, mode in (
-            ("bin/printenv", PRINTENV_SCRIPT, 0o755),
-            ("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n", 0o644),
-            ("etc/group", "root:x:0:\n", 0o644),
-        ):
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mode = mode
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def import_busybox(docker_sock: str | os.PathLike[str], tag: str = BUSYBOX_TAG) -> str:
-    """Import the busybox rootfs as image `tag` (CMD ["sh"]); return the image id."""
-    repo, _, version = tag.rpartition(":")
-    if not repo or "/" in version:
-        repo, version = tag, "latest"
-    api = engine_api(docker_sock)
-    try:
-        api.import_image_from_data(
-            busybox_rootfs_tar(), repository=repo, tag=version, changes=['CMD ["sh"]']
-        )
-        return api.inspect_image(f"{repo}:{version}")["Id"]
-    finally:
-        api.close()
-
-
 def engine_api(sock: str | os.PathLike[str], timeout: float = 60) -> docker.APIClient:
     """A low-level docker SDK client on the unix socket `sock`."""
     return docker.APIClient(base_url="unix://" + os.fspath(sock), version="auto", timeout=timeout)
-
-
-def _client_env(sock: str | os.PathLike[str], env: Mapping[str, str] | None) -> dict[str, str]:
-    """The caller's env minus any DOCKER_*, pointed at `sock`, with a throwaway client config."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "COMPOSE_"))}
-    base["DOCKER_HOST"] = "unix://" + os.fspath(sock)
-    base["DOCKER_CONFIG"] = tempfile.mkdtemp(prefix="ga-cfg-", dir="/tmp")
-    base.update(env or {})
-    return base
-
-
-def docker_cli(
-    sock: str | os.PathLike[str],
-    *args: str,
-    env: Mapping[str, str] | None = None,
-    input: str | bytes | None = None,
-    timeout: float = 120,
-    user: str | None = None,
-) -> subprocess.CompletedProcess:
-    """Run the `docker` CLI against `sock`; text output; never raises on a non-zero exit.
-
-    `$GA_DOCKER_CLI` picks a specific binary (several CLI versions may be installed).
-    ``user`` runs it as that (non-root) user, as a person on a shared host would.
-    """
-    docker_bin = os.environ.get("GA_DOCKER_CLI") or _which("docker") or "docker"
-    full_env = _client_env(sock, env)
-    if user is not None:
-        shutil.chown(full_env["DOCKER_CONFIG"], user)
-        full_env["HOME"] = full_env["DOCKER_CONFIG"]
-    try:
-        return subprocess.run(
-            [docker_bin, "-H", full_env["DOCKER_HOST"], *args],
-            env=full_env,
-            input=input,
-            capture_output=True,
-            text=not isinstance(input, bytes),
-            timeout=timeout,
-            check=False,
-            user=user,
-        )
-    finally:
-        shutil.rmtree(full_env["DOCKER_CONFIG"], ignore_errors=True)
-
-
-def docker_compose(
-    sock: str | os.PathLike[str],
-    project_dir: str | os.PathLike[str],
-    *args: str,
-    project_name: str | None = None,
-    env: Mapping[str, str] | None = None,
-    timeout: float = 180,
-) -> subprocess.CompletedProcess:
-    """Run Debian's docker-compose 1.29 in `project_dir` (its docker-compose.yml) against `sock`."""
-    compose = _which("docker-compose")
-    if compose is None:
-        raise EngineError("docker-compose not found; install it (make deps)")
-    full_env = _client_env(sock, env)
-    full_env["COMPOSE_PROJECT_NAME"] = project_name or f"ga{os.getpid()}x{next(_counter)}"
-    try:
-        return subprocess.run(
-            [compose, "--no-ansi", *args],
-            cwd=project_dir,
-            env=full_env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    finally:
-        shutil.rmtree(full_env["DOCKER_CONFIG"], ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------

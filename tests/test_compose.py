@@ -1,4 +1,8 @@
-"""Compose (Debian's docker-compose 1.29) through the shim: up, scale, down, recreate.
+"""Compose through the shim: up, scale, down, recreate.
+
+The Compose of the Engine under test (tests/clients.py): Debian's docker-compose
+1.29 (v1) on the host's dockerd 20.10, the root's Compose v2 (`docker compose`
+2.26 / 2.40) on dockerd 26 / 28.
 
 Services use ``network_mode: none``: Compose then creates no network (the test
 engines have no bridge), and GPU leasing does not care about networking.
@@ -19,6 +23,18 @@ is created.  With room to spare the replacement simply gets other GPUs; on a ful
 host gpu-alloc hands the stopped predecessor's GPUs over to its replacement (and
 refuses to start the predecessor meanwhile).  If Compose stops half-way (the new
 container fails to start) both stay, the predecessor stopped and unstartable.
+
+Compose v2 (2.26 and 2.40 alike) recreates in the other order:
+
+    POST /containers/create?name=<old short id>_<name>   (label com.docker.compose.replace=<old id>)
+    POST /containers/<old>/stop
+    DELETE /containers/<old>
+    POST /containers/<new>/rename?name=<name>
+    POST /containers/<new>/start
+
+so on a full host the replacement is created while its predecessor still runs; it
+gets the predecessor's GPUs, and may start only once the predecessor is gone.  A
+failed start leaves only the replacement (the predecessor is already removed).
 """
 
 from __future__ import annotations
@@ -41,6 +57,12 @@ from tests.faults import (
 
 UUIDS = [engine.sim_gpu_uuid(k) for k in range(4)]
 PROJECT = "gacompose"
+V2 = engine.compose_v2()
+# What each Compose prints when it recreates a container, and when a start fails.
+RECREATED = "Recreated" if V2 else "Recreating"
+START_FAILED = (
+    "hook #0" if V2 else "Cannot start service"
+)  # runc 1.1: "error running hook #0", 1.3: "prestart hook #0"
 
 pytestmark = pytest.mark.engine
 
@@ -80,6 +102,15 @@ def compose(stack: FaultStack, directory: Path, *args: str):
     return engine.docker_compose(stack.shim_sock, directory, *args, project_name=PROJECT)
 
 
+def worker(number: int) -> str:
+    return engine.compose_name(PROJECT, "worker", number)
+
+
+def project_containers(stack: FaultStack) -> list[dict]:
+    api = engine.engine_api(stack.engine_sock)
+    return api.containers(all=True, filters={"label": f"com.docker.compose.project={PROJECT}"})
+
+
 def service_gpus(stack: FaultStack) -> dict[str, str]:
     """Compose container name -> NVIDIA_VISIBLE_DEVICES, for the project's containers."""
     api = engine.engine_api(stack.engine_sock)
@@ -93,7 +124,7 @@ def test_up_with_a_gpu_reservation_leases_it(stack, tmp_path):
     assert up.returncode == 0, up.stderr + stack.logs()
     assert "Creating network" not in up.stderr
     (name, gpus), *rest = service_gpus(stack).items()
-    assert not rest and name == f"{PROJECT}_worker_1"
+    assert not rest and name == worker(1)
     assert len(set(gpus.split(","))) == 2 and set(gpus.split(",")) <= set(UUIDS)
     snap = assert_invariants(stack)
     assert snap["free"] == 2
@@ -122,7 +153,7 @@ def test_recreate_with_room_to_spare_moves_to_other_gpus(stack, tmp_path):
     write_project(tmp_path, command="301")  # a config change: Compose recreates
     again = compose(stack, tmp_path, "up", "-d", "--scale", "worker=2")
     assert again.returncode == 0, again.stderr + stack.logs()
-    assert "Recreating" in again.stderr
+    assert RECREATED in again.stderr
     after = service_gpus(stack)
     assert sorted(after) == sorted(before)  # same names, old containers gone
     assert len(set(after.values())) == 2
@@ -144,10 +175,15 @@ def test_recreate_on_a_full_host_hands_the_gpus_over(stack, tmp_path, layout):
     handed = len(audit_events(stack, "hand-over"))
     again = compose(stack, tmp_path, "up", "-d", *scale)
     assert again.returncode == 0, again.stderr + stack.logs()
-    assert "Recreating" in again.stderr
+    assert RECREATED in again.stderr
     assert len(audit_events(stack, "hand-over")) == handed + replicas  # one line each
     after = service_gpus(stack)
     assert len(after) == replicas  # the old containers are gone
+    if V2:  # each replacement was made while its predecessor ran (the GPU hand-over)
+        replaced = [
+            c["Labels"].get("com.docker.compose.replace") for c in project_containers(stack)
+        ]
+        assert all(replaced) and len(set(replaced)) == replicas, replaced
     granted = [u for gpus in after.values() for u in gpus.split(",")]
     assert sorted(granted) == UUIDS
     snap = assert_invariants(stack)
@@ -168,13 +204,13 @@ def test_a_failed_recreate_then_a_dockerd_restart_grants_no_gpu_twice(stack, tmp
     try:
         write_project(tmp_path, gpus=4, command="301", restart="always")
         failed = compose(stack, tmp_path, "up", "-d")
-        assert failed.returncode != 0 and "Cannot start service" in failed.stderr
+        assert failed.returncode != 0 and START_FAILED in failed.stderr
     finally:
         hook.write_text("#!/bin/sh\nexit 0\n")
     stack.restart_dockerd()
     time.sleep(2)  # dockerd restarts restart-always containers right after it starts
     # The replacement (the name Compose gave it) can now be started, it holds the lease.
-    shim_start = engine.docker_cli(stack.shim_sock, "start", f"{PROJECT}_worker_1")
+    shim_start = engine.docker_cli(stack.shim_sock, "start", worker(1))
     running = [
         c for c in engine.engine_api(stack.engine_sock).containers()
         if c["Labels"].get("com.docker.compose.project") == PROJECT
@@ -184,7 +220,8 @@ def test_a_failed_recreate_then_a_dockerd_restart_grants_no_gpu_twice(stack, tmp
 
 
 def test_compose_v2_recreate_on_a_full_host_hands_over_while_the_old_one_runs(stack):
-    """Compose v2's order, replayed on the API (no v2 binary here): create the replacement
+    """Compose v2's order, replayed on the API step by step (the real v2 runs above on
+    26 and 28; this checks each refusal in between, on every Engine): create the replacement
     as <old short id>_<name> with com.docker.compose.replace while the old one still runs,
     stop and remove the old one, rename the replacement, start it."""
     api = engine.engine_api(stack.shim_sock)

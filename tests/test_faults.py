@@ -123,8 +123,14 @@ def test_shim_killed_while_creates_are_in_flight(stack):
     rng = random.Random()
 
     def fault() -> None:
+        # Some creates get through, some are cut: on a loaded machine the first `docker
+        # run` may take longer than the first kill's 1-2 s, so wait for one to run first.
+        api = engine.engine_api(stack.engine_sock)
+        deadline = time.monotonic() + 60
+        while not api.containers() and time.monotonic() < deadline:
+            time.sleep(0.1)
         for _ in range(3):
-            time.sleep(rng.uniform(1.0, 2.0))  # some creates get through, some are cut
+            time.sleep(rng.uniform(1.0, 2.0))
             stack.kill_shim()
             time.sleep(rng.uniform(0.0, 0.5))
             stack.start_shim()

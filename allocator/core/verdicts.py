@@ -155,8 +155,9 @@ def _needs_body(route: Route, method: str, uri: str, body: bytes | None) -> Deny
         return None
     return Deny(
         f"gpu-alloc refused {method} {route.path}: the Engine passed no request body to the "
-        "authorization plugin (bodies must be application/json and under 1 MiB), and this "
-        "request cannot be judged without it"
+        "authorization plugin (it forwards only application/json bodies, up to 1 MiB, or "
+        "4 MiB on Engines with the CVE-2026-34040 fix), and this request cannot be judged "
+        "without it"
     )
 
 

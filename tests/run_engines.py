@@ -1,0 +1,170 @@
+"""`make test`'s runner: the whole suite on the host's Engine and, in the same run, the
+Engine-facing suites on dockerd 26 and 28, as separate pytest processes in parallel.
+
+Why parallel processes: each part mostly waits on its own dockerd (container starts,
+Compose, stop timeouts), so three parts on two cores take little longer than the
+longest alone; and an Engine's pytest process owns its `--engine`, so nothing in the
+harness has to switch Engines mid-run.  Each part's output is printed whole when it
+ends (never interleaved), and the last lines are pytest-style summaries, one per part
+and one for all, so whatever reads pytest's last line still can.  The exit status is
+non-zero if any part failed; a part whose Debian root the archive could not give
+today is reported loudly (engine_root.ARCHIVE_BANNER) without failing the run.
+
+    python -m tests.run_engines                # what make test runs
+    python -m tests.run_engines --engines 26,28 --engine-suites-only
+    python -m tests.run_engines -- -k compose  # extra pytest arguments, for every part
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests import engine_root
+
+# The suites that talk to a real dockerd and whose behaviour could depend on its version.
+ENGINE_SUITES = (
+    "tests/test_engine_harness.py",
+    "tests/test_engine_facts.py",
+    "tests/test_engine_differences.py",
+    "tests/test_e2e.py",
+    "tests/test_enforcement_engine.py",
+    "tests/test_lifecycle.py",
+    "tests/test_compose.py",
+)
+ARCHIVE_BANNER = engine_root.ARCHIVE_BANNER
+# pytest's last line: "2 failed, 915 passed in 758.76s (0:12:38)", framed by "=" without -q.
+SUMMARY = re.compile(r"^=*\s*(\d+ \w+.*?) in ([0-9.]+)s(?: \([0-9:]+\))?\s*=*$")
+# The counts of a pytest summary, in the order pytest prints them.
+KINDS = ("failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "warnings", "errors")
+COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected|warnings?)")
+
+
+@dataclass
+class Part:
+    engine: str
+    paths: tuple[str, ...]  # empty: the whole suite
+    proc: subprocess.Popen | None = None
+    log: Path | None = None
+    started: float = 0.0
+    seconds: float = 0.0
+    rc: int | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    summary: str = ""
+    archive: str = ""
+
+    @property
+    def title(self) -> str:
+        what = "whole suite" if not self.paths else "Engine-facing suites"
+        return f"engine {self.engine}: {what}"
+
+
+def start(part: Part, tmp: Path, extra: list[str]) -> None:
+    part.log = tmp / f"engine-{part.engine}.log"
+    argv = [sys.executable, "-m", "pytest", "-q", f"--engine={part.engine}",
+            f"--basetemp={tmp / ('pt-' + part.engine)}", *part.paths, *extra]  # fmt: skip
+    if part.paths:  # the whole-suite part keeps pytest's cache (--lf); the others do not race it
+        argv[3:3] = ["-p", "no:cacheprovider"]
+    env = {**os.environ, "GA_ENGINE": part.engine}
+    part.started = time.monotonic()
+    with open(part.log, "wb") as out:
+        part.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def parse_summary(text: str) -> tuple[str, dict[str, int]]:
+    """pytest's last summary line in `text`, and its counts by kind ("passed": 915, ...)."""
+    for line in reversed(text.splitlines()):
+        m = SUMMARY.match(line.strip())
+        if m:
+            counts: dict[str, int] = {}
+            for n, kind in COUNT.findall(m.group(1)):
+                key = {"error": "errors", "warning": "warnings"}.get(kind, kind)
+                counts[key] = counts.get(key, 0) + int(n)
+            return m.group(1), counts
+    return "", {}
+
+
+def total_line(parts: list[Part], seconds: float) -> str:
+    """One pytest-style line for every part together, for whatever reads the last line."""
+    counts: dict[str, int] = {}
+    for part in parts:
+        for k, n in part.counts.items():
+            counts[k] = counts.get(k, 0) + n
+    kinds = [*KINDS]
+    said = ", ".join(f"{counts[k]} {k}" for k in kinds if counts.get(k))
+    if any(p.rc != 0 for p in parts) and not counts.get("failed") and not counts.get("errors"):
+        said = ", ".join(x for x in ("1 errors", said) if x)  # a part died without a summary
+    engines = ", ".join(p.engine for p in parts)
+    bar = "=" * 20
+    return f"{bar} {said or 'no tests ran'} in {seconds:.2f}s (engines {engines}) {bar}"
+
+
+def finish(part: Part) -> None:
+    assert part.proc is not None and part.log is not None
+    part.rc = part.proc.returncode
+    part.seconds = time.monotonic() - part.started
+    text = part.log.read_text(errors="replace")
+    part.summary, part.counts = parse_summary(text)
+    banner = next((ln for ln in text.splitlines() if ARCHIVE_BANNER in ln), "")
+    part.archive = banner.strip("! ")
+    bar = "#" * 12
+    print(f"\n{bar} {part.title} (exit {part.rc}, {part.seconds:.0f} s) {bar}", flush=True)
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def run(parts: list[Part], extra: list[str]) -> int:
+    tmp = Path(tempfile.mkdtemp(prefix="ga-run-", dir="/tmp"))
+    t0 = time.monotonic()
+    for part in parts:
+        start(part, tmp, extra)
+    pending = list(parts)
+    while pending:
+        for part in list(pending):
+            assert part.proc is not None
+            if part.proc.poll() is not None:
+                finish(part)
+                pending.remove(part)
+        time.sleep(0.5)
+    total = time.monotonic() - t0
+    print("\n" + "=" * 30 + " engines " + "=" * 30)
+    for part in parts:
+        status = "ok" if part.rc == 0 else f"FAILED (exit {part.rc})"
+        print(f"{part.title}: {part.summary or 'no summary'} in {part.seconds:.1f}s: {status}")
+        if part.archive:
+            print(f"!!! {part.title}: {part.archive}")
+    if any(p.archive for p in parts):
+        print("!!! Some Engine's root could not be built from the Debian archive today: "
+              "its engine tests were SKIPPED (see above); the others ran.")  # fmt: skip
+    ok = all(p.rc == 0 for p in parts)
+    if ok:
+        subprocess.run(["rm", "-rf", str(tmp)], check=False)
+    else:
+        print(f"logs kept in {tmp}")
+    print(total_line(parts, total))  # last, as pytest's own summary is
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", default="20.10,26,28",
+                        help="comma-separated; the first runs the whole suite")  # fmt: skip
+    parser.add_argument("--engine-suites-only", action="store_true",
+                        help="the Engine-facing suites on every Engine, the first too")  # fmt: skip
+    parser.add_argument("pytest_args", nargs="*", help="after --: passed to every pytest")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.engines.split(",") if n.strip()]
+    whole = not args.engine_suites_only
+    parts = [Part(n, () if i == 0 and whole else ENGINE_SUITES) for i, n in enumerate(names)]
+    return run(parts, args.pytest_args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
