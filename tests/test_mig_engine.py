@@ -94,8 +94,9 @@ def test_status_lists_the_slices_under_their_gpu(stack: engine.Stack) -> None:
     assert [g["free"] for g in snap["gpus"]] == [False, False, True, True]  # 0, 1: MIG mode
     assert snap["free"] == 2 and len(snap["migs"]) == 5
     print(table)
-    assert "MIG mode  -" not in table and "(leased as its slices)" in table
-    assert f"0:2  {A2}  MIG 3g.40gb" in table
+    assert "GPU 0 is in MIG mode, leased as its slices" in table
+    assert "GPU 1 is in MIG mode" in table and "0:2 3g.40gb" in table
+    assert [(m["index"], m["mig_index"], m["uuid"]) for m in snap["migs"]][2] == (0, 2, A2)
 
 
 def test_mixed_leases_slices_by_profile_and_whole_gpus_without_a_label() -> None:

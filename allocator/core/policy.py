@@ -181,6 +181,7 @@ def eligible(
     """
     pool_name = want.pool or rules.default_pool
     gpus: Sequence[GPU] = inventory.gpus
+    migs: Sequence[GPU] = inventory.migs  # a slice is in a pool with its GPU (same index)
     if pool_name is not None:
         pool = rules.pools.get(pool_name)
         if pool is None:
@@ -193,21 +194,25 @@ def eligible(
                 f"--label {POOL}=NAME, or ask your operator"
             )
         gpus = [g for g in gpus if g.index in pool.gpus]
+        migs = [m for m in migs if m.index in pool.gpus]
     if want.model:
         gpus = [g for g in gpus if want.model.lower() in g.name.lower()]
+        migs = [m for m in migs if want.model.lower() in m.name.lower()]
     if want.min_memory is not None:
         gpus = [g for g in gpus if g.memory_mib * 2**20 >= want.min_memory]
-    allowed = {g.uuid for g in gpus}
-    outside = [g for g in inventory.gpus if g.uuid in required and g.uuid not in allowed]
+        migs = [m for m in migs if m.memory_mib * 2**20 >= want.min_memory]
+    allowed = {g.uuid for g in (*gpus, *migs)}
+    everything = (*inventory.gpus, *inventory.migs)
+    outside = [g for g in everything if g.uuid in required and g.uuid not in allowed]
     if outside:
         where = f"pool '{pool_name}'" if pool_name else "the GPUs matching the request labels"
-        named = ", ".join(f"GPU {g.index}" for g in outside)
+        named = ", ".join(g.label() for g in outside)
         return Refusal(
             f"gpu-alloc refused the container create: {named} is not in {where}"
             + (f" (policy.pools.{pool_name})" if pool_name else "")
             + f"; name a GPU of that set, or pick its pool with --label {POOL}=NAME"
         )
-    return Inventory(tuple(gpus), inventory.cuda_driver_version), pool_name
+    return Inventory(tuple(gpus), inventory.cuda_driver_version, tuple(migs)), pool_name
 
 
 def with_defaults(spec: dict[str, Any], rules: Rules) -> dict[str, Any]:
