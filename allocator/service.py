@@ -21,6 +21,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -95,6 +96,8 @@ class Allocator:
         self._policy_lock = threading.RLock()  # re-entrant: SIGHUP runs on the main thread
         self._rules_stamp = self._config_stamp()
         self._topology: cpus.Topology | None = None
+        # Called (from any thread) after a lease ends here: the shim's queue wakes up.
+        self.listeners: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------- facts
 
@@ -471,6 +474,8 @@ class Allocator:
         if lease is not None:
             metrics.lease_ended(ledger.now() - lease.created)
             self.record("release", lease, reason=reason)
+            for listener in self.listeners:
+                listener()
 
     def unhealthy(self) -> dict[str, str]:
         """UUID -> its event; nothing when the operator turned health off."""
