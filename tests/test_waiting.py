@@ -175,9 +175,9 @@ def test_config_checks_priority_and_wait_keys() -> None:
     rules = cfg.policy.rules
     assert (rules.user_priorities, rules.group_priorities) == ({"alice": 2}, {"ml": -1})
     assert (rules.wait_default, rules.wait_max) == (300.0, 7200.0)
-    with pytest.raises(configmod.ConfigError, match="policy.priority.users.alice"):
+    with pytest.raises(configmod.ConfigError, match=r"policy\.priority\.users\.alice"):
         configmod.parse("policy:\n  priority: {users: {alice: high}}\n")
-    with pytest.raises(configmod.ConfigError, match="policy.wait.soon"):
+    with pytest.raises(configmod.ConfigError, match=r"policy\.wait\.soon"):
         configmod.parse("policy:\n  wait: {soon: 1m}\n")
 
 
