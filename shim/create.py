@@ -45,13 +45,13 @@ from allocator.host import metrics
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
 from allocator.ops import gpus, status
+from allocator.ops.status import QUEUE_PATH
 from allocator.service import Allocator, LeaseRequest
 from shim.framing import Peer, Request, Response, UpstreamError
 from shim.waitline import Gone, Stopping, Waitline
 
 log = logging.getLogger("gpu-alloc.shim")
 STATUS_PATH = "/gpu-alloc/v1/status"  # not an Engine route: dockerd has no /gpu-alloc
-QUEUE_PATH = "/gpu-alloc/v1/queue"
 _FAILURES = (StateError, EngineError, InventoryError, TopologyError)
 Forward = Callable[[Request], Awaitable[Response]]
 

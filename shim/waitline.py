@@ -151,7 +151,7 @@ class Waitline:
             return []
         state = self.alloc.ledger.read()
         held = {e.waiter.owner: state.held_by(e.waiter.owner) for e in entries.values()}
-        rows = []
+        rows, now = [], time.time()
         for position, w in enumerate(queue.order([e.waiter for e in entries.values()], held), 1):
             req: LeaseRequest = w.ask
             rows.append(
@@ -164,6 +164,7 @@ class Waitline:
                     "pool": req.want.pool,
                     "priority": w.priority,
                     "since": entries[w.id].since,
+                    "waited_s": round(now - entries[w.id].since),
                 }
             )
         return rows

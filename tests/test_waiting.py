@@ -23,6 +23,7 @@ from allocator.core.placement import Shortage
 from allocator.core.policy import Owner, Refusal, Wanted
 from allocator.core.queue import Waiter
 from allocator.host import config as configmod
+from allocator.ops import explain, status
 from allocator.service import Allocator, LeaseRequest
 from shim.waitline import Gone, Stopping, Waitline
 from tests import engine as sim
@@ -282,3 +283,27 @@ def test_many_waiters_random_releases_and_cancels_keep_the_invariants(tmp_path, 
     bound = {le.container for le in state.leases.values()}
     assert all(le.phase is Phase.BOUND for le in state.leases.values()), "a leaked pending lease"
     assert bound == set(cids)
+
+
+# ------------------------------------------------------------ seen: explain, status
+
+
+def test_explain_says_a_request_would_wait(tmp_path, fake) -> None:
+    alloc = make(tmp_path, fake)
+    hold(alloc, fake, BOB, GPUS)
+    waits = explain.explain(alloc, None, "1", [f"{policy.WAIT}=2m"])
+    assert (waits["verdict"], waits["wait_s"]) == ("waits", 120.0)
+    assert waits["message"].startswith("would wait in line up to 2m")
+    assert explain.explain(alloc, None, "1", [])["verdict"] == "short"
+    assert explain.explain(alloc, None, "5", [f"{policy.WAIT}=2m"])["verdict"] == "short"
+
+
+def test_status_lists_the_queue_in_order_and_says_when_the_shim_is_silent() -> None:
+    row = {"position": 1, "owner": "carol", "name": "train", "gpus": 2, "all": False,
+           "pool": None, "priority": 10, "since": 1.8e9, "waited_s": 75}  # fmt: skip
+    snap = {"holders": [], "gpus": [], "free": 0, "total": 0}
+    table = status.render_table(snap | {"queue": [row]})
+    assert "waiting for GPUs: 1" in table
+    assert "1. carol 'train': 2 GPUs, priority 10, waiting 1m (since 2027-01-15T08:00:00Z)" in table
+    assert "queue: unknown" in status.render_table(snap | {"queue": None})
+    assert "queue" not in status.render_table(snap)
