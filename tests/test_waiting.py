@@ -8,6 +8,8 @@ now, and the shim's futures leave nothing behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,9 @@ from allocator.core.queue import Waiter
 from allocator.host import config as configmod
 from allocator.ops import explain, status
 from allocator.service import Allocator, LeaseRequest
+from shim import create as shim_create
+from shim import server
+from shim.framing import Request, Response
 from shim.waitline import Gone, Stopping, Waitline
 from tests import engine as sim
 from tests.fake_engine import FakeEngine
@@ -185,7 +190,7 @@ def test_config_checks_priority_and_wait_keys() -> None:
 # ------------------------------------------------------------------ waitline
 
 
-def request(owner: Owner, n: int = 1) -> LeaseRequest:
+def request_of(owner: Owner, n: int = 1) -> LeaseRequest:
     return LeaseRequest(one(n), f"job-{owner.user}", owner, Wanted())
 
 
@@ -198,9 +203,9 @@ def test_a_waiter_is_granted_when_a_lease_ends_and_one_that_leaves_leaks_nothing
     async def main() -> None:
         line = Waitline(alloc, events=False)
         gone = asyncio.Event()
-        leaving = asyncio.create_task(line.wait(request(CAROL), 30, gone))
-        staying = asyncio.create_task(line.wait(request(ALICE), 30))
-        timing_out = asyncio.create_task(line.wait(request(ALICE), 0.3))
+        leaving = asyncio.create_task(line.wait(request_of(CAROL), 30, gone))
+        staying = asyncio.create_task(line.wait(request_of(ALICE), 30))
+        timing_out = asyncio.create_task(line.wait(request_of(ALICE), 0.3))
         await asyncio.sleep(0.1)
         assert [r["owner"] for r in line.snapshot()] == ["carol", "alice", "alice"]
         gone.set()
@@ -223,7 +228,7 @@ def test_a_stopping_shim_answers_its_waiters(tmp_path, fake) -> None:
 
     async def main() -> None:
         line = Waitline(alloc, events=False)
-        task = asyncio.create_task(line.wait(request(ALICE), 30))
+        task = asyncio.create_task(line.wait(request_of(ALICE), 30))
         await asyncio.sleep(0.05)
         line.stop()
         with pytest.raises(Stopping, match="stopping"):
@@ -248,7 +253,7 @@ def test_many_waiters_random_releases_and_cancels_keep_the_invariants(tmp_path, 
             if rng.random() < 0.3:
                 asyncio.get_running_loop().call_later(rng.uniform(0, 0.5), gone.set)
             try:
-                got = await line.wait(request(owners[i % 3], rng.choice((1, 1, 2))), 3, gone)
+                got = await line.wait(request_of(owners[i % 3], rng.choice((1, 1, 2))), 3, gone)
             except Gone:
                 outcomes[f"w{i}"] = "gone"
                 return
@@ -307,3 +312,41 @@ def test_status_lists_the_queue_in_order_and_says_when_the_shim_is_silent() -> N
     assert "1. carol 'train': 2 GPUs, priority 10, waiting 1m (since 2027-01-15T08:00:00Z)" in table
     assert "queue: unknown" in status.render_table(snap | {"queue": None})
     assert "queue" not in status.render_table(snap)
+
+
+def test_a_stopping_shim_server_sends_its_waiters_a_503(tmp_path, fake) -> None:
+    alloc = make(tmp_path, fake)
+    hold(alloc, fake, BOB, GPUS)
+    line = Waitline(alloc, events=False)
+
+    class Waiting:
+        def wants(self, method: str, target: str) -> bool:
+            return True
+
+        async def handle(self, request: Request, forward: Any) -> Response:
+            try:
+                await line.wait(request_of(ALICE), 30)
+            except Stopping as e:
+                return shim_create.error(503, str(e))
+            return shim_create.error(500, "granted?")
+
+        def stop(self) -> None:
+            line.stop()
+
+    sock = str(tmp_path / "shim.sock")
+
+    async def main() -> bytes:
+        served = asyncio.create_task(server.serve(sock, str(tmp_path / "none"), Waiting()))
+        while not os.path.exists(sock):
+            await asyncio.sleep(0.01)
+        reader, writer = await asyncio.open_unix_connection(sock)
+        writer.write(b"POST /containers/create HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        while not line.snapshot():
+            await asyncio.sleep(0.01)
+        served.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await served
+        return await reader.read()
+
+    answer = asyncio.run(main())
+    assert answer.startswith(b"HTTP/1.1 503") and b"gpu-alloc shim is stopping" in answer
