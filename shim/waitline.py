@@ -201,6 +201,8 @@ class Waitline:
                 await self._serve()
             except _FAILURES as e:
                 log.warning("queue not served this time: %s", e)
+            except Exception:  # a bug must not stop the queue: the next wake-up tries again
+                log.exception("queue not served this time")
 
     async def _serve(self) -> None:
         waiting = [e.waiter for e in self._entries.values() if not e.future.done()]
