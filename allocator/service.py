@@ -21,15 +21,16 @@ import logging
 import os
 import threading
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from allocator.core import access, compose, cpus, events, labels, policy, starts
+from allocator.core import access, compose, cpus, events, labels, policy, queue, starts
 from allocator.core.access import EngineView
 from allocator.core.ask import Ask
 from allocator.core.inventory import Inventory, InventoryError
-from allocator.core.leases import Claim, Lease, Phase, State, StateError
-from allocator.core.placement import POLICIES, Shortage, place
+from allocator.core.leases import Claim, Holder, Lease, Phase, State, StateError
+from allocator.core.placement import POLICIES, Shortage, place, usable
 from allocator.core.policy import NOBODY, Invalid, Owner, Refusal, Rules, Wanted
 from allocator.core.reconcile import Report, apply
 from allocator.core.verdicts import (
@@ -59,6 +60,18 @@ from allocator.host.ledger import Ledger
 INVENTORY_MAX_AGE = 10.0
 log = logging.getLogger("gpu-alloc")
 ENGINE_VIEW_MAX_AGE = 30.0
+_KEPT = Holder(None, "", "kept for a create ahead in the queue", owner="the queue")
+
+
+@dataclass(frozen=True)
+class LeaseRequest:
+    """What a create asks of `Allocator.lease`, kept whole so a waiter can ask again."""
+
+    ask: Ask
+    name: str
+    owner: Owner
+    want: Wanted
+    resources: cpus.Resources = cpus.NOTHING
 
 
 class Allocator:
@@ -83,6 +96,8 @@ class Allocator:
         self._policy_lock = threading.RLock()  # re-entrant: SIGHUP runs on the main thread
         self._rules_stamp = self._config_stamp()
         self._topology: cpus.Topology | None = None
+        # Called (from any thread) after a lease ends here: the shim's queue wakes up.
+        self.listeners: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------- facts
 
@@ -238,16 +253,16 @@ class Allocator:
         if not isinstance(scope, tuple):
             return scope
         topology = self.cpu_topology() if resources.any else None
-        wants = (owner, scope, want, resources, topology)
-        result = self._try_lease(ask, name, *wants)
+        req = LeaseRequest(ask, name, owner, want, resources)
+        result = self._try_lease(req, scope, topology)
         if isinstance(result, Shortage) and self.engine is not None and self.reconcile():
-            result = self._try_lease(ask, name, *wants)
+            result = self._try_lease(req, scope, topology)
         # A Compose recreate may take over its predecessor's GPUs: when the host is full,
         # and when the owner is at their limit (the old container's GPUs count there).
         if isinstance(result, Shortage | Refusal) and self.engine is not None:
             predecessor = self._compose_predecessor(name, labels or {})
             if predecessor is not None:
-                retry = self._try_lease(ask, name, *wants, predecessor)
+                retry = self._try_lease(req, scope, topology, predecessor)
                 if isinstance(retry, tuple):
                     self._keep_down(predecessor[0])
                     result = retry
@@ -310,71 +325,128 @@ class Allocator:
 
     def _try_lease(
         self,
-        ask: Ask,
-        name: str,
-        owner: Owner,
+        req: LeaseRequest,
         scope: tuple[Inventory, str | None],
-        want: Wanted,
-        resources: cpus.Resources,
         topology: cpus.Topology | None,
         predecessor: tuple[str, str] | None = None,
     ) -> tuple[Lease, str] | Shortage | Refusal:
-        inventory, pool = scope
-        where = want.where(pool)
         with self.ledger.transaction() as state:
-            now = ledger.now()
-            sick, mig = self.unhealthy(), self.config.policy.mig
-            held = state.holders(self.inventory().uuids)
-            old = state.lease_of(predecessor[0]) if predecessor else None
-            # Only the owner's own predecessor lends its GPUs (leases from before owners
-            # were recorded have none, and may).
-            if predecessor and (
-                old is None or old.phase is not Phase.BOUND or old.owner not in ("", owner.user)
-            ):
-                return place(ask, inventory, held, self.policy, now, where, sick, mig)
-            asking = len(inventory.gpus) if ask.every else len(ask.required) + ask.count
-            holding = state.held_by(owner.user, besides=old.id if old else None)
-            refused = policy.over_limit(owner, holding, asking, self.rules)
-            if refused is not None:
-                return refused
-            for uuid in old.gpus if old else ():
-                held.pop(uuid, None)
-            picked = place(ask, inventory, held, self.policy, now, where, sick, mig)
-            if isinstance(picked, Shortage):
-                return picked
-            placed = cpus.Placed((), (), 0)
-            if topology is not None:
-                got = cpus.place(
-                    topology,
-                    resources,
-                    cpus.gpu_nodes(g.numa_node for g in picked),
-                    state.leased_cpus(but=old.id if old else None),
-                    state.leased_memory(but=old.id if old else None),
-                    cpus.parse_list(self.config.policy.reserved_cpus),
-                )
-                if isinstance(got, str):
-                    return Shortage(f"gpu-alloc: {got}; 'gpu-alloc status' shows the leases")
-                placed = got
-            lease, token = state.new_lease(
-                tuple(g.uuid for g in picked), now, self.config.policy.pending_ttl
-            )
-            lease = replace(
-                lease,
-                name=name,
-                owner=owner.user,
-                owner_uid=owner.uid,
-                pool=pool,
-                cpus=placed.cpus,
-                mems=placed.mems,
-                memory=placed.memory,
-            )
-            state.leases[lease.id] = lease
-            if old is not None and predecessor is not None:
-                state.hand_over(old.id, lease.id, predecessor[1])
+            taken = self._take(state, req, scope, topology, predecessor=predecessor)
+        if not isinstance(taken, tuple):
+            return taken
+        lease, token, old = taken
         self.record("grant", lease)
         if old is not None and predecessor is not None:
-            self.record("hand-over", old, reason=f"to lease {lease.id} replacing it ({name})")
+            self.record("hand-over", old, reason=f"to lease {lease.id} replacing it ({req.name})")
         return lease, token
+
+    def _take(
+        self,
+        state: State,
+        req: LeaseRequest,
+        scope: tuple[Inventory, str | None],
+        topology: cpus.Topology | None,
+        blocked: frozenset[str] = frozenset(),
+        predecessor: tuple[str, str] | None = None,
+    ) -> tuple[Lease, str, Lease | None] | Shortage | Refusal:
+        """Place and record a pending lease in ``state`` (the caller holds the lock).
+
+        ``blocked`` GPUs are kept for a waiter ahead in the queue (`core.queue`): they
+        count as held.  Returns (lease, token, the predecessor's lease if it lent its GPUs).
+        """
+        ask, owner, want = req.ask, req.owner, req.want
+        inventory, pool = scope
+        where = want.where(pool)
+        now = ledger.now()
+        sick, mig = self.unhealthy(), self.config.policy.mig
+        held = state.holders(self.inventory().uuids)
+        for uuid in blocked:
+            held.setdefault(uuid, _KEPT)
+        old = state.lease_of(predecessor[0]) if predecessor else None
+        # Only the owner's own predecessor lends its GPUs (leases from before owners
+        # were recorded have none, and may).
+        if predecessor and (
+            old is None or old.phase is not Phase.BOUND or old.owner not in ("", owner.user)
+        ):
+            return place(ask, inventory, held, self.policy, now, where, sick, mig)  # type: ignore[return-value]
+        asking = len(inventory.gpus) if ask.every else len(ask.required) + ask.count
+        holding = state.held_by(owner.user, besides=old.id if old else None)
+        refused = policy.over_limit(owner, holding, asking, self.rules)
+        if refused is not None:
+            return refused
+        for uuid in old.gpus if old else ():
+            held.pop(uuid, None)
+        picked = place(ask, inventory, held, self.policy, now, where, sick, mig)
+        if isinstance(picked, Shortage):
+            return picked
+        placed = cpus.Placed((), (), 0)
+        if topology is not None:
+            got = cpus.place(
+                topology,
+                req.resources,
+                cpus.gpu_nodes(g.numa_node for g in picked),
+                state.leased_cpus(but=old.id if old else None),
+                state.leased_memory(but=old.id if old else None),
+                cpus.parse_list(self.config.policy.reserved_cpus),
+            )
+            if isinstance(got, str):
+                return Shortage(f"gpu-alloc: {got}; 'gpu-alloc status' shows the leases")
+            placed = got
+        lease, token = state.new_lease(
+            tuple(g.uuid for g in picked), now, self.config.policy.pending_ttl
+        )
+        lease = replace(
+            lease,
+            name=req.name,
+            owner=owner.user,
+            owner_uid=owner.uid,
+            pool=pool,
+            cpus=placed.cpus,
+            mems=placed.mems,
+            memory=placed.memory,
+        )
+        state.leases[lease.id] = lease
+        if old is not None and predecessor is not None:
+            state.hand_over(old.id, lease.id, predecessor[1])
+        return lease, token, old
+
+    def serve_waiters(
+        self, waiters: list[queue.Waiter]
+    ) -> list[tuple[queue.Waiter, tuple[Lease, str]]]:
+        """Grant what the queue allows now, in its order, under one ledger transaction.
+
+        Each ``waiter.ask`` is a `LeaseRequest`.  The placement and limits are
+        `_take`'s, so a waiter is granted exactly as a create arriving now would be,
+        minus the GPUs kept for waiters ahead of it (`core.queue.serve`).
+        """
+        if not waiters:
+            return []
+        rules, inventory = self.rules, self.inventory()
+        sick, mig = self.unhealthy(), self.config.policy.mig
+        with self.ledger.transaction() as state:
+            held = {w.owner: state.held_by(w.owner) for w in waiters}
+
+            def attempt(
+                w: queue.Waiter, blocked: frozenset[str]
+            ) -> queue.Placed | queue.Short | queue.OverLimit:
+                req: LeaseRequest = w.ask
+                scope = policy.eligible(inventory, req.want, req.owner, rules, req.ask.required)
+                if not isinstance(scope, tuple):
+                    return queue.OverLimit(scope.msg)
+                topology = self.cpu_topology() if req.resources.any else None
+                taken = self._take(state, req, scope, topology, blocked)
+                if isinstance(taken, tuple):
+                    return queue.Placed(taken[0].gpus, taken[:2])
+                if isinstance(taken, Refusal):
+                    return queue.OverLimit(taken.msg)
+                holders = state.holders(inventory.uuids)
+                return queue.Short(usable(req.ask, scope[0], holders, sick, mig))
+
+            granted = queue.serve(waiters, held, attempt)
+        for _, placed in granted:
+            metrics.request("granted")
+            self.record("grant", placed.result[0], reason="served from the queue")
+        return [(w, placed.result) for w, placed in granted]
 
     # ------------------------------------------------------------- audit
 
@@ -402,6 +474,8 @@ class Allocator:
         if lease is not None:
             metrics.lease_ended(ledger.now() - lease.created)
             self.record("release", lease, reason=reason)
+            for listener in self.listeners:
+                listener()
 
     def unhealthy(self) -> dict[str, str]:
         """UUID -> its event; nothing when the operator turned health off."""

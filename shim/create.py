@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import grp
+import json
 import logging
 import os
 import pwd
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from urllib.parse import parse_qs, urlsplit
@@ -35,7 +37,7 @@ from allocator.core import cuda, errors, gojson, labels, policy
 from allocator.core import verdicts as decide
 from allocator.core.cpus import Placed, Resources, conflicts
 from allocator.core.inventory import InventoryError
-from allocator.core.leases import StateError
+from allocator.core.leases import Lease, StateError, ago
 from allocator.core.placement import Shortage
 from allocator.core.rewrite import rewrite, strip_labels
 from allocator.core.routes import Check, Route, needs_check
@@ -43,8 +45,10 @@ from allocator.host import metrics
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
 from allocator.ops import gpus, status
-from allocator.service import Allocator
+from allocator.ops.status import QUEUE_PATH
+from allocator.service import Allocator, LeaseRequest
 from shim.framing import Peer, Request, Response, UpstreamError
+from shim.waitline import Gone, Stopping, Waitline
 
 log = logging.getLogger("gpu-alloc.shim")
 STATUS_PATH = "/gpu-alloc/v1/status"  # not an Engine route: dockerd has no /gpu-alloc
@@ -59,18 +63,30 @@ def error(status: int, message: str) -> Response:
 
 
 class CreateInterceptor:
-    def __init__(self, allocator: Allocator, live: gpus.LiveView | None = None):
+    def __init__(
+        self,
+        allocator: Allocator,
+        live: gpus.LiveView | None = None,
+        waitline: Waitline | None = None,
+    ):
         self.alloc = allocator
         self.live = live or gpus.LiveView(allocator)
+        self.waitline = waitline or Waitline(allocator)
 
     def wants(self, method: str, target: str) -> bool:
         return needs_check(method, target) or (
-            method == "GET" and target in (STATUS_PATH, gpus.GPUS_PATH)
+            method == "GET" and target in (STATUS_PATH, QUEUE_PATH, gpus.GPUS_PATH)
         )
+
+    def stop(self) -> None:
+        """The shim is stopping: waiting creates are answered, not left hanging."""
+        self.waitline.stop()
 
     async def handle(self, request: Request, forward: Forward) -> Response:
         if request.method == "GET" and request.target == STATUS_PATH:
             return await self._status()
+        if request.method == "GET" and request.target == QUEUE_PATH:
+            return await self._queue()
         if request.method == "GET" and request.target == gpus.GPUS_PATH:
             return await self._gpus()
         route = decide.route_of(request.method, request.target)
@@ -105,6 +121,11 @@ class CreateInterceptor:
         resources = labels.resources(given_labels)
         if isinstance(resources, str):
             return error(400, f"gpu-alloc refused the container create: {resources}")
+        wait = policy.wait_of(
+            given_labels if isinstance(given_labels, dict) else None, self.alloc.rules
+        )
+        if isinstance(wait, policy.Invalid):
+            return error(400, wait.msg)
         spec = strip_labels(decoded)
         facts = await asyncio.to_thread(self.alloc.facts)
         ask = decide.shim_ask(spec, facts)
@@ -128,6 +149,11 @@ class CreateInterceptor:
         given = spec.get("Labels") or {}
         owner = await asyncio.to_thread(owner_of, request.peer)
         leased = await asyncio.to_thread(self.alloc.lease, ask, name, given, owner, want, resources)
+        if not isinstance(leased, tuple) and wait and getattr(leased, "waitable", False):
+            req = LeaseRequest(ask, name, owner, want, resources)
+            leased = await self._wait(req, wait, leased, request.gone)
+        if isinstance(leased, Response):
+            return leased
         if not isinstance(leased, tuple):
             log.info("refused create %r of %s: %s", name, owner.user, leased.msg)
             return error(_REFUSAL_STATUS[type(leased)], leased.msg)
@@ -155,11 +181,44 @@ class CreateInterceptor:
         await asyncio.to_thread(self._settle, lease.id, token, response)
         return response
 
+    async def _wait(
+        self,
+        req: LeaseRequest,
+        seconds: float,
+        refused: Shortage | policy.Refusal,
+        gone: asyncio.Event | None,
+    ) -> tuple[Lease, str] | Shortage | policy.Refusal | Response:
+        """Wait in line for the lease; the refusal, saying how long, when time runs out."""
+        log.info(
+            "create %r of %s waits up to %ss: %s", req.name, req.owner.user, seconds, refused.msg
+        )
+        started = time.monotonic()
+        try:
+            got = await self.waitline.wait(req, seconds, gone)
+        except Stopping as e:
+            return error(503, str(e))
+        except Gone:
+            return error(503, "gpu-alloc: the client left the queue")
+        if got is not None:
+            return got
+        waited = f" (waited {ago(time.monotonic() - started)} in line, the most it asked for)"
+        return replace(refused, msg=refused.msg + waited)
+
+    async def _queue(self) -> Response:
+        """The creates waiting in this shim, in serving order (``gpu-alloc status``)."""
+        try:
+            rows = await asyncio.to_thread(self.waitline.snapshot)
+        except _FAILURES as e:
+            return error(503, f"gpu-alloc queue: {e}")
+        body = json.dumps({"queue": rows}).encode()
+        return Response(200, "OK", [("Content-Type", "application/json")], body)
+
     async def _status(self) -> Response:
         """``gpu-alloc status`` for users who may use Docker but not read the state dir."""
         try:
             await asyncio.to_thread(self.alloc.reconcile)
             snap = await asyncio.to_thread(status.snapshot, self.alloc, self.live)
+            snap["queue"] = await asyncio.to_thread(self.waitline.snapshot)
         except _FAILURES as e:
             return error(503, f"gpu-alloc status: {e}")
         body = status.render_json(snap).encode()

@@ -11,10 +11,11 @@ socket: shim/splice.py feeds it bytes and acts on what it returns.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Protocol
 
@@ -58,6 +59,9 @@ class Request:
     headers: list[tuple[str, str]]
     body: bytes
     peer: Peer | None = None  # the client's credentials, where the socket gives them
+    # Set when the client closes its side while the request is intercepted (a create
+    # waiting for GPUs leaves the queue then), as Go's server cancels the request.
+    gone: asyncio.Event | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

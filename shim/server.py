@@ -16,6 +16,7 @@ from shim.framing import FORWARD_TIMEOUT, MAX_BODY, Interceptor
 from shim.splice import _Client
 
 log = logging.getLogger(__name__)
+STOP_GRACE = 0.1  # seconds for the answers to waiting creates to be written
 
 
 class _Proxy:
@@ -84,6 +85,10 @@ async def serve(
         await server.serve_forever()
     finally:
         server.close()
+        stop = getattr(interceptor, "stop", None)
+        if stop is not None:  # waiting creates get their 503 before the connections close
+            stop()
+            await asyncio.sleep(STOP_GRACE)
         for conn in list(proxy.conns):
             conn.close(abort=True)
         with contextlib.suppress(OSError):

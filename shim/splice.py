@@ -107,6 +107,7 @@ class _Client(UpstreamSide, asyncio.Protocol):
         self.pending: tuple[str, str, list[tuple[str, str]], bool, bool] | None = None
         self.collector: _Collector | None = None
         self.task: asyncio.Task[None] | None = None
+        self.gone: asyncio.Event | None = None  # the intercepted request's client left
         self.connecting: asyncio.Future[None] | None = None
         self.peer: Peer | None = None
 
@@ -146,6 +147,8 @@ class _Client(UpstreamSide, asyncio.Protocol):
             if self.up is None or self.up.eof:
                 self.close()
             return True
+        if self.rq == _RQ_INTERCEPT and self.gone is not None:
+            self.gone.set()  # a waiting create leaves the queue; others finish as before
         if self.rq in (_RQ_BODY, _RQ_COLLECT) or (self.rq == _RQ_HEAD and not self.awaiting):
             self.close()  # nothing to answer, or the request can never be completed
             return False
@@ -338,7 +341,8 @@ class _Client(UpstreamSide, asyncio.Protocol):
         method, target, headers, keep, head_req = self.pending
         self.body = self.pending = None
         self.rq = _RQ_INTERCEPT
-        request = Request(method, target, headers, b"".join(body.parts), self.peer)
+        self.gone = asyncio.Event()
+        request = Request(method, target, headers, b"".join(body.parts), self.peer, self.gone)
         self.task = asyncio.create_task(self._intercept(request, keep, head_req))
 
     async def _intercept(self, request: Request, keep: bool, head_req: bool) -> None:
@@ -533,6 +537,8 @@ class _Client(UpstreamSide, asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        if self.gone is not None:
+            self.gone.set()
         if self.task is not None:
             self.task.cancel()
         if self.collector is not None and not self.collector.future.done():

@@ -63,13 +63,22 @@ class Rules:
     shm_size: int | None = None  # bytes
     ulimits: tuple[Ulimit, ...] = ()
     release_stopped_after: float | None = None  # seconds
+    user_priorities: Mapping[str, int] = field(default_factory=dict)
+    group_priorities: Mapping[str, int] = field(default_factory=dict)
+    wait_default: float | None = None  # policy.wait.default, seconds; None: creates never wait
+    wait_max: float | None = None  # policy.wait.max: the most a label may ask
 
 
 @dataclass(frozen=True)
 class Refusal:
-    """Refused by a rule of the policy: HTTP 403."""
+    """Refused by a rule of the policy: HTTP 403.
+
+    ``waitable``: the refusal may pass by itself (the owner's limit, once one of their
+    containers goes), so a create that asked to wait waits instead.
+    """
 
     msg: str
+    waitable: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,7 +110,8 @@ POOL = labels.PREFIX + "pool"
 MODEL = labels.PREFIX + "request.model"
 MIN_MEMORY = labels.PREFIX + "request.min-memory"
 OWNER = labels.PREFIX + "owner"  # set by gpu-alloc only: "<uid>:<user>"
-REQUEST_LABELS = (POOL, MODEL, MIN_MEMORY)
+WAIT = labels.PREFIX + "wait"  # a client's ask: wait this long for GPUs instead of a 409
+REQUEST_LABELS = (POOL, MODEL, MIN_MEMORY, WAIT)
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}
@@ -167,8 +177,47 @@ def over_limit(owner: Owner, holding: int, asking: int, rules: Rules) -> Refusal
     return Refusal(
         f"gpu-alloc refused the container create: {now} ({rule}) and asked for {asking} "
         "more; release one with 'docker rm' (a stopped container still holds its GPUs), "
-        "or ask your operator"
+        "or ask your operator",
+        waitable=asking <= allowed,  # more than the limit itself never fits
     )
+
+
+def priority_of(owner: Owner, rules: Rules) -> int:
+    """The highest of the owner's own priority and their groups'; 0 when none is set."""
+    found = [rules.group_priorities[g] for g in owner.groups if g in rules.group_priorities]
+    if owner.user in rules.user_priorities:
+        found.append(rules.user_priorities[owner.user])
+    return max(found, default=0)
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", re.IGNORECASE)
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``90``, ``30s``, ``15m``, ``2h`` or ``1d``."""
+    m = _DURATION.match(str(text))
+    if m is None:
+        raise ValueError(f"'{text}' is not a duration such as 30s, 15m or 2h")
+    return float(m.group(1)) * _SECONDS[m.group(2).lower()]
+
+
+def wait_of(given: Mapping[str, Any] | None, rules: Rules) -> float | Invalid:
+    """How long a create may wait for GPUs, in seconds (0: not at all).
+
+    The `WAIT` label wins over ``policy.wait.default``; ``policy.wait.max`` caps both.
+    """
+    raw = (given or {}).get(WAIT)
+    if raw in (None, ""):
+        seconds = rules.wait_default or 0.0
+    else:
+        try:
+            seconds = parse_duration(str(raw))
+        except ValueError as e:
+            return Invalid(f"gpu-alloc refused the container create: label {WAIT}: {e}")
+    if rules.wait_max is not None:
+        seconds = min(seconds, rules.wait_max)
+    return seconds
 
 
 def eligible(

@@ -118,6 +118,8 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "default_pool": (str, type(None)),
         "gpu_defaults": dict,
         "release_stopped_after": (int, float, str, type(None)),
+        "priority": dict,
+        "wait": dict,
     },
     "metrics": {"listen": (str, type(None))},
     "health": {
@@ -127,7 +129,16 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "period": (int, float),
     },
 }
-_RULE_KEYS = ("limits", "exempt", "pools", "default_pool", "gpu_defaults", "release_stopped_after")
+_RULE_KEYS = (
+    "limits",
+    "exempt",
+    "pools",
+    "default_pool",
+    "gpu_defaults",
+    "release_stopped_after",
+    "priority",
+    "wait",
+)
 _SCALARS: dict[str, type] = {"state_dir": str, "gpus": str, "sysfs": str}
 
 
@@ -326,6 +337,8 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
         for k, n in (("soft", soft), ("hard", hard)):
             _check_type(path, f"{key}.{k}" if isinstance(value, dict) else key, n, int)
         ulimits.append(Ulimit(str(name), soft, hard))
+    priority = _mapping(path, "policy.priority", policy.get("priority"), ("users", "groups"))
+    wait = _mapping(path, "policy.wait", policy.get("wait"), ("default", "max"))
     return Rules(
         default_limit=None if default is None else _gpus(path, "policy.limits.default", default),
         user_limits={
@@ -344,7 +357,20 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
         release_stopped_after=_duration(
             path, "policy.release_stopped_after", policy.get("release_stopped_after")
         ),
+        user_priorities=_priorities(path, "policy.priority.users", priority.get("users")),
+        group_priorities=_priorities(path, "policy.priority.groups", priority.get("groups")),
+        wait_default=_duration(path, "policy.wait.default", wait.get("default")),
+        wait_max=_duration(path, "policy.wait.max", wait.get("max")),
     )
+
+
+def _priorities(path: str, key: str, value: Any) -> dict[str, int]:
+    """Name -> priority (any whole number; higher is served first)."""
+    found = {}
+    for name, n in _mapping(path, key, value, None).items():
+        _check_type(path, f"{key}.{name}", n, int)
+        found[str(name)] = n
+    return found
 
 
 def _mapping(path: str, key: str, value: Any, known: tuple[str, ...] | None) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -88,6 +89,20 @@ class Engine:
 
     def image(self, name: str) -> dict[str, Any] | None:
         return self._call(f"inspect image {name}", lambda api: api.inspect_image(name))
+
+    def destroyed(self) -> Iterator[dict[str, Any]]:
+        """GET /events for container ``destroy`` events, on a client of its own.
+
+        The stream has no deadline (it waits for events by design), so it never shares
+        the client whose calls must not hang; it ends when the Engine goes away.
+        """
+        import docker
+
+        api = docker.APIClient(base_url=f"unix://{self.socket}", version="auto", timeout=None)
+        try:
+            yield from api.events(decode=True, filters={"type": "container", "event": "destroy"})
+        finally:
+            api.close()
 
     def close(self) -> None:
         if self._client is not None:

@@ -32,7 +32,7 @@ def enable(state_dir: str) -> str:
     path = os.environ.setdefault(ENV, directory(state_dir))
     os.makedirs(path, mode=0o700, exist_ok=True)
     if not _instruments:
-        from prometheus_client import Counter, Histogram
+        from prometheus_client import Counter, Gauge, Histogram
 
         _instruments.update(
             requests=Counter("gpu_alloc_requests", "GPU creates by outcome", ["outcome"]),
@@ -48,6 +48,14 @@ def enable(state_dir: str) -> str:
                 "gpu_alloc_lease_seconds",
                 "How long leases lasted, observed when they end",
                 buckets=(60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 7 * 86400),
+            ),
+            queue=Gauge(
+                "gpu_alloc_queue_length", "GPU creates waiting in line", multiprocess_mode="livemax"
+            ),
+            waited=Histogram(
+                "gpu_alloc_wait_seconds",
+                "How long GPU creates waited in line, observed when they leave it",
+                buckets=(1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600),
             ),
         )
         for outcome in OUTCOMES:  # every outcome is scraped, 0 until it happens
@@ -73,3 +81,13 @@ def decision(seconds: float) -> None:
 def lease_ended(seconds: float) -> None:
     if _instruments:
         _instruments["lease"].observe(max(0.0, seconds))
+
+
+def queue_length(n: int) -> None:
+    if _instruments:
+        _instruments["queue"].set(n)
+
+
+def waited(seconds: float) -> None:
+    if _instruments:
+        _instruments["waited"].observe(max(0.0, seconds))

@@ -199,7 +199,13 @@ def cmd_shim(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_status(cfg: Config, args: argparse.Namespace) -> int:
-    from allocator.ops.status import from_shim, render_json, render_table, snapshot
+    from allocator.ops.status import (
+        from_shim,
+        queue_from_shim,
+        render_json,
+        render_table,
+        snapshot,
+    )
 
     alloc = _allocator(cfg)
     warning = None
@@ -210,6 +216,7 @@ def cmd_status(cfg: Config, args: argparse.Namespace) -> int:
             except EngineError as e:
                 warning = f"showing the ledger only: {e}"
         snap = snapshot(alloc)
+        snap["queue"] = queue_from_shim(cfg.shim.socket)
     except StateError as e:
         if os.access(cfg.state_dir, os.R_OK | os.X_OK):
             raise
@@ -257,7 +264,9 @@ def cmd_repair(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_explain(cfg: Config, args: argparse.Namespace) -> int:
-    """Exit 0 fits, 2 short of GPUs, 3 invalid request, 4 refused by policy, 1 no answer."""
+    """Exit 0 fits, 2 short of GPUs, 3 invalid request, 4 refused by policy, 5 would wait
+    in line (short or at the limit, with io.gpu-alloc.wait or policy.wait.default), 1 no
+    answer."""
     from allocator.ops.explain import explain, render
 
     alloc = _allocator(cfg)

@@ -15,12 +15,13 @@ import pwd
 from typing import Any
 
 from allocator.core import verdicts as decide
+from allocator.core.leases import ago
 from allocator.core.placement import Shortage
-from allocator.core.policy import Invalid, Owner, Refusal, wanted
+from allocator.core.policy import Invalid, Owner, Refusal, priority_of, wait_of, wanted
 from allocator.service import Allocator
 
-FITS, FAILED, SHORT, INVALID, REFUSED = 0, 1, 2, 3, 4
-VERDICT = {FITS: "fits", SHORT: "short", INVALID: "invalid", REFUSED: "refused"}
+FITS, FAILED, SHORT, INVALID, REFUSED, WAITS = 0, 1, 2, 3, 4, 5
+VERDICT = {FITS: "fits", SHORT: "short", INVALID: "invalid", REFUSED: "refused", WAITS: "waits"}
 
 
 class BadRequest(ValueError):
@@ -101,6 +102,20 @@ def explain(alloc: Allocator, user: str | None, gpus: str, pairs: list[str]) -> 
     if isinstance(ask, decide.Deny):
         return base | _answer(INVALID, ask.msg)
     result = alloc.explain(ask, who, want)
+    wait = wait_of(given, alloc.rules)
+    if isinstance(wait, Invalid):
+        return base | _answer(INVALID, wait.msg)
+    if isinstance(result, Shortage | Refusal) and result.waitable and wait:
+        rank = priority_of(who, alloc.rules)
+        return (
+            base
+            | _answer(
+                WAITS,
+                f"would wait in line up to {ago(wait)} (priority {rank}) instead of being "
+                f"refused now: {result.msg}",
+            )
+            | {"wait_s": wait, "priority": rank}
+        )
     if isinstance(result, Shortage):
         return base | _answer(SHORT, result.msg)
     if isinstance(result, Refusal):

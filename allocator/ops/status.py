@@ -189,9 +189,39 @@ def render_table(snap: dict[str, Any]) -> str:
             "this host (removed, or its UUID changed); it is never granted. Remove that "
             "container, then run 'gpu-alloc repair'"
         )
+    if "queue" in snap:
+        lines += _queue_lines(snap["queue"])
     if snap.get("warning"):
         lines.append(f"warning: {snap['warning']}")
     return "\n".join(lines)
+
+
+def _queue_lines(rows: list[dict[str, Any]] | None) -> list[str]:
+    """The creates waiting for GPUs, in the order they will be served."""
+    if rows is None:
+        return ["queue: unknown (the shim did not answer)"]
+    if not rows:
+        return []
+    lines = [f"waiting for GPUs: {len(rows)}"]
+    for r in rows:
+        asked = "all GPUs" if r.get("all") else f"{r['gpus']} GPU{'s' * (r['gpus'] != 1)}"
+        where = f" in pool '{r['pool']}'" if r.get("pool") else ""
+        since = f", waiting {ago(r['waited_s'])} (since {_rfc3339(r['since'])})"
+        name = f" '{r['name']}'" if r.get("name") else ""
+        lines.append(
+            f"  {r['position']}. {r['owner']}{name}: {asked}{where}, "
+            f"priority {r['priority']}{since}"
+        )
+    return lines
+
+
+def queue_from_shim(socket_path: str) -> list[dict[str, Any]] | None:
+    """The shim's queue (it lives in the shim's memory); None when the shim does not answer."""
+    try:
+        code, body = unixhttp.request(socket_path, "GET", QUEUE_PATH, timeout=5)
+        return list(json.loads(body)["queue"]) if code == 200 else None
+    except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
+        return None
 
 
 def _fit(text: str, width: int) -> str:
@@ -226,6 +256,9 @@ def _who(h: dict[str, Any]) -> str:
     else:
         parts.append(f"({h['why']})")
     return " ".join(parts)
+
+
+QUEUE_PATH = "/gpu-alloc/v1/queue"  # served by the shim (shim/create.py)
 
 
 def from_shim(socket_path: str, why: str) -> dict[str, Any]:

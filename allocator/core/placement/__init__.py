@@ -27,7 +27,11 @@ POLICIES: dict[str, Policy] = {
 
 @dataclass(frozen=True)
 class Shortage:
+    """Too few free GPUs.  ``waitable``: freeing GPUs could answer it (not so for more
+    GPUs than the set has, an unhealthy or non-unit GPU named, MIG with policy.mig none)."""
+
     msg: str
+    waitable: bool = True
 
 
 def place(
@@ -56,15 +60,16 @@ def place(
     required = [known[u] for u in ask.required if u in known]
     asked_sick = [g for g in required if g.uuid in sick]
     if asked_sick:
-        return Shortage(_unhealthy_text(asked_sick, sick))
+        return Shortage(_unhealthy_text(asked_sick, sick), waitable=False)
     outside = [g for g in required if g not in units]
     if outside:
-        return Shortage(_not_a_unit_text(outside, mig))
+        return Shortage(_not_a_unit_text(outside, mig), waitable=False)
     if ask.profile and mig == "none":
         return Shortage(
             f"gpu-alloc: refused: MIG profile {ask.profile} asked, but policy.mig is 'none', "
             "so MIG slices are not leased; drop the io.gpu-alloc.request.mig label, or have "
-            "the operator set policy.mig"
+            "the operator set policy.mig",
+            waitable=False,
         )
     blocked = _blocked(held, inventory)
     free = [g for g in units if g.uuid not in blocked and not g.busy and g.uuid not in sick]
@@ -78,7 +83,32 @@ def place(
     picked = None if taken else policy(pool, required, size)
     if picked is not None:
         return picked
-    return Shortage(_shortage_text(ask, size, pool, taken, units, blocked, sick, now, where))
+    text = _shortage_text(ask, size, pool, taken, units, blocked, sick, now, where)
+    fitting = [g for g in units if g in required or _fits(g, ask.profile, mig)]
+    return Shortage(text, waitable=ask.every or size <= len(fitting))
+
+
+def usable(
+    ask: Ask,
+    inventory: Inventory,
+    held: Mapping[str, Holder],
+    unhealthy: Mapping[str, str] | None = None,
+    mig: str = "none",
+) -> frozenset[str]:
+    """The free units `place` could draw for `ask` (what a waiter short of GPUs blocks)."""
+    sick = dict(unhealthy or {})
+    sick.update({m.uuid: sick[m.parent] for m in inventory.migs if m.parent in sick})
+    blocked = _blocked(held, inventory)
+    units = inventory.units(mig)
+    if ask.every:
+        wanted = list(units)
+    else:
+        named = [g for g in units if g.uuid in ask.required]
+        counted = [g for g in units if _fits(g, ask.profile, mig)] if ask.count else []
+        wanted = named + counted
+    return frozenset(
+        g.uuid for g in wanted if g.uuid not in blocked and not g.busy and g.uuid not in sick
+    )
 
 
 def _fits(unit: GPU, profile: str, mig: str) -> bool:
