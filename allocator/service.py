@@ -1,65 +1,45 @@
-"""The allocator: ledger + inventory + Engine, for the shim, the plugin and the CLI.
+"""The service: for each event, gather the facts, call the core, apply what it returns.
 
 Theory of operation
 -------------------
 A lease is taken under the ledger lock from the GPUs no lease or claim holds.
 The common path makes no Engine call: the ledger knows every lease, and claims
-of containers gpu-alloc did not create are adopted once, by `reconcile`.
-`reconcile` asks the Engine what exists (outside the lock, so a slow Engine
-never holds the lock), then, under the lock, frees leases whose container is
-gone, binds pending leases whose container turned up (found by label), frees
-pending leases past their deadline with no container, and adopts unknown
-containers' GPU access as claims.  It runs at shim start, for `status`, and
+of containers gpu-alloc did not create are adopted once, by `reconcile`
+(allocator/reconciler.py).  Reconcile runs at shim start, for `status`, and
 whenever a create finds too few free GPUs: a GPU freed by ``docker rm`` or
 ``--rm`` (which never pass the plugin with the container's GPUs) is therefore
-reclaimed exactly when someone needs it.
+reclaimed exactly when someone needs it.  The facts come from
+allocator/gather.py; every decision itself is made in allocator/core/.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, cast
 
-from allocator.core import access, compose, cpus, events, labels, policy, queue, starts
-from allocator.core.access import EngineView
+from allocator.core import compose, cpus, labels, policy, queue, starts
 from allocator.core.ask import Ask
-from allocator.core.inventory import Inventory, InventoryError
-from allocator.core.leases import Claim, Holder, Lease, Phase, State, StateError
-from allocator.core.placement import POLICIES, Shortage, place, usable
-from allocator.core.policy import NOBODY, Invalid, Owner, Refusal, Rules, Wanted
-from allocator.core.reconcile import Report, apply
+from allocator.core.inventory import Inventory
+from allocator.core.leases import Holder, Lease, Phase, State, StateError
+from allocator.core.placement import Shortage, place, usable
+from allocator.core.policy import NOBODY, Invalid, Owner, Refusal, Wanted
 from allocator.core.verdicts import (
     ALLOW,
     HINT,
     Bind,
     Decision,
     Deny,
-    Facts,
     Forget,
     NeedsLease,
     StartCheck,
     Unanswered,
     UpdateCheck,
 )
-from allocator.host import config as configmod
-from allocator.host import cpus as host_cpus
 from allocator.host import ledger, metrics
-from allocator.host.audit import AuditLog
-from allocator.host.config import Config, ConfigError
-from allocator.host.engine import Engine, EngineError, go_time
-from allocator.host.filesystem import Host, engine_paths
-from allocator.host.health import HealthFile
-from allocator.host.inventory import load as load_inventory
-from allocator.host.ledger import Ledger
+from allocator.host.engine import EngineError
+from allocator.reconciler import Reconciler
 
-INVENTORY_MAX_AGE = 10.0
 log = logging.getLogger("gpu-alloc")
-ENGINE_VIEW_MAX_AGE = 30.0
 _KEPT = Holder(None, "", "kept for a create ahead in the queue", owner="the queue")
 
 
@@ -74,160 +54,8 @@ class LeaseRequest:
     resources: cpus.Resources = cpus.NOTHING
 
 
-class Allocator:
-    def __init__(self, config: Config, engine: Engine | None = None, host: Host | None = None):
-        self.config = config
-        self.engine = engine
-        self.ledger = Ledger(config.state_dir, config.policy.lock_timeout)
-        self.audit = AuditLog(config.state_dir)
-        self.health = HealthFile(self.ledger)
-        self.policy = POLICIES[config.policy.placement]
-        # gpu-alloc's state and its plugin's socket, then (once asked) the Engine's own
-        # paths.  The shim's socket is the users' way in and vets every call: not protected.
-        self.host = (host or Host()).with_protected(config.state_dir, config.plugin.socket)
-        self._inventory: tuple[object, Inventory | InventoryError] | None = None
-        self._view: tuple[float, EngineView, Host] | None = None
-        self._no_gpu: set[str] = set()  # containers inspected and found without GPUs
-        self._lock = threading.Lock()
-        self._reconciling = threading.Condition()
-        self._reconcile_running = False
-        self._last_reconcile: tuple[float, bool, Report] | None = None
-        self._rules = config.policy.rules
-        self._policy_lock = threading.RLock()  # re-entrant: SIGHUP runs on the main thread
-        self._rules_stamp = self._config_stamp()
-        self._topology: cpus.Topology | None = None
-        # Called (from any thread) after a lease ends here: the shim's queue wakes up.
-        self.listeners: list[Callable[[], None]] = []
-
-    # ------------------------------------------------------------- facts
-
-    def inventory(self) -> Inventory:
-        """NVML is asked again every few seconds; a simulated file whenever it changes.
-
-        A failure is remembered as long as a success would be, so a host whose NVML
-        fails does not ask it again for every call that touches no GPU.
-        """
-        stamp = self._inventory_stamp()
-        with self._lock:
-            if self._inventory is None or self._inventory[0] != stamp:
-                try:
-                    loaded: Inventory | InventoryError = load_inventory(self.config.gpus)
-                except InventoryError as e:
-                    loaded = e
-                self._inventory = (stamp, loaded)
-            found = self._inventory[1]
-        if isinstance(found, InventoryError):
-            raise found
-        return found
-
-    def _inventory_stamp(self) -> object:
-        if self.config.gpus == "nvml":
-            return int(time.monotonic() // INVENTORY_MAX_AGE)
-        try:
-            st = os.stat(self.config.gpus)
-        except OSError:
-            return None  # load_inventory reports it
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-    def cpu_topology(self) -> cpus.Topology:
-        """Read from sysfs once, on the first create that asks for cores or memory."""
-        if self._topology is None:
-            self._topology = host_cpus.read(self.config.sysfs)
-        return self._topology
-
-    def engine_view(self) -> EngineView:
-        """The Engine's runtimes and version; without an Engine, judge it as the oldest."""
-        return self._engine_facts()[0]
-
-    def _engine_facts(self) -> tuple[EngineView, Host]:
-        """What the Engine says it is, and the host with the Engine's own paths protected."""
-        with self._lock:
-            if self._view and time.monotonic() - self._view[0] < ENGINE_VIEW_MAX_AGE:
-                return self._view[1], self._view[2]
-        view, host = EngineView(), self.host
-        if self.engine is not None:
-            info = self.engine.info()
-            view = EngineView.from_info(info, self.engine.version())
-            sock = self.config.engine
-            host = host.with_protected(*engine_paths(info, sock.daemon_json, sock.socket))
-        with self._lock:
-            self._view = (time.monotonic(), view, host)
-        return view, host
-
-    def facts(self, engine_view: EngineView | None = None) -> Facts:
-        """The facts for a decision; an unreadable inventory is one of them, not an error."""
-        with_engine = self.engine is not None
-        try:
-            inventory, missing = self.inventory(), ""
-        except InventoryError as e:
-            inventory, missing = None, str(e)
-        view, host = self._engine_facts()
-        return Facts(
-            inventory,
-            engine_view or view,
-            host,
-            mounts_of=self._bind_mounts if with_engine else None,
-            inventory_error=missing,
-            volume_of=self._volume if with_engine else None,
-            shim_socket=self.config.shim.socket,
-        )
-
-    def lazy_facts(self) -> Facts:
-        """`facts`, read on first use: most calls are judged without the inventory or /info."""
-        return cast(Facts, _LazyFacts(self))
-
-    def _volume(self, name: str) -> tuple[str, dict[str, str]] | None:
-        """(driver, options) of the named volume; None when the Engine knows no such one."""
-        info = self.engine.volume(name) if self.engine else None
-        if info is None:
-            return None
-        return str(info.get("Driver") or "local"), dict(info.get("Options") or {})
-
-    def _bind_mounts(self, container: str) -> list[tuple[str, str]] | None:
-        info = self.engine.inspect(container) if self.engine else None
-        if info is None:
-            return None
-        return [
-            (str(m.get("Source") or ""), str(m.get("Destination") or ""))
-            for m in info.get("Mounts") or ()
-            if m.get("Type") == "bind"
-        ]
-
+class Allocator(Reconciler):
     # ------------------------------------------------------------ leases
-
-    @property
-    def rules(self) -> Rules:
-        """The policy's limits, pools and defaults as the config file says now.
-
-        The file is re-read when it changes (one stat per create, never on the fast
-        path) or on `reload_policy` (SIGHUP); a bad new file keeps the policy in force.
-        """
-        stamp = self._config_stamp()
-        if stamp != self._rules_stamp:
-            self.reload_policy(stamp)
-        return self._rules
-
-    def reload_policy(self, stamp: object = None) -> None:
-        stamp = stamp or self._config_stamp()
-        with self._policy_lock:
-            self._rules_stamp = stamp
-            try:
-                new = configmod.load(self.config.source).policy.rules
-            except ConfigError as e:
-                log.error("policy not reloaded, the one in force stays: %s", e)
-                return
-            if new != self._rules:
-                log.info("policy reloaded from %s", self.config.source)
-                self._rules = new
-
-    def _config_stamp(self) -> object:
-        if self.config.source.startswith("<"):
-            return None  # built in code (tests) or the defaults: nothing to re-read
-        try:
-            st = os.stat(self.config.source)
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
 
     def lease(
         self,
@@ -448,39 +276,6 @@ class Allocator:
             self.record("grant", placed.result[0], reason="served from the queue")
         return [(w, placed.result) for w, placed in granted]
 
-    # ------------------------------------------------------------- audit
-
-    def record(self, kind: str, lease: Lease | None = None, **fields: object) -> None:
-        """One audit line for a decision already applied (never under the ledger lock)."""
-        if lease is not None:
-            fields = {
-                "gpus": lease.gpus,
-                "lease": lease.id,
-                "container": lease.container,
-                "name": lease.name,
-                "owner": lease.owner,
-                **fields,
-            }
-        gpus = fields.get("gpus") or ()
-        indices = {}
-        if gpus:
-            try:
-                indices = {g.uuid: g.index for g in self.inventory().gpus}
-            except InventoryError:  # the record matters more than the index
-                indices = {}
-        self.audit.write(events.record(kind, ledger.now(), indices=indices, **fields))  # type: ignore[arg-type]
-
-    def _ended(self, lease: Lease | None, reason: str) -> None:
-        if lease is not None:
-            metrics.lease_ended(ledger.now() - lease.created)
-            self.record("release", lease, reason=reason)
-            for listener in self.listeners:
-                listener()
-
-    def unhealthy(self) -> dict[str, str]:
-        """UUID -> its event; nothing when the operator turned health off."""
-        return {} if self.config.health.disabled else self.health.read().unhealthy()
-
     def _compose_predecessor(self, name: str, given: dict[str, str]) -> tuple[str, str] | None:
         """(id, current name) of the container this Compose create replaces, if any."""
         project = given.get(compose.PROJECT)
@@ -639,146 +434,3 @@ class Allocator:
                     ended.append(state.release(le.id))
         for lease in ended:
             self._ended(lease, "container removed")
-
-    # --------------------------------------------------------- reconcile
-
-    def reconcile(self, adopt: bool = False) -> Report:
-        """Make the ledger agree with the Engine; see the module docstring.
-
-        Concurrent callers share one run: each waits for a run that began after it
-        asked, so a create never reuses a reconcile older than its own shortage.
-        """
-        if self.engine is None:
-            return Report()
-        asked = time.monotonic()
-        with self._reconciling:
-            while True:
-                done = self._last_reconcile
-                if done and done[0] >= asked and (done[1] or not adopt):
-                    return done[2]
-                if not self._reconcile_running:
-                    self._reconcile_running = True
-                    break
-                self._reconciling.wait()
-        began, report = time.monotonic(), None
-        try:
-            report = self._reconcile(adopt)
-            return report
-        finally:
-            with self._reconciling:
-                self._reconcile_running = False
-                if report is not None:
-                    self._last_reconcile = (began, adopt, report)
-                self._reconciling.notify_all()
-
-    def _reconcile(self, adopt: bool) -> Report:
-        assert self.engine is not None
-        # The snapshot must come before the listing: only what was already recorded when
-        # the Engine was asked can be proven gone by the Engine's answer.
-        snapshot = self.ledger.read()
-        # gpu-alloc's own containers carry its label; adopted ones are asked by id.  Only an
-        # adopting run lists everything, so a create costs the same with 10 or 10,000
-        # containers on the host.
-        listed = {c["Id"]: c for c in self.engine.containers(label=labels.LEASE)}
-        if snapshot.claims:
-            listed.update((c["Id"], c) for c in self.engine.containers(ids=list(snapshot.claims)))
-        if adopt:
-            listed.update((c["Id"], c) for c in self.engine.containers())
-        facts = self.facts()
-        facts.require_inventory()  # which GPUs a claim holds needs the inventory
-        by_label: dict[str, str] = {}
-        for cid, c in listed.items():
-            lease = snapshot.leases.get(labels.parse_lease(c.get("Labels"))[0])
-            if lease and lease.container is None and self._carries(cid, lease, facts):
-                by_label[lease.id] = cid
-        found: dict[str, Claim] = {}
-        if adopt:
-            known = {le.container for le in snapshot.leases.values()} | set(snapshot.claims)
-            known |= set(snapshot.expired)  # their GPUs went back: never adopt them
-            for cid in listed.keys() - known - self._no_gpu - set(by_label.values()):
-                claim = self._claim_of(cid, facts)
-                if claim is None:
-                    self._no_gpu.add(cid)
-                else:
-                    found[cid] = claim
-            self._no_gpu &= set(listed)
-        stopped = self._stopped_since(snapshot, listed)
-        with self.ledger.transaction() as state:
-            before = dict(state.leases)
-            now = ledger.now()
-            report = apply(state, snapshot, listed, by_label, found, now)
-            bound = [(le.id, le.container or "") for le in state.leases.values()]
-            expired = policy.expired(bound, stopped, now, self.rules)
-            for lease_id in expired:
-                state.expire(lease_id, now)
-                report.freed.append(lease_id)
-                log.info("lease %s: its container stayed stopped too long; freed", lease_id)
-            for cid in set(state.expired) - set(listed):
-                if cid in snapshot.expired:
-                    del state.expired[cid]  # removed: nothing left to refuse
-        for lease_id in report.freed:
-            lease = before.get(lease_id)
-            why = "container gone" if lease and lease.container else "create never completed"
-            if lease_id in expired:
-                why = "stopped longer than policy.release_stopped_after"
-            self._ended(lease, f"reconcile: {why}")
-        for cid in report.adopted:
-            claim = found[cid]
-            self.record(
-                "adoption", gpus=claim.gpus or (), container=cid, name=claim.name, reason=claim.why
-            )
-        return report
-
-    def _stopped_since(self, snapshot: State, listed: dict[str, dict]) -> dict[str, float]:
-        """When each leased container that is not running stopped (or was created).
-
-        Asked only when ``release_stopped_after`` is set, and only of containers the
-        listing shows stopped, so a host without the rule pays nothing.
-        """
-        if self.rules.release_stopped_after is None or self.engine is None:
-            return {}
-        leased = {le.container for le in snapshot.leases.values() if le.phase is Phase.BOUND}
-        since: dict[str, float] = {}
-        for cid in leased & set(listed):
-            if listed[cid].get("State") not in ("exited", "created", "dead"):
-                continue
-            info = self.engine.inspect(cid)
-            st = (info or {}).get("State") or {}
-            stamp = go_time(st.get("FinishedAt")) or go_time((info or {}).get("Created"))
-            if info and not st.get("Running") and stamp:
-                since[cid] = stamp
-        return since
-
-    def _carries(self, cid: str, lease: Lease, facts: Facts) -> bool:
-        """Does this container really hold the lease's GPUs (not a label copied by commit)?"""
-        info = self.engine.inspect(cid) if self.engine else None
-        if info is None:
-            return False
-        inventory = facts.require_inventory()
-        grants = access.of_container(info, facts.engine, inventory, facts.host, facts.volume_of)
-        return grants.pinned and grants.gpus(inventory) == frozenset(lease.gpus)
-
-    def _claim_of(self, cid: str, facts: Facts) -> Claim | None:
-        info = self.engine.inspect(cid) if self.engine else None
-        if info is None:
-            return None
-        inventory = facts.require_inventory()
-        grants = access.of_container(info, facts.engine, inventory, facts.host, facts.volume_of)
-        if grants.none:
-            return None
-        gpus = tuple(sorted(grants.gpus(inventory))) if grants.pinned else None
-        why = "; ".join(g.describe() for g in grants.grants)
-        return Claim(cid, str(info.get("Name") or "").lstrip("/"), gpus, why)
-
-
-class _LazyFacts:
-    """Stands in for `Facts`; computes them on the first attribute read."""
-
-    def __init__(self, alloc: Allocator):
-        self._alloc = alloc
-        self._facts: Facts | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        if self._facts is None:
-            self._facts = self._alloc.facts()
-        return getattr(self._facts, name)

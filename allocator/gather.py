@@ -1,0 +1,212 @@
+"""The facts a decision is made against, gathered from the host and the Engine.
+
+The service (allocator/service.py) decides nothing itself: it asks this class for
+facts (the inventory, what the Engine says it is, the host's filesystem answers, the
+policy in force), hands them to the pure core, and applies what the core returns.
+Each fact is cached for as long as it stays true: the simulated GPU file until it
+changes, NVML and the Engine's view for a few seconds, the policy until its file
+changes; an unreadable inventory is itself a fact, so work that touches no GPU goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+from allocator.core import cpus
+from allocator.core.access import EngineView
+from allocator.core.inventory import Inventory, InventoryError
+from allocator.core.placement import POLICIES
+from allocator.core.policy import Rules
+from allocator.core.reconcile import Report
+from allocator.core.verdicts import (
+    Facts,
+)
+from allocator.host import config as configmod
+from allocator.host import cpus as host_cpus
+from allocator.host.audit import AuditLog
+from allocator.host.config import Config, ConfigError
+from allocator.host.engine import Engine
+from allocator.host.filesystem import Host, engine_paths
+from allocator.host.health import HealthFile
+from allocator.host.inventory import load as load_inventory
+from allocator.host.ledger import Ledger
+
+INVENTORY_MAX_AGE = 10.0
+log = logging.getLogger("gpu-alloc")
+ENGINE_VIEW_MAX_AGE = 30.0
+
+
+class Gatherer:
+    """The service's state and its view of the world."""
+
+    def __init__(self, config: Config, engine: Engine | None = None, host: Host | None = None):
+        self.config = config
+        self.engine = engine
+        self.ledger = Ledger(config.state_dir, config.policy.lock_timeout)
+        self.audit = AuditLog(config.state_dir)
+        self.health = HealthFile(self.ledger)
+        self.policy = POLICIES[config.policy.placement]
+        # gpu-alloc's state and its plugin's socket, then (once asked) the Engine's own
+        # paths.  The shim's socket is the users' way in and vets every call: not protected.
+        self.host = (host or Host()).with_protected(config.state_dir, config.plugin.socket)
+        self._inventory: tuple[object, Inventory | InventoryError] | None = None
+        self._view: tuple[float, EngineView, Host] | None = None
+        self._no_gpu: set[str] = set()  # containers inspected and found without GPUs
+        self._lock = threading.Lock()
+        self._reconciling = threading.Condition()
+        self._reconcile_running = False
+        self._last_reconcile: tuple[float, bool, Report] | None = None
+        self._rules = config.policy.rules
+        self._policy_lock = threading.RLock()  # re-entrant: SIGHUP runs on the main thread
+        self._rules_stamp = self._config_stamp()
+        self._topology: cpus.Topology | None = None
+        # Called (from any thread) after a lease ends here: the shim's queue wakes up.
+        self.listeners: list[Callable[[], None]] = []
+
+    def inventory(self) -> Inventory:
+        """NVML is asked again every few seconds; a simulated file whenever it changes.
+
+        A failure is remembered as long as a success would be, so a host whose NVML
+        fails does not ask it again for every call that touches no GPU.
+        """
+        stamp = self._inventory_stamp()
+        with self._lock:
+            if self._inventory is None or self._inventory[0] != stamp:
+                try:
+                    loaded: Inventory | InventoryError = load_inventory(self.config.gpus)
+                except InventoryError as e:
+                    loaded = e
+                self._inventory = (stamp, loaded)
+            found = self._inventory[1]
+        if isinstance(found, InventoryError):
+            raise found
+        return found
+
+    def _inventory_stamp(self) -> object:
+        if self.config.gpus == "nvml":
+            return int(time.monotonic() // INVENTORY_MAX_AGE)
+        try:
+            st = os.stat(self.config.gpus)
+        except OSError:
+            return None  # load_inventory reports it
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def cpu_topology(self) -> cpus.Topology:
+        """Read from sysfs once, on the first create that asks for cores or memory."""
+        if self._topology is None:
+            self._topology = host_cpus.read(self.config.sysfs)
+        return self._topology
+
+    def engine_view(self) -> EngineView:
+        """The Engine's runtimes and version; without an Engine, judge it as the oldest."""
+        return self._engine_facts()[0]
+
+    def _engine_facts(self) -> tuple[EngineView, Host]:
+        """What the Engine says it is, and the host with the Engine's own paths protected."""
+        with self._lock:
+            if self._view and time.monotonic() - self._view[0] < ENGINE_VIEW_MAX_AGE:
+                return self._view[1], self._view[2]
+        view, host = EngineView(), self.host
+        if self.engine is not None:
+            info = self.engine.info()
+            view = EngineView.from_info(info, self.engine.version())
+            sock = self.config.engine
+            host = host.with_protected(*engine_paths(info, sock.daemon_json, sock.socket))
+        with self._lock:
+            self._view = (time.monotonic(), view, host)
+        return view, host
+
+    def facts(self, engine_view: EngineView | None = None) -> Facts:
+        """The facts for a decision; an unreadable inventory is one of them, not an error."""
+        with_engine = self.engine is not None
+        try:
+            inventory, missing = self.inventory(), ""
+        except InventoryError as e:
+            inventory, missing = None, str(e)
+        view, host = self._engine_facts()
+        return Facts(
+            inventory,
+            engine_view or view,
+            host,
+            mounts_of=self._bind_mounts if with_engine else None,
+            inventory_error=missing,
+            volume_of=self._volume if with_engine else None,
+            shim_socket=self.config.shim.socket,
+        )
+
+    def lazy_facts(self) -> Facts:
+        """`facts`, read on first use: most calls are judged without the inventory or /info."""
+        return cast(Facts, _LazyFacts(self))
+
+    def _volume(self, name: str) -> tuple[str, dict[str, str]] | None:
+        """(driver, options) of the named volume; None when the Engine knows no such one."""
+        info = self.engine.volume(name) if self.engine else None
+        if info is None:
+            return None
+        return str(info.get("Driver") or "local"), dict(info.get("Options") or {})
+
+    def _bind_mounts(self, container: str) -> list[tuple[str, str]] | None:
+        info = self.engine.inspect(container) if self.engine else None
+        if info is None:
+            return None
+        return [
+            (str(m.get("Source") or ""), str(m.get("Destination") or ""))
+            for m in info.get("Mounts") or ()
+            if m.get("Type") == "bind"
+        ]
+
+    @property
+    def rules(self) -> Rules:
+        """The policy's limits, pools and defaults as the config file says now.
+
+        The file is re-read when it changes (one stat per create, never on the fast
+        path) or on `reload_policy` (SIGHUP); a bad new file keeps the policy in force.
+        """
+        stamp = self._config_stamp()
+        if stamp != self._rules_stamp:
+            self.reload_policy(stamp)
+        return self._rules
+
+    def reload_policy(self, stamp: object = None) -> None:
+        stamp = stamp or self._config_stamp()
+        with self._policy_lock:
+            self._rules_stamp = stamp
+            try:
+                new = configmod.load(self.config.source).policy.rules
+            except ConfigError as e:
+                log.error("policy not reloaded, the one in force stays: %s", e)
+                return
+            if new != self._rules:
+                log.info("policy reloaded from %s", self.config.source)
+                self._rules = new
+
+    def _config_stamp(self) -> object:
+        if self.config.source.startswith("<"):
+            return None  # built in code (tests) or the defaults: nothing to re-read
+        try:
+            st = os.stat(self.config.source)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def unhealthy(self) -> dict[str, str]:
+        """UUID -> its event; nothing when the operator turned health off."""
+        return {} if self.config.health.disabled else self.health.read().unhealthy()
+
+
+class _LazyFacts:
+    """Stands in for `Facts`; computes them on the first attribute read."""
+
+    def __init__(self, alloc: Gatherer):
+        self._alloc = alloc
+        self._facts: Facts | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._facts is None:
+            self._facts = self._alloc.facts()
+        return getattr(self._facts, name)
