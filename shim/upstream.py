@@ -8,7 +8,11 @@ traffic never goes through it.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import TYPE_CHECKING
+
+import httptools
 
 from shim.framing import (
     _CRLF2,
@@ -30,11 +34,6 @@ from shim.framing import (
 
 if TYPE_CHECKING:
     from shim.splice import _Client
-
-import asyncio
-import logging
-
-import httptools
 
 log = logging.getLogger(__name__)
 

@@ -161,6 +161,19 @@ def _needs_body(route: Route, method: str, uri: str, body: bytes | None) -> Deny
     )
 
 
+def _body_as(
+    route: Route, method: str, uri: str, body: bytes | None, schema: object, what: str
+) -> object | Deny:
+    """The body decoded as dockerd decodes it, or the denial: missing or unreadable."""
+    missing = _needs_body(route, method, uri, body)
+    if missing:
+        return missing
+    try:
+        return gojson.decode(body or b"", schema)
+    except gojson.BodyError as e:
+        return Deny(f"gpu-alloc refused the {what}: {e}")
+
+
 def _create(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
     missing = _needs_body(route, method, uri, body)
     if missing:
@@ -258,13 +271,9 @@ def _restart(route: Route, method: str, uri: str, body: bytes | None, facts: Fac
 
 
 def _update(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
-    missing = _needs_body(route, method, uri, body)
-    if missing:
-        return missing
-    try:
-        spec = gojson.decode(body or b"", fields.UPDATE_BODY)
-    except gojson.BodyError as e:
-        return Deny(f"gpu-alloc refused the container update: {e}")
+    spec = _body_as(route, method, uri, body, fields.UPDATE_BODY, "container update")
+    if isinstance(spec, Deny):
+        return spec
     touched = [f for f in DEVICE_FIELDS if (spec or {}).get(f)]
     if touched:
         return Deny(
@@ -280,13 +289,9 @@ LEASED_FIELDS = ("CpusetCpus", "CpusetMems", "Memory")
 
 
 def _exec(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
-    missing = _needs_body(route, method, uri, body)
-    if missing:
-        return missing
-    try:
-        spec = gojson.decode(body or b"", fields.EXEC_BODY)
-    except gojson.BodyError as e:
-        return Deny(f"gpu-alloc refused the exec: {e}")
+    spec = _body_as(route, method, uri, body, fields.EXEC_BODY, "exec")
+    if isinstance(spec, Deny):
+        return spec
     if (spec or {}).get("Privileged"):
         return Deny(
             "gpu-alloc refused the exec: Privileged exec can reach devices the container "
@@ -316,13 +321,10 @@ def _plugin_create(
 def _plugin_install(
     route: Route, method: str, uri: str, body: bytes | None, facts: Facts
 ) -> Decision:
-    missing = _needs_body(route, method, uri, body)
-    if missing:
-        return missing
-    try:
-        privileges = gojson.decode(body or b"", fields.PLUGIN_PRIVILEGES_BODY) or []
-    except gojson.BodyError as e:
-        return Deny(f"gpu-alloc refused the plugin install: {e}")
+    privileges = _body_as(route, method, uri, body, fields.PLUGIN_PRIVILEGES_BODY, "plugin install")
+    if isinstance(privileges, Deny):
+        return privileges
+    privileges = privileges or []
     for p in privileges:
         name = str((p or {}).get("Name") or "")
         values = [str(v) for v in (p or {}).get("Value") or ()]
@@ -337,13 +339,10 @@ def _plugin_install(
 
 
 def _plugin_set(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
-    missing = _needs_body(route, method, uri, body)
-    if missing:
-        return missing
-    try:
-        settings = gojson.decode(body or b"", fields.PLUGIN_SET_BODY) or []
-    except gojson.BodyError as e:
-        return Deny(f"gpu-alloc refused the plugin settings: {e}")
+    settings = _body_as(route, method, uri, body, fields.PLUGIN_SET_BODY, "plugin settings")
+    if isinstance(settings, Deny):
+        return settings
+    settings = settings or []
     for s in settings:
         key, _, value = str(s).partition("=")
         if "device" in key.lower() or _exposes(facts.host, value):
@@ -366,13 +365,10 @@ _VOLUME_BODY = fields.Struct(
 def _volume_create(
     route: Route, method: str, uri: str, body: bytes | None, facts: Facts
 ) -> Decision:
-    missing = _needs_body(route, method, uri, body)
-    if missing:
-        return missing
-    try:
-        spec = gojson.decode(body or b"", _VOLUME_BODY) or {}
-    except gojson.BodyError as e:
-        return Deny(f"gpu-alloc refused the volume create: {e}")
+    spec = _body_as(route, method, uri, body, _VOLUME_BODY, "volume create")
+    if isinstance(spec, Deny):
+        return spec
+    spec = spec or {}
     if str(spec.get("Driver") or "") not in mounts.LOCAL_DRIVERS:
         return ALLOW  # a volume plugin: its own privileges were vetted at install
     made = mounts.local_volume(spec.get("DriverOpts") or {})
