@@ -83,7 +83,9 @@ class Allocator(Reconciler):
         topology = self.cpu_topology() if resources.any else None
         req = LeaseRequest(ask, name, owner, want, resources)
         result = self._try_lease(req, scope, topology)
-        if isinstance(result, Shortage) and self.engine is not None and self.reconcile():
+        # A removal that never passed the plugin (--rm, the daemon's own) still holds a
+        # lease until reconciled: before saying "short" or "over your limit", reconcile.
+        if isinstance(result, Shortage | Refusal) and self.engine is not None and self.reconcile():
             result = self._try_lease(req, scope, topology)
         # A Compose recreate may take over its predecessor's GPUs: when the host is full,
         # and when the owner is at their limit (the old container's GPUs count there).

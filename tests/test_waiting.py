@@ -350,3 +350,14 @@ def test_a_stopping_shim_server_sends_its_waiters_a_503(tmp_path, fake) -> None:
 
     answer = asyncio.run(main())
     assert answer.startswith(b"HTTP/1.1 503") and b"gpu-alloc shim is stopping" in answer
+
+
+def test_a_removal_the_plugin_never_saw_does_not_count_against_the_limit(tmp_path, fake) -> None:
+    """``docker run --rm`` twice at a limit of 1: the first container went without any
+    API call (the daemon removed it), so the second create reconciles before refusing."""
+    alloc = make(tmp_path, fake, limits={"default": {"gpus": 1}}, exempt=[])
+    first = hold(alloc, fake, ALICE)
+    fake.remove(first)  # --rm: no DELETE passes the plugin
+    second = alloc.lease(one(), "again", None, ALICE)
+    assert isinstance(second, tuple), second
+    assert [le.name for le in alloc.ledger.read().leases.values()] == ["again"]

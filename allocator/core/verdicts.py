@@ -41,13 +41,14 @@ def context_hint(shim_socket: str = DEFAULT_SHIM_SOCKET) -> str:
 
 HINT = context_hint()
 # Plain words for the grants people hit most, before the field that carries them.
+# Fields whose refusal reads better in plain words first: (what, what to do about it).
 PLAIN = {
-    "HostConfig.Privileged": "privileged containers cannot be given GPUs here",
+    "HostConfig.Privileged": (
+        "privileged containers cannot be given GPUs here",
+        "remove --privileged, and add with --cap-add only what the container really needs",
+    ),
 }
-SHIM_INSTEAD = (
-    "ask for GPUs with --gpus N (or a Compose device reservation) instead; a privileged "
-    "container needs --privileged removed, and --cap-add for what it really needs"
-)
+SHIM_INSTEAD = "ask for GPUs with --gpus N (or a Compose device reservation) instead"
 DEVICE_FIELDS = ("Devices", "DeviceRequests", "DeviceCgroupRules")
 MIN_START_BODY_FREE_API = (1, 24)  # below it, start may carry a HostConfig
 
@@ -243,7 +244,9 @@ def _refusal_text(refused: Sequence[access.Grant], instead: str) -> str:
     plain = [PLAIN[g.field] for g in refused if g.field in PLAIN]
     what = "; ".join(g.describe() for g in refused)
     if plain:
-        return f"gpu-alloc refused the container create: {'; '.join(plain)} ({what}); {instead}"
+        words = "; ".join(w for w, _ in plain)
+        todo = "; ".join(t for _, t in plain)
+        return f"gpu-alloc refused the container create: {words} ({what}); {todo}; {instead}"
     return (
         f"gpu-alloc refused the container create: {what}. gpu-alloc leases GPUs only through "
         f"device requests (--gpus, Compose reservations) or the nvidia runtime with "

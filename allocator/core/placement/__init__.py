@@ -186,7 +186,7 @@ def _shortage_text(
     holders = "; ".join(f"{_named(gs)}: {text}" for gs, text in by_holder.values())
     return (
         f"gpu-alloc: not enough free GPUs: asked for {asked}, {len(free)} of "
-        f"{len(units)} free in {place_name}"
+        f"{len(units)} free {'in ' + where if where else 'on this host'}"
         + (f" ({holders})" if holders else "")
         + ". Remove a container that holds GPUs, or ask for fewer; 'gpu-alloc status' "
         "shows who holds what"
