@@ -33,7 +33,9 @@ from tests import engine
 from tests.enforcement_cases import Case, body, cases, make_nodes, request
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="fake device nodes need mknod (root)")
-DEVDIR = Path(tempfile.gettempdir()) / "gpu-alloc-test-nodes"
+# Under the kernel's /dev (devtmpfs): device paths anywhere else are refused before their
+# nodes are even looked at, since a container could swap them after the check.
+DEVDIR = Path("/dev/gpu-alloc-test-nodes")
 CREATE_URI = "/v1.41/containers/create?name=job"
 
 

@@ -10,6 +10,7 @@ unique id prefix): a lease ends only when the Engine proves its container gone.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import docker.errors
@@ -39,23 +40,46 @@ def refused(call, *args, match: str = "gpu-alloc refused") -> str:
     return str(e.value)
 
 
+@pytest.fixture
+def dev_dir(tmp_path: Path):
+    """An empty directory under the host's /dev (devtmpfs), where device paths must lie."""
+    path = Path("/dev") / f"ga-test-{tmp_path.name}"[:40]
+    path.mkdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def running(stack: engine.Stack, cid: str) -> bool:
     return engine.engine_api(stack.engine_sock).inspect_container(cid)["State"]["Running"]
 
 
 @pytest.mark.parametrize("sock", SOCKS)
 def test_a_device_directory_that_gets_a_gpu_node_after_create_is_refused_at_start(
-    stack, tmp_path, sock
+    stack, dev_dir, sock
 ):
     api = api_on(stack, sock)
-    devs = tmp_path / "devs"
-    devs.mkdir()
+    devs = dev_dir
     hc = api.create_host_config(devices=[f"{devs}:/dev/x:rwm"], network_mode="none")
     cid = api.create_container(IMAGE, ["sleep", "300"], host_config=hc)["Id"]
     gpu_node(devs)
     why = refused(api.start, cid, match="without a gpu-alloc lease")
     assert "HostConfig.Devices[0]" in why
     assert not running(stack, cid)
+
+
+@pytest.mark.parametrize("sock", SOCKS)
+def test_a_device_path_outside_dev_is_refused_at_create(stack, tmp_path, sock):
+    """Outside the kernel's /dev a container can swap the nodes after any check (mknod in a
+    bind mount), and a restart policy re-reads the path without asking: refused outright."""
+    api = api_on(stack, sock)
+    devs = tmp_path / "devs"
+    devs.mkdir()
+    os.mknod(devs / "null", 0o600 | 0o020000, os.makedev(1, 3))  # harmless now
+    for path in (devs, devs / "null"):
+        hc = api.create_host_config(devices=[f"{path}:/dev/x:rwm"], network_mode="none")
+        why = refused(lambda hc=hc: api.create_container(IMAGE, ["true"], host_config=hc))
+        assert "is not on the host's devtmpfs (/dev)" in why
+    assert api.containers(all=True) == []
 
 
 @pytest.mark.parametrize("sock", SOCKS)
@@ -74,10 +98,9 @@ def test_a_bind_source_replaced_by_a_link_to_dev_after_create_is_refused_at_star
 
 
 @pytest.mark.parametrize("sock", SOCKS)
-def test_restart_is_judged_like_start(stack, tmp_path, sock):
+def test_restart_is_judged_like_start(stack, dev_dir, sock):
     api = api_on(stack, sock)
-    devs = tmp_path / "devs"
-    devs.mkdir()
+    devs = dev_dir
     hc = api.create_host_config(devices=[f"{devs}:/dev/x:rwm"], network_mode="none")
     cid = api.create_container(IMAGE, ["sleep", "300"], host_config=hc)["Id"]
     os.mknod(devs / "null", 0o600 | 0o020000, os.makedev(1, 3))  # dockerd needs one node

@@ -15,6 +15,7 @@ from allocator.core.access import EngineView, Node, Refusal
 from allocator.core.ask import Ask
 from allocator.core.inventory import GPU, Inventory, InventoryError
 from allocator.core.leases import Holder
+from allocator.core.mounts import Mount
 from allocator.core.placement import POLICIES, Shortage, place
 from allocator.host import config as configmod
 from allocator.host.inventory import load_file
@@ -208,6 +209,9 @@ class Facts:
 
     def dynamic_majors(self) -> frozenset[int]:
         return frozenset({240})
+
+    def mounts(self) -> tuple[Mount, ...]:
+        return (Mount("/", "ext4"), Mount("/dev", "devtmpfs"))
 
 
 HOST = Facts(

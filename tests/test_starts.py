@@ -72,14 +72,14 @@ def judge(info, state, host=None, old=None) -> str | None:
     return refusal("job", info, state, EngineView(), INVENTORY, host or Table(), old)
 
 
-DEVICE_DIR = {"Devices": [{"PathOnHost": "/srv/devs", "PathInContainer": "/dev/x"}]}
+DEVICE_DIR = {"Devices": [{"PathOnHost": "/dev/ga-devs", "PathInContainer": "/dev/x"}]}
 GPU_NODE = Node("chr", 195, 2)
 
 
 def test_a_device_directory_empty_at_create_is_judged_by_what_it_holds_at_start():
-    empty = Table(dirs={"/srv/devs": []})
+    empty = Table(dirs={"/dev/ga-devs": []})
     assert judge(inspect(**DEVICE_DIR), State(), empty) is None
-    filled = Table(dirs={"/srv/devs": ["/srv/devs/n"]}, nodes={"/srv/devs/n": GPU_NODE})
+    filled = Table(dirs={"/dev/ga-devs": ["/dev/ga-devs/n"]}, nodes={"/dev/ga-devs/n": GPU_NODE})
     why = judge(inspect(**DEVICE_DIR), State(), filled)
     assert why and "without a gpu-alloc lease" in why and "HostConfig.Devices[0]" in why
 
@@ -97,7 +97,7 @@ def test_the_containers_own_lease_covers_its_gpus_and_no_more():
     assert judge(inspect(**pinned(UUIDS[1])), own) is None  # a subset
     why = judge(inspect(**pinned(UUIDS[1], UUIDS[3])), own)
     assert why and "GPU-3 beyond its lease" in why
-    grown = Table(dirs={"/srv/devs": ["/srv/devs/n"]}, nodes={"/srv/devs/n": GPU_NODE})
+    grown = Table(dirs={"/dev/ga-devs": ["/dev/ga-devs/n"]}, nodes={"/dev/ga-devs/n": GPU_NODE})
     hc = {**pinned(UUIDS[1]), **DEVICE_DIR}
     assert "GPU-2" not in (judge(inspect(**hc), own, grown) or "")  # GPU-2 is leased
     assert judge(inspect(**hc), state_of(leased(UUIDS[1])), grown)  # GPU-2 is not

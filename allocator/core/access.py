@@ -55,6 +55,8 @@ NONE_VALUES = frozenset({"", "none", "void"})
 # The toolkit's volume-mount device list (accept-nvidia-visible-devices-as-volume-mounts).
 SENTINEL_MOUNT_DIR = "/var/run/nvidia-container-devices"
 CDI_ANNOTATION_MARK = "cdi.k8s.io/"
+# The only filesystem whose device nodes no container can add or swap (not /dev/shm).
+DEVICE_FS = "devtmpfs"
 
 
 MountsOf = Callable[[str], Iterable[tuple[str, str]] | None]  # container -> (source, target)
@@ -276,6 +278,16 @@ def _devices(ctx: _Ctx) -> None:
         node = ctx.host.node(real)
         if node is None:
             ctx.refuse(fld, f"PathOnHost {path} does not exist on this host")
+            continue
+        on = mounts.mount_of(list(ctx.host.mounts()), real)
+        if on is None or on.fstype != DEVICE_FS:
+            # dockerd reads the path again at every start, and at every restart its restart
+            # policy makes without asking anyone: only the kernel's /dev stays as checked.
+            ctx.refuse(
+                fld,
+                f"PathOnHost {path} is not on the host's {DEVICE_FS} (/dev), and a device path "
+                "elsewhere can change after gpu-alloc checks it; name a device node under /dev",
+            )
             continue
         if node.kind == "dir":
             for sub in sorted(ctx.host.walk(real)):

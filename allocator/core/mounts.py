@@ -64,7 +64,7 @@ def exposure(host: MountFacts, real: str, read_only: bool = False) -> str | None
     for p in host.protected:
         if within(real, p) and not (p in KERNEL_TREES and _harmless(table, real, p, read_only)):
             return p
-    own = _mount_of(table, real)
+    own = mount_of(table, real)
     if own is not None and _kernel(own, read_only):
         return f"{own.point} (a {own.fstype} filesystem)"
     for m in table:
@@ -73,7 +73,7 @@ def exposure(host: MountFacts, real: str, read_only: bool = False) -> str | None
     return None
 
 
-def _mount_of(table: list[Mount], path: str) -> Mount | None:
+def mount_of(table: list[Mount], path: str) -> Mount | None:
     """The mount ``path`` lies on: the last of the longest mount points above it."""
     best: Mount | None = None
     for m in table:
@@ -87,7 +87,7 @@ def _kernel(m: Mount, read_only: bool) -> bool:
 
 
 def _harmless(table: list[Mount], real: str, tree: str, read_only: bool) -> bool:
-    own = _mount_of(table, real)
+    own = mount_of(table, real)
     if own is None or own.point == tree or not within(own.point, tree):
         return False  # the tree's own filesystem (devtmpfs, sysfs, proc), or unknown
     reached = [own, *(m for m in table if m.point != real and within(m.point, real))]
