@@ -60,9 +60,10 @@ test: deps venv lint
 demo: deps venv
 	GA_ENGINE="$${GA_ENGINE:-$(ENGINE)}" bash tests/demo.sh
 
-# QUICK=1 make bench (or make bench QUICK=1) for a short run.
+# QUICK=1 make bench (or make bench QUICK=1) for a short run; ONLY=per-call,throughput (step
+# names' beginnings) for some steps alone.
 bench: venv
-	QUICK="$(QUICK)" $(BIN)/python -m tests.bench
+	QUICK="$(QUICK)" ONLY="$(ONLY)" $(BIN)/python -m tests.bench
 
 # The Docker managed-plugin directory (config.json + rootfs); needs a running Docker.
 plugin:

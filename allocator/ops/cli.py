@@ -28,11 +28,6 @@ EXIT_CONFIG = 2
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "plugin":
-        # gunicorn's gevent workers patch the stdlib; do it before anything imports ssl.
-        from gevent import monkey
-
-        monkey.patch_all()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",

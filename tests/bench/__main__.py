@@ -481,7 +481,10 @@ class Bench:
             (f"populate {s.populate} containers", lambda: self.populate(s.populate)),
             (f"create, {s.populate} containers", lambda: self.create_path(s.populate)),
         ]
+        only = [w.strip() for w in os.environ.get("ONLY", "").split(",") if w.strip()]
         for name, step in steps:
+            if only and not any(name.startswith(w) for w in only):
+                continue
             t0 = time.monotonic()
             log(f"{name} ...")
             result = step()
@@ -489,6 +492,8 @@ class Bench:
             if name.startswith("create"):
                 self.raw[f"create ratios {name}"] = result
         ratios = {k: v for k, v in self.raw.items() if k.startswith("create ratios")}
+        if len(ratios) != 2:
+            return
         r0, rn = (r["shim --gpus 1"] for r in ratios.values())  # type: ignore[attr-defined]
         self.add(Row(f"4 create ratio drift, {s.populate} vs 0", "shim --gpus 1", rn / r0,
                      None, "x", versus=f"{rn:.2f}x vs {r0:.2f}x",

@@ -1,0 +1,256 @@
+"""The plugin's gunicorn worker: an asyncio loop (uvloop where installed), httptools framing.
+
+Why a worker of our own
+-----------------------
+dockerd calls the plugin twice for every API call on the host, one connection
+at a time per keep-alive connection, and almost every call is answered from the
+route table alone.  Under gevent's pywsgi worker that answer cost 0.13 ms of
+server per call against 0.03 ms for a bare asyncio responder (tests/bench/floor.py),
+and the plugin served under half the floor's calls a second.  This worker is the
+floor's shape with gpu-alloc's decisions in it:
+
+* one asyncio protocol per connection; httptools (the parser the shim uses too)
+  finds message boundaries;
+* an answer that needs no I/O (`Dispatcher.answer` returns bytes) is written from
+  the protocol callback itself: no task, no thread, no copy of the envelope;
+* a decision that takes the ledger lock or asks the Engine (a `Later`) runs on a
+  thread pool, so while it waits this worker keeps answering every other call,
+  including the ones its own Engine inspects make dockerd send back to it;
+* answers go out in request order on each connection;
+* anything that is not an authz call (``Plugin.Activate``) goes to the Flask app
+  through WSGI, on the pool.
+
+gunicorn still owns the processes: the arbiter forks the workers, restarts one
+that dies, and kills one whose heartbeat stops (`notify` below, every second).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+import sys
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httptools
+from gunicorn.workers import base
+
+from plugin.app import DISPATCHER, Dispatcher
+
+_MAX_BODY = 16 << 20  # dockerd sends at most 4 MiB of a body to a plugin
+_THREADS = 64  # decisions that wait (for the lock, for the Engine) at the same time
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}
+
+
+def _reply(status: int, body: bytes, content_type: bytes) -> bytes:
+    reason = _REASONS.get(status, "OK").encode()
+    return b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s" % (
+        status,
+        reason,
+        content_type,
+        len(body),
+        body,
+    )
+
+
+_AUTHZ_TYPE = b"application/vnd.docker.plugins.v1+json"
+_BAD = _reply(400, b"malformed request\n", b"text/plain")
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection from dockerd: parse, answer in order."""
+
+    def __init__(self, worker: Worker):
+        self.worker = worker
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.url = b""
+        self.body: list[bytes] = []
+        self.size = 0
+        self.queue: deque[asyncio.Future[bytes]] = deque()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self._send(_BAD)
+            self._close()
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        self.url, self.body, self.size = b"", [], 0
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_body(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > _MAX_BODY:
+            raise httptools.HttpParserError("body too large")
+        self.body.append(chunk)
+
+    def on_message_complete(self) -> None:
+        method = self.parser.get_method().decode("latin-1")
+        path = self.url.partition(b"?")[0].decode("latin-1")
+        raw = b"".join(self.body)
+        dispatcher = self.worker.dispatcher
+        if method == "POST" and dispatcher.handles(path):
+            answer = dispatcher.answer(path, raw)
+            if isinstance(answer, bytes):
+                self._answer(_reply(200, answer, _AUTHZ_TYPE))
+                return
+            self._queue(asyncio.ensure_future(_framed(self.worker.later(answer))))
+        else:
+            environ = _environ(method, self.url, raw, self.parser)
+            self._queue(self.worker.later(lambda: _wsgi(self.worker.wsgi, environ)))
+        if not self.parser.should_keep_alive():
+            self.queue[-1].add_done_callback(lambda _: self._close())
+
+    def _answer(self, data: bytes) -> None:
+        if self.queue:  # an earlier answer on this connection is still being decided
+            done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+            done.set_result(data)
+            self._queue(done)
+        else:
+            self._send(data)
+            if not self.parser.should_keep_alive():
+                self._close()
+
+    def _queue(self, future: asyncio.Future[bytes]) -> None:
+        self.queue.append(future)
+        future.add_done_callback(self._flush)
+
+    def _flush(self, _: object) -> None:
+        while self.queue and self.queue[0].done():
+            future = self.queue.popleft()
+            if future.cancelled():
+                self._close()
+                return
+            error = future.exception()
+            if error is not None:
+                self.worker.log.error("plugin answer failed: %r", error)
+                self._send(_reply(500, b"gpu-alloc plugin error\n", b"text/plain"))
+            else:
+                self._send(future.result())
+
+    def _send(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def _close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def _framed(later: asyncio.Future[bytes]) -> bytes:
+    return _reply(200, await later, _AUTHZ_TYPE)
+
+
+def _environ(method: str, url: bytes, body: bytes, parser: Any) -> dict[str, Any]:
+    parsed = httptools.parse_url(url)
+    return {
+        "REQUEST_METHOD": method,
+        "PATH_INFO": (parsed.path or b"/").decode("latin-1"),
+        "QUERY_STRING": (parsed.query or b"").decode("latin-1"),
+        "CONTENT_LENGTH": str(len(body)),
+        "CONTENT_TYPE": "application/json",
+        "SERVER_NAME": "gpu-alloc",
+        "SERVER_PORT": "0",
+        "SERVER_PROTOCOL": f"HTTP/{parser.get_http_version()}",
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": "http",
+        "wsgi.input": io.BytesIO(body),
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": True,
+        "wsgi.run_once": False,
+    }
+
+
+def _wsgi(app: Any, environ: dict[str, Any]) -> bytes:
+    """One WSGI call, collected into a whole HTTP response (activation and the like)."""
+    started: list[str] = []
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
+        started[:] = [status]
+        started.extend(f"{k}: {v}" for k, v in headers if k.lower() != "content-length")
+
+    chunks = app(environ, start_response)
+    try:
+        body = b"".join(chunks)
+    finally:
+        getattr(chunks, "close", lambda: None)()
+    head = [f"HTTP/1.1 {started[0]}", *started[1:], f"Content-Length: {len(body)}"]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+
+
+class Worker(base.Worker):
+    """gunicorn's worker protocol around the asyncio server above."""
+
+    def init_process(self) -> None:
+        try:
+            import uvloop
+
+            self.loop = uvloop.new_event_loop()
+        except ImportError:
+            self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        self.pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="gpu-alloc-decide")
+        self.busy = 0
+        super().init_process()
+
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        self.dispatcher: Dispatcher = self.wsgi.extensions[DISPATCHER]
+
+    def init_signals(self) -> None:
+        for s in self.SIGNALS:
+            signal.signal(s, signal.SIG_DFL)
+        self.loop.add_signal_handler(signal.SIGTERM, self._stop)
+        self.loop.add_signal_handler(signal.SIGINT, self._stop)
+        self.loop.add_signal_handler(signal.SIGQUIT, self._stop)
+        self.loop.add_signal_handler(signal.SIGUSR1, self.log.reopen_files)
+
+    def _stop(self) -> None:
+        self.alive = False
+
+    def later(self, work: Callable[[], bytes]) -> asyncio.Future[bytes]:
+        """``work`` on the pool; counted, so a graceful stop can let it finish."""
+        self.busy += 1
+        future = self.loop.run_in_executor(self.pool, work)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, _: object) -> None:
+        self.busy -= 1
+
+    def run(self) -> None:
+        try:
+            self.loop.run_until_complete(self._serve())
+        finally:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.loop.close()
+
+    async def _serve(self) -> None:
+        servers = [
+            await self.loop.create_unix_server(lambda: _Connection(self), sock=s.sock)
+            for s in self.sockets
+        ]
+        while self.alive and self.ppid == os.getppid():
+            self.notify()
+            await asyncio.sleep(1.0)
+        for server in servers:
+            server.close()
+        deadline = self.loop.time() + self.cfg.graceful_timeout
+        while self.busy and self.loop.time() < deadline:
+            await asyncio.sleep(0.1)
