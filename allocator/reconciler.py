@@ -103,7 +103,7 @@ class Reconciler(Gatherer):
         facts.require_inventory()  # which GPUs a claim holds needs the inventory
         by_label: dict[str, str] = {}
         for cid, c in listed.items():
-            lease = snapshot.leases.get(labels.parse_lease(c.get("Labels"))[0])
+            lease = snapshot.leases.get(labels.lease_of(c.get("Labels")))
             if lease and lease.container is None and self._carries(cid, lease, facts):
                 by_label[lease.id] = cid
         found: dict[str, Claim] = {}

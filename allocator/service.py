@@ -289,7 +289,7 @@ class Allocator(Reconciler):
     def resolve(self, decision: Decision) -> Decision:
         """Settle the decisions that need the ledger into `Allow` or `Deny`."""
         if isinstance(decision, NeedsLease):
-            why = self.authorize(decision.lease_id, decision.token, decision.gpus)
+            why = self.ledger.read().admits(decision.lease_id, decision.token, decision.gpus)
             if why is not None:
                 return Deny(
                     f"gpu-alloc refused the container create: {why}; {HINT}", "Config.Labels"
@@ -382,12 +382,13 @@ class Allocator(Reconciler):
         else:
             self.release(lease_id, "the Engine refused the create; no container has it")
 
-    def authorize(self, lease_id: str, token: str, gpus: frozenset[str]) -> str | None:
-        with self.ledger.transaction() as state:
-            return state.authorize(lease_id, token, gpus)
-
-    def bind(self, lease_id: str, container: str) -> bool:
+    def bind(self, lease_id: str, container: str, token: str | None = None) -> bool:
+        """Bind the lease to ``container``; with ``token``, only if it is the lease's (a
+        create's answer: its lease header could have been made up)."""
         lease = self.ledger.read().leases.get(lease_id)
+        if lease is not None and token is not None and not lease.token_matches(token):
+            log.warning("lease %s: a create with a forged lease header was answered", lease_id)
+            return False
         if lease is not None and lease.container == container:
             return True  # the plugin's AuthZRes bound it already: no lock, no write
         with self.ledger.transaction() as state:
@@ -403,7 +404,7 @@ class Allocator(Reconciler):
         """Apply what the Engine's answer to a create or a removal means for the ledger
         (`verdicts.create_outcome` is the rule; the shim and the plugin both come here)."""
         if isinstance(outcome, Bind):
-            self.bind(outcome.lease_id, outcome.container)
+            self.bind(outcome.lease_id, outcome.container, outcome.token)
         elif isinstance(outcome, Unanswered):
             self.settle_unanswered(outcome.lease_id, outcome.label)
         elif isinstance(outcome, Forget):

@@ -6,10 +6,11 @@ Theory of operation
 a device are answered from the route table alone: no body decoding, no lock,
 no file, no Engine call (`decide.authz_request` returns before any of them).
 Creates are decoded the way dockerd decodes them; one that would get GPUs is
-allowed only when its lease label's token matches a pending lease for exactly
-those GPUs, and that token is consumed under the ledger lock (single use).
-``AuthZRes`` runs after the Engine acted: for a leased create it settles the
-lease by `verdicts.create_outcome`, the rule the shim follows too.
+allowed only when the token in its lease header (``X-Gpu-Alloc-Lease``, which
+the shim adds and dockerd passes on) matches a pending lease for exactly those
+GPUs, read from the ledger without the lock.  ``AuthZRes`` runs after the Engine
+acted: for a leased create it settles the lease by `verdicts.create_outcome`,
+the rule the shim follows too, with no second decoding of the body.
 
 `Dispatcher.dispatch` is the one function both calls go through: the envelope
 is parsed once and the route classified once per call, and Flask is left only
@@ -61,6 +62,11 @@ def _body(req: dict[str, Any]) -> bytes | None:
         return base64.b64decode(raw, validate=True)
     except (binascii.Error, ValueError, TypeError):
         return b"\x00unreadable"  # decoding then fails closed with a clear message
+
+
+def _headers(req: dict[str, Any]) -> dict[str, Any]:
+    headers = req.get("RequestHeaders")
+    return headers if isinstance(headers, dict) else {}
 
 
 def _response_body(req: dict[str, Any]) -> bytes | None:
@@ -123,8 +129,10 @@ class Dispatcher:
     def _decide(self, route: decide.Route, method: str, uri: str, req: dict[str, Any]) -> bytes:
         began = time.perf_counter()
         try:
-            verdict = decide.authz_request(route, method, uri, _body(req), self.alloc.lazy_facts())
+            facts = self.alloc.lazy_facts()
+            verdict = decide.authz_request(route, method, uri, _body(req), facts, _headers(req))
             decision = self.alloc.resolve(verdict)
+
         except _FAILURES as e:
             decision = decide.Deny(f"gpu-alloc refused {method} {uri}: {e}")
         metrics.decision(time.perf_counter() - began)
@@ -149,7 +157,7 @@ class Dispatcher:
             return _deny("gpu-alloc could not read the Engine's authorization response")
         if method not in ("POST", "DELETE"):
             return _ALLOW
-        outcome = decide.authz_response(method, uri, _body(req), status, _response_body(req))
+        outcome = decide.authz_response(method, uri, status, _response_body(req), _headers(req))
         if outcome is None:
             return _ALLOW
         return partial(self._settle, outcome, method, uri)

@@ -8,8 +8,10 @@ is spliced through untouched.  Non-create writes get the plugin's own decision,
 so a host running the shim alone is still protected.  A create is decoded the
 way dockerd decodes it, stripped of client-supplied gpu-alloc labels, turned
 into an `Ask`, leased under the ledger lock, rewritten to explicit UUIDs with a
-single-use lease token label and a ``NVIDIA_VISIBLE_DEVICES`` guard, and only
-then forwarded, as the canonical body that was checked.
+lease label and a ``NVIDIA_VISIBLE_DEVICES`` guard, and only then forwarded, as
+the canonical body that was checked, with the lease's token in the
+``X-Gpu-Alloc-Lease`` header for the plugin (never on the container; any such
+header a client sent is dropped).
 
 After forwarding, `verdicts.create_outcome` (the rule the plugin's AuthZRes
 follows too): 201 binds the lease to the container id; any other answer frees
@@ -138,7 +140,7 @@ class CreateInterceptor:
         if refused:
             return error(400, refused)
         if not ask.any:
-            return await forward(_with_body(request, rewrite(spec, (), None)))
+            return await forward(_with_body(request, rewrite(spec, (), None), None))
         ask = replace(ask, profile=profile)
         refused = await asyncio.to_thread(self._cuda_refusal, spec, facts)
         if refused:
@@ -158,7 +160,7 @@ class CreateInterceptor:
             log.info("refused create %r of %s: %s", name, owner.user, leased.msg)
             return error(_REFUSAL_STATUS[type(leased)], leased.msg)
         lease, token = leased
-        label = labels.lease_label(lease.id, token)
+        label = labels.lease_label(lease.id)
         placed = Placed(lease.cpus, lease.mems, lease.memory)
         with_defaults = policy.with_defaults(spec, self.alloc.rules)
         body = rewrite(with_defaults, lease.gpus, label, ask.caps, placed)
@@ -167,7 +169,9 @@ class CreateInterceptor:
             body["Labels"][policy.POOL] = lease.pool
         log.info("lease %s: GPUs %s for create %r", lease.id, ",".join(lease.gpus), name)
         try:
-            response = await forward(_with_body(request, body))
+            response = await forward(
+                _with_body(request, body, labels.lease_header(lease.id, token))
+            )
         except UpstreamError as e:
             if not e.maybe_delivered:
                 await asyncio.to_thread(self.alloc.release, lease.id)
@@ -295,5 +299,9 @@ def _name(target: str) -> str:
     return (parse_qs(urlsplit(target).query).get("name") or [""])[0]
 
 
-def _with_body(request: Request, spec: dict) -> Request:
-    return Request(request.method, request.target, request.headers, gojson.canonical(spec))
+def _with_body(request: Request, spec: dict, lease: str | None) -> Request:
+    """The create as forwarded: the body checked, and gpu-alloc's own headers alone."""
+    headers = [(k, v) for k, v in request.headers if not k.lower().startswith(labels.HEADER_PREFIX)]
+    if lease is not None:
+        headers.append((labels.LEASE_HEADER, lease))
+    return Request(request.method, request.target, headers, gojson.canonical(spec))

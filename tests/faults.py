@@ -325,7 +325,7 @@ def assert_invariants(stack: engine.Stack) -> dict[str, Any]:
        Compose recreate's handover: a container that is not running and whose lease was
        handed over to the lease of the container replacing it.
     2. Every lease in the ledger belongs to an existing container that has exactly the
-       lease's GPUs, or is pending/authorized within its deadline with no container.
+       lease's GPUs, or is pending within its deadline with no container.
     3. Every live container holding GPUs is known to the ledger (a lease or a claim),
        and no GPU is held by two ledger entries (a handed-over lease aside).
     """
@@ -368,7 +368,7 @@ def assert_invariants(stack: engine.Stack) -> dict[str, Any]:
                 f"{sorted(grants[cid])}{logs}"
             )
         else:
-            assert lease["state"] in ("pending", "authorized"), lease
+            assert lease["state"] == "pending", lease
             assert lease["deadline"] >= now - 1, f"lease past its deadline kept: {lease}{logs}"
         if lease["state"] == "handed-over":
             continue

@@ -53,9 +53,13 @@ class World:
         self.shim = CreateInterceptor(self.alloc)
         self.forwarded: list[Request] = []
 
-    def authz(self, method: str, uri: str, payload: bytes | None) -> dict:
+    def authz(
+        self, method: str, uri: str, payload: bytes | None, headers: dict | None = None
+    ) -> dict:
+        """dockerd's AuthZReq: the request's headers (``headers``) go to the plugin too."""
+        sent = {"Content-Type": "application/json", **(headers or {})}
         req = {"User": "", "UserAuthNMethod": "", "RequestMethod": method, "RequestUri": uri,
-               "RequestHeaders": {"Content-Type": "application/json"}}  # fmt: skip
+               "RequestHeaders": sent}  # fmt: skip
         if payload is not None:
             req["RequestBody"] = base64.b64encode(payload).decode()
         # dockerd sends no Content-Type: the plugin must read the body regardless.
@@ -67,7 +71,7 @@ class World:
         async def forward(req: Request) -> Response:
             """dockerd: ask the plugin, then create (201) or answer its denial (403)."""
             self.forwarded.append(req)
-            answer = self.authz(req.method, req.target, req.body)
+            answer = self.authz(req.method, req.target, req.body, dict(req.headers))
             if not answer["Allow"]:
                 return Response(
                     403, "Forbidden", [], json.dumps({"message": answer["Msg"]}).encode()
@@ -118,9 +122,12 @@ def test_the_shim_decides_each_create_as_the_table_says(world: World, case: Case
     assert (lease.state, lease.container) == ("bound", "c" * 64)
     assert sorted(lease.gpus) == sorted(uuids)
     # The plugin admitted what the shim forwarded (201 above), and only once.
-    again = world.authz("POST", CREATE_URI, world.forwarded[-1].body)
+    sent = world.forwarded[-1]
+    assert labels.LEASE_HEADER in dict(sent.headers)
+    assert sent.body.count(dict(sent.headers)[labels.LEASE_HEADER].split(".")[1].encode()) == 0
+    again = world.authz("POST", CREATE_URI, sent.body, dict(sent.headers))
     assert again["Allow"] is False
-    assert "already used" in again["Msg"]
+    assert "admitted its create already" in again["Msg"]
 
 
 def test_the_shim_strips_client_supplied_lease_labels(world: World):
@@ -129,21 +136,40 @@ def test_the_shim_strips_client_supplied_lease_labels(world: World):
     assert json.loads(world.forwarded[-1].body)["Labels"] == {"app": "y"}
 
 
+def test_the_shim_drops_client_supplied_gpu_alloc_headers(world: World):
+    mine = [("x-gpu-alloc-lease", "abc.def"), ("X-GPU-Alloc-Other", "x"), ("X-App", "y")]
+
+    async def forward(req: Request) -> Response:
+        world.forwarded.append(req)
+        return Response(201, "Created", [], json.dumps({"Id": "c" * 64}).encode())
+
+    gpu = Request("POST", CREATE_URI, mine, body(HostConfig={"DeviceRequests": [request(1)]}))
+    assert asyncio.run(world.shim.handle(gpu, forward)).status == 201
+    plain = Request("POST", CREATE_URI, mine, body())
+    assert asyncio.run(world.shim.handle(plain, forward)).status == 201
+    leased, unleased = (dict(r.headers) for r in world.forwarded)
+    assert set(leased) == {"X-App", labels.LEASE_HEADER}
+    assert leased[labels.LEASE_HEADER] != "abc.def"
+    assert set(unleased) == {"X-App"}
+
+
 def test_a_lease_label_copied_from_inspect_gets_nothing(world: World):
     gpu_create = body(HostConfig={"DeviceRequests": [request(1)]})
     assert world.via_shim(gpu_create).status == 201
     original = world.forwarded[-1].body
-    # Someone reads the label and the UUID from `docker inspect` and replays them directly.
+    # Someone reads the label and the UUID from `docker inspect` and replays them directly:
+    # the token was never on the container.
     answer = world.authz("POST", CREATE_URI, original)
     assert answer["Allow"] is False
-    assert "already used" in answer["Msg"]
+    assert "without a gpu-alloc lease" in answer["Msg"]
 
 
 def test_a_made_up_lease_label_gets_nothing(world: World):
     spec = json.loads(body(HostConfig={"DeviceRequests": [request(ids=[engine.sim_gpu_uuid(0)])]}))
     spec["Env"] = [f"NVIDIA_VISIBLE_DEVICES={engine.sim_gpu_uuid(0)}"]
-    spec["Labels"] = {labels.LEASE: "0123456789abcdef.guessed-token"}
-    answer = world.authz("POST", CREATE_URI, json.dumps(spec).encode())
+    spec["Labels"] = {labels.LEASE: "0123456789abcdef"}
+    guess = {labels.LEASE_HEADER: "0123456789abcdef.guessed-token"}
+    answer = world.authz("POST", CREATE_URI, json.dumps(spec).encode(), guess)
     assert answer["Allow"] is False
     assert "unknown or forged" in answer["Msg"]
 
@@ -153,8 +179,9 @@ def test_a_pending_lease_admits_only_its_own_gpus(world: World):
     other = next(u for u in map(engine.sim_gpu_uuid, range(4)) if u not in lease.gpus)
     spec = json.loads(body(HostConfig={"DeviceRequests": [request(ids=[other])]}))
     spec["Env"] = [f"NVIDIA_VISIBLE_DEVICES={other}"]
-    spec["Labels"] = {labels.LEASE: f"{lease.id}.{token}"}
-    answer = world.authz("POST", CREATE_URI, json.dumps(spec).encode())
+    spec["Labels"] = {labels.LEASE: lease.id}
+    header = {labels.LEASE_HEADER: labels.lease_header(lease.id, token)}
+    answer = world.authz("POST", CREATE_URI, json.dumps(spec).encode(), header)
     assert answer["Allow"] is False
     assert "differ from lease" in answer["Msg"]
 
@@ -363,11 +390,12 @@ def _fresh_world() -> World:
     return World(Path(tempfile.mkdtemp(prefix="ga-prop-")))
 
 
-def _leased_body(w: World) -> bytes:
-    """A body the shim leased, before the plugin saw it: its token is still unused."""
+def _leased_body(w: World) -> tuple[bytes, dict[str, str]]:
+    """A body the shim leased and its lease header, before the plugin saw them."""
     spec = decide.decode_create(json.dumps(LEGIT).encode())
     lease, token = w.alloc.lease(Ask((), 1, False, ("gpu",)))
-    return json.dumps(rewrite(spec, lease.gpus, f"{lease.id}.{token}")).encode()
+    body = json.dumps(rewrite(spec, lease.gpus, labels.lease_label(lease.id))).encode()
+    return body, {labels.LEASE_HEADER: labels.lease_header(lease.id, token)}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -386,7 +414,7 @@ def test_recased_keys_are_never_allowed_to_grant_gpus(sample):
 @given(st.data())
 def test_mutations_of_a_leased_body_never_widen_the_grant(data):
     w = _fresh_world()
-    leased = _leased_body(w)
+    leased, header = _leased_body(w)
     lease = next(iter(w.alloc.ledger.read().leases.values()))
     i = data.draw(st.integers(0, len(leased) - 1))
     op = data.draw(st.sampled_from(["flip", "delete", "insert", "duplicate"]))
@@ -399,7 +427,7 @@ def test_mutations_of_a_leased_body_never_widen_the_grant(data):
         b[i:i] = data.draw(st.binary(min_size=1, max_size=8))
     else:
         b[i:i] = leased[i : i + data.draw(st.integers(1, 40))]
-    answer = w.authz("POST", CREATE_URI, bytes(b))
+    answer = w.authz("POST", CREATE_URI, bytes(b), header)
     assert set(answer) <= {"Allow", "Msg", "Err"}  # an answer, never a crash
     if answer["Allow"]:
         spec = decide.decode_create(bytes(b))

@@ -121,7 +121,7 @@ def test_update_and_exec_cannot_widen_device_access(stack):
     assert status == 403 and "Privileged" in answer["message"]
 
 
-def test_a_lease_label_replayed_from_inspect_is_denied(stack):
+def test_a_lease_label_replayed_from_inspect_is_denied_and_shows_no_token(stack):
     made = engine.docker_cli(stack.shim_sock, "create", "--gpus", "1", IMAGE, "true")
     assert made.returncode == 0, made.stderr
     info = engine.engine_api(stack.engine_sock).inspect_container(made.stdout.strip())
@@ -136,8 +136,12 @@ def test_a_lease_label_replayed_from_inspect_is_denied(stack):
         stack.engine_sock, "POST", "/v1.41/containers/create", json.dumps(copy).encode()
     )
     assert status == 403
-    assert "already used" in answer["message"]
+    assert "without a gpu-alloc lease" in answer["message"]
     assert containers(stack) == before
+    # The token went to the plugin in a request header: the label is the lease id alone.
+    lease_id = info["Config"]["Labels"]["io.gpu-alloc.lease"]
+    assert lease_id in json.loads((stack.state_dir / "state.json").read_text())["leases"]
+    assert "." not in lease_id
     # Through the shim, the copied label is stripped and a fresh lease is made instead.
     again = engine.docker_cli(
         stack.shim_sock,

@@ -54,11 +54,11 @@ def test_each_lease_gets_its_own_id_and_token() -> None:
     assert not l1.token_matches(t2)
 
 
-def test_the_full_lease_life_pending_authorized_bound_released() -> None:
+def test_the_full_lease_life_pending_bound_released() -> None:
     st = State()
     lease, token = st.new_lease((A, B), now=0, ttl=60)
-    assert st.authorize(lease.id, token, frozenset({B, A})) is None
-    assert st.leases[lease.id].state == "authorized"
+    assert st.admits(lease.id, token, frozenset({B, A})) is None
+    assert st.leases[lease.id].state == "pending"  # admitting writes nothing
     assert st.bind(lease.id, "c0ffee" * 10, name="train")
     bound = st.leases[lease.id]
     assert (bound.state, bound.container, bound.name) == ("bound", "c0ffee" * 10, "train")
@@ -69,12 +69,24 @@ def test_the_full_lease_life_pending_authorized_bound_released() -> None:
     assert st.lease_of("c0ffee" * 10) is None
 
 
-def test_a_token_is_single_use() -> None:
+def test_a_bound_lease_admits_no_more_creates() -> None:
     st = State()
     lease, token = st.new_lease((A,), 0, 60)
-    assert st.authorize(lease.id, token, frozenset({A})) is None
-    why = st.authorize(lease.id, token, frozenset({A}))
-    assert why is not None and "already used" in why and "authorized" in why
+    assert st.bind(lease.id, "c" * 64)
+    why = st.admits(lease.id, token, frozenset({A}))
+    assert why is not None and "admitted its create already" in why and "bound" in why
+
+
+def test_a_lease_authorized_by_0_1_admits_nothing_and_still_binds(tmp_path: Path) -> None:
+    """0.1's plugin consumed tokens in the ledger, and its containers carry the token."""
+    st = State()
+    lease, token = st.new_lease((A,), 0, 60)
+    old = st.to_json()
+    old["leases"][lease.id]["state"] = "authorized"
+    loaded = State.from_json(old, "state.json")
+    assert loaded.leases[lease.id].state == "pending"
+    assert "unknown or forged" in (loaded.admits(lease.id, token, frozenset({A})) or "")
+    assert loaded.bind(lease.id, "d" * 64)
 
 
 @pytest.mark.parametrize(
@@ -91,17 +103,17 @@ def test_a_token_is_single_use() -> None:
     ids=["wrong token", "empty token", "token as id", "unknown lease", "fewer GPUs",
          "more GPUs", "other GPUs"],
 )  # fmt: skip
-def test_a_refused_authorization_leaves_the_lease_pending_and_usable(
+def test_a_refused_admission_leaves_the_lease_pending_and_usable(
     lease_id: str, token: str, gpus: set[str], why: str
 ) -> None:
     st = State()
     lease, real = st.new_lease((A, B), 0, 60)
-    reason = st.authorize(
+    reason = st.admits(
         lease_id.format(id=lease.id, token=real), token.format(token=real), frozenset(gpus)
     )
     assert reason is not None and why in reason
     assert st.leases[lease.id].state == "pending"
-    assert st.authorize(lease.id, real, frozenset({A, B})) is None
+    assert st.admits(lease.id, real, frozenset({A, B})) is None
 
 
 def test_bind_refuses_a_second_container_and_unknown_leases() -> None:
@@ -140,12 +152,11 @@ def test_the_lease_life_survives_the_file_between_transactions(tmp_path: Path) -
     led = Ledger(tmp_path / "state")
     with led.transaction() as st:
         lease, token = st.new_lease((A, B), now=5.0, ttl=60.0)
+    assert led.read().admits(lease.id, token, frozenset({A, B})) is None
     with led.transaction() as st:
-        assert st.authorize(lease.id, token, frozenset({A, B})) is None
-    with led.transaction() as st:
-        assert "already used" in (st.authorize(lease.id, token, frozenset({A, B})) or "")
         assert st.bind(lease.id, "f" * 64)
     assert led.read().leases[lease.id].state == "bound"
+    assert "already" in (led.read().admits(lease.id, token, frozenset({A, B})) or "")
     with led.transaction() as st:
         st.release(lease.id)
     assert led.read().leases == {}

@@ -2,8 +2,9 @@
 
 No dockerd: the tests speak dockerd's side of the plugin protocol over the socket.
 What they pin: calls that touch no GPU are answered while a decision waits for the
-ledger lock; answers on one connection come back in request order; activation still
-goes through Flask; a malformed request gets a 400, not a hang.
+Engine (a start inspects its container); answers on one connection come back in
+request order; activation still goes through Flask; a malformed request gets a 400,
+not a hang.
 """
 
 from __future__ import annotations
@@ -21,16 +22,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
-import portalocker
 import pytest
 import yaml
 
-from allocator.core import labels
 from tests import engine
 
 
 class _Engine(http.server.BaseHTTPRequestHandler):
-    """The little of an Engine a create's verdict asks: its version and its info."""
+    """The little of an Engine the plugin asks: its version, its info, and an inspect
+    that answers "no such container" once `RELEASE` is set."""
+
+    RELEASE = threading.Event()
 
     ANSWERS: ClassVar[dict[str, dict]] = {
         "version": {"Version": "20.10.24", "ApiVersion": "1.41", "MinAPIVersion": "1.12"},
@@ -38,8 +40,10 @@ class _Engine(http.server.BaseHTTPRequestHandler):
     }
 
     def do_GET(self) -> None:
-        answer = self.ANSWERS.get(self.path.rstrip("/").rsplit("/", 1)[-1], {})
-        data = json.dumps(answer).encode()
+        if "/containers/" in self.path:
+            self.RELEASE.wait(10)
+        answer = self.ANSWERS.get(self.path.rstrip("/").rsplit("/", 1)[-1])
+        data = json.dumps(answer or {"message": "No such container: job"}).encode()
         self.send_response(200 if answer else 404)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -83,8 +87,10 @@ def plugin(tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen]]:
         fake.shutdown()
 
 
-def _authz(method: str, uri: str, body: dict | None = None) -> bytes:
+def _authz(method: str, uri: str, body: dict | None = None, headers: dict | None = None) -> bytes:
     req: dict = {"User": "", "RequestMethod": method, "RequestUri": uri}
+    if headers:
+        req["RequestHeaders"] = headers
     if body is not None:
         req["RequestBody"] = base64.b64encode(json.dumps(body).encode()).decode()
     data = json.dumps(req).encode()
@@ -94,18 +100,16 @@ def _authz(method: str, uri: str, body: dict | None = None) -> bytes:
     )
 
 
-def _leased_create() -> bytes:
-    """A create carrying a lease label: its verdict needs the ledger lock."""
-    gpu = engine.sim_gpu_uuid(0)
-    body = {
-        "Image": "busybox",
-        "Env": [f"NVIDIA_VISIBLE_DEVICES={gpu}"],
-        "Labels": {labels.LEASE: labels.lease_label("l-nope", "token")},
-        "HostConfig": {
-            "DeviceRequests": [{"Driver": "nvidia", "DeviceIDs": [gpu], "Capabilities": [["gpu"]]}]
-        },
-    }
-    return _authz("POST", "/v1.41/containers/create", body)
+def _start() -> bytes:
+    """A start: its verdict inspects the container, which this Engine answers late."""
+    return _authz("POST", "/v1.41/containers/job/start")
+
+
+@pytest.fixture
+def slow_engine() -> Iterator[threading.Event]:
+    _Engine.RELEASE.clear()
+    yield _Engine.RELEASE
+    _Engine.RELEASE.set()
 
 
 def _read_answers(conn: socket.socket, count: int, timeout: float = 10) -> list[dict]:
@@ -135,38 +139,38 @@ def _connect(sock: str) -> socket.socket:
     return conn
 
 
-def test_reads_are_answered_while_a_create_waits_for_the_lock(
-    plugin: tuple[str, Path, subprocess.Popen],
+def test_reads_are_answered_while_a_start_waits_for_the_engine(
+    plugin: tuple[str, Path, subprocess.Popen], slow_engine: threading.Event
 ) -> None:
-    sock, state, _ = plugin
-    with portalocker.Lock(str(state / "lock"), flags=portalocker.LOCK_EX):
-        slow = _connect(sock)
-        slow.sendall(_leased_create())
-        time.sleep(0.2)  # the create's verdict is now waiting for the lock we hold
-        fast = _connect(sock)
-        t0 = time.perf_counter()
-        fast.sendall(_authz("GET", "/v1.41/containers/json"))
-        [answer] = _read_answers(fast, 1)
-        assert answer == {"status": 200, "Allow": True}
-        assert time.perf_counter() - t0 < 1.0
-        slow.settimeout(0.3)
-        with pytest.raises(TimeoutError):
-            slow.recv(1)  # still waiting: nothing was answered before the lock
-    [refused] = _read_answers(slow, 1)
-    assert refused["Allow"] is False
-    assert "gpu-alloc refused the container create" in refused["Msg"]
+    sock, _, _ = plugin
+    slow = _connect(sock)
+    slow.sendall(_start())
+    time.sleep(0.2)  # the start's verdict is now waiting for its inspect
+    fast = _connect(sock)
+    t0 = time.perf_counter()
+    fast.sendall(_authz("GET", "/v1.41/containers/json"))
+    [answer] = _read_answers(fast, 1)
+    assert answer == {"status": 200, "Allow": True}
+    assert time.perf_counter() - t0 < 1.0
+    slow.settimeout(0.3)
+    with pytest.raises(TimeoutError):
+        slow.recv(1)  # still waiting: nothing is answered before the Engine
+    slow_engine.set()
+    [started] = _read_answers(slow, 1)
+    assert started == {"status": 200, "Allow": True}  # no such container: dockerd says so
 
 
 def test_answers_on_one_connection_keep_request_order(
-    plugin: tuple[str, Path, subprocess.Popen],
+    plugin: tuple[str, Path, subprocess.Popen], slow_engine: threading.Event
 ) -> None:
-    sock, state, _ = plugin
+    sock, _, _ = plugin
     conn = _connect(sock)
-    with portalocker.Lock(str(state / "lock"), flags=portalocker.LOCK_EX):
-        conn.sendall(_leased_create() + _authz("GET", "/_ping") + _authz("GET", "/info"))
-        time.sleep(0.3)
+    bad = _authz("POST", "/v1.41/containers/create", {"Image": 1})  # answered at once
+    conn.sendall(_start() + _authz("GET", "/_ping") + bad)
+    time.sleep(0.3)
+    slow_engine.set()
     answers = _read_answers(conn, 3)
-    assert [a["Allow"] for a in answers] == [False, True, True]
+    assert [a["Allow"] for a in answers] == [True, True, False]
 
 
 def test_activation_goes_through_flask(plugin: tuple[str, Path, subprocess.Popen]) -> None:

@@ -60,7 +60,7 @@ def leased(alloc: Allocator, n: int = 1, name: str = "job", given=None):
 
 def create(fake: FakeEngine, lease, token: str, name: str = "job", **kw) -> str:
     """What dockerd does with the shim's rewritten create: a container carrying the lease."""
-    return fake.add(name, gpus=lease.gpus, lease=labels.lease_label(lease.id, token), **kw)
+    return fake.add(name, gpus=lease.gpus, lease=labels.lease_label(lease.id), **kw)
 
 
 # ---------------------------------------------------------------------- leasing
@@ -77,7 +77,7 @@ def test_leases_take_distinct_free_gpus_without_asking_the_engine(alloc, fake) -
 def test_a_shortage_reconciles_once_and_finds_gpus_freed_by_docker_rm(alloc, fake) -> None:
     lease, token = leased(alloc, GPUS)
     cid = create(fake, lease, token)
-    alloc.settle(decide.Bind(lease.id, cid))
+    alloc.settle(decide.Bind(lease.id, cid, token))
     assert isinstance(alloc.lease(one(), "next"), Shortage)
     fake.remove(cid)  # `docker rm` never passes the plugin with the container's GPUs
     again, _ = leased(alloc, 1, "next")
@@ -94,6 +94,13 @@ def test_201_binds_the_lease_to_the_new_container(alloc, fake) -> None:
     alloc.settle(outcome)
     bound = alloc.ledger.read().leases[lease.id]
     assert (bound.phase, bound.container) == (Phase.BOUND, "c" * 64)
+
+
+def test_a_201_to_a_create_with_a_forged_lease_header_binds_nothing(alloc, fake) -> None:
+    """A GPU-less create needs no token, so one may carry any header: its 201 proves nothing."""
+    lease, _ = leased(alloc)
+    alloc.settle(decide.create_outcome(lease.id, "made-up", 201, b'{"Id": "' + b"d" * 64 + b'"}'))
+    assert alloc.ledger.read().leases[lease.id].phase is Phase.PENDING
 
 
 def test_an_error_with_no_container_frees_the_lease(alloc, fake) -> None:
@@ -119,17 +126,17 @@ def test_an_error_with_the_engine_down_leaves_the_lease_pending(alloc, fake) -> 
 
 def test_the_plugin_and_the_shim_follow_the_same_rule() -> None:
     """AuthZRes and the shim both settle through `create_outcome`: 4xx proves nothing."""
-    body = b'{"Image": "x", "Labels": {"io.gpu-alloc.lease": "abc.tok"}}'
-    plugin = decide.authz_response("POST", "/v1.41/containers/create", body, 400, None)
+    headers = {"X-Gpu-Alloc-Lease": "abc.tok"}  # as dockerd passes the request's headers on
+    plugin = decide.authz_response("POST", "/v1.41/containers/create", 400, None, headers)
     assert plugin == decide.create_outcome("abc", "tok", 400, None)
-    assert plugin == decide.Unanswered("abc", "abc.tok")
+    assert plugin == decide.Unanswered("abc", "abc")
     assert decide.create_outcome("abc", "tok", 201, b"not json") is None  # reconcile binds
 
 
 def test_a_removal_by_id_prefix_ends_that_containers_lease_once_it_is_gone(alloc, fake) -> None:
     lease, token = leased(alloc)
     cid = create(fake, lease, token)
-    alloc.settle(decide.Bind(lease.id, cid))
+    alloc.settle(decide.Bind(lease.id, cid, token))
     alloc.settle(decide.Forget(cid[:12]))
     assert lease.id in alloc.ledger.read().leases  # the Engine still has it: a decoy went
     fake.remove(cid)
@@ -143,7 +150,7 @@ def test_a_removal_by_id_prefix_ends_that_containers_lease_once_it_is_gone(alloc
 def test_reconcile_frees_a_lease_whose_container_is_gone(alloc, fake) -> None:
     lease, token = leased(alloc)
     cid = create(fake, lease, token)
-    alloc.settle(decide.Bind(lease.id, cid))
+    alloc.settle(decide.Bind(lease.id, cid, token))
     fake.remove(cid)
     report = alloc.reconcile()
     assert report.freed == [lease.id]
@@ -160,8 +167,8 @@ def test_reconcile_binds_a_pending_lease_to_the_container_that_carries_it(alloc,
 
 def test_a_copied_label_without_the_gpus_binds_nothing(alloc, fake) -> None:
     """`docker commit` copies labels: a container must hold the lease's GPUs to get it."""
-    lease, token = leased(alloc)
-    fake.add("copy", lease=labels.lease_label(lease.id, token))  # no device request
+    lease, _ = leased(alloc)
+    fake.add("copy", lease=labels.lease_label(lease.id))  # no device request
     assert alloc.reconcile().bound == []
     assert alloc.ledger.read().leases[lease.id].phase is Phase.PENDING
 
@@ -191,7 +198,7 @@ def test_a_compose_recreate_on_a_full_host_takes_over_its_predecessors_gpus(allo
     given = {compose.PROJECT: "p", compose.SERVICE: "train"}
     old, token = leased(alloc, GPUS, "p_train_1", given)
     old_id = create(fake, old, token, "p_train_1", labels_=given)
-    alloc.settle(decide.Bind(old.id, old_id))
+    alloc.settle(decide.Bind(old.id, old_id, token))
     # Compose v1: stop the old one, rename it <short id>_<name>, create the new one.
     fake.by_id[old_id]["State"] = {"Running": False, "Status": "exited"}
     fake.by_id[old_id]["Name"] = f"/{old_id[:12]}_p_train_1"

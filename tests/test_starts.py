@@ -173,5 +173,5 @@ def test_a_delete_by_any_reference_asks_about_the_lease():
     """A name, a short prefix or a full id: dockerd resolved it; the service proves it."""
     for ref in ("decoy", "abc", OWN[:12], OWN):
         uri = f"/v1.41/containers/{ref}?force=1"
-        assert decide.authz_response("DELETE", uri, None, 204, None) == decide.Forget(ref)
-    assert decide.authz_response("DELETE", "/containers/x", None, 404, None) is None
+        assert decide.authz_response("DELETE", uri, 204, None) == decide.Forget(ref)
+    assert decide.authz_response("DELETE", "/containers/x", 404, None) is None

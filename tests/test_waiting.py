@@ -63,8 +63,8 @@ def hold(alloc: Allocator, fake: FakeEngine, owner: Owner, n: int = 1) -> str:
     got = alloc.lease(one(n), f"held-{owner.user}", None, owner)
     assert isinstance(got, tuple), got
     lease, token = got
-    cid = fake.add(lease.name, gpus=lease.gpus, lease=labels.lease_label(lease.id, token))
-    alloc.settle(decide.Bind(lease.id, cid))
+    cid = fake.add(lease.name, gpus=lease.gpus, lease=labels.lease_label(lease.id))
+    alloc.settle(decide.Bind(lease.id, cid, token))
     return cid
 
 
@@ -263,8 +263,8 @@ def test_many_waiters_random_releases_and_cancels_keep_the_invariants(tmp_path, 
             lease, token = got
             outcomes[f"w{i}"] = "granted"
             await asyncio.sleep(rng.uniform(0, 0.05))
-            cid = fake.add(lease.name, gpus=lease.gpus, lease=labels.lease_label(lease.id, token))
-            await asyncio.to_thread(alloc.settle, decide.Bind(lease.id, cid))
+            cid = fake.add(lease.name, gpus=lease.gpus, lease=labels.lease_label(lease.id))
+            await asyncio.to_thread(alloc.settle, decide.Bind(lease.id, cid, token))
             cids.append(cid)
 
         async def releaser() -> None:

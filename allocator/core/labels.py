@@ -2,9 +2,12 @@
 
 Every label under `PREFIX` is gpu-alloc's alone: the shim strips any a client
 sets before it adds its own, so a label seen on a container created through the
-shim was written by gpu-alloc.  The lease label is ``<lease id>.<token>``; the
-token is single use and bound to the lease's GPUs, because anyone can read
-labels with ``docker inspect``.
+shim was written by gpu-alloc.  The lease label is the lease id alone: it tells
+reconcile which lease a container was made for.  The proof that a create was
+leased, the lease's secret token, travels in the `LEASE_HEADER` request header,
+from the shim to dockerd to the plugin (dockerd hands the plugin the request's
+headers): it is never stored on the container, so nobody reads it back with
+``docker inspect``, and only the shim, which sends each token once, ever has it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from allocator.core.cpus import Resources, parse_size
 
 PREFIX = "io.gpu-alloc."
 LEASE = PREFIX + "lease"
+LEASE_HEADER = "X-Gpu-Alloc-Lease"  # "<lease id>.<token>", as Go canonicalizes the name
+HEADER_PREFIX = "x-gpu-alloc-"  # every request header under it is gpu-alloc's alone
 REQUEST_CPUS = PREFIX + "request.cpus"
 REQUEST_MEMORY = PREFIX + "request.memory"
 REQUEST_TOPOLOGY = PREFIX + "request.topology"
@@ -28,13 +33,25 @@ def mig_profile(labels: Mapping[str, Any] | None) -> str:
     return str((labels or {}).get(MIG_REQUEST) or "").strip()
 
 
-def lease_label(lease_id: str, token: str) -> str:
+def lease_label(lease_id: str) -> str:
+    return lease_id
+
+
+def lease_of(labels: Mapping[str, Any] | None) -> str:
+    """The lease id a container's labels name ("" for none).  Containers made before the
+    token moved to a header carry ``<lease id>.<token>``: the id is what comes first."""
+    return str((labels or {}).get(LEASE) or "").partition(".")[0]
+
+
+def lease_header(lease_id: str, token: str) -> str:
     return f"{lease_id}.{token}"
 
 
-def parse_lease(labels: Mapping[str, Any] | None) -> tuple[str, str]:
-    """(lease id, token) from a container's labels; empty strings where absent."""
-    value = str((labels or {}).get(LEASE) or "")
+def parse_lease_header(headers: Mapping[str, Any] | None) -> tuple[str, str]:
+    """(lease id, token) from a request's headers, the name matched as HTTP does (any
+    case); empty strings where absent."""
+    want = LEASE_HEADER.lower()
+    value = next((str(v) for k, v in (headers or {}).items() if str(k).lower() == want), "")
     lease_id, _, token = value.partition(".")
     return lease_id, token
 

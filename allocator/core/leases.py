@@ -14,14 +14,15 @@ Theory of operation
 -------------------
 ::
 
-    pending --AUTHORIZE--> authorized --BIND--> bound --HAND_OVER--> handed-over
-       |                                          ^                      |
-       +------------------BIND--------------------+------TAKE_BACK-------+
+    pending --BIND--> bound --HAND_OVER--> handed-over
+                        ^                      |
+                        +------TAKE_BACK-------+
 
-``pending``: the shim placed it and the create is on its way.  ``authorized``: the
-plugin saw its token in a create (single use).  ``bound``: the Engine answered with a
-container id.  ``handed-over``: a stopped Compose predecessor lent its GPUs to the
-container replacing it; they come back (TAKE_BACK) if the replacement's lease ends.
+``pending``: the shim placed it and the create is on its way; the plugin admits a
+create for it only with its token (`State.admits`), which the shim alone holds and
+sends once, in a request header.  ``bound``: the Engine answered with a container
+id.  ``handed-over``: a stopped Compose predecessor lent its GPUs to the container
+replacing it; they come back (TAKE_BACK) if the replacement's lease ends.
 A lease ends (`State.release`) when its container is gone, when the create
 definitely failed, or when its deadline passed and no container carries it.
 """
@@ -49,23 +50,18 @@ class LeaseError(ValueError):
 
 class Phase(StrEnum):
     PENDING = "pending"
-    AUTHORIZED = "authorized"
     BOUND = "bound"
     HANDED_OVER = "handed-over"
 
 
 class Event(Enum):
-    AUTHORIZE = "authorize"  # the plugin consumed the token of a create
     BIND = "bind"  # the Engine named the container
     HAND_OVER = "hand-over"  # a Compose replacement takes the GPUs
     TAKE_BACK = "take-back"  # the replacement's lease ended first
 
 
 TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
-    (Phase.PENDING, Event.AUTHORIZE): Phase.AUTHORIZED,
-    # The shim binds from the Engine's 201 when the plugin's AuthZRes did not (shim alone).
     (Phase.PENDING, Event.BIND): Phase.BOUND,
-    (Phase.AUTHORIZED, Event.BIND): Phase.BOUND,
     (Phase.BOUND, Event.BIND): Phase.BOUND,  # the same answer from plugin and shim
     (Phase.BOUND, Event.HAND_OVER): Phase.HANDED_OVER,
     (Phase.HANDED_OVER, Event.TAKE_BACK): Phase.BOUND,
@@ -232,16 +228,20 @@ class State:
         self.leases[lease.id] = lease
         return lease, token
 
-    def authorize(self, lease_id: str, token: str, gpus: frozenset[str]) -> str | None:
-        """Consume a token for a create that asks for ``gpus``; a reason when refused."""
+    def admits(self, lease_id: str, token: str, gpus: frozenset[str]) -> str | None:
+        """Why a create that asks for ``gpus`` with this lease token is refused, or None.
+
+        Nothing is written: the token is the shim's alone (it never leaves the shim, the
+        Engine and the plugin), and the shim sends each once, so a pending lease admits
+        one create.  A bound lease admits none.
+        """
         lease = self.leases.get(lease_id)
         if lease is None or not lease.token_matches(token):
             return "its lease token is unknown or forged"
         if lease.phase is not Phase.PENDING:
-            return f"its lease token was already used (lease {lease_id} is {lease.state})"
+            return f"its lease {lease_id} admitted its create already (it is {lease.state})"
         if frozenset(lease.gpus) != gpus:
             return f"its GPUs {sorted(gpus)} differ from lease {lease_id}'s {sorted(lease.gpus)}"
-        self.leases[lease_id] = fire(lease, Event.AUTHORIZE)
         return None
 
     def bind(self, lease_id: str, container: str, name: str = "") -> bool:
@@ -319,6 +319,11 @@ class State:
 
 
 def _lease(v: dict[str, Any]) -> Lease:
+    if v.get("state") == "authorized":
+        # Written by 0.1, whose plugin consumed a token in the ledger: such a lease's create
+        # was admitted already, and its token is readable on the container (0.1 labelled
+        # it so).  Pending with no token: it admits nothing, and reconcile binds it.
+        v = {**v, "state": Phase.PENDING.value, "token_sha256": ""}
     lease = Lease(
         **{
             **v,

@@ -7,9 +7,9 @@ Rules
 2. One analysis for everyone: creates go through `access.of_create`, whichever
    socket they came through; the shim and the plugin differ only in what they
    do with a leasable ask (the shim leases and rewrites, the plugin checks the
-   lease's token).
+   lease's token, which the shim sends in the `labels.LEASE_HEADER` header).
 3. No I/O here.  A decision that needs the ledger comes back as `NeedsLease`
-   and the caller (plugin/app.py, shim/create.py) does the locking.
+   and the caller (plugin/app.py, shim/create.py) reads it.
 
 Every denial says what was refused, why, and what to do instead, because the
 docker CLI prints ``Msg`` to the user as it is.
@@ -141,13 +141,21 @@ def cleared(route: Route) -> bool:
 
 
 def authz_request(
-    route: Route, method: str, uri: str, body: bytes | None, facts: Facts
+    route: Route,
+    method: str,
+    uri: str,
+    body: bytes | None,
+    facts: Facts,
+    headers: Mapping[str, Any] | None = None,
 ) -> Decision:
     """The verdict on a call before the Engine acts (the plugin's AuthZReq; the shim's
     non-create writes).  Reads and harmless writes return before any parsing, and
-    ``facts`` may be lazy: only the checks that need them read them."""
+    ``facts`` may be lazy: only the checks that need them read them.  ``headers``: the
+    request's, where a leased create carries its lease token (creates alone read it)."""
     if cleared(route):
         return ALLOW
+    if route.check is Check.CREATE:
+        return _create(route, method, uri, body, facts, labels.parse_lease_header(headers))
     return _CHECKS[route.check](route, method, uri, body, facts)
 
 
@@ -175,7 +183,17 @@ def _body_as(
         return Deny(f"gpu-alloc refused the {what}: {e}")
 
 
-def _create(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
+def _create(
+    route: Route,
+    method: str,
+    uri: str,
+    body: bytes | None,
+    facts: Facts,
+    lease: tuple[str, str] = ("", ""),
+) -> Decision:
+    """A create: allowed when it reaches no GPU, or when everything it reaches is pinned
+    to the GPUs of the pending lease that its lease header (``lease``: id, token) and
+    its lease label both name."""
     missing = _needs_body(route, method, uri, body)
     if missing:
         return missing
@@ -191,9 +209,9 @@ def _create(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
     refused = grants.refused()
     if refused:
         return Deny(_refusal_text(refused, context_hint(facts.shim_socket)), refused[0].field)
-    lease_id, token = labels.parse_lease(spec.get("Labels"))
+    lease_id, token = lease
     first = grants.grants[0]
-    if not lease_id or not token:
+    if not lease_id or not token or labels.lease_of(spec.get("Labels")) != lease_id:
         return Deny(
             "gpu-alloc refused the container create: it asks for GPUs without a gpu-alloc "
             f"lease ({first.describe()}); {context_hint(facts.shim_socket)}",
@@ -409,7 +427,6 @@ def _unknown(route: Route, method: str, uri: str, body: bytes | None, facts: Fac
 
 _CLEARED = (Check.ALLOW, Check.REMOVE)
 _CHECKS = {
-    Check.CREATE: _create,
     Check.START: _start,
     Check.RESTART: _restart,
     Check.UPDATE: _update,
@@ -442,8 +459,12 @@ def decode_create(body: bytes) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Bind:
+    """A leased create answered 201: bind the lease to ``container`` if ``token`` is the
+    lease's (a 201 to a create whose header was forged binds nothing)."""
+
     lease_id: str
     container: str
+    token: str
 
 
 @dataclass(frozen=True)
@@ -468,9 +489,14 @@ Outcome = Bind | Unanswered | Forget
 
 
 def authz_response(
-    method: str, uri: str, body: bytes | None, status: int, response: bytes | None
+    method: str,
+    uri: str,
+    status: int,
+    response: bytes | None,
+    headers: Mapping[str, Any] | None = None,
 ) -> Outcome | None:
-    """The plugin's AuthZRes: settle the lease of a create that carried one, or a removal."""
+    """The plugin's AuthZRes: settle the lease of a create that carried one (its lease
+    header names it: the body is not read again), or a removal."""
     if method == "DELETE":
         try:
             route = classify(method, uri)
@@ -479,15 +505,13 @@ def authz_response(
         if route.check is Check.REMOVE and status == 204 and route.name:
             return Forget(route.name)
         return None
-    if method != "POST" or not body or labels.LEASE.encode() not in body:
+    lease_id, token = labels.parse_lease_header(headers)
+    if method != "POST" or not lease_id:
         return None
     try:
         if classify(method, uri).check is not Check.CREATE:
             return None
-        lease_id, token = labels.parse_lease(decode_create(body).get("Labels"))
-    except (RouteError, gojson.BodyError):
-        return None
-    if not lease_id:
+    except RouteError:
         return None
     return create_outcome(lease_id, token, status, response)
 
@@ -504,13 +528,13 @@ def create_outcome(
     lease pending; reconcile finds the container by label.
     """
     if status != 201:
-        return Unanswered(lease_id, labels.lease_label(lease_id, token))
+        return Unanswered(lease_id, labels.lease_label(lease_id))
     try:
         container = gojson.decode(response or b"", fields.OPAQUE).get("Id")
     except (gojson.BodyError, AttributeError):
         container = None
     if isinstance(container, str) and container:
-        return Bind(lease_id, container)
+        return Bind(lease_id, container, token)
     return None
 
 
