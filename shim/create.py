@@ -37,6 +37,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from allocator.core import cuda, errors, gojson, labels, policy
 from allocator.core import verdicts as decide
+from allocator.core.ask import Ask
 from allocator.core.cpus import Placed, Resources, conflicts
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import Lease, StateError, ago
@@ -129,28 +130,15 @@ class CreateInterceptor:
         if isinstance(wait, policy.Invalid):
             return error(400, wait.msg)
         spec = strip_labels(decoded)
-        facts = await asyncio.to_thread(self.alloc.facts)
-        ask = decide.shim_ask(spec, facts)
         name = _name(request.target)
-        if isinstance(ask, decide.Deny):
-            await asyncio.to_thread(self._refused, name, ask.msg, ask.field)
-            return error(403, ask.msg)
-        ask = replace(ask, profile=profile)
-        refused = _resources_refusal(resources, ask.any, spec)
-        if refused:
-            return error(400, refused)
-        if not ask.any:
+        got = await asyncio.to_thread(
+            self._lease_for, spec, name, request.peer, want, profile, resources
+        )
+        if isinstance(got, Response):
+            return got
+        if got is None:
             return await forward(_with_body(request, rewrite(spec, (), None), None))
-        ask = replace(ask, profile=profile)
-        refused = await asyncio.to_thread(self._cuda_refusal, spec, facts)
-        if refused:
-            await asyncio.to_thread(self._refused, name, refused)
-            return error(403, refused)
-        if isinstance(want, policy.Invalid):
-            return error(400, want.msg)
-        given = spec.get("Labels") or {}
-        owner = await asyncio.to_thread(owner_of, request.peer)
-        leased = await asyncio.to_thread(self.alloc.lease, ask, name, given, owner, want, resources)
+        ask, owner, leased = got
         if not isinstance(leased, tuple) and wait and getattr(leased, "waitable", False):
             req = LeaseRequest(ask, name, owner, want, resources)
             leased = await self._wait(req, wait, leased, request.gone)
@@ -184,6 +172,39 @@ class CreateInterceptor:
             )
         await asyncio.to_thread(self._settle, lease.id, token, response)
         return response
+
+    def _lease_for(
+        self,
+        spec: dict,
+        name: str,
+        peer: Peer | None,
+        want: policy.Wanted | policy.Invalid,
+        profile: str,
+        resources: Resources,
+    ) -> Response | tuple[Ask, policy.Owner, Leased] | None:
+        """Everything from a decoded create to its lease, in one thread hop: the facts,
+        the ask, the policy checks, the image's CUDA, the owner and the lease itself.
+        An error answer, None for a create that asks for no GPU, or what was leased."""
+        facts = self.alloc.facts()
+        ask = decide.shim_ask(spec, facts)
+        if isinstance(ask, decide.Deny):
+            self._refused(name, ask.msg, ask.field)
+            return error(403, ask.msg)
+        ask = replace(ask, profile=profile)
+        refused = _resources_refusal(resources, ask.any, spec)
+        if refused:
+            return error(400, refused)
+        if not ask.any:
+            return None
+        refused = self._cuda_refusal(spec, facts)
+        if refused:
+            self._refused(name, refused)
+            return error(403, refused)
+        if isinstance(want, policy.Invalid):
+            return error(400, want.msg)
+        owner = owner_of(peer)
+        given = spec.get("Labels") or {}
+        return ask, owner, self.alloc.lease(ask, name, given, owner, want, resources)
 
     async def _wait(
         self,
@@ -261,6 +282,7 @@ class CreateInterceptor:
 
 
 _REFUSAL_STATUS = {Shortage: 409, policy.Refusal: 403, policy.Invalid: 400}
+Leased = tuple[Lease, str] | Shortage | policy.Refusal | policy.Invalid
 
 
 def owner_of(peer: Peer | None) -> policy.Owner:

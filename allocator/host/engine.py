@@ -9,11 +9,16 @@ first process that needs it.
 
 from __future__ import annotations
 
+import http.client
+import json
 import re
 import threading
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
+
+from allocator.host.unixhttp import KeepAlive
 
 
 class EngineError(Exception):
@@ -26,6 +31,7 @@ class Engine:
         self.timeout = timeout
         self._client: Any = None
         self._lock = threading.Lock()
+        self._gets = KeepAlive(socket, timeout)  # the inspects on every start and create
 
     def _api(self) -> Any:
         import docker
@@ -79,7 +85,7 @@ class Engine:
         )
 
     def inspect(self, container: str) -> dict[str, Any] | None:
-        return self._call(f"inspect {container}", lambda api: api.inspect_container(container))
+        return self._get(f"inspect {container}", f"/containers/{quote(container, safe='')}/json")
 
     def update(self, container: str, config: dict[str, Any]) -> None:
         self._call(
@@ -88,7 +94,25 @@ class Engine:
         )
 
     def image(self, name: str) -> dict[str, Any] | None:
-        return self._call(f"inspect image {name}", lambda api: api.inspect_image(name))
+        return self._get(f"inspect image {name}", f"/images/{quote(name, safe='/:@')}/json")
+
+    def _get(self, what: str, target: str) -> dict[str, Any] | None:
+        """A GET without the SDK: the Engine's newest API (what "auto" picks too); None
+        for 404, `EngineError` for any other failure."""
+        try:
+            status, body = self._gets.get(target)
+        except (OSError, http.client.HTTPException) as e:
+            raise EngineError(f"Engine at {self.socket}: {what} failed: {e}") from None
+        if status == 404:
+            return None
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None
+        if status != 200 or not isinstance(data, dict):
+            why = data.get("message") if isinstance(data, dict) else body[:200]
+            raise EngineError(f"Engine at {self.socket}: {what} failed: {status} {why}")
+        return data
 
     def destroyed(self) -> Iterator[dict[str, Any]]:
         """GET /events for container ``destroy`` events, on a client of its own.
