@@ -214,12 +214,12 @@ class Bench:
                     row.threshold = "reference (Python floor)"
                 elif t == "plugin":
                     row.versus = f"+{plug_add:.3f} ms (floor +{floor_add:.3f})"
-                    row.threshold = "<= +0.6 ms, <= floor+0.2"
-                    row.ok = plug_add <= 0.6 and plug_add - floor_add <= 0.2
+                    row.threshold = "<= +0.50 ms, <= floor+0.10"
+                    row.ok = plug_add <= 0.5 and plug_add - floor_add <= 0.1
                 elif t == "shim":
                     row.versus = f"+{shim_add:.3f} ms vs plugin"
-                    row.threshold = "<= +0.15 ms"
-                    row.ok = shim_add <= 0.15
+                    row.threshold = "<= +0.10 ms"
+                    row.ok = shim_add <= 0.1
                 self.add(row)
         self.raw["per_call"] = {f"{ep} {t}": v for (ep, t), v in lat.items()}
         self._plugin_alone()
@@ -270,7 +270,7 @@ class Bench:
                         raise RuntimeError(f"{t}: {len(errors)} errors, e.g. {errors[:3]}")
                     rps.setdefault(t, []).append(sum(r[0] for r in results) / s.load_secs)
                     lat.setdefault(t, []).extend(x for r in results for x in r[1])
-            bare = median(rps["bare"])
+            bare, floor = median(rps["bare"]), median(rps["floor"])
             for t in self.socks:
                 xs = rps[t]
                 ratio = median(xs) / bare
@@ -278,9 +278,11 @@ class Bench:
                           versus=f"{ratio:.2f}x", samples=len(xs),
                           extra={"latency_ms_median": median(lat[t]),
                                  "latency_ms_p99": p99(lat[t])})  # fmt: skip
+                if t in ("plugin", "shim"):
+                    row.versus += f" ({median(xs) / floor:.2f}x floor)"
                 if t == "plugin":
-                    row.threshold = ">= 0.70x" + ("" if clients == 32 else " (target at 32)")
-                    row.ok = ratio >= 0.7 if clients == 32 else None
+                    row.threshold = ">= 0.80x floor"
+                    row.ok = median(xs) / floor >= 0.8
                 self.add(row)
                 self.add(Row(f"2 latency under {clients} clients", t, median(lat[t]),
                              p99(lat[t]), "ms", samples=len(lat[t])))  # fmt: skip
@@ -350,12 +352,16 @@ class Bench:
 
     def docker_run(self) -> None:
         """6. `docker run --rm` wall time: GPU run through the shim vs plain run on bare."""
+        # "bare --gpus 1": the bare Engine runs the (fake) nvidia hook at start too, so what
+        # a GPU container costs dockerd itself shows apart from what gpu-alloc adds.
+        gpu_run = ["run", "--rm", "--gpus", "1", IMAGE, "true"]
         cases = {
             "bare": (self.socks["bare"], ["run", "--rm", IMAGE, "true"]),
+            "bare --gpus 1": (self.socks["bare"], gpu_run),
             "plugin": (self.socks["plugin"], ["run", "--rm", IMAGE, "true"]),
-            "shim --gpus 1": (self.socks["shim"], ["run", "--rm", "--gpus", "1", IMAGE, "true"]),
+            "shim --gpus 1": (self.socks["shim"], gpu_run),
         }
-        self._cli_rounds("6 docker run --rm", cases, self.sizes.run_rounds, None, 1.05)
+        self._cli_rounds("6 docker run --rm", cases, self.sizes.run_rounds, None, 1.08)
 
     def _cli_rounds(
         self,
@@ -404,8 +410,10 @@ class Bench:
                "HostConfig": {"DeviceRequests": [{"Driver": "", "Count": 1,
                                                   "Capabilities": [["gpu"]]}]}}  # fmt: skip
         plain = {"Image": IMAGE, "Cmd": ["true"]}
-        api_cases = {"bare": ("bare", plain), "plugin": ("plugin", plain),
-                     "shim --gpus 1": ("shim", gpu)}  # fmt: skip
+        # "bare --gpus 1": the same device request on the bare Engine (the fake hook runs only
+        # at start), so what dockerd itself pays for a GPU container shows apart.
+        api_cases = {"bare": ("bare", plain), "bare --gpus 1": ("bare", gpu),
+                     "plugin": ("plugin", plain), "shim --gpus 1": ("shim", gpu)}  # fmt: skip
         ms: dict[str, list[float]] = {}
         for _ in range(self.sizes.create_rounds * 2):
             for name in shuffled(list(api_cases)):
@@ -416,9 +424,12 @@ class Bench:
                 self.remove(self.socks[t], cid)
         for name in api_cases:
             xs = ms[name]
-            self.add(Row(f"4 API create, {existing} containers", name, median(xs), p99(xs),
-                         "ms", versus=f"{median(xs) / median(ms['bare']):.2f}x",
-                         samples=len(xs)))  # fmt: skip
+            ratio = median(xs) / median(ms["bare"])
+            row = Row(f"4 API create, {existing} containers", name, median(xs), p99(xs),
+                      "ms", versus=f"{ratio:.2f}x", samples=len(xs))  # fmt: skip
+            if name == "shim --gpus 1":
+                row.threshold, row.ok = "<= 1.60x", ratio <= 1.6
+            self.add(row)
         self.raw[f"api create {existing}"] = ms
         return ratios
 
