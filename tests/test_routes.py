@@ -121,6 +121,8 @@ CLASSIFIED = {
     "name that is 'create'": ("POST", "/containers/create/start", Check.START, None, "create"),
     "old API start": ("POST", "/v1.19/containers/web/start", Check.START, (1, 19), "web"),
     "harmless write": ("POST", "/v1.41/containers/web/kill?signal=9", Check.ALLOW, (1, 41), "web"),
+    "rename": ("POST", "/containers/web/rename?name=db", Check.RENAME, None, "web"),
+    "container prune": ("POST", "/v1.41/containers/prune", Check.PRUNE, (1, 41), ""),
     "exec create": ("POST", "/containers/web/exec", Check.EXEC, None, "web"),
     "exec start is harmless": ("POST", "/exec/abc/start", Check.ALLOW, None, "abc"),
     "update": ("POST", "/containers/web/update", Check.UPDATE, None, "web"),
@@ -243,6 +245,8 @@ def test_api_versions_compare_numerically_not_as_text() -> None:
         ("GET", "/containers/%zz/json", False),  # reads pass before any parsing
         ("POST", "/v1.41/containers/web/kill", False),
         ("DELETE", "/containers/web?force=1", False),
+        ("POST", "/containers/web/rename?name=db", False),  # the plugin sees to these
+        ("POST", "/containers/prune", False),
         ("POST", "/images/create?fromImage=busybox", False),
         ("POST", "/v1.41/containers/create", True),
         ("POST", "/containers%2Fcreate", True),

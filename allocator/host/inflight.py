@@ -1,0 +1,157 @@
+"""The in-flight registry file: the `allocator.core.inflight.Board` every plugin worker shares.
+
+AuthZReq and AuthZRes of one call may reach different worker processes, so what is in
+flight lives in a small file under ``state_dir``, locked on its own (never the ledger's
+lock: a start must not wait on a lease transaction, nor a lease on a rename).
+
+Rules
+-----
+1. Decisions are made under the lock (``flock`` on the file itself), from the file as
+   it is then.  Reads without the lock are hints only (is anything in the way yet? did
+   anything change?), and a torn one counts as "yes".
+2. The file is rewritten in place, with no fsync: the board holds seconds of calls, and
+   after a crash its entries have ended or expire (`inflight.TTL`).  That keeps a
+   begin or end at a few tens of microseconds, on the start and removal routes only.
+3. A file that cannot be parsed under the lock is an empty board (it is ours alone,
+   rewritten whole by every writer).
+4. A call that conflicts waits, polling without the lock, for at most `inflight.WAIT`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from allocator.core import inflight
+from allocator.core.inflight import Board, Entry, Hold
+from allocator.core.leases import StateError
+
+BOARD_FILE = "inflight.json"
+POLL = 0.005  # seconds between looks at the board while waiting, or at a held lock
+
+
+class Registry:
+    def __init__(self, state_dir: str | os.PathLike[str], lock_timeout: float = 5.0):
+        self.dir = Path(state_dir)
+        self.path = self.dir / BOARD_FILE
+        self.lock_timeout = lock_timeout
+        self._threads = threading.Lock()
+        self._fd: int | None = None
+        self._pid = 0  # a forked worker opens its own: flock is per open file
+
+    def read(self) -> Board | None:
+        """The board without the lock; None when it cannot be read whole just now."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return Board()
+        except OSError:
+            return None
+        try:
+            return Board.from_json(json.loads(raw)) if raw else Board()
+        except ValueError:
+            return None
+
+    def generation(self) -> int:
+        board = self.read()
+        return -1 if board is None else board.generation
+
+    def begin(self, key: str, hold: Hold, wait: float = inflight.WAIT) -> tuple[str | None, int]:
+        """Put ``hold`` in flight, once nothing it conflicts with is.
+
+        Returns (why it is refused, or None; the generation just before it was added).
+        """
+        deadline = time.monotonic() + wait
+        while True:
+            now = time.time()
+            hint = self.read()
+            if hint is None or hint.blocker(hold, now) is None or time.monotonic() >= deadline:
+                with self._locked() as fd:
+                    board = _board(fd)
+                    blocker = board.blocker(hold, now)
+                    if blocker is None:
+                        _write(fd, board.with_entry(Entry(key, hold, now + inflight.TTL), now))
+                        return None, board.generation
+                    if time.monotonic() >= deadline:
+                        return inflight.clash_text(hold, blocker.hold), board.generation
+            time.sleep(POLL)
+
+    def end(self, key: str) -> None:
+        """The call ``key`` is over (its AuthZRes came, or it was refused after all)."""
+        hint = self.read()
+        if hint is not None and all(e.key != key for e in hint.entries):
+            return
+        with self._locked() as fd:
+            board = _board(fd).without(key, time.time())
+            if board is not None:
+                _write(fd, board)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[int]:
+        deadline = time.monotonic() + self.lock_timeout
+        if not self._threads.acquire(timeout=self.lock_timeout):
+            raise self._timeout()
+        try:
+            fd = self._open()
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise self._timeout() from None
+                    time.sleep(POLL)
+            try:
+                yield fd
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            self._threads.release()
+
+    def _open(self) -> int:
+        """The board file, kept open; opened again if someone replaced or removed it, and
+        in a forked child (a lock on a shared open file would not exclude the parent)."""
+        fd, self._fd = self._fd, None
+        if fd is not None and self._pid == os.getpid():
+            try:
+                if os.fstat(fd).st_ino == os.stat(self.path).st_ino:
+                    self._fd = fd
+                    return fd
+            except OSError:
+                pass
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        try:
+            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._pid = os.getpid()
+        except OSError as e:
+            raise StateError(f"{self.path}: cannot open: {e.strerror}") from None
+        return self._fd
+
+    def _timeout(self) -> StateError:
+        return StateError(f"{self.path}: lock not acquired within {self.lock_timeout:g}s; retry")
+
+
+def _board(fd: int) -> Board:
+    try:
+        raw = os.pread(fd, os.fstat(fd).st_size, 0)
+        return Board.from_json(json.loads(raw)) if raw else Board()
+    except (OSError, ValueError):
+        return Board()
+
+
+def _write(fd: int, board: Board) -> None:
+    data = json.dumps(board.to_json(), separators=(",", ":")).encode()
+    try:
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    except OSError as e:
+        raise StateError(f"in-flight registry: cannot write: {e.strerror}") from None
