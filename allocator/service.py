@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from allocator.core import compose, cpus, labels, policy, queue, starts
 from allocator.core.ask import Ask
+from allocator.core.inflight import Target
 from allocator.core.inventory import Inventory
 from allocator.core.leases import Holder, Lease, Phase, State, StateError
 from allocator.core.placement import Shortage, place, usable
@@ -26,6 +27,7 @@ from allocator.core.policy import NOBODY, Invalid, Owner, Refusal, Wanted
 from allocator.core.verdicts import (
     ALLOW,
     HINT,
+    AllowStart,
     Bind,
     Decision,
     Deny,
@@ -40,6 +42,7 @@ from allocator.host.engine import EngineError
 from allocator.reconciler import Reconciler
 
 log = logging.getLogger("gpu-alloc")
+_INSPECT = object()  # start_refusal's default: inspect the reference itself
 _KEPT = Holder(None, "", "kept for a create ahead in the queue", owner="the queue")
 
 
@@ -297,8 +300,9 @@ class Allocator(Reconciler):
             log.info("allowed leased create (lease %s)", decision.lease_id)
             return ALLOW
         if isinstance(decision, StartCheck):
-            why = self.start_refusal(decision.ref)
-            return ALLOW if why is None else Deny(why)
+            info = self.engine.inspect(decision.ref) if self.engine else None
+            why = self.start_refusal(decision.ref, info)
+            return AllowStart(Target.of(info)) if why is None else Deny(why)
         if isinstance(decision, UpdateCheck):
             why = self.update_refusal(decision.ref, decision.fields)
             return ALLOW if why is None else Deny(why)
@@ -331,7 +335,7 @@ class Allocator(Reconciler):
             "io.gpu-alloc.request.* labels instead"
         )
 
-    def start_refusal(self, ref: str) -> str | None:
+    def start_refusal(self, ref: str, info: dict | object | None = _INSPECT) -> str | None:
         """Why a start (or restart) of container ``ref`` must be refused, if it must.
 
         dockerd grants at start: the container is inspected now (the Engine resolves
@@ -339,12 +343,16 @@ class Allocator(Reconciler):
         now, by `starts.refusal`.  The plugin's own inspect is a GET, which its fast
         path clears without a worker's lock.  When the ledger cannot be read, a
         container without GPUs still starts, so a broken state file stops GPU work only.
+        ``info``: the inspect the caller made already (`resolve` keeps it, to say which
+        container was judged).
         """
         try:
             state: State | str = self.ledger.read()
         except StateError as e:
             state = str(e)
-        info = self.engine.inspect(ref) if self.engine else None
+        if info is _INSPECT:
+            info = self.engine.inspect(ref) if self.engine else None
+        assert info is None or isinstance(info, dict)
         if info and not isinstance(state, str) and info["Id"] in state.expired:
             return policy.expired_text(ref, self.rules)
         old_info = None

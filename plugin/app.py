@@ -12,6 +12,11 @@ GPUs, read from the ledger without the lock.  ``AuthZRes`` runs after the Engine
 acted: for a leased create it settles the lease by `verdicts.create_outcome`,
 the rule the shim follows too, with no second decoding of the body.
 
+dockerd looks a start's reference up again after AuthZReq, so a start and every
+call that could change what it names (rename, removal, prune, named create) are
+kept in flight between their AuthZReq and AuthZRes, and never overlap
+(plugin/inflight.py, allocator/core/inflight.py).
+
 `Dispatcher.dispatch` is the one function both calls go through: the envelope
 is parsed once and the route classified once per call, and Flask is left only
 the activation handshake.
@@ -41,6 +46,7 @@ from allocator.host import metrics
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
 from allocator.service import Allocator
+from plugin.inflight import InFlight
 
 log = logging.getLogger("gpu-alloc.plugin")
 _ALLOW = json.dumps({"Allow": True}).encode()
@@ -97,6 +103,7 @@ class Dispatcher:
 
     def __init__(self, alloc: Allocator):
         self.alloc = alloc
+        self.inflight = InFlight(alloc)
         self._routes = {
             "/AuthZPlugin.AuthZReq": self.authz_req,
             "/AuthZPlugin.AuthZRes": self.authz_res,
@@ -122,17 +129,20 @@ class Dispatcher:
         route = decide.route_of(method, uri)
         if isinstance(route, decide.Deny):
             return _deny(route.msg)
-        if decide.cleared(route):
+        if decide.cleared(route) and not self.inflight.guards(route):
             return _ALLOW
         return partial(self._decide, route, method, uri, req)
 
     def _decide(self, route: decide.Route, method: str, uri: str, req: dict[str, Any]) -> bytes:
         began = time.perf_counter()
-        try:
-            facts = self.alloc.lazy_facts()
-            verdict = decide.authz_request(route, method, uri, _body(req), facts, _headers(req))
-            decision = self.alloc.resolve(verdict)
 
+        def verdict() -> decide.Decision:
+            facts = self.alloc.lazy_facts()
+            asked = decide.authz_request(route, method, uri, _body(req), facts, _headers(req))
+            return self.alloc.resolve(asked)
+
+        try:
+            decision = self.inflight.judge(route, method, uri, verdict)
         except _FAILURES as e:
             decision = decide.Deny(f"gpu-alloc refused {method} {uri}: {e}")
         metrics.decision(time.perf_counter() - began)
@@ -158,16 +168,23 @@ class Dispatcher:
         if method not in ("POST", "DELETE"):
             return _ALLOW
         outcome = decide.authz_response(method, uri, status, _response_body(req), _headers(req))
-        if outcome is None:
+        held = self.inflight.held(method, uri)
+        if outcome is None and not held:
             return _ALLOW
-        return partial(self._settle, outcome, method, uri)
+        return partial(self._settle, outcome, method, uri, held)
 
-    def _settle(self, outcome: decide.Outcome, method: str, uri: str) -> bytes:
+    def _settle(
+        self, outcome: decide.Outcome | None, method: str, uri: str, held: bool = False
+    ) -> bytes:
         try:
-            self.alloc.settle(outcome)
+            if held:
+                self.inflight.end(method, uri)
+            if outcome is not None:
+                self.alloc.settle(outcome)
         except StateError as e:
-            # The container exists already; reconcile binds it by label later.
-            log.error("could not settle lease after %s %s: %s", method, uri, e)
+            # The container exists already; reconcile binds it by label later (and an
+            # in-flight entry expires by itself).
+            log.error("could not settle %s %s: %s", method, uri, e)
         return _ALLOW
 
 

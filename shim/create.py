@@ -13,6 +13,9 @@ the canonical body that was checked, with the lease's token in the
 ``X-Gpu-Alloc-Lease`` header for the plugin (never on the container; any such
 header a client sent is dropped).
 
+A start or restart goes on by the full id of the container judged, so no rename
+or removal in between can make dockerd start another one.
+
 After forwarding, `verdicts.create_outcome` (the rule the plugin's AuthZRes
 follows too): 201 binds the lease to the container id; any other answer frees
 it once the Engine confirms no container carries the lease (an error can come
@@ -43,7 +46,7 @@ from allocator.core.inventory import InventoryError
 from allocator.core.leases import Lease, StateError, ago
 from allocator.core.placement import Shortage
 from allocator.core.rewrite import rewrite, strip_labels
-from allocator.core.routes import Check, Route, needs_check
+from allocator.core.routes import Check, Route, by_id, needs_check
 from allocator.host import metrics
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
@@ -100,7 +103,7 @@ class CreateInterceptor:
                 decision = await asyncio.to_thread(self._judge, route, request)
                 if isinstance(decision, decide.Deny):
                     return error(403, decision.msg)
-                return await forward(request)
+                return await forward(_as_judged(request, route, decision))
             return await self._create(request, forward)
         except _FAILURES as e:
             return error(503, f"gpu-alloc cannot allocate right now: {e}")
@@ -315,6 +318,14 @@ def _resources_refusal(want: Resources, gpus: bool, spec: dict) -> str | None:
             "none; add --gpus, or set --cpuset-cpus/--memory yourself"
         )
     return conflicts(want, spec.get("HostConfig"))
+
+
+def _as_judged(request: Request, route: Route, decision: decide.Decision) -> Request:
+    """A start goes on naming the container that was judged, by its full id: no rename or
+    removal in between can make it start another one (allocator/core/inflight.py)."""
+    if isinstance(decision, decide.AllowStart) and decision.target is not None:
+        return replace(request, target=by_id(request.target, route, decision.target.id))
+    return request
 
 
 def _name(target: str) -> str:

@@ -24,8 +24,9 @@ from typing import Any
 from allocator.core import access, fields, gojson, labels, mounts
 from allocator.core.access import EngineView, HostFacts, Refusal
 from allocator.core.ask import Ask, ask_of
+from allocator.core.inflight import Target
 from allocator.core.inventory import Inventory, InventoryError
-from allocator.core.routes import Check, Route, RouteError, classify
+from allocator.core.routes import CLEARED, Check, Route, RouteError, classify
 
 DEFAULT_SHIM_SOCKET = "/run/gpu-alloc/docker.sock"
 
@@ -113,6 +114,14 @@ class StartCheck:
 
 
 @dataclass(frozen=True)
+class AllowStart:
+    """A start allowed for the container its reference named when judged (None: it named
+    none; dockerd will say so).  The shim forwards it by that container's full id."""
+
+    target: Target | None
+
+
+@dataclass(frozen=True)
 class UpdateCheck:
     """Allow unless ``ref``'s lease set one of ``fields`` (its leased cores or memory)."""
 
@@ -120,7 +129,7 @@ class UpdateCheck:
     fields: tuple[str, ...]
 
 
-Decision = Allow | Deny | NeedsLease | StartCheck | UpdateCheck
+Decision = Allow | Deny | NeedsLease | StartCheck | AllowStart | UpdateCheck
 ALLOW = Allow()
 
 
@@ -137,7 +146,7 @@ def route_of(method: str, uri: str) -> Route | Deny:
 
 def cleared(route: Route) -> bool:
     """True when the route table alone allows the call: no body, no facts, no ledger."""
-    return route.check in _CLEARED
+    return route.check in CLEARED
 
 
 def authz_request(
@@ -425,7 +434,6 @@ def _unknown(route: Route, method: str, uri: str, body: bytes | None, facts: Fac
     )
 
 
-_CLEARED = (Check.ALLOW, Check.REMOVE)
 _CHECKS = {
     Check.START: _start,
     Check.RESTART: _restart,

@@ -68,14 +68,18 @@ class Engine:
         return self._call(f"inspect volume {name}", lambda api: api.inspect_volume(name))
 
     def containers(
-        self, label: str | None = None, ids: list[str] | None = None
+        self, label: str | None = None, ids: list[str] | None = None, name: str | None = None
     ) -> list[dict[str, Any]]:
-        """Containers, stopped ones included (a stopped container keeps its GPUs)."""
+        """Containers, stopped ones included (a stopped container keeps its GPUs).
+
+        ``name``: a regular expression dockerd matches against each container's names."""
         filters: dict[str, list[str]] = {}
         if label:
             filters["label"] = [label]
         if ids:
             filters["id"] = ids
+        if name:
+            filters["name"] = [name]
         return (
             self._call(
                 "GET /containers/json",

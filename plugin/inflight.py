@@ -1,0 +1,122 @@
+"""The plugin's side of the in-flight rule (allocator/core/inflight.py): announce, then allow.
+
+A start or restart is judged first (`Allocator.resolve`: the inspect it judged says
+which container its reference named), then put in flight once no conflicting rename,
+removal, prune or named create is; a change is put in flight before its own verdict,
+once no start it could redirect is.  Each leaves at its AuthZRes (`end`), or when
+its verdict is a refusal.
+
+A start whose reference could move by something no call announces is refused before
+that (`inflight.refusal`).  Between the start's inspect and its entry a change may have
+begun and ended unseen; the board's generation tells, and then the reference is
+inspected again: it must name the same container, or the start is refused with
+"retry".  A start by full id of a --rm container that may exit is refused while a
+container is named like that id.  Only then can nothing move it until dockerd has
+looked it up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from allocator.core import inflight
+from allocator.core import verdicts as decide
+from allocator.core.inflight import Start, Target
+from allocator.core.routes import Check, Route, RouteError, classify
+from allocator.host.inflight import Registry
+from allocator.service import Allocator
+
+T = TypeVar("T")
+
+
+class InFlight:
+    def __init__(self, alloc: Allocator, registry: Registry | None = None):
+        self.alloc = alloc
+        self.registry = registry or Registry(
+            alloc.config.state_dir, alloc.config.policy.lock_timeout
+        )
+
+    @staticmethod
+    def guards(route: Route) -> bool:
+        return route.check in inflight.GUARDED
+
+    def judge(
+        self, route: Route, method: str, uri: str, verdict: Callable[[], decide.Decision]
+    ) -> decide.Decision:
+        """``verdict()`` (the call's resolved decision), with the call put in flight.
+
+        Without an Engine (tests of the ledger alone) nothing resolves a reference."""
+        if self.alloc.engine is None:
+            return verdict()
+        key = inflight.key(method, uri)
+        if route.check in inflight.STARTS:
+            return self._start(route, key, verdict)
+        change = inflight.hold_of(route, uri)
+        if change is None:
+            return verdict()
+        why, _ = self.registry.begin(key, change)
+        if why is not None:
+            return decide.Deny(why)
+        decision = self._or_end(key, verdict)
+        if isinstance(decision, decide.Deny):
+            self.registry.end(key)
+        return decision
+
+    def _start(
+        self, route: Route, key: str, verdict: Callable[[], decide.Decision]
+    ) -> decide.Decision:
+        before = self.registry.generation()
+        decision = verdict()
+        if not isinstance(decision, decide.AllowStart):
+            return decision
+        verb = "restart" if route.check is Check.RESTART else "start"
+        start = Start(verb, route.name, decision.target)
+        why = inflight.refusal(start)
+        if why is not None:
+            return decide.Deny(why)
+        why, seen = self.registry.begin(key, start)
+        if why is not None:
+            return decide.Deny(why)
+        why = self._or_end(key, lambda: self._recheck(start, moved=before != seen))
+        if why is not None:
+            self.registry.end(key)
+            return decide.Deny(why)
+        return decision
+
+    def _recheck(self, start: Start, moved: bool) -> str | None:
+        """What can still be wrong once the start is in flight, nothing can move it now."""
+        engine = self.alloc.engine
+        assert engine is not None
+        if moved:
+            now = Start(start.verb, start.ref, Target.of(engine.inspect(start.ref)))
+            if now != start:
+                return inflight.moved_text(start)
+        if inflight.needs_name_check(start):
+            named = [c for c in engine.containers(name=f"^/{start.ref}$") if c.get("Id")]
+            if named:
+                return inflight.named_like_id_text(start, named[0]["Id"])
+        return None
+
+    def _or_end(self, key: str, step: Callable[[], T]) -> T:
+        try:
+            return step()
+        except BaseException:
+            self.registry.end(key)
+            raise
+
+    def held(self, method: str, uri: str) -> bool:
+        """Whether the call was put in flight at its AuthZReq (no I/O: the route alone)."""
+        if self.alloc.engine is None:
+            return False
+        try:
+            route = classify(method, uri)
+        except RouteError:
+            return False
+        return route.check in inflight.STARTS or (
+            route.check in inflight.GUARDED and inflight.hold_of(route, uri) is not None
+        )
+
+    def end(self, method: str, uri: str) -> None:
+        """At AuthZRes: the call is over."""
+        self.registry.end(inflight.key(method, uri))
