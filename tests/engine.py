@@ -339,6 +339,7 @@ class Dockerd:
             if not can_connect(self.authz_plugin_socket):
                 raise EngineError(f"authz plugin socket {self.authz_plugin_socket} not listening")
             PLUGIN_SPEC_DIR.mkdir(parents=True, exist_ok=True)
+            forget_dead_specs(self.spec_path.parent)
             self.spec_path.write_text(f"unix://{self.authz_plugin_socket}\n")
         env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
         if root is None:
@@ -413,6 +414,21 @@ def engine_api(sock: str | os.PathLike[str], timeout: float = 60) -> docker.APIC
 
 def sim_gpu_uuid(index: int) -> str:
     return f"GPU-00000000-0000-0000-0000-{index:012d}"
+
+
+def forget_dead_specs(spec_dir: Path) -> None:
+    """Remove test plugin specs whose socket no longer answers (a run killed mid-way).
+
+    dockerd reads every spec when it looks for volume drivers, and waits about 15 s on
+    each dead one: a leftover made `docker volume` calls, and creates with named volumes,
+    hang on later runs.  A spec is written only once its plugin listens, so a live
+    Engine's spec always answers.
+    """
+    for spec in spec_dir.glob("gpu-alloc-test-*.spec"):
+        with contextlib.suppress(OSError):
+            sock = spec.read_text().strip().removeprefix("unix://")
+            if not can_connect(sock):
+                spec.unlink()
 
 
 def write_sim_gpus(path: str | os.PathLike[str], count: int, cuda: str | None = None) -> Path:

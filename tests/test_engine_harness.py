@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import socketserver
 import threading
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 
 import pytest
 
@@ -166,3 +168,19 @@ def test_dockerd_refuses_a_plugin_that_is_not_listening(tmp_path) -> None:
         dockerd.start()
     assert not dockerd.dir.exists()
     assert not dockerd.spec_path.exists()
+
+
+def test_dead_test_plugin_specs_are_forgotten_and_live_ones_kept(tmp_path: Path) -> None:
+    live_sock = tmp_path / "live.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(live_sock))
+    server.listen()
+    try:
+        (tmp_path / "gpu-alloc-test-1-0.spec").write_text(f"unix://{live_sock}\n")
+        (tmp_path / "gpu-alloc-test-2-0.spec").write_text(f"unix://{tmp_path}/gone.sock\n")
+        (tmp_path / "someone-else.spec").write_text(f"unix://{tmp_path}/gone.sock\n")
+        engine.forget_dead_specs(tmp_path)
+        left = sorted(p.name for p in tmp_path.glob("*.spec"))
+        assert left == ["gpu-alloc-test-1-0.spec", "someone-else.spec"]
+    finally:
+        server.close()
