@@ -24,7 +24,7 @@ from allocator.core import inflight
 from allocator.core import verdicts as decide
 from allocator.core.inflight import Start, Target
 from allocator.core.routes import Check, Route, RouteError, classify
-from allocator.host.inflight import Registry
+from allocator.host.inflight import Registry, runtime_dir
 from allocator.service import Allocator
 
 T = TypeVar("T")
@@ -34,7 +34,7 @@ class InFlight:
     def __init__(self, alloc: Allocator, registry: Registry | None = None):
         self.alloc = alloc
         self.registry = registry or Registry(
-            alloc.config.state_dir, alloc.config.policy.lock_timeout
+            runtime_dir(alloc.config), alloc.config.policy.lock_timeout
         )
 
     @staticmethod

@@ -141,7 +141,7 @@ class CreateInterceptor:
             return got
         if got is None:
             return await forward(_with_body(request, rewrite(spec, (), None), None))
-        ask, owner, leased = got
+        ask, owner, leased, plugin_settles = got
         if not isinstance(leased, tuple) and wait and getattr(leased, "waitable", False):
             req = LeaseRequest(ask, name, owner, want, resources)
             leased = await self._wait(req, wait, leased, request.gone)
@@ -173,7 +173,10 @@ class CreateInterceptor:
                 f"gpu-alloc: the Engine did not answer the create ({e}); "
                 "the container may exist: check 'docker ps -a'",
             )
-        await asyncio.to_thread(self._settle, lease.id, token, response)
+        if not (plugin_settles and response.status == 201):
+            # Behind the plugin, its AuthZRes bound the lease before dockerd answered (and
+            # a bind that failed there is reconcile's); other answers are settled here too.
+            await asyncio.to_thread(self._settle, lease.id, token, response)
         return response
 
     def _lease_for(
@@ -184,10 +187,11 @@ class CreateInterceptor:
         want: policy.Wanted | policy.Invalid,
         profile: str,
         resources: Resources,
-    ) -> Response | tuple[Ask, policy.Owner, Leased] | None:
+    ) -> Response | tuple[Ask, policy.Owner, Leased, bool] | None:
         """Everything from a decoded create to its lease, in one thread hop: the facts,
         the ask, the policy checks, the image's CUDA, the owner and the lease itself.
-        An error answer, None for a create that asks for no GPU, or what was leased."""
+        An error answer, None for a create that asks for no GPU, or what was leased and
+        whether dockerd runs gpu-alloc's plugin (which then binds a 201 itself)."""
         facts = self.alloc.facts()
         ask = decide.shim_ask(spec, facts)
         if isinstance(ask, decide.Deny):
@@ -207,7 +211,8 @@ class CreateInterceptor:
             return error(400, want.msg)
         owner = owner_of(peer)
         given = spec.get("Labels") or {}
-        return ask, owner, self.alloc.lease(ask, name, given, owner, want, resources)
+        leased = self.alloc.lease(ask, name, given, owner, want, resources)
+        return ask, owner, leased, self.alloc.config.plugin.name in facts.engine.authz_plugins
 
     async def _wait(
         self,

@@ -280,3 +280,9 @@ def test_the_engines_paths_come_from_info_daemon_json_and_its_command_line(tmp_p
     paths = engine_paths({"DockerRootDir": "/srv/root"}, "/nonexistent", sock, str(proc))
     assert {"/srv/root", "/srv/data", "/srv/exec", "/srv/ctd"} <= set(paths)
     assert sock not in paths  # every call on the Engine's socket passes the plugin
+
+
+def test_the_engine_view_names_the_authorization_plugins_dockerd_consults():
+    info = {"DefaultRuntime": "runc", "Plugins": {"Authorization": ["gpu-alloc"]}}
+    assert EngineView.from_info(info).authz_plugins == ("gpu-alloc",)
+    assert EngineView.from_info({"Plugins": {"Authorization": None}}).authz_plugins == ()

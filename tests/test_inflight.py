@@ -13,6 +13,7 @@ import pytest
 from allocator.core import inflight
 from allocator.core.inflight import Board, Change, Entry, Start, Target, clash
 from allocator.core.routes import Check, by_id, classify
+from allocator.host import inflight as inflight_file
 from allocator.host.inflight import Registry
 
 CID = "c0ffee" + "1" * 58  # the container a reference names
@@ -184,7 +185,7 @@ def test_the_generation_tells_a_start_that_something_began_or_ended_meanwhile(tm
 
 
 def test_an_unreadable_board_is_unknown_without_the_lock_and_empty_under_it(tmp_path) -> None:
-    (tmp_path / "inflight.json").write_text("{not json")  # as a read torn by a write
+    (tmp_path / inflight_file.BOARD_FILE).write_text("{not json")  # as a read torn by a write
     registry = Registry(tmp_path)
     assert registry.read() is None
     assert registry.generation() == -1  # "something changed": a start looks again

@@ -25,6 +25,8 @@ class EngineView:
     nvidia_runtimes: frozenset[str] = frozenset({"nvidia"})
     version: tuple[int, int, int] | None = None  # None: not known, judged as the oldest
     api_version: str = ""
+    # The authorization plugins dockerd consults on every call (``Plugins.Authorization``).
+    authz_plugins: tuple[str, ...] = ()
 
     @classmethod
     def from_info(
@@ -49,6 +51,7 @@ class EngineView:
             frozenset(nvidia),
             engine_version(str(version.get("Version") or info.get("ServerVersion") or "")),
             str(version.get("ApiVersion") or ""),
+            tuple(str(p) for p in (info.get("Plugins") or {}).get("Authorization") or ()),
         )
 
     @classmethod

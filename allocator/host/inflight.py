@@ -1,8 +1,13 @@
 """The in-flight registry file: the `allocator.core.inflight.Board` every plugin worker shares.
 
 AuthZReq and AuthZRes of one call may reach different worker processes, so what is in
-flight lives in a small file under ``state_dir``, locked on its own (never the ledger's
-lock: a start must not wait on a lease transaction, nor a lease on a rename).
+flight lives in a small file, locked on its own (never the ledger's lock: a start must
+not wait on a lease transaction, nor a lease on a rename).  The file is runtime state,
+not the ledger: it lives beside the plugin's socket (``/run/docker/plugins``, a tmpfs
+the plugin's unit may write), named so that dockerd, which reads ``*.sock``, ``*.spec``
+and ``*.json`` there, never takes it for a plugin.  So a full state disk refuses GPU
+grants but never a rename, a removal or a named create of a container that touches no
+GPU.
 
 Rules
 -----
@@ -31,14 +36,20 @@ from pathlib import Path
 from allocator.core import inflight
 from allocator.core.inflight import Board, Entry, Hold
 from allocator.core.leases import StateError
+from allocator.host.config import Config
 
-BOARD_FILE = "inflight.json"
+BOARD_FILE = "gpu-alloc.inflight"
 POLL = 0.005  # seconds between looks at the board while waiting, or at a held lock
 
 
+def runtime_dir(config: Config) -> str:
+    """Where the registry lives: beside the plugin's socket (runtime state, not the ledger)."""
+    return os.path.dirname(os.path.abspath(config.plugin.socket))
+
+
 class Registry:
-    def __init__(self, state_dir: str | os.PathLike[str], lock_timeout: float = 5.0):
-        self.dir = Path(state_dir)
+    def __init__(self, directory: str | os.PathLike[str], lock_timeout: float = 5.0):
+        self.dir = Path(directory)
         self.path = self.dir / BOARD_FILE
         self.lock_timeout = lock_timeout
         self._threads = threading.Lock()
