@@ -399,6 +399,8 @@ class Allocator(Reconciler):
             return False
         if lease is not None and lease.container == container:
             return True  # the plugin's AuthZRes bound it already: no lock, no write
+        if token is not None:
+            return lease is not None and self.ledger.record_bind(lease_id, container)
         with self.ledger.transaction() as state:
             return state.bind(lease_id, container)
 

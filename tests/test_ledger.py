@@ -444,3 +444,62 @@ def test_leased_cpus_and_memory_round_trip_and_count_only_live_leases() -> None:
     assert again.leases[a.id].cpus == (0, 16) and again.leases[a.id].mems == (0,)
     assert (again.leased_cpus(), again.leased_memory()) == ({0, 16}, {0: 1 << 30})
     assert (again.leased_cpus(but=a.id), again.leased_memory(but=a.id)) == (set(), {})
+
+
+# --- the bind journal --------------------------------------------------------------------------
+
+
+def test_a_recorded_bind_is_read_at_once_and_folded_by_the_next_transaction(
+    tmp_path: Path,
+) -> None:
+    led = Ledger(tmp_path / "state")
+    with led.transaction() as st:
+        lease, _ = st.new_lease((A,), now=0, ttl=60)
+    assert led.record_bind(lease.id, "c" * 64)
+    assert led.read().leases[lease.id].container == "c" * 64  # no transaction yet
+    assert (led.binds / lease.id).exists()
+    with led.transaction():
+        pass
+    assert not (led.binds / lease.id).exists()
+    on_disk = json.loads(led.path.read_text())["leases"][lease.id]
+    assert (on_disk["state"], on_disk["container"]) == ("bound", "c" * 64)
+
+
+def test_the_first_recorded_answer_wins(tmp_path: Path) -> None:
+    led = Ledger(tmp_path / "state")
+    with led.transaction() as st:
+        lease, _ = st.new_lease((A,), now=0, ttl=60)
+    assert led.record_bind(lease.id, "c" * 64)
+    assert led.record_bind(lease.id, "c" * 64)  # the same answer twice
+    assert not led.record_bind(lease.id, "d" * 64)
+    assert led.read().leases[lease.id].container == "c" * 64
+
+
+def test_an_empty_record_from_a_power_cut_leaves_the_lease_pending(tmp_path: Path) -> None:
+    led = Ledger(tmp_path / "state")
+    with led.transaction() as st:
+        lease, _ = st.new_lease((A,), now=0, ttl=60)
+    led.binds.mkdir()
+    (led.binds / lease.id).write_bytes(b"")
+    assert led.read().leases[lease.id].state == "pending"
+    with led.transaction() as st:
+        assert st.bind(lease.id, "e" * 64)  # reconcile binds it from the label
+    assert led.read().leases[lease.id].container == "e" * 64
+
+
+def test_records_of_ended_leases_are_removed(tmp_path: Path) -> None:
+    led = Ledger(tmp_path / "state")
+    with led.transaction() as st:
+        lease, _ = st.new_lease((A,), now=0, ttl=60)
+    assert led.record_bind(lease.id, "c" * 64)
+    with led.transaction() as st:
+        st.release(lease.id)
+    assert led.read().leases == {}
+    assert list(led.binds.iterdir()) == []
+
+
+def test_a_record_is_never_a_path_outside_the_journal(tmp_path: Path) -> None:
+    led = Ledger(tmp_path / "state")
+    assert not led.record_bind("../state.json", "c" * 64)
+    assert not led.record_bind("0123456789ABCDEF", "c" * 64)
+    assert not (tmp_path / "state").exists()

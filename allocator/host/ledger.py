@@ -11,6 +11,12 @@ Rules
    `StateError` names the file and the repair command.
 4. Tokens are stored only as SHA-256 hashes: reading the file (or a container's
    labels) never gives anyone a usable token.
+5. A create's 201 is recorded in the bind journal (`record_bind`): one small file per
+   lease, ``binds/<lease id>``, holding the container id, made with O_EXCL, no lock and
+   no fsync.  Every read lays the journal over the state; every transaction folds it
+   in and removes what it folded.  A record lost to a power cut (or left empty) only
+   leaves its lease pending, which reconcile binds from the container's label, so the
+   one fsync'd write a create makes is its grant.
 
 `State` (the pure lease life) lives in allocator/core/leases.py; this is its file shell.
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 import threading
 import time
@@ -33,6 +40,7 @@ from allocator.core.leases import REPAIR_HINT, State, StateError
 __all__ = ["Ledger", "State", "StateError", "now"]
 
 STATE_FILE = "state.json"
+BINDS_DIR = "binds"
 LOCK_FILE = "lock"
 LOCK_POLL = 0.003  # seconds between tries for a lock another process holds
 
@@ -43,6 +51,7 @@ class Ledger:
     def __init__(self, state_dir: str | os.PathLike[str], lock_timeout: float = 5.0):
         self.dir = Path(state_dir)
         self.path = self.dir / STATE_FILE
+        self.binds = self.dir / BINDS_DIR
         self.lock_path = self.dir / LOCK_FILE
         self.lock_timeout = lock_timeout
         self._threads = threading.Lock()
@@ -60,11 +69,62 @@ class Ledger:
         self._dir_ready = True
 
     def read(self) -> State:
-        """A consistent snapshot without the lock (renames are atomic)."""
-        return self._load()[0]
+        """A consistent snapshot without the lock (renames are atomic), journal included."""
+        state, _, _ = self._load()
+        return state
 
-    def _load(self) -> tuple[State, bytes]:
-        """The state and the bytes it was read from (an empty state's, with no file)."""
+    def record_bind(self, lease_id: str, container: str) -> bool:
+        """The Engine answered lease ``lease_id``'s create with ``container`` (rule 5).
+
+        The first record wins (O_EXCL); a second for the same container is no news, one
+        for another container is refused, as `State.bind` would.
+        """
+        if not _LEASE_ID.fullmatch(lease_id):
+            return False
+        path = self.binds / lease_id
+        try:
+            self.binds.mkdir(mode=0o700, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            with contextlib.suppress(OSError):
+                return path.read_text() == container
+            return False
+        except OSError as e:
+            raise StateError(f"{path}: cannot record the binding: {e.strerror}") from None
+        try:
+            os.write(fd, container.encode())
+        finally:
+            os.close(fd)
+        return True
+
+    def _journal(self, state: State) -> list[Path]:
+        """Lay the bind journal over ``state``; the records it holds no more use for."""
+        try:
+            records = list(self.binds.iterdir())
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise StateError(f"{self.binds}: cannot read: {e.strerror}") from None
+        done = []
+        for record in records:
+            try:
+                container = record.read_text()
+            except OSError:
+                continue  # gone meanwhile: folded by another transaction
+            lease = state.leases.get(record.name)
+            if lease is None or (container and not state.bind(record.name, container)):
+                done.append(record)  # its lease ended, or it is bound to another one
+            elif container:
+                done.append(record)  # folded into ``state``
+        return done
+
+    def _load(self) -> tuple[State, bytes, list[Path]]:
+        """The state with the journal laid over it, the bytes of the file it was read
+        from (an empty state's, with no file), and the journal records it folded in."""
+        state, raw = self._file()
+        return state, raw, self._journal(state)
+
+    def _file(self) -> tuple[State, bytes]:
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
@@ -123,14 +183,21 @@ class Ledger:
         per transaction, and none written when nothing changed.
         """
         with self.locked():
-            state, raw = self._load()
+            state, raw, folded = self._load()
             yield state
             data = _encode(state)
             if data != raw:
                 self._write(data)
+            for record in folded:  # in the state file now, or of no more use
+                with contextlib.suppress(OSError):
+                    record.unlink()
 
     def write(self, state: State) -> None:
+        """Replace the state whole (repair): the journal's records go with the old one."""
         self._write(_encode(state))
+        with contextlib.suppress(OSError):
+            for record in self.binds.iterdir():
+                record.unlink()
 
     def _write(self, data: bytes) -> None:
         tmp = None
@@ -159,6 +226,7 @@ def _encode(state: State) -> bytes:
 
 
 _EMPTY = _encode(State())
+_LEASE_ID = re.compile(r"[0-9a-f]{16}")  # `State.new_lease`'s ids: never a path
 
 
 def now() -> float:
