@@ -192,11 +192,18 @@ def create_app(config: Config, allocator: Allocator | None = None) -> Flask:
     alloc = allocator or Allocator(config, Engine(config.engine.socket, config.engine.timeout))
     app = Flask("gpu-alloc-plugin")
 
+    dispatcher = Dispatcher(alloc)
+
     @app.post("/Plugin.Activate")
     def activate() -> Response:
+        # dockerd activates its plugins once per life: whatever was in flight belonged to
+        # a dockerd that is gone (a restart mid-call), and no AuthZRes will end it.
+        try:
+            dispatcher.inflight.registry.clear()
+        except StateError as e:
+            log.warning("in-flight registry not cleared at activation: %s", e)
         return Response(_ACTIVATE, status=200, mimetype=_MIME)
 
-    dispatcher = Dispatcher(alloc)
     app.extensions[DISPATCHER] = dispatcher  # plugin.worker answers authz calls with it
     app.wsgi_app = _Authz(app.wsgi_app, dispatcher)  # type: ignore[method-assign]
     return app

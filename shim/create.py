@@ -234,7 +234,10 @@ class CreateInterceptor:
             return error(503, "gpu-alloc: the client left the queue")
         if got is not None:
             return got
-        waited = f" (waited {ago(time.monotonic() - started)} in line, the most it asked for)"
+        # Its whole time ran out (an event loop's timer may fire a hair early: say what it
+        # asked for, not 1s for 1.999).
+        took = max(seconds, time.monotonic() - started)
+        waited = f" (waited {ago(took)} in line, the most it asked for)"
         return replace(refused, msg=refused.msg + waited)
 
     async def _queue(self) -> Response:

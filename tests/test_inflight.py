@@ -193,25 +193,49 @@ def test_an_unreadable_board_is_unknown_without_the_lock_and_empty_under_it(tmp_
     assert [e.key for e in registry.read().entries] == ["s"]
 
 
-def _race(directory: str, hold: Start | Change, go, out) -> None:
+def _race(directory: str, hold: Start | Change, go, out, done) -> None:
     registry = Registry(directory)
     registry.read()
     go.wait()
     out.put(registry.begin("k", hold, wait=0)[0] is None)
+    done.wait(10)  # a worker lives on: its entries end with it
 
 
 def test_two_worker_processes_never_both_hold_calls_that_conflict(tmp_path) -> None:
     """AuthZReq of a start and of a removal of its container reach two workers at once."""
     ctx = multiprocessing.get_context("fork")
     for _ in range(10):
-        go, out = ctx.Event(), ctx.Queue()
+        go, out, done = ctx.Event(), ctx.Queue(), ctx.Event()
         holds = (start("web"), Change("remove", "web"))
-        procs = [ctx.Process(target=_race, args=(str(tmp_path), h, go, out)) for h in holds]
+        procs = [ctx.Process(target=_race, args=(str(tmp_path), h, go, out, done)) for h in holds]
         for p in procs:
             p.start()
         go.set()
+        won = sorted(out.get(timeout=5) for _ in procs)
+        done.set()
         for p in procs:
             p.join(10)
-        assert sorted(out.get(timeout=5) for _ in procs) == [False, True]
+        assert won == [False, True]
         Registry(tmp_path).end("k")
         assert Registry(tmp_path).read() == Board(Registry(tmp_path).generation())
+
+
+def test_an_entry_of_a_worker_that_died_ends_with_it(tmp_path):
+    """A worker killed between AuthZReq and AuthZRes: dockerd failed that call."""
+    worker = multiprocessing.get_context("fork").Process(
+        target=lambda: Registry(tmp_path).begin("k1", Start("start", "job", None))
+    )
+    worker.start()
+    worker.join(10)
+    assert [e.key for e in Registry(tmp_path).read().entries] == []
+    raw = json.loads((tmp_path / inflight_file.BOARD_FILE).read_text())
+    assert [e["pid"] for e in raw["entries"]] == [worker.pid]  # written, then void
+    why, _ = Registry(tmp_path).begin("k2", Change("remove", "job"))
+    assert why is None
+
+
+def test_activation_clears_what_a_previous_dockerd_left_in_flight(tmp_path):
+    registry = Registry(tmp_path)
+    assert registry.begin("k1", Start("start", "job", None))[0] is None
+    registry.clear()
+    assert registry.read().entries == ()

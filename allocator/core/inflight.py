@@ -274,6 +274,7 @@ class Entry:
     key: str
     hold: Hold
     expires: float
+    pid: int = 0  # the plugin worker that put it in flight: its death ends the entry
 
 
 @dataclass(frozen=True)
@@ -287,6 +288,12 @@ class Board:
     def blocker(self, hold: Hold, now: float) -> Entry | None:
         """The first live entry ``hold`` conflicts with."""
         return next((e for e in self.entries if e.expires > now and clash(hold, e.hold)), None)
+
+    def keeping(self, alive: Callable[[int], bool]) -> Board:
+        """Without the entries of workers no longer alive (a worker killed between a
+        call's AuthZReq and AuthZRes: dockerd failed that call, no AuthZRes will come)."""
+        kept = tuple(e for e in self.entries if alive(e.pid))
+        return self if len(kept) == len(self.entries) else Board(self.generation, kept)
 
     def with_entry(self, entry: Entry, now: float) -> Board:
         live = tuple(e for e in self.entries if e.expires > now)
@@ -325,7 +332,7 @@ def _entry_json(e: Entry) -> dict[str, Any]:
         hold: dict[str, Any] = {"start": [h.verb, h.ref, target]}
     else:
         hold = {"change": [h.kind, h.ref, sorted(h.names)]}
-    return {"key": e.key, "expires": e.expires, **hold}
+    return {"key": e.key, "expires": e.expires, "pid": e.pid, **hold}
 
 
 def _entry_of(data: dict[str, Any]) -> Entry:
@@ -338,4 +345,4 @@ def _entry_of(data: dict[str, Any]) -> Entry:
         if kind not in _CLASHES:
             raise ValueError(kind)
         hold = Change(str(kind), str(ref), frozenset(map(str, names)))
-    return Entry(str(data["key"]), hold, float(data["expires"]))
+    return Entry(str(data["key"]), hold, float(data["expires"]), int(data.get("pid", 0)))

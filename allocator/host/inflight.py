@@ -65,9 +65,10 @@ class Registry:
         except OSError:
             return None
         try:
-            return Board.from_json(json.loads(raw)) if raw else Board()
+            board = Board.from_json(json.loads(raw)) if raw else Board()
         except ValueError:
             return None
+        return board.keeping(_alive)
 
     def generation(self) -> int:
         board = self.read()
@@ -87,7 +88,8 @@ class Registry:
                     board = _board(fd)
                     blocker = board.blocker(hold, now)
                     if blocker is None:
-                        _write(fd, board.with_entry(Entry(key, hold, now + inflight.TTL), now))
+                        entry = Entry(key, hold, now + inflight.TTL, os.getpid())
+                        _write(fd, board.with_entry(entry, now))
                         return None, board.generation
                     if time.monotonic() >= deadline:
                         return inflight.clash_text(hold, blocker.hold), board.generation
@@ -102,6 +104,14 @@ class Registry:
             board = _board(fd).without(key, time.time())
             if board is not None:
                 _write(fd, board)
+
+    def clear(self) -> None:
+        """dockerd (re)activated the plugin: the calls in flight were the previous
+        dockerd's, and their AuthZRes will never come."""
+        with self._locked() as fd:
+            board = _board(fd)
+            if board.entries:
+                _write(fd, inflight.Board(board.generation + 1))
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[int]:
@@ -154,9 +164,23 @@ class Registry:
 def _board(fd: int) -> Board:
     try:
         raw = os.pread(fd, os.fstat(fd).st_size, 0)
-        return Board.from_json(json.loads(raw)) if raw else Board()
+        board = Board.from_json(json.loads(raw)) if raw else Board()
     except (OSError, ValueError):
         return Board()
+    return board.keeping(_alive)
+
+
+def _alive(pid: int) -> bool:
+    """Is the worker that wrote an entry still there (0: an entry from before pids)?"""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _write(fd: int, board: Board) -> None:
