@@ -21,6 +21,7 @@ import pytest
 
 from allocator.core.ask import Ask
 from allocator.host import config as configmod
+from allocator.host.ledger import Ledger
 from allocator.service import Allocator
 from tests import engine
 from tests.conftest import require_engine
@@ -191,6 +192,8 @@ def keeper(stack: FaultStack) -> Iterator[tuple[str, str]]:
     """A GPU container made before the fault; (id, its UUID)."""
     cid = ok(shim(stack, "run", "-d", "--name", "keeper", "--gpus", "1", IMAGE, "sleep", "300"))
     state = stack.state_dir / "state.json"
+    with Ledger(stack.state_dir).transaction():
+        pass  # fold the bind journal in: the bytes saved below are then the whole state
     saved = state.read_bytes()
     yield cid, visible_devices(stack, cid) or ""
     state.write_bytes(saved)  # whatever the test did to it
