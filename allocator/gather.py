@@ -106,6 +106,13 @@ class Gatherer:
         """The Engine's runtimes and version; without an Engine, judge it as the oldest."""
         return self._engine_facts()[0]
 
+    def known_engine_view(self) -> EngineView | None:
+        """The Engine's view if read lately, without asking it (for an event loop)."""
+        with self._lock:
+            if self._view and time.monotonic() - self._view[0] < ENGINE_VIEW_MAX_AGE:
+                return self._view[1]
+        return None
+
     def _engine_facts(self) -> tuple[EngineView, Host]:
         """What the Engine says it is, and the host with the Engine's own paths protected."""
         with self._lock:

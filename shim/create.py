@@ -14,7 +14,9 @@ the canonical body that was checked, with the lease's token in the
 header a client sent is dropped).
 
 A start or restart goes on by the full id of the container judged, so no rename
-or removal in between can make dockerd start another one.
+or removal in between can make dockerd start another one.  Behind gpu-alloc's
+plugin (dockerd names it among its authorization plugins) the shim forwards such
+writes as they are: the plugin judges them by the same verdict on every socket.
 
 After forwarding, `verdicts.create_outcome` (the rule the plugin's AuthZRes
 follows too): 201 binds the lease to the container id; any other answer frees
@@ -100,6 +102,8 @@ class CreateInterceptor:
             return error(400, route.msg)
         try:
             if route.check is not Check.CREATE:
+                if self._plugin_judges():
+                    return await forward(request)  # by the same verdict, on every socket
                 decision = await asyncio.to_thread(self._judge, route, request)
                 if isinstance(decision, decide.Deny):
                     return error(403, decision.msg)
@@ -107,6 +111,13 @@ class CreateInterceptor:
             return await self._create(request, forward)
         except _FAILURES as e:
             return error(503, f"gpu-alloc cannot allocate right now: {e}")
+
+    def _plugin_judges(self) -> bool:
+        """dockerd runs gpu-alloc's plugin (as the Engine said lately): it judges every
+        write this shim would, starts included (and keeps a start's reference from
+        moving), so judging here too would only double the inspect."""
+        view = self.alloc.known_engine_view()
+        return view is not None and self.alloc.config.plugin.name in view.authz_plugins
 
     def _judge(self, route: Route, request: Request) -> decide.Decision:
         """The plugin's verdict, with facts read only where the check needs them."""

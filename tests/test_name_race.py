@@ -18,6 +18,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import docker.errors
@@ -195,10 +196,11 @@ def test_a_rm_container_that_may_exit_restarts_only_by_full_id(stack):
 
 
 @pytest.mark.parametrize("verb", VERBS)
-def test_the_shim_forwards_a_start_by_the_full_id_it_judged(stack, pair, verb):
+def test_the_shim_alone_forwards_a_start_by_the_full_id_it_judged(stack, pair, verb):
     good, _ = pair
     config = configmod.load(str(stack.config_path))
-    shim = CreateInterceptor(Allocator(config, Engine(stack.engine_sock)))
+    alone = replace(config, plugin=replace(config.plugin, name="not-this-engines-plugin"))
+    shim = CreateInterceptor(Allocator(alone, Engine(stack.engine_sock)))
     sent: list[Request] = []
 
     async def forward(request: Request) -> Response:
@@ -212,6 +214,24 @@ def test_the_shim_forwards_a_start_by_the_full_id_it_judged(stack, pair, verb):
         answer = asyncio.run(shim.handle(Request("POST", target, [], b""), forward))
         assert answer.status == 204
         assert sent.pop().target == expected
+
+
+def test_behind_the_plugin_the_shim_leaves_a_start_to_it(stack, pair):
+    """dockerd runs gpu-alloc's plugin: it judges the start (and holds its reference
+    still), so the shim forwards it as sent, without an inspect of its own."""
+    config = configmod.load(str(stack.config_path))
+    alloc = Allocator(config, Engine(stack.engine_sock))
+    alloc.facts()  # the Engine's view, as the shim has it after any create
+    shim = CreateInterceptor(alloc)
+    sent: list[Request] = []
+
+    async def forward(request: Request) -> Response:
+        sent.append(request)
+        return Response(204, "No Content", [], b"")
+
+    answer = asyncio.run(shim.handle(Request("POST", "/containers/swap-a/start", [], b""), forward))
+    assert answer.status == 204
+    assert sent.pop().target == "/containers/swap-a/start"
 
 
 def test_a_rename_swap_race_on_the_real_socket_never_starts_the_other_container(stack, pair):
