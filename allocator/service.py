@@ -22,19 +22,17 @@ from allocator.core.ask import Ask
 from allocator.core.inflight import Target
 from allocator.core.inventory import Inventory
 from allocator.core.leases import Holder, Lease, Phase, State, StateError
+from allocator.core.outcomes import Bind, Forget, Unanswered
 from allocator.core.placement import Shortage, place, usable
 from allocator.core.policy import NOBODY, Invalid, Owner, Refusal, Wanted
 from allocator.core.verdicts import (
     ALLOW,
     HINT,
     AllowStart,
-    Bind,
     Decision,
     Deny,
-    Forget,
     NeedsLease,
     StartCheck,
-    Unanswered,
     UpdateCheck,
 )
 from allocator.host import ledger, metrics

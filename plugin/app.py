@@ -39,6 +39,7 @@ from typing import Any
 
 from flask import Flask, Response
 
+from allocator.core import outcomes
 from allocator.core import verdicts as decide
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
@@ -167,14 +168,14 @@ class Dispatcher:
             return _deny("gpu-alloc could not read the Engine's authorization response")
         if method not in ("POST", "DELETE"):
             return _ALLOW
-        outcome = decide.authz_response(method, uri, status, _response_body(req), _headers(req))
+        outcome = outcomes.authz_response(method, uri, status, _response_body(req), _headers(req))
         held = self.inflight.held(method, uri)
         if outcome is None and not held:
             return _ALLOW
         return partial(self._settle, outcome, method, uri, held)
 
     def _settle(
-        self, outcome: decide.Outcome | None, method: str, uri: str, held: bool = False
+        self, outcome: outcomes.Outcome | None, method: str, uri: str, held: bool = False
     ) -> bytes:
         try:
             if held:

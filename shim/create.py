@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from urllib.parse import parse_qs, urlsplit
 
-from allocator.core import cuda, errors, gojson, labels, policy
+from allocator.core import cuda, errors, gojson, labels, outcomes, policy
 from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
 from allocator.core.cpus import Placed, Resources, conflicts
@@ -300,7 +300,7 @@ class CreateInterceptor:
     def _settle(self, lease_id: str, token: str, response: Response) -> None:
         if response.status != 201:
             log.info("lease %s: the Engine answered %s", lease_id, response.status)
-        self.alloc.settle(decide.create_outcome(lease_id, token, response.status, response.body))
+        self.alloc.settle(outcomes.create_outcome(lease_id, token, response.status, response.body))
 
 
 _REFUSAL_STATUS = {Shortage: 409, policy.Refusal: 403, policy.Invalid: 400}

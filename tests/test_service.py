@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from allocator.core import compose, labels
+from allocator.core import compose, labels, outcomes
 from allocator.core import verdicts as decide
 from allocator.core.access import EngineView
 from allocator.core.ask import Ask
@@ -77,7 +77,7 @@ def test_leases_take_distinct_free_gpus_without_asking_the_engine(alloc, fake) -
 def test_a_shortage_reconciles_once_and_finds_gpus_freed_by_docker_rm(alloc, fake) -> None:
     lease, token = leased(alloc, GPUS)
     cid = create(fake, lease, token)
-    alloc.settle(decide.Bind(lease.id, cid, token))
+    alloc.settle(outcomes.Bind(lease.id, cid, token))
     assert isinstance(alloc.lease(one(), "next"), Shortage)
     fake.remove(cid)  # `docker rm` never passes the plugin with the container's GPUs
     again, _ = leased(alloc, 1, "next")
@@ -90,7 +90,7 @@ def test_a_shortage_reconciles_once_and_finds_gpus_freed_by_docker_rm(alloc, fak
 
 def test_201_binds_the_lease_to_the_new_container(alloc, fake) -> None:
     lease, token = leased(alloc)
-    outcome = decide.create_outcome(lease.id, token, 201, b'{"Id": "' + b"c" * 64 + b'"}')
+    outcome = outcomes.create_outcome(lease.id, token, 201, b'{"Id": "' + b"c" * 64 + b'"}')
     alloc.settle(outcome)
     bound = alloc.ledger.read().leases[lease.id]
     assert (bound.phase, bound.container) == (Phase.BOUND, "c" * 64)
@@ -99,13 +99,13 @@ def test_201_binds_the_lease_to_the_new_container(alloc, fake) -> None:
 def test_a_201_to_a_create_with_a_forged_lease_header_binds_nothing(alloc, fake) -> None:
     """A GPU-less create needs no token, so one may carry any header: its 201 proves nothing."""
     lease, _ = leased(alloc)
-    alloc.settle(decide.create_outcome(lease.id, "made-up", 201, b'{"Id": "' + b"d" * 64 + b'"}'))
+    alloc.settle(outcomes.create_outcome(lease.id, "made-up", 201, b'{"Id": "' + b"d" * 64 + b'"}'))
     assert alloc.ledger.read().leases[lease.id].phase is Phase.PENDING
 
 
 def test_an_error_with_no_container_frees_the_lease(alloc, fake) -> None:
     lease, token = leased(alloc)
-    alloc.settle(decide.create_outcome(lease.id, token, 409, b'{"message": "name in use"}'))
+    alloc.settle(outcomes.create_outcome(lease.id, token, 409, b'{"message": "name in use"}'))
     assert lease.id not in alloc.ledger.read().leases
 
 
@@ -113,34 +113,34 @@ def test_an_error_after_dockerd_created_the_container_binds_instead(alloc, fake)
     """A 5xx (or a 4xx) can come after the container exists: its lease must not be freed."""
     lease, token = leased(alloc)
     cid = create(fake, lease, token)
-    alloc.settle(decide.create_outcome(lease.id, token, 500, b'{"message": "authz broke"}'))
+    alloc.settle(outcomes.create_outcome(lease.id, token, 500, b'{"message": "authz broke"}'))
     assert alloc.ledger.read().leases[lease.id].container == cid
 
 
 def test_an_error_with_the_engine_down_leaves_the_lease_pending(alloc, fake) -> None:
     lease, token = leased(alloc)
     fake.down = True
-    alloc.settle(decide.create_outcome(lease.id, token, 404, b""))
+    alloc.settle(outcomes.create_outcome(lease.id, token, 404, b""))
     assert alloc.ledger.read().leases[lease.id].phase is Phase.PENDING
 
 
 def test_the_plugin_and_the_shim_follow_the_same_rule() -> None:
     """AuthZRes and the shim both settle through `create_outcome`: 4xx proves nothing."""
     headers = {"X-Gpu-Alloc-Lease": "abc.tok"}  # as dockerd passes the request's headers on
-    plugin = decide.authz_response("POST", "/v1.41/containers/create", 400, None, headers)
-    assert plugin == decide.create_outcome("abc", "tok", 400, None)
-    assert plugin == decide.Unanswered("abc", "abc")
-    assert decide.create_outcome("abc", "tok", 201, b"not json") is None  # reconcile binds
+    plugin = outcomes.authz_response("POST", "/v1.41/containers/create", 400, None, headers)
+    assert plugin == outcomes.create_outcome("abc", "tok", 400, None)
+    assert plugin == outcomes.Unanswered("abc", "abc")
+    assert outcomes.create_outcome("abc", "tok", 201, b"not json") is None  # reconcile binds
 
 
 def test_a_removal_by_id_prefix_ends_that_containers_lease_once_it_is_gone(alloc, fake) -> None:
     lease, token = leased(alloc)
     cid = create(fake, lease, token)
-    alloc.settle(decide.Bind(lease.id, cid, token))
-    alloc.settle(decide.Forget(cid[:12]))
+    alloc.settle(outcomes.Bind(lease.id, cid, token))
+    alloc.settle(outcomes.Forget(cid[:12]))
     assert lease.id in alloc.ledger.read().leases  # the Engine still has it: a decoy went
     fake.remove(cid)
-    alloc.settle(decide.Forget(cid[:12]))
+    alloc.settle(outcomes.Forget(cid[:12]))
     assert lease.id not in alloc.ledger.read().leases
 
 
@@ -150,7 +150,7 @@ def test_a_removal_by_id_prefix_ends_that_containers_lease_once_it_is_gone(alloc
 def test_reconcile_frees_a_lease_whose_container_is_gone(alloc, fake) -> None:
     lease, token = leased(alloc)
     cid = create(fake, lease, token)
-    alloc.settle(decide.Bind(lease.id, cid, token))
+    alloc.settle(outcomes.Bind(lease.id, cid, token))
     fake.remove(cid)
     report = alloc.reconcile()
     assert report.freed == [lease.id]
@@ -198,7 +198,7 @@ def test_a_compose_recreate_on_a_full_host_takes_over_its_predecessors_gpus(allo
     given = {compose.PROJECT: "p", compose.SERVICE: "train"}
     old, token = leased(alloc, GPUS, "p_train_1", given)
     old_id = create(fake, old, token, "p_train_1", labels_=given)
-    alloc.settle(decide.Bind(old.id, old_id, token))
+    alloc.settle(outcomes.Bind(old.id, old_id, token))
     # Compose v1: stop the old one, rename it <short id>_<name>, create the new one.
     fake.by_id[old_id]["State"] = {"Running": False, "Status": "exited"}
     fake.by_id[old_id]["Name"] = f"/{old_id[:12]}_p_train_1"

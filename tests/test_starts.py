@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from allocator.core import outcomes
 from allocator.core import verdicts as decide
 from allocator.core.access import EngineView, Node
 from allocator.core.inventory import GPU, Inventory
@@ -173,5 +174,5 @@ def test_a_delete_by_any_reference_asks_about_the_lease():
     """A name, a short prefix or a full id: dockerd resolved it; the service proves it."""
     for ref in ("decoy", "abc", OWN[:12], OWN):
         uri = f"/v1.41/containers/{ref}?force=1"
-        assert decide.authz_response("DELETE", uri, 204, None) == decide.Forget(ref)
-    assert decide.authz_response("DELETE", "/containers/x", 404, None) is None
+        assert outcomes.authz_response("DELETE", uri, 204, None) == outcomes.Forget(ref)
+    assert outcomes.authz_response("DELETE", "/containers/x", 404, None) is None

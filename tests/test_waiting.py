@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from allocator.core import labels, policy
-from allocator.core import verdicts as decide
+from allocator.core import labels, outcomes, policy
 from allocator.core.ask import Ask
 from allocator.core.leases import Phase
 from allocator.core.placement import Shortage
@@ -64,14 +63,14 @@ def hold(alloc: Allocator, fake: FakeEngine, owner: Owner, n: int = 1) -> str:
     assert isinstance(got, tuple), got
     lease, token = got
     cid = fake.add(lease.name, gpus=lease.gpus, lease=labels.lease_label(lease.id))
-    alloc.settle(decide.Bind(lease.id, cid, token))
+    alloc.settle(outcomes.Bind(lease.id, cid, token))
     return cid
 
 
 def free(alloc: Allocator, fake: FakeEngine, cid: str) -> None:
     """``docker rm -f``: the container goes and the plugin's AuthZRes ends its lease."""
     fake.remove(cid)
-    alloc.settle(decide.Forget(cid))
+    alloc.settle(outcomes.Forget(cid))
 
 
 def waiter(owner: Owner, arrived: int, n: int = 1, priority: int = 0, **want: Any) -> Waiter:
@@ -243,7 +242,7 @@ def test_many_waiters_random_releases_and_cancels_keep_the_invariants(tmp_path, 
     rng = random.Random(15)
     cids = [hold(alloc, fake, BOB) for _ in range(GPUS)]
     owners = [ALICE, BOB, CAROL]
-    outcomes: dict[str, str] = {}
+    ended: dict[str, str] = {}
 
     async def main() -> None:
         line = Waitline(alloc, poll=0.02, events=False)
@@ -255,16 +254,16 @@ def test_many_waiters_random_releases_and_cancels_keep_the_invariants(tmp_path, 
             try:
                 got = await line.wait(request_of(owners[i % 3], rng.choice((1, 1, 2))), 3, gone)
             except Gone:
-                outcomes[f"w{i}"] = "gone"
+                ended[f"w{i}"] = "gone"
                 return
             if got is None:
-                outcomes[f"w{i}"] = "timed out"
+                ended[f"w{i}"] = "timed out"
                 return
             lease, token = got
-            outcomes[f"w{i}"] = "granted"
+            ended[f"w{i}"] = "granted"
             await asyncio.sleep(rng.uniform(0, 0.05))
             cid = fake.add(lease.name, gpus=lease.gpus, lease=labels.lease_label(lease.id))
-            await asyncio.to_thread(alloc.settle, decide.Bind(lease.id, cid, token))
+            await asyncio.to_thread(alloc.settle, outcomes.Bind(lease.id, cid, token))
             cids.append(cid)
 
         async def releaser() -> None:
@@ -280,8 +279,8 @@ def test_many_waiters_random_releases_and_cancels_keep_the_invariants(tmp_path, 
         line.stop()
 
     asyncio.run(main())
-    assert len(outcomes) == 24
-    assert {"granted", "gone"} <= set(outcomes.values()), outcomes
+    assert len(ended) == 24
+    assert {"granted", "gone"} <= set(ended.values()), ended
     state = alloc.ledger.read()
     gpus = live_gpus(alloc)
     assert len(gpus) == len(set(gpus))
