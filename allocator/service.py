@@ -398,7 +398,9 @@ class Allocator(Reconciler):
         if lease is not None and lease.container == container:
             return True  # the plugin's AuthZRes bound it already: no lock, no write
         if token is not None:
-            return lease is not None and self.ledger.record_bind(lease_id, container)
+            if lease is None or lease.container is not None:
+                return False  # gone, or the Engine named another container for it already
+            return self.ledger.record_bind(lease_id, container)
         with self.ledger.transaction() as state:
             return state.bind(lease_id, container)
 

@@ -284,3 +284,12 @@ def test_nvml_failing_is_named_in_the_refusal(tmp_path: Path, fake: FakeEngine) 
     gpu = {"Image": "busybox", "HostConfig": {"DeviceRequests": [{"Driver": "nvidia", "Count": 1}]}}
     refused = decide.shim_ask(gpu, facts)
     assert isinstance(refused, decide.Deny) and "NVML" in refused.msg
+
+
+def test_a_second_201_for_a_bound_lease_binds_nothing(alloc, fake) -> None:
+    lease, token = leased(alloc)
+    assert alloc.bind(lease.id, "c" * 64, token)
+    with alloc.ledger.transaction():
+        pass  # the journal folded in: the binding is in the state file now
+    assert not alloc.bind(lease.id, "d" * 64, token)
+    assert alloc.ledger.read().leases[lease.id].container == "c" * 64
