@@ -1,8 +1,9 @@
 """The shim's HTTP/1.1 framing, sans I/O: parse heads, find where bodies end, encode.
 
 Why it is shaped this way: the Go docker client and docker-py keep connections
-alive, so every request head on a connection is parsed (llhttp, via httptools)
-and offered to the interceptor.  Body boundaries come from the framing
+alive, so every request head on a connection is read and offered to the
+interceptor: the everyday bodiless GET and its fixed-length answer by the quick
+path below (a few C-level scans), everything else by llhttp (via httptools).  Body boundaries come from the framing
 (Content-Length, or a small chunk scanner that finds where a chunked body ends
 in the raw bytes, cross-checked by llhttp), so pipelined requests split
 correctly and spliced bytes are never re-encoded.  Nothing here touches a
@@ -301,6 +302,72 @@ def _parse_response(buf: bytes, end: int) -> tuple[httptools.HttpResponseParser 
     except httptools.HttpParserError as e:
         raise _BadMessage(f"bad response from the Engine: {e}") from None
     return parser, head
+
+
+# --- the quick path ------------------------------------------------------------------------
+#
+# Most calls on a connection are a GET head with no body and a fixed-length answer.  Parsing
+# them with llhttp (a parser object, a Python callback per header) was most of the shim's own
+# cost per call.  These two recognise exactly that shape with a few C-level scans and say
+# None for anything else, which then takes the full parse: they never decide a boundary the
+# full parse would draw elsewhere (tests/test_shim_quick.py holds them to that).
+
+# A request head as the Docker clients send one: the request line as Go's server splits it
+# (method, one space, origin-form target, one space, HTTP/1.1), then well-formed header
+# lines (a token, a colon, a value of visible characters, spaces and tabs), none of them
+# one that could give the request a body, close the connection, upgrade it or wait for a
+# 100-continue.  Header names are matched ignoring ASCII case, as Go folds them.
+_SPECIAL = rb"(?!(?i:content-length|transfer-encoding|connection|expect|upgrade):)"
+_QUICK_HEAD = re.compile(
+    rb"([A-Z]{1,16}) (/[!-~]*) HTTP/1\.1\r\n"
+    rb"(?:" + _SPECIAL + rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\r\n)*\r\n"
+)
+# A response head from the Engine with a status that has a body, no Connection header and
+# exactly one framing header: Content-Length (group 2) or a plain `chunked` coding (group 3).
+_PLAIN = rb"(?:(?!(?i:content-length|transfer-encoding|connection):)[^\r\n:]+:[^\r\n]*\r\n)*"
+_QUICK_RESPONSE = re.compile(
+    rb"HTTP/1\.1 (?!204|304)([2-5][0-9][0-9]) [^\r\n]*\r\n"
+    + _PLAIN
+    + rb"(?:(?i:content-length):[ \t]*([0-9]{1,15})|(?i:transfer-encoding):[ \t]*(chunked))"
+    + rb"[ \t]*\r\n"
+    + _PLAIN
+    + rb"\r\n"
+)
+_QUICK_CHUNK = re.compile(rb"([0-9a-fA-F]{1,8})\r\n")
+
+
+def quick_request(data: bytes) -> tuple[str, str] | None:
+    """(method, target) when `data` is exactly one bodiless keep-alive HTTP/1.1 request head."""
+    head = _QUICK_HEAD.fullmatch(data)
+    if head is None:
+        return None
+    return head[1].decode("latin-1"), head[2].decode("latin-1")
+
+
+def quick_response(data: bytes) -> bool:
+    """Whether `data` is exactly one whole keep-alive response, framed by its Content-Length
+    or by plain chunks (no extensions, no trailers)."""
+    head = _QUICK_RESPONSE.match(data)
+    if head is None:
+        return False
+    if head[2] is not None:
+        return head.end() + int(head[2]) == len(data)
+    return _whole_chunks(data, head.end())
+
+
+def _whole_chunks(data: bytes, pos: int) -> bool:
+    """Whether data[pos:] is a chunked body that ends exactly where data does."""
+    while True:
+        line = _QUICK_CHUNK.match(data, pos)
+        if line is None:
+            return False
+        size = int(line[1], 16)
+        pos = line.end() + size
+        if size == 0:
+            return pos + 2 == len(data) and data.endswith(b"\r\n")
+        if data[pos : pos + 2] != b"\r\n":
+            return False
+        pos += 2
 
 
 def _error_bytes(status: int, message: str, *, close: bool) -> bytes:

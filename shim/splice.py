@@ -43,6 +43,8 @@ from shim.framing import (
     _keep_alive,
     _parse_request,
     _parse_response,
+    quick_request,
+    quick_response,
 )
 from shim.intercept import InterceptSide
 from shim.upstream import (
@@ -133,8 +135,33 @@ class _Client(InterceptSide, UpstreamSide, asyncio.Protocol):
         if self.raw:
             self.ut.write(data)  # type: ignore[union-attr]
             return
+        if self.rq == _RQ_HEAD and not self.buf and not self.awaiting and self._quick(data):
+            return
         self.buf = self.buf + data if self.buf else data
         self.advance()
+
+    def _quick(self, data: bytes) -> bool:
+        """Forward a bodiless request the interceptor does not want, recognised by a few
+        scans (`framing.quick_request`); False leaves it to the full parse."""
+        ut = self.ut
+        if ut is None or self.up is None or self.up.eof or ut.is_closing():
+            return False
+        request = quick_request(data)
+        if request is None:
+            return False
+        try:
+            if self.proxy.interceptor.wants(*request):
+                return False
+        except Exception:
+            return False  # the full parse asks again and answers the error
+        ut.write(data)
+        self.awaiting = True
+        self.head_req = request[0] == "HEAD"
+        self.req_keep = True
+        self.rsent = False
+        self.rs = _RS_HEAD
+        self.rq = _RQ_SENT
+        return True
 
     def eof_received(self) -> bool:
         self.client_eof = True
@@ -306,6 +333,11 @@ class _Client(InterceptSide, UpstreamSide, asyncio.Protocol):
         if self.raw:
             self.ct.write(data)  # type: ignore[union-attr]
             return
+        if self.rs == _RS_HEAD and not self.ubuf and not self.head_req and quick_response(data):
+            self.rsent = True
+            self.ct.write(data)  # type: ignore[union-attr]
+            self._response_done(True)
+            return
         self.ubuf = self.ubuf + data if self.ubuf else data
         if self.rs == _RS_COLLECT:
             self._collect()
@@ -397,8 +429,10 @@ class _Client(InterceptSide, UpstreamSide, asyncio.Protocol):
             return
         if self.rq == _RQ_SENT:
             self.rq = _RQ_HEAD
-            self.resume_client(_P_AHEAD)
-            self.advance()
+            if self.cpause:
+                self.resume_client(_P_AHEAD)
+            if self.buf or self.client_eof:
+                self.advance()
 
     def _hijack(self) -> None:
         """From now on both directions are raw byte pipes; EOFs pass on as write-EOFs."""
