@@ -288,8 +288,10 @@ class State:
     def to_json(self) -> dict[str, Any]:
         return {
             "version": SCHEMA_VERSION,
-            "leases": {k: asdict(v) for k, v in sorted(self.leases.items())},
-            "claims": {k: asdict(v) for k, v in sorted(self.claims.items())},
+            # vars(), not asdict(): the fields are plain values and tuples of them, which
+            # json writes as they are; asdict's deep copy was most of a ledger write's encoding.
+            "leases": {k: vars(v) for k, v in sorted(self.leases.items())},
+            "claims": {k: vars(v) for k, v in sorted(self.claims.items())},
             "adopted_at": self.adopted_at,
             "expired": dict(sorted(self.expired.items())),
         }
