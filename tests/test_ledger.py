@@ -306,6 +306,27 @@ def test_a_state_directory_that_cannot_be_created_is_a_state_error(tmp_path: Pat
         pass
 
 
+def test_a_read_sees_every_other_writer_and_changes_to_it_stay_the_readers(
+    tmp_path: Path,
+) -> None:
+    shim, plugin = Ledger(tmp_path), Ledger(tmp_path)  # two processes' ledgers, one file
+    with shim.transaction() as st:
+        first, _ = st.new_lease((A,), now=100.0, ttl=60.0)
+    assert set(plugin.read().leases) == {first.id}
+    with shim.transaction() as st:
+        second, _ = st.new_lease((B,), now=100.0, ttl=60.0)
+    assert set(plugin.read().leases) == {first.id, second.id}  # new bytes: read anew
+    mine = plugin.read()
+    mine.leases.clear()  # a reader's copy: the next read is the file's, not this
+    assert set(plugin.read().leases) == {first.id, second.id}
+    led = Ledger(tmp_path)
+    led.path.write_text(json.dumps({**json.loads(led.path.read_text()), "leases": {}}))
+    assert plugin.read().leases == {}  # a file changed under it, by anyone
+    with plugin.transaction() as st:
+        st.new_lease((C,), now=100.0, ttl=60.0)
+    assert [le.gpus for le in shim.read().leases.values()] == [(C,)]
+
+
 # --- the lock ----------------------------------------------------------------------------------
 
 

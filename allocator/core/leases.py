@@ -160,6 +160,10 @@ class State:
     # is refused with that reason until it is removed.
     expired: dict[str, float] = field(default_factory=dict)
 
+    def copy(self) -> State:
+        """A state to change without changing this one (leases and claims are frozen)."""
+        return State(dict(self.leases), dict(self.claims), self.adopted_at, dict(self.expired))
+
     def holders(self, all_gpus: frozenset[str] | set[str]) -> dict[str, Holder]:
         """UUID -> its holder.  A handed-over lease's GPUs count under the lease it lent
         them to; an unpinned claim holds every GPU of ``all_gpus`` nothing else names."""

@@ -56,6 +56,9 @@ class Ledger:
         self.lock_timeout = lock_timeout
         self._threads = threading.Lock()
         self._dir_ready = False
+        # The last state this process read or wrote, with the file's bytes: a file that
+        # reads back the same bytes is that state, so it is not decoded again.
+        self._known: tuple[bytes, State] = (_EMPTY, State())
 
     def ensure_dir(self) -> None:
         if self._dir_ready:
@@ -131,11 +134,16 @@ class Ledger:
             return State(), _EMPTY
         except OSError as e:
             raise StateError(f"{self.path}: cannot read: {e.strerror}") from None
+        known, state = self._known
+        if raw == known:
+            return state.copy(), raw
         try:
             data = json.loads(raw.decode("utf-8"))
         except ValueError as e:  # UnicodeDecodeError is a ValueError too
             raise StateError(f"{self.path}: corrupt JSON ({e}); {REPAIR_HINT}") from None
-        return State.from_json(data, str(self.path)), raw
+        state = State.from_json(data, str(self.path))
+        self._known = (raw, state.copy())
+        return state, raw
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -188,6 +196,7 @@ class Ledger:
             data = _encode(state)
             if data != raw:
                 self._write(data)
+                self._known = (data, state.copy())
             for record in folded:  # in the state file now, or of no more use
                 with contextlib.suppress(OSError):
                     record.unlink()
