@@ -66,8 +66,14 @@ class Allocator(Reconciler):
         owner: Owner = NOBODY,
         want: Wanted = Wanted(),  # noqa: B008  # frozen
         resources: cpus.Resources = cpus.NOTHING,
+        *,
+        durable: bool = True,
     ) -> tuple[Lease, str] | Shortage | Refusal | Invalid:
         """Place and record a pending lease; on shortage, reconcile once and retry.
+
+        The grant is on disk when this returns, unless ``durable`` is False: then the
+        caller runs `Ledger.sync_grant` before it tells anyone (the shim, while dockerd
+        creates the container).
 
         The policy decides first: the pool and request labels narrow the GPUs, and the
         owner's limit counts every GPU their leases hold, under the lock.
@@ -100,6 +106,8 @@ class Allocator(Reconciler):
                 elif isinstance(result, Shortage) and isinstance(retry, Shortage):
                     result = retry
         self._count(result, name)
+        if durable and isinstance(result, tuple):
+            self.ledger.sync_grant(result[0].id)
         return result
 
     def _count(self, result: object, name: str) -> None:
@@ -161,7 +169,7 @@ class Allocator(Reconciler):
         topology: cpus.Topology | None,
         predecessor: tuple[str, str] | None = None,
     ) -> tuple[Lease, str] | Shortage | Refusal:
-        with self.ledger.transaction() as state:
+        with self.ledger.transaction(grant=True) as state:
             taken = self._take(state, req, scope, topology, predecessor=predecessor)
         if not isinstance(taken, tuple):
             return taken

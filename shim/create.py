@@ -170,11 +170,15 @@ class CreateInterceptor:
         if lease.pool:
             body["Labels"][policy.POOL] = lease.pool
         log.info("lease %s: GPUs %s for create %r", lease.id, ",".join(lease.gpus), name)
+        # The grant goes to disk while dockerd creates the container; the client hears
+        # of neither before both are done.
+        synced = asyncio.ensure_future(asyncio.to_thread(self._sync, lease.id))
         try:
             response = await forward(
                 _with_body(request, body, labels.lease_header(lease.id, token))
             )
         except UpstreamError as e:
+            await synced
             if not e.maybe_delivered:
                 await asyncio.to_thread(self.alloc.release, lease.id)
                 return error(502, f"gpu-alloc: the Engine is not answering: {e}")
@@ -184,11 +188,18 @@ class CreateInterceptor:
                 f"gpu-alloc: the Engine did not answer the create ({e}); "
                 "the container may exist: check 'docker ps -a'",
             )
+        await synced
         if not (plugin_settles and response.status == 201):
             # Behind the plugin, its AuthZRes bound the lease before dockerd answered (and
             # a bind that failed there is reconcile's); other answers are settled here too.
             await asyncio.to_thread(self._settle, lease.id, token, response)
         return response
+
+    def _sync(self, lease_id: str) -> None:
+        try:
+            self.alloc.ledger.sync_grant(lease_id)
+        except StateError as e:  # granted all the same: only a power cut could lose it now
+            log.error("lease %s: %s", lease_id, e)
 
     def _lease_for(
         self,
@@ -222,7 +233,7 @@ class CreateInterceptor:
             return error(400, want.msg)
         owner = owner_of(peer)
         given = spec.get("Labels") or {}
-        leased = self.alloc.lease(ask, name, given, owner, want, resources)
+        leased = self.alloc.lease(ask, name, given, owner, want, resources, durable=False)
         return ask, owner, leased, self.alloc.config.plugin.name in facts.engine.authz_plugins
 
     async def _wait(

@@ -3,11 +3,12 @@
 Why it is shaped this way: the Go docker client and docker-py keep connections
 alive, so every request head on a connection is read and offered to the
 interceptor: the everyday bodiless GET and its fixed-length answer by the quick
-path below (a few C-level scans), everything else by llhttp (via httptools).  Body boundaries come from the framing
-(Content-Length, or a small chunk scanner that finds where a chunked body ends
-in the raw bytes, cross-checked by llhttp), so pipelined requests split
-correctly and spliced bytes are never re-encoded.  Nothing here touches a
-socket: shim/splice.py feeds it bytes and acts on what it returns.
+path below (a few C-level scans), everything else by llhttp (via httptools).
+Body boundaries come from the framing (Content-Length, or a small chunk scanner
+that finds where a chunked body ends in the raw bytes, cross-checked by llhttp),
+so pipelined requests split correctly and spliced bytes are never re-encoded.
+Nothing here touches a socket: shim/splice.py feeds it bytes and acts on what it
+returns.
 """
 
 from __future__ import annotations

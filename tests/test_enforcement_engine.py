@@ -14,6 +14,7 @@ import subprocess
 import pytest
 import yaml
 
+from allocator.host.ledger import Ledger
 from tests import engine
 from tests.conftest import require_engine
 
@@ -140,7 +141,7 @@ def test_a_lease_label_replayed_from_inspect_is_denied_and_shows_no_token(stack)
     assert containers(stack) == before
     # The token went to the plugin in a request header: the label is the lease id alone.
     lease_id = info["Config"]["Labels"]["io.gpu-alloc.lease"]
-    assert lease_id in json.loads((stack.state_dir / "state.json").read_text())["leases"]
+    assert lease_id in Ledger(stack.state_dir).read().leases
     assert "." not in lease_id
     # Through the shim, the copied label is stripped and a fresh lease is made instead.
     again = engine.docker_cli(

@@ -373,12 +373,12 @@ def _violations(st: State) -> list[str]:
     return found
 
 
-def _allocate_and_release(state_dir: str, seed: int, rounds: int) -> dict[str, object]:
+def _allocate_and_release(state_dir: str, seed: int, rounds: int, grant: bool) -> dict[str, object]:
     rng = random.Random(seed)
     led = Ledger(state_dir, lock_timeout=30)
     created, released, violations, shortages = [], [], [], 0
     for _ in range(rounds):
-        with led.transaction() as st:
+        with led.transaction(grant=grant) as st:
             violations += _violations(st)
             held = st.holders(POOL.uuids)
             picked = place(ONE_GPU, POOL, held, POLICIES["first-fit"])
@@ -394,11 +394,15 @@ def _allocate_and_release(state_dir: str, seed: int, rounds: int) -> dict[str, o
             "shortages": shortages}  # fmt: skip
 
 
-def test_concurrent_transactions_never_share_a_gpu_nor_lose_an_update(tmp_path: Path) -> None:
+@pytest.mark.parametrize("grant", [False, True], ids=["full writes", "with grant records"])
+def test_concurrent_transactions_never_share_a_gpu_nor_lose_an_update(
+    tmp_path: Path, grant: bool
+) -> None:
     workers, rounds = 8, 40
     with FORK.Pool(workers) as pool:
         results = pool.starmap(
-            _allocate_and_release, [(str(tmp_path), seed, rounds) for seed in range(workers)]
+            _allocate_and_release,
+            [(str(tmp_path), seed, rounds, grant) for seed in range(workers)],
         )
     assert [v for r in results for v in r["violations"]] == []
     created = [i for r in results for i in r["created"]]
@@ -416,23 +420,27 @@ def test_concurrent_transactions_never_share_a_gpu_nor_lose_an_update(tmp_path: 
 # --- a writer killed at any instant ------------------------------------------------------------
 
 
-def _churn(state_dir: str) -> None:
+def _churn(state_dir: str, grant: bool) -> None:
     led = Ledger(state_dir)
     i = 0
     while True:
-        with led.transaction() as st:
+        with led.transaction(grant=grant) as st:  # with grant: a grant record
             st.new_lease((f"GPU-{i % 4}", f"GPU-{(i + 1) % 4}"), now=i, ttl=60)
+        with led.transaction() as st:
             while len(st.leases) > 3:
                 st.release(min(st.leases.values(), key=lambda le: le.created).id)
         i += 1
 
 
-def test_a_writer_killed_at_random_moments_leaves_a_parseable_state(tmp_path: Path) -> None:
+@pytest.mark.parametrize("grant", [False, True], ids=["full writes", "with grant records"])
+def test_a_writer_killed_at_random_moments_leaves_a_parseable_state(
+    tmp_path: Path, grant: bool
+) -> None:
     rng = random.Random(20240611)
     led = Ledger(tmp_path)
     seen: set[str] = set()
     for _ in range(8):
-        child = FORK.Process(target=_churn, args=(str(tmp_path),))
+        child = FORK.Process(target=_churn, args=(str(tmp_path), grant))
         child.start()
         deadline = time.monotonic() + 5
         while not led.path.exists() and time.monotonic() < deadline:
@@ -443,7 +451,7 @@ def test_a_writer_killed_at_random_moments_leaves_a_parseable_state(tmp_path: Pa
         assert child.exitcode == -signal.SIGKILL
         text = led.path.read_text()
         assert json.loads(text)["version"] == SCHEMA_VERSION
-        assert 1 <= len(led.read().leases) <= 3
+        assert 1 <= len(led.read().leases) <= 4  # killed between adding and releasing
         seen.add(text)
     assert len(seen) > 1  # the writer made progress between kills
     with Ledger(tmp_path, lock_timeout=1).transaction() as st:  # no lock left behind
@@ -524,3 +532,148 @@ def test_a_record_is_never_a_path_outside_the_journal(tmp_path: Path) -> None:
     assert not led.record_bind("../state.json", "c" * 64)
     assert not led.record_bind("0123456789ABCDEF", "c" * 64)
     assert not (tmp_path / "state").exists()
+
+
+# --- the grant journal -------------------------------------------------------------------------
+
+
+def grant(led: Ledger, gpu: str = A) -> str:
+    with led.transaction(grant=True) as st:
+        lease, _ = st.new_lease((gpu,), now=100.0, ttl=60.0)
+    return lease.id
+
+
+def grant_records(led: Ledger) -> list[str]:
+    return sorted(p.name for p in led.grants.iterdir()) if led.grants.exists() else []
+
+
+def test_a_grant_is_a_record_beside_the_file_that_every_reader_sees(tmp_path: Path) -> None:
+    shim, plugin = Ledger(tmp_path), Ledger(tmp_path)
+    before = shim.path.read_bytes() if shim.path.exists() else b""
+    lease_id = grant(shim)
+    assert grant_records(shim) == [lease_id]
+    assert (shim.path.read_bytes() if shim.path.exists() else b"") == before  # not rewritten
+    assert set(plugin.read().leases) == {lease_id}
+    with plugin.transaction() as st:  # another transaction: a holder like any other
+        assert st.holders({A, B}).keys() == {A}
+
+
+def test_the_next_full_write_folds_the_grants_in_under_a_new_generation(tmp_path: Path) -> None:
+    led = Ledger(tmp_path)
+    first, second = grant(led, A), grant(led, B)
+    with led.transaction() as st:
+        st.release(first)
+    assert grant_records(led) == []
+    on_disk = json.loads(led.path.read_text())
+    assert set(on_disk["leases"]) == {second} and on_disk["generation"]
+
+
+def test_a_grant_record_a_crash_left_behind_never_brings_an_ended_lease_back(
+    tmp_path: Path,
+) -> None:
+    led = Ledger(tmp_path)
+    lease_id = grant(led)
+    left = led.grants / lease_id
+    kept = left.read_bytes()
+    with led.transaction() as st:
+        st.release(lease_id)  # folded, then ended, in one full write
+    left.write_bytes(kept)  # as if the writer died before removing the record
+    assert Ledger(tmp_path).read().leases == {}
+    with led.transaction():
+        pass
+    assert grant_records(led) == []  # a dead record is cleared by the next transaction
+
+
+def test_a_grant_record_a_power_cut_left_empty_is_no_lease_and_is_cleared(
+    tmp_path: Path,
+) -> None:
+    led = Ledger(tmp_path)
+    lease_id = grant(led)
+    (led.grants / lease_id).write_bytes(b"")
+    (led.grants / ".deadbeefdeadbeef.tmp").write_bytes(b"{")
+    assert led.read().leases == {}
+    with led.transaction():
+        pass
+    assert sorted(p.name for p in led.grants.iterdir()) == []
+
+
+def test_a_fold_between_a_readers_two_reads_hides_no_grant(tmp_path: Path, monkeypatch) -> None:
+    """Rule 6: grants are read before the file, so a fold in between loses nothing."""
+    writer, reader = Ledger(tmp_path), Ledger(tmp_path)
+    lease_id = grant(writer)
+    file_of = reader._file
+
+    def fold_first() -> tuple[State, bytes]:
+        with writer.transaction() as st:
+            st.bind(lease_id, "c" * 64)  # a full write: the grant is folded and removed
+        return file_of()
+
+    monkeypatch.setattr(reader, "_file", fold_first)
+    assert set(reader.read().leases) == {lease_id}
+    assert grant_records(writer) == []
+
+
+def test_a_transaction_that_changes_more_than_new_leases_writes_the_file(tmp_path: Path) -> None:
+    led = Ledger(tmp_path)
+    lease_id = grant(led)
+    with led.transaction(grant=True) as st:
+        st.new_lease((B,), now=100.0, ttl=60.0)
+        st.release(lease_id)
+    assert grant_records(led) == []
+    assert len(json.loads(led.path.read_text())["leases"]) == 1
+
+
+def test_past_the_journal_limit_a_grant_folds_the_records_in(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(ledger, "MAX_JOURNAL", 2)
+    led = Ledger(tmp_path)
+    ids = [grant(led, gpu) for gpu in (A, B, C)]
+    assert grant_records(led) == []  # the third went with a full write
+    assert set(json.loads(led.path.read_text())["leases"]) == set(ids)
+
+
+def test_sync_grant_fsyncs_a_live_record_and_is_done_for_a_folded_one(
+    tmp_path: Path, monkeypatch
+) -> None:
+    led = Ledger(tmp_path)
+    lease_id = grant(led)
+    synced: list[str] = []
+    real = os.fsync
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))
+    )
+    led.sync_grant(lease_id)
+    assert synced == [str(led.grants / lease_id)]
+    with led.transaction() as st:
+        st.bind(lease_id, "c" * 64)  # folded by a full write, fsync'd there
+    synced.clear()
+    led.sync_grant(lease_id)
+    assert synced == []
+
+
+def test_a_state_file_of_schema_1_reads_and_is_rewritten_as_the_current_one(
+    tmp_path: Path,
+) -> None:
+    led = Ledger(tmp_path)
+    led.path.write_text(json.dumps({"version": 1, "leases": {}, "claims": {}}))
+    assert led.read().generation == ""
+    grant(led)
+    with led.transaction() as st:
+        st.leases.clear()
+    assert json.loads(led.path.read_text())["version"] == SCHEMA_VERSION == 2
+
+
+def test_a_grant_that_cannot_be_recorded_beside_the_file_is_written_into_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    led = Ledger(tmp_path)
+    real = os.rename
+
+    def full(src: str, dst: str) -> None:
+        if str(dst).startswith(str(led.grants)):
+            raise OSError(28, "No space left on device")
+        real(src, dst)
+
+    monkeypatch.setattr(os, "rename", full)
+    lease_id = grant(led)
+    assert set(json.loads(led.path.read_text())["leases"]) == {lease_id}
+    assert not led.grants.exists()  # nothing half written is left

@@ -36,7 +36,10 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum, StrEnum
 from typing import Any
 
-SCHEMA_VERSION = 1
+# 2: a file may have grants recorded beside it (its ``generation``), which 1 never read;
+# 1's files read as 2's with none.
+SCHEMA_VERSION = 2
+READS = frozenset({1, SCHEMA_VERSION})
 REPAIR_HINT = "inspect it, then run 'gpu-alloc repair' to rebuild it from the Engine"
 
 
@@ -159,10 +162,37 @@ class State:
     # container -> when its lease ended under policy.release_stopped_after; its start
     # is refused with that reason until it is removed.
     expired: dict[str, float] = field(default_factory=dict)
+    # Which write of the file this is: a grant recorded beside the file (the ledger's
+    # grant journal) belongs to the file of its generation, and dies with it.
+    generation: str = ""
 
     def copy(self) -> State:
         """A state to change without changing this one (leases and claims are frozen)."""
-        return State(dict(self.leases), dict(self.claims), self.adopted_at, dict(self.expired))
+        return State(
+            dict(self.leases),
+            dict(self.claims),
+            self.adopted_at,
+            dict(self.expired),
+            self.generation,
+        )
+
+    def added_since(self, base: State) -> list[Lease] | None:
+        """The leases this state has that ``base`` lacks, when that is all that differs."""
+        if (self.claims, self.expired, self.adopted_at, self.generation) != (
+            base.claims,
+            base.expired,
+            base.adopted_at,
+            base.generation,
+        ):
+            return None
+        new = []
+        for lease_id, lease in self.leases.items():
+            old = base.leases.get(lease_id)
+            if old is None:
+                new.append(lease)
+            elif old is not lease and old != lease:
+                return None
+        return new if len(self.leases) == len(base.leases) + len(new) else None
 
     def holders(self, all_gpus: frozenset[str] | set[str]) -> dict[str, Holder]:
         """UUID -> its holder.  A handed-over lease's GPUs count under the lease it lent
@@ -298,13 +328,14 @@ class State:
             "claims": {k: vars(v) for k, v in sorted(self.claims.items())},
             "adopted_at": self.adopted_at,
             "expired": dict(sorted(self.expired.items())),
+            "generation": self.generation,
         }
 
     @classmethod
     def from_json(cls, data: Any, path: str) -> State:
         if not isinstance(data, dict) or "version" not in data:
             raise StateError(f"{path}: not a gpu-alloc state file; {REPAIR_HINT}")
-        if data["version"] != SCHEMA_VERSION:
+        if data["version"] not in READS:
             newer = isinstance(data["version"], int) and data["version"] > SCHEMA_VERSION
             raise StateError(
                 f"{path}: schema version {data['version']!r} "
@@ -315,16 +346,19 @@ class State:
                 )
             )
         try:
-            leases = {k: _lease(v) for k, v in data["leases"].items()}
+            leases = {k: lease_from_json(v) for k, v in data["leases"].items()}
             claims = {k: _claim(v) for k, v in data["claims"].items()}
             adopted_at = data.get("adopted_at")
             expired = {str(k): float(v) for k, v in (data.get("expired") or {}).items()}
+            generation = str(data.get("generation") or "")
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise StateError(f"{path}: malformed entry ({e!r}); {REPAIR_HINT}") from None
-        return cls(leases, claims, adopted_at, expired)
+        return cls(leases, claims, adopted_at, expired, generation)
 
 
-def _lease(v: dict[str, Any]) -> Lease:
+def lease_from_json(v: dict[str, Any]) -> Lease:
+    """A lease as `State.to_json` writes one; a malformed one raises (KeyError, TypeError,
+    ValueError)."""
     if v.get("state") == "authorized":
         # Written by 0.1, whose plugin consumed a token in the ledger: such a lease's create
         # was admitted already, and its token is readable on the container (0.1 labelled

@@ -15,8 +15,19 @@ Rules
    lease, ``binds/<lease id>``, holding the container id, made with O_EXCL, no lock and
    no fsync.  Every read lays the journal over the state; every transaction folds it
    in and removes what it folded.  A record lost to a power cut (or left empty) only
-   leaves its lease pending, which reconcile binds from the container's label, so the
-   one fsync'd write a create makes is its grant.
+   leaves its lease pending, which reconcile binds from the container's label.
+6. A transaction that only adds leases (a grant, `transaction(grant=True)`) records
+   each in the grant journal, ``grants/<lease id>`` (written aside, then renamed in),
+   instead of rewriting the file; the caller makes it durable with `sync_grant`, which
+   a create runs while dockerd works on it.  A record belongs to the file it was
+   granted on (its ``generation``): the next full write folds it in under a new
+   generation, so a record left behind by a crash is recognised as folded and never
+   brings back a lease that ended.  Readers read the grants before the file, so a fold
+   in between can hide a grant from nobody.  A record lost to a power cut leaves a
+   container whose lease is gone, which reconcile adopts by its GPUs.
+
+Every full write is fsync'd before it replaces the file; a create's grant is fsync'd
+before its answer reaches the client, but no longer before dockerd is asked.
 
 `State` (the pure lease life) lives in allocator/core/leases.py; this is its file shell.
 """
@@ -27,6 +38,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import tempfile
 import threading
 import time
@@ -35,12 +47,14 @@ from pathlib import Path
 
 import portalocker
 
-from allocator.core.leases import REPAIR_HINT, State, StateError
+from allocator.core.leases import REPAIR_HINT, Lease, State, StateError, lease_from_json
 
 __all__ = ["Ledger", "State", "StateError", "now"]
 
 STATE_FILE = "state.json"
 BINDS_DIR = "binds"
+GRANTS_DIR = "grants"
+MAX_JOURNAL = 32  # records beside the file before a grant folds them in (reads read each)
 LOCK_FILE = "lock"
 LOCK_POLL = 0.003  # seconds between tries for a lock another process holds
 
@@ -52,6 +66,7 @@ class Ledger:
         self.dir = Path(state_dir)
         self.path = self.dir / STATE_FILE
         self.binds = self.dir / BINDS_DIR
+        self.grants = self.dir / GRANTS_DIR
         self.lock_path = self.dir / LOCK_FILE
         self.lock_timeout = lock_timeout
         self._threads = threading.Lock()
@@ -72,9 +87,26 @@ class Ledger:
         self._dir_ready = True
 
     def read(self) -> State:
-        """A consistent snapshot without the lock (renames are atomic), journal included."""
-        state, _, _ = self._load()
-        return state
+        """A consistent snapshot without the lock (renames are atomic), journals included."""
+        return self._load()[0]
+
+    def sync_grant(self, lease_id: str) -> None:
+        """Make lease ``lease_id``'s grant record durable (rule 6); a record folded into
+        the file already is (every full write is fsync'd)."""
+        if not _LEASE_ID.fullmatch(lease_id):
+            return
+        try:
+            fd = os.open(self.grants / lease_id, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise StateError(f"{self.grants}: cannot sync the grant: {e.strerror}") from None
+        try:
+            os.fsync(fd)
+        except OSError as e:
+            raise StateError(f"{self.grants}: cannot sync the grant: {e.strerror}") from None
+        finally:
+            os.close(fd)
 
     def record_bind(self, lease_id: str, container: str) -> bool:
         """The Engine answered lease ``lease_id``'s create with ``container`` (rule 5).
@@ -100,32 +132,50 @@ class Ledger:
             os.close(fd)
         return True
 
-    def _journal(self, state: State) -> list[Path]:
-        """Lay the bind journal over ``state``; the records it holds no more use for."""
-        try:
-            records = list(self.binds.iterdir())
-        except FileNotFoundError:
-            return []
-        except OSError as e:
-            raise StateError(f"{self.binds}: cannot read: {e.strerror}") from None
-        done = []
-        for record in records:
+    def _granted(self) -> list[tuple[Path, str, Lease | None]]:
+        """The grant journal's records: (path, generation, lease), None for one unreadable."""
+        records = []
+        for path in _records(self.grants):
             try:
-                container = record.read_text()
-            except OSError:
+                data = json.loads(_small(path))
+                records.append((path, str(data["generation"]), lease_from_json(data["lease"])))
+            except FileNotFoundError:
+                continue  # folded meanwhile
+            except (OSError, ValueError, KeyError, TypeError):
+                records.append((path, "", None))  # empty after a power cut, or not ours
+        return records
+
+    def _journal(
+        self, state: State, granted: list[tuple[Path, str, Lease | None]]
+    ) -> tuple[list[Path], int, int]:
+        """Lay the grant and bind journals over ``state``: the records it holds no more use
+        for (folded into ``state``, or dead), and how many grants and binds are live."""
+        done, grants, live = [], 0, 0
+        for path, generation, lease in granted:
+            done.append(path)  # folded into ``state`` here, or dead
+            if lease is not None and generation == state.generation:
+                grants += 1
+                state.leases.setdefault(lease.id, lease)
+        for record in _records(self.binds):
+            try:
+                container = _small(record).decode()
+            except (OSError, UnicodeDecodeError):
                 continue  # gone meanwhile: folded by another transaction
             lease = state.leases.get(record.name)
             if lease is None or (container and not state.bind(record.name, container)):
                 done.append(record)  # its lease ended, or it is bound to another one
             elif container:
                 done.append(record)  # folded into ``state``
-        return done
+                live += 1
+        return done, grants, live
 
-    def _load(self) -> tuple[State, bytes, list[Path]]:
-        """The state with the journal laid over it, the bytes of the file it was read
-        from (an empty state's, with no file), and the journal records it folded in."""
+    def _load(self) -> tuple[State, bytes, list[Path], int, int]:
+        """The state with the journals laid over it, the bytes of the file it was read
+        from (an empty state's, with no file), the journal records it folded in, and how
+        many grants and binds of them are live.  Grants are read first: see rule 6."""
+        granted = self._granted()
         state, raw = self._file()
-        return state, raw, self._journal(state)
+        return (state, raw, *self._journal(state, granted))
 
     def _file(self) -> tuple[State, bytes]:
         try:
@@ -184,29 +234,76 @@ class Ledger:
         )
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[State]:
+    def transaction(self, *, grant: bool = False) -> Iterator[State]:
         """Lock, read, let the caller change the state, write it back if it changed.
 
-        "Changed" is decided on the encoded bytes against the file's own: one encoding
-        per transaction, and none written when nothing changed.
+        "Changed" is decided on the encoded bytes against the file's own, and none is
+        written when nothing changed.  With ``grant``, a change that only adds leases is
+        recorded in the grant journal instead (rule 6), while few records are live.
         """
         with self.locked():
-            state, raw, folded = self._load()
+            state, raw, folded, grants, binds = self._load()
+            base = state.copy() if grant else None
             yield state
-            data = _encode(state)
-            if data != raw:
-                self._write(data)
-                self._known = (data, state.copy())
-            for record in folded:  # in the state file now, or of no more use
+            added = state.added_since(base) if base is not None else None
+            if (
+                added
+                and grants + binds + len(added) <= MAX_JOURNAL
+                and self._record_grants(added, state.generation)
+            ):
+                return
+            # Folding a grant takes a new generation even where the file would read the
+            # same (the lease ended meanwhile): its record must be dead from now on.
+            if grants or _encode(state) != raw:
+                self._commit(state)
+            # In the file now, or of no more use; and grants a crash left half written.
+            for record in [*folded, *self.grants.glob(".*.tmp")]:
                 with contextlib.suppress(OSError):
                     record.unlink()
 
     def write(self, state: State) -> None:
-        """Replace the state whole (repair): the journal's records go with the old one."""
-        self._write(_encode(state))
-        with contextlib.suppress(OSError):
-            for record in self.binds.iterdir():
+        """Replace the state whole (repair): the journals' records go with the old one."""
+        self._commit(state)
+        for record in [*_records(self.binds), *_records(self.grants)]:
+            with contextlib.suppress(OSError):
                 record.unlink()
+
+    def _commit(self, state: State) -> None:
+        """Write ``state`` as a new generation of the file: every grant recorded beside
+        the old one is in it, or ended."""
+        state.generation = secrets.token_hex(8)
+        data = _encode(state)
+        self._write(data)
+        self._known = (data, state.copy())
+
+    def _record_grants(self, leases: list[Lease], generation: str) -> bool:
+        """Record ``leases`` in the grant journal; False where it cannot be written (a full
+        or read-only disk), and the caller writes the file instead, which says why."""
+        done = []
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        try:
+            for lease in leases:
+                path, tmp = self.grants / lease.id, self.grants / f".{lease.id}.tmp"
+                data = json.dumps({"generation": generation, "lease": vars(lease)}).encode()
+                try:
+                    fd = os.open(tmp, flags, 0o600)
+                except FileNotFoundError:  # the first grant here
+                    self.grants.mkdir(mode=0o700, exist_ok=True)
+                    fd = os.open(tmp, flags, 0o600)
+                try:
+                    os.write(fd, data)
+                finally:
+                    os.close(fd)
+                os.rename(tmp, path)
+                done.append(path)
+        except OSError:
+            for record in [*done, *self.grants.glob(".*.tmp")]:
+                with contextlib.suppress(OSError):
+                    record.unlink()
+            with contextlib.suppress(OSError):
+                self.grants.rmdir()  # only if nothing else is recorded there
+            return False
+        return True
 
     def _write(self, data: bytes) -> None:
         tmp = None
@@ -232,6 +329,25 @@ class Ledger:
 def _encode(state: State) -> bytes:
     # Compact: json's C encoder runs only without indent (indenting cost 0.6 ms a write).
     return json.dumps(state.to_json(), sort_keys=True, separators=(",", ":")).encode()
+
+
+def _records(directory: Path) -> list[Path]:
+    """A journal's records (never the ones being written aside)."""
+    try:
+        return [p for p in directory.iterdir() if not p.name.startswith(".")]
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise StateError(f"{directory}: cannot read: {e.strerror}") from None
+
+
+def _small(path: Path) -> bytes:
+    """A journal record's bytes (a few hundred at most), in three system calls."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
 
 
 _EMPTY = _encode(State())
