@@ -372,12 +372,16 @@ class Allocator(Reconciler):
             ref, info, state, facts.engine, facts.known_gpus, facts.host, old_info, facts.volume_of
         )
 
-    def settle_unanswered(self, lease_id: str, label: str) -> None:
+    def settle_unanswered(self, lease_id: str, label: str, token: str) -> None:
         """A create got an answer other than 201: free the lease only if no container has it.
 
         dockerd may have created the container and then failed the call (the plugin's
-        AuthZRes broke, say), so an error status alone proves nothing.
+        AuthZRes broke, say), so an error status alone proves nothing.  Only the lease's
+        own create counts: a failed create with a made-up header for it frees nothing.
         """
+        lease = self.ledger.read().leases.get(lease_id)
+        if lease is None or not lease.token_matches(token):
+            return
         if self.engine is None:
             self.release(lease_id, "the Engine refused the create")
             return
@@ -396,9 +400,14 @@ class Allocator(Reconciler):
         else:
             self.release(lease_id, "the Engine refused the create; no container has it")
 
-    def bind(self, lease_id: str, container: str, token: str | None = None) -> bool:
+    def bind(
+        self, lease_id: str, container: str, token: str | None = None, admitted: bool = False
+    ) -> bool:
         """Bind the lease to ``container``; with ``token``, only if it is the lease's (a
-        create's answer: its lease header could have been made up)."""
+        create's answer: its lease header could have been made up), unless the plugin
+        ``admitted`` the create by it already (`outcomes.Bind`)."""
+        if token is not None and admitted:
+            return self.ledger.record_bind(lease_id, container)
         lease = self.ledger.read().leases.get(lease_id)
         if lease is not None and token is not None and not lease.token_matches(token):
             log.warning("lease %s: a create with a forged lease header was answered", lease_id)
@@ -422,9 +431,9 @@ class Allocator(Reconciler):
         """Apply what the Engine's answer to a create or a removal means for the ledger
         (`verdicts.create_outcome` is the rule; the shim and the plugin both come here)."""
         if isinstance(outcome, Bind):
-            self.bind(outcome.lease_id, outcome.container, outcome.token)
+            self.bind(outcome.lease_id, outcome.container, outcome.token, outcome.admitted)
         elif isinstance(outcome, Unanswered):
-            self.settle_unanswered(outcome.lease_id, outcome.label)
+            self.settle_unanswered(outcome.lease_id, outcome.label, outcome.token)
         elif isinstance(outcome, Forget):
             self._forget(outcome.ref)
 

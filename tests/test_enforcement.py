@@ -174,6 +174,17 @@ def test_a_made_up_lease_label_gets_nothing(world: World):
     assert "unknown or forged" in answer["Msg"]
 
 
+def test_a_lease_header_on_a_create_that_asks_for_no_gpu_is_refused(world: World):
+    """Only the shim sets the header, on GPU creates: elsewhere it is made up, and the
+    answer to such a create must never settle the lease it names."""
+    lease, _ = world.alloc.lease(Ask((), 1, False, ("gpu",)))
+    made_up = {labels.LEASE_HEADER: f"{lease.id}.guessed-token"}
+    answer = world.authz("POST", CREATE_URI, body(), made_up)
+    assert answer["Allow"] is False
+    assert f"carries a {labels.LEASE_HEADER} header but asks for no GPU" in answer["Msg"]
+    assert world.authz("POST", CREATE_URI, body())["Allow"] is True  # without it: fine
+
+
 def test_a_pending_lease_admits_only_its_own_gpus(world: World):
     lease, token = world.alloc.lease(Ask((), 1, False, ("gpu",)))
     other = next(u for u in map(engine.sim_gpu_uuid, range(4)) if u not in lease.gpus)

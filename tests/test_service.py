@@ -6,6 +6,7 @@ drives `Allocator` the way the shim and the plugin do.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -97,10 +98,33 @@ def test_201_binds_the_lease_to_the_new_container(alloc, fake) -> None:
 
 
 def test_a_201_to_a_create_with_a_forged_lease_header_binds_nothing(alloc, fake) -> None:
-    """A GPU-less create needs no token, so one may carry any header: its 201 proves nothing."""
+    """A header the shim did not send proves nothing, whatever the Engine answered."""
     lease, _ = leased(alloc)
     alloc.settle(outcomes.create_outcome(lease.id, "made-up", 201, b'{"Id": "' + b"d" * 64 + b'"}'))
     assert alloc.ledger.read().leases[lease.id].phase is Phase.PENDING
+
+
+def test_an_error_to_a_create_with_a_forged_lease_header_frees_nothing(alloc, fake) -> None:
+    """Else a failing create naming someone's pending lease would free its GPUs while
+    that lease's own create is still on its way to a container."""
+    lease, _ = leased(alloc)
+    alloc.settle(outcomes.create_outcome(lease.id, "made-up", 404, b'{"message": "no image"}'))
+    assert alloc.ledger.read().leases[lease.id].phase is Phase.PENDING
+
+
+def test_the_plugins_own_admitted_create_binds_without_reading_the_ledger(
+    alloc, fake, monkeypatch
+) -> None:
+    lease, token = leased(alloc)
+    cid = create(fake, lease, token)
+    reads = []
+    monkeypatch.setattr(alloc.ledger, "read", lambda: reads.append(1))
+    body = json.dumps({"Id": cid}).encode()
+    header = {labels.LEASE_HEADER: labels.lease_header(lease.id, token)}
+    alloc.settle(outcomes.authz_response("POST", "/v1.41/containers/create", 201, body, header))
+    monkeypatch.undo()
+    assert reads == []
+    assert alloc.ledger.read().leases[lease.id].container == cid
 
 
 def test_an_error_with_no_container_frees_the_lease(alloc, fake) -> None:
@@ -129,7 +153,7 @@ def test_the_plugin_and_the_shim_follow_the_same_rule() -> None:
     headers = {"X-Gpu-Alloc-Lease": "abc.tok"}  # as dockerd passes the request's headers on
     plugin = outcomes.authz_response("POST", "/v1.41/containers/create", 400, None, headers)
     assert plugin == outcomes.create_outcome("abc", "tok", 400, None)
-    assert plugin == outcomes.Unanswered("abc", "abc")
+    assert plugin == outcomes.Unanswered("abc", "abc", "tok")
     assert outcomes.create_outcome("abc", "tok", 201, b"not json") is None  # reconcile binds
 
 

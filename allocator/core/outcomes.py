@@ -18,19 +18,24 @@ from allocator.core.routes import Check, RouteError, classify
 @dataclass(frozen=True)
 class Bind:
     """A leased create answered 201: bind the lease to ``container`` if ``token`` is the
-    lease's (a 201 to a create whose header was forged binds nothing)."""
+    lease's (a 201 to a create whose header was forged binds nothing).  ``admitted``: the
+    plugin's own AuthZReq let this very request in, which it does only for a create
+    whose header it checked (`verdicts`), so the token needs no second look."""
 
     lease_id: str
     container: str
     token: str
+    admitted: bool = False
 
 
 @dataclass(frozen=True)
 class Unanswered:
-    """A leased create answered with something other than 201: see `create_outcome`."""
+    """A leased create answered with something other than 201: see `create_outcome`.
+    Nothing is done unless ``token`` is the lease's: a made-up header frees nothing."""
 
     lease_id: str
     label: str  # the lease label value a container made by that create carries
+    token: str = ""
 
 
 @dataclass(frozen=True)
@@ -71,11 +76,11 @@ def authz_response(
             return None
     except RouteError:
         return None
-    return create_outcome(lease_id, token, status, response)
+    return create_outcome(lease_id, token, status, response, admitted=True)
 
 
 def create_outcome(
-    lease_id: str, token: str, status: int, response: bytes | None
+    lease_id: str, token: str, status: int, response: bytes | None, *, admitted: bool = False
 ) -> Bind | Unanswered | None:
     """The one rule for what the Engine's answer to a leased create means, on both sockets.
 
@@ -86,11 +91,11 @@ def create_outcome(
     lease pending; reconcile finds the container by label.
     """
     if status != 201:
-        return Unanswered(lease_id, labels.lease_label(lease_id))
+        return Unanswered(lease_id, labels.lease_label(lease_id), token)
     try:
         container = gojson.decode(response or b"", fields.OPAQUE).get("Id")
     except (gojson.BodyError, AttributeError):
         container = None
     if isinstance(container, str) and container:
-        return Bind(lease_id, container, token)
+        return Bind(lease_id, container, token, admitted)
     return None

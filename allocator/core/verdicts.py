@@ -213,6 +213,14 @@ def _create(
     grants = grants_of_create(spec, facts)
     if isinstance(grants, Deny):
         return grants
+    if grants.none and lease[0]:
+        # The header is the shim's, on the GPU creates it leased; on any other create it
+        # could only be made up, and the answer to it must never settle a real lease.
+        return Deny(
+            f"gpu-alloc refused the container create: it carries a {labels.LEASE_HEADER} "
+            "header but asks for no GPU; only the gpu-alloc shim sets that header, on "
+            "the GPU creates it leased: send the create without it"
+        )
     if grants.none:
         return ALLOW
     refused = grants.refused()
