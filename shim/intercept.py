@@ -77,6 +77,11 @@ class InterceptSide:
         self.gone = asyncio.Event()
         request = Request(method, target, headers, b"".join(body.parts), self.peer, self.gone)
         self.task = asyncio.create_task(self._intercept(request, keep, head_req))
+        if self.ut is None and self.connecting is None:
+            # Connect to the Engine while the interceptor leases: `forward` finds the
+            # connection made (or makes it, and reports why it cannot).
+            early = asyncio.ensure_future(self.ensure_upstream())
+            early.add_done_callback(_quiet)
 
     async def _intercept(self, request: Request, keep: bool, head_req: bool) -> None:
         started = time.monotonic()
@@ -105,3 +110,9 @@ class InterceptSide:
         self.rq = _RQ_HEAD
         self.resume_client(_P_AHEAD)
         self.advance()
+
+
+def _quiet(task: asyncio.Future[None]) -> None:
+    """An early connect that failed: `forward` tries again and says why."""
+    if not task.cancelled():
+        task.exception()
