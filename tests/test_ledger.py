@@ -589,8 +589,7 @@ def test_a_grant_record_a_power_cut_left_empty_is_no_lease_and_is_cleared(
 ) -> None:
     led = Ledger(tmp_path)
     lease_id = grant(led)
-    (led.grants / lease_id).write_bytes(b"")
-    (led.grants / ".deadbeefdeadbeef.tmp").write_bytes(b"{")
+    (led.grants / lease_id).write_bytes(b'{"generation": "", "lea')  # or half written
     assert led.read().leases == {}
     with led.transaction():
         pass
@@ -666,14 +665,14 @@ def test_a_grant_that_cannot_be_recorded_beside_the_file_is_written_into_it(
     tmp_path: Path, monkeypatch
 ) -> None:
     led = Ledger(tmp_path)
-    real = os.rename
+    real = os.write
 
-    def full(src: str, dst: str) -> None:
-        if str(dst).startswith(str(led.grants)):
+    def full(fd: int, data: bytes) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(led.grants)):
             raise OSError(28, "No space left on device")
-        real(src, dst)
+        return real(fd, data)
 
-    monkeypatch.setattr(os, "rename", full)
+    monkeypatch.setattr(os, "write", full)
     lease_id = grant(led)
     assert set(json.loads(led.path.read_text())["leases"]) == {lease_id}
     assert not led.grants.exists()  # nothing half written is left

@@ -17,14 +17,14 @@ Rules
    in and removes what it folded.  A record lost to a power cut (or left empty) only
    leaves its lease pending, which reconcile binds from the container's label.
 6. A transaction that only adds leases (a grant, `transaction(grant=True)`) records
-   each in the grant journal, ``grants/<lease id>`` (written aside, then renamed in),
-   instead of rewriting the file; the caller makes it durable with `sync_grant`, which
-   a create runs while dockerd works on it.  A record belongs to the file it was
-   granted on (its ``generation``): the next full write folds it in under a new
-   generation, so a record left behind by a crash is recognised as folded and never
-   brings back a lease that ended.  Readers read the grants before the file, so a fold
-   in between can hide a grant from nobody.  A record lost to a power cut leaves a
-   container whose lease is gone, which reconcile adopts by its GPUs.
+   each in the grant journal, ``grants/<lease id>``, instead of rewriting the file;
+   the caller makes it durable with `sync_grant`, which a create runs while dockerd
+   works on it.  A record belongs to the file it was granted on (its ``generation``):
+   the next full write folds it in under a new generation, so a record left behind
+   by a crash is recognised as folded and never brings back a lease that ended.
+   Readers read the grants before the file, so a fold in between hides a grant from
+   nobody.  A record lost to a power cut leaves a container whose lease is gone,
+   which reconcile adopts by its GPUs.
 
 Every full write is fsync'd before it replaces the file; a create's grant is fsync'd
 before its answer reaches the client, but no longer before dockerd is asked.
@@ -35,6 +35,7 @@ before its answer reaches the client, but no longer before dockerd is asked.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -256,8 +257,7 @@ class Ledger:
             # same (the lease ended meanwhile): its record must be dead from now on.
             if grants or _encode(state) != raw:
                 self._commit(state)
-            # In the file now, or of no more use; and grants a crash left half written.
-            for record in [*folded, *self.grants.glob(".*.tmp")]:
+            for record in folded:  # in the state file now, or of no more use
                 with contextlib.suppress(OSError):
                     record.unlink()
 
@@ -278,26 +278,31 @@ class Ledger:
 
     def _record_grants(self, leases: list[Lease], generation: str) -> bool:
         """Record ``leases`` in the grant journal; False where it cannot be written (a full
-        or read-only disk), and the caller writes the file instead, which says why."""
+        or read-only disk), and the caller writes the file instead, which says why.
+
+        A record is written in place: only a holder of the lock writes or folds records,
+        and a reader without it that meets one half written reads no lease from it, as
+        before it was begun (the shim asks dockerd only once the record is whole).
+        """
         done = []
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         try:
             for lease in leases:
-                path, tmp = self.grants / lease.id, self.grants / f".{lease.id}.tmp"
+                path = self.grants / lease.id
                 data = json.dumps({"generation": generation, "lease": vars(lease)}).encode()
                 try:
-                    fd = os.open(tmp, flags, 0o600)
+                    fd = os.open(path, flags, 0o600)
                 except FileNotFoundError:  # the first grant here
                     self.grants.mkdir(mode=0o700, exist_ok=True)
-                    fd = os.open(tmp, flags, 0o600)
+                    fd = os.open(path, flags, 0o600)
+                done.append(path)
                 try:
-                    os.write(fd, data)
+                    if os.write(fd, data) != len(data):
+                        raise OSError(errno.ENOSPC, "short write")
                 finally:
                     os.close(fd)
-                os.rename(tmp, path)
-                done.append(path)
         except OSError:
-            for record in [*done, *self.grants.glob(".*.tmp")]:
+            for record in done:
                 with contextlib.suppress(OSError):
                     record.unlink()
             with contextlib.suppress(OSError):
