@@ -71,9 +71,9 @@ class Allocator(Reconciler):
     ) -> tuple[Lease, str] | Shortage | Refusal | Invalid:
         """Place and record a pending lease; on shortage, reconcile once and retry.
 
-        The grant is on disk when this returns, unless ``durable`` is False: then the
-        caller runs `Ledger.sync_grant` before it tells anyone (the shim, while dockerd
-        creates the container).
+        The grant is on disk and in the audit trail when this returns, unless
+        ``durable`` is False: then the caller runs `finish_grant` before it tells anyone
+        (the shim, while dockerd creates the container).
 
         The policy decides first: the pool and request labels narrow the GPUs, and the
         owner's limit counts every GPU their leases hold, under the lock.
@@ -89,17 +89,18 @@ class Allocator(Reconciler):
             return scope
         topology = self.cpu_topology() if resources.any else None
         req = LeaseRequest(ask, name, owner, want, resources)
-        result = self._try_lease(req, scope, topology)
+        defer = not durable
+        result = self._try_lease(req, scope, topology, defer=defer)
         # A removal that never passed the plugin (--rm, the daemon's own) still holds a
         # lease until reconciled: before saying "short" or "over your limit", reconcile.
         if isinstance(result, Shortage | Refusal) and self.engine is not None and self.reconcile():
-            result = self._try_lease(req, scope, topology)
+            result = self._try_lease(req, scope, topology, defer=defer)
         # A Compose recreate may take over its predecessor's GPUs: when the host is full,
         # and when the owner is at their limit (the old container's GPUs count there).
         if isinstance(result, Shortage | Refusal) and self.engine is not None:
             predecessor = self._compose_predecessor(name, labels or {})
             if predecessor is not None:
-                retry = self._try_lease(req, scope, topology, predecessor)
+                retry = self._try_lease(req, scope, topology, predecessor, defer=defer)
                 if isinstance(retry, tuple):
                     self._keep_down(predecessor[0])
                     result = retry
@@ -109,6 +110,14 @@ class Allocator(Reconciler):
         if durable and isinstance(result, tuple):
             self.ledger.sync_grant(result[0].id)
         return result
+
+    def finish_grant(self, lease: Lease) -> None:
+        """What a grant made with ``durable=False`` still owes: its record on disk, then
+        its audit line."""
+        try:
+            self.ledger.sync_grant(lease.id)
+        finally:
+            self.record("grant", lease)
 
     def _count(self, result: object, name: str) -> None:
         """Metrics and the audit trail for a lease decision."""
@@ -168,13 +177,16 @@ class Allocator(Reconciler):
         scope: tuple[Inventory, str | None],
         topology: cpus.Topology | None,
         predecessor: tuple[str, str] | None = None,
+        *,
+        defer: bool = False,
     ) -> tuple[Lease, str] | Shortage | Refusal:
         with self.ledger.transaction(grant=True) as state:
             taken = self._take(state, req, scope, topology, predecessor=predecessor)
         if not isinstance(taken, tuple):
             return taken
         lease, token, old = taken
-        self.record("grant", lease)
+        if not defer:
+            self.record("grant", lease)
         if old is not None and predecessor is not None:
             self.record("hand-over", old, reason=f"to lease {lease.id} replacing it ({req.name})")
         return lease, token

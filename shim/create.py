@@ -170,9 +170,9 @@ class CreateInterceptor:
         if lease.pool:
             body["Labels"][policy.POOL] = lease.pool
         log.info("lease %s: GPUs %s for create %r", lease.id, ",".join(lease.gpus), name)
-        # The grant goes to disk while dockerd creates the container; the client hears
-        # of neither before both are done.
-        synced = asyncio.ensure_future(asyncio.to_thread(self._sync, lease.id))
+        # The grant goes to disk and to the audit trail while dockerd creates the
+        # container; the client hears of neither before both are done.
+        synced = asyncio.ensure_future(asyncio.to_thread(self._finish, lease))
         try:
             response = await forward(
                 _with_body(request, body, labels.lease_header(lease.id, token))
@@ -195,11 +195,11 @@ class CreateInterceptor:
             await asyncio.to_thread(self._settle, lease.id, token, response)
         return response
 
-    def _sync(self, lease_id: str) -> None:
+    def _finish(self, lease: Lease) -> None:
         try:
-            self.alloc.ledger.sync_grant(lease_id)
+            self.alloc.finish_grant(lease)
         except StateError as e:  # granted all the same: only a power cut could lose it now
-            log.error("lease %s: %s", lease_id, e)
+            log.error("lease %s: %s", lease.id, e)
 
     def _lease_for(
         self,
