@@ -356,6 +356,50 @@ def test_a_lock_held_by_another_process_times_out_with_a_state_error(tmp_path: P
     assert len(Ledger(tmp_path).read().leases) == 1
 
 
+def _try_lock(led: Ledger, parent_holds: object, got: object) -> None:
+    parent_holds.wait(5)  # type: ignore[attr-defined]
+    try:
+        with led.locked():
+            got.put("acquired")  # type: ignore[attr-defined]
+    except StateError:
+        got.put("timed out")  # type: ignore[attr-defined]
+
+
+def test_a_forked_child_does_not_share_its_parents_open_lock(tmp_path: Path) -> None:
+    """The lock file stays open between transactions; a child made by fork (gunicorn's
+    workers) must open its own, or the parent's lock would count as the child's."""
+    led = Ledger(tmp_path, lock_timeout=0.3)
+    with led.transaction():
+        pass  # the lock file is open now, and the child gets a copy of it
+    parent_holds, got = FORK.Event(), FORK.Queue()
+    child = FORK.Process(target=_try_lock, args=(led, parent_holds, got))
+    child.start()
+    with led.locked():
+        parent_holds.set()
+        assert got.get(timeout=5) == "timed out"
+    child.join(5)
+
+
+def test_a_replaced_lock_file_is_opened_anew(tmp_path: Path) -> None:
+    old = Ledger(tmp_path, lock_timeout=0.3)
+    with old.transaction():
+        pass
+    old.lock_path.unlink()  # an operator's clean-up, say
+    held, done = FORK.Event(), FORK.Event()
+    holder = FORK.Process(target=_hold_lock, args=(str(tmp_path), held, done))
+    holder.start()
+    try:
+        assert held.wait(5)  # it locks the new file
+        with pytest.raises(StateError, match="lock not acquired"), old.transaction():
+            pass
+    finally:
+        done.set()
+        holder.join(5)
+    with old.transaction() as st:
+        st.new_lease((A,), 0, 60)
+    assert len(Ledger(tmp_path).read().leases) == 1
+
+
 # --- many processes at once --------------------------------------------------------------------
 
 POOL = Inventory(tuple(GPU(f"GPU-{i}", i) for i in range(4)))
