@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # dockerd and runc live in /usr/sbin, which a non-login root shell may lack.
 export PATH := $(PATH):/usr/sbin:/sbin
 
-.PHONY: venv deps lint test demo bench install plugin clean distclean
+.PHONY: venv deps lint test demo bench bench-ab install plugin clean distclean
 
 venv: $(STAMP)
 
@@ -64,6 +64,10 @@ demo: deps venv
 # names' beginnings) for some steps alone.
 bench: venv
 	QUICK="$(QUICK)" ONLY="$(ONLY)" $(BIN)/python -m tests.bench
+
+# make bench-ab REV=<commit>: GPU creates through REV and through this checkout, interleaved.
+bench-ab: venv
+	$(BIN)/python -m tests.bench.ab "$(REV)" $(ROUNDS)
 
 # The Docker managed-plugin directory (config.json + rootfs); needs a running Docker.
 plugin:

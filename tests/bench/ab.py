@@ -1,0 +1,101 @@
+"""A/B: GPU creates through this checkout and through another revision, interleaved.
+
+On a shared 2-core machine the bare Engine's own create time moves by half between
+runs a few minutes apart, so two `make bench` runs cannot tell a 1 ms change from
+noise.  This runs both revisions' stacks at once, beside one bare dockerd, and visits
+them in a fresh random order every round: the noise hits all three alike.
+
+Run: ``python -m tests.bench.ab REV [ROUNDS]`` (``make bench-ab REV=...``).  REV is
+checked out into a temporary worktree; its shim and plugin run from there (first on
+``PYTHONPATH``), with this checkout's test harness and venv.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+from tests import engine
+from tests.bench.client import API, Conn
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU = {"Image": engine.BUSYBOX_TAG, "Cmd": ["true"],
+       "HostConfig": {"DeviceRequests": [{"Driver": "", "Count": 1,
+                                          "Capabilities": [["gpu"]]}]}}  # fmt: skip
+PLAIN = {"Image": engine.BUSYBOX_TAG, "Cmd": ["true"]}
+
+
+def create(sock: str, spec: dict) -> str:
+    conn = Conn(sock)
+    try:
+        status, body = conn.call("POST", f"{API}/containers/create", spec)
+    finally:
+        conn.close()
+    if status != 201 or not isinstance(body, dict):
+        raise RuntimeError(f"create on {sock} answered {status}: {body}")
+    return body["Id"]
+
+
+def remove(sock: str, cid: str) -> None:
+    conn = Conn(sock)
+    try:
+        conn.call("DELETE", f"{API}/containers/{cid}?force=1")
+    finally:
+        conn.close()
+
+
+def main(rev: str, rounds: int) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="ab-", dir="/tmp"))
+    other = tmp / "rev"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(other), rev],
+                   check=True, capture_output=True)  # fmt: skip
+    stacks: list[engine.Stack] = []
+    bare = None
+    try:
+        os.environ["PYTHONPATH"] = str(other)  # the stack's processes inherit it
+        stacks.append(engine.Stack(tmp / "o", gpus=8).start())
+        del os.environ["PYTHONPATH"]
+        stacks.append(engine.Stack(tmp / "n", gpus=8).start())
+        bare = engine.Dockerd(tmp / "b").start()
+        engine.import_busybox(bare.sock)
+        old, new = stacks
+        cases = {
+            "bare": (bare.sock, PLAIN),
+            f"{rev} shim --gpus 1": (old.shim_sock, GPU),
+            "this shim --gpus 1": (new.shim_sock, GPU),
+            f"{rev} plugin": (old.engine_sock, PLAIN),
+            "this plugin": (new.engine_sock, PLAIN),
+        }
+        ms: dict[str, list[float]] = {name: [] for name in cases}
+        for sock, spec in cases.values():  # warm up
+            for _ in range(5):
+                remove(sock, create(sock, spec))
+        for _ in range(rounds):
+            for name in random.sample(list(cases), len(cases)):
+                sock, spec = cases[name]
+                t0 = time.perf_counter()
+                cid = create(sock, spec)
+                ms[name].append((time.perf_counter() - t0) * 1000)
+                remove(sock, cid)
+    finally:
+        for stack in stacks:
+            stack.stop()
+        if bare is not None:
+            bare.stop()
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)],
+                       check=False, capture_output=True)  # fmt: skip
+    base = median(ms["bare"])
+    print(f"API create, {rounds} rounds, medians (ratio and ms over the bare Engine):")
+    for name, xs in ms.items():
+        m = median(xs)
+        print(f"  {name:32s} {m:7.2f} ms  {m / base:5.2f}x  +{m - base:5.2f} ms")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 80)
