@@ -366,11 +366,11 @@ def _try_lock(led: Ledger, parent_holds: object, got: object) -> None:
 
 
 def test_a_forked_child_does_not_share_its_parents_open_lock(tmp_path: Path) -> None:
-    """The lock file stays open between transactions; a child made by fork (gunicorn's
-    workers) must open its own, or the parent's lock would count as the child's."""
+    """A child made by fork (gunicorn's workers) from a ledger that has locked before
+    must lock on its own: whatever it inherits must not make the parent's lock its own."""
     led = Ledger(tmp_path, lock_timeout=0.3)
     with led.transaction():
-        pass  # the lock file is open now, and the child gets a copy of it
+        pass
     parent_holds, got = FORK.Event(), FORK.Queue()
     child = FORK.Process(target=_try_lock, args=(led, parent_holds, got))
     child.start()
