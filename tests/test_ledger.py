@@ -1,5 +1,6 @@
 """allocator.ledger: lease life, hashed tokens, atomic writes, fail-closed reads, the lock."""
 
+import errno
 import json
 import multiprocessing
 import os
@@ -587,16 +588,23 @@ def grant(led: Ledger, gpu: str = A) -> str:
     return lease.id
 
 
+def written(state_dir: Path) -> Ledger:
+    """A ledger whose file a full write made (it has a generation for grants to name)."""
+    led = Ledger(state_dir)
+    led.write(State())
+    return led
+
+
 def grant_records(led: Ledger) -> list[str]:
     return sorted(p.name for p in led.grants.iterdir()) if led.grants.exists() else []
 
 
 def test_a_grant_is_a_record_beside_the_file_that_every_reader_sees(tmp_path: Path) -> None:
-    shim, plugin = Ledger(tmp_path), Ledger(tmp_path)
-    before = shim.path.read_bytes() if shim.path.exists() else b""
+    shim, plugin = written(tmp_path), Ledger(tmp_path)
+    before = shim.path.read_bytes()
     lease_id = grant(shim)
     assert grant_records(shim) == [lease_id]
-    assert (shim.path.read_bytes() if shim.path.exists() else b"") == before  # not rewritten
+    assert shim.path.read_bytes() == before  # not rewritten
     assert set(plugin.read().leases) == {lease_id}
     with plugin.transaction() as st:  # another transaction: a holder like any other
         assert st.holders({A, B}).keys() == {A}
@@ -615,7 +623,7 @@ def test_the_next_full_write_folds_the_grants_in_under_a_new_generation(tmp_path
 def test_a_grant_record_a_crash_left_behind_never_brings_an_ended_lease_back(
     tmp_path: Path,
 ) -> None:
-    led = Ledger(tmp_path)
+    led = written(tmp_path)
     lease_id = grant(led)
     left = led.grants / lease_id
     kept = left.read_bytes()
@@ -631,7 +639,7 @@ def test_a_grant_record_a_crash_left_behind_never_brings_an_ended_lease_back(
 def test_a_grant_record_a_power_cut_left_empty_is_no_lease_and_is_cleared(
     tmp_path: Path,
 ) -> None:
-    led = Ledger(tmp_path)
+    led = written(tmp_path)
     lease_id = grant(led)
     (led.grants / lease_id).write_bytes(b'{"generation": "", "lea')  # or half written
     assert led.read().leases == {}
@@ -642,7 +650,7 @@ def test_a_grant_record_a_power_cut_left_empty_is_no_lease_and_is_cleared(
 
 def test_a_fold_between_a_readers_two_reads_hides_no_grant(tmp_path: Path, monkeypatch) -> None:
     """Rule 6: grants are read before the file, so a fold in between loses nothing."""
-    writer, reader = Ledger(tmp_path), Ledger(tmp_path)
+    writer, reader = written(tmp_path), Ledger(tmp_path)
     lease_id = grant(writer)
     file_of = reader._file
 
@@ -668,7 +676,7 @@ def test_a_transaction_that_changes_more_than_new_leases_writes_the_file(tmp_pat
 
 def test_past_the_journal_limit_a_grant_folds_the_records_in(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(ledger, "MAX_JOURNAL", 2)
-    led = Ledger(tmp_path)
+    led = written(tmp_path)
     ids = [grant(led, gpu) for gpu in (A, B, C)]
     assert grant_records(led) == []  # the third went with a full write
     assert set(json.loads(led.path.read_text())["leases"]) == set(ids)
@@ -677,7 +685,7 @@ def test_past_the_journal_limit_a_grant_folds_the_records_in(tmp_path: Path, mon
 def test_sync_grant_fsyncs_a_live_record_and_is_done_for_a_folded_one(
     tmp_path: Path, monkeypatch
 ) -> None:
-    led = Ledger(tmp_path)
+    led = written(tmp_path)
     lease_id = grant(led)
     synced: list[str] = []
     real = os.fsync
@@ -693,22 +701,51 @@ def test_sync_grant_fsyncs_a_live_record_and_is_done_for_a_folded_one(
     assert synced == []
 
 
-def test_a_state_file_of_schema_1_reads_and_is_rewritten_as_the_current_one(
-    tmp_path: Path,
+def test_a_grant_on_a_file_of_no_generation_writes_the_file_whole(tmp_path: Path) -> None:
+    """A record always names a generation a full write made: on a new state directory, or
+    a file schema 1 wrote (which schema 1's readers would read without the record), the
+    first grant writes the file."""
+    fresh = Ledger(tmp_path / "new")
+    lease_id = grant(fresh)
+    assert grant_records(fresh) == []
+    on_disk = json.loads(fresh.path.read_text())
+    assert set(on_disk["leases"]) == {lease_id} and on_disk["generation"]
+    old = Ledger(tmp_path / "old")
+    old.dir.mkdir()
+    old.path.write_text(json.dumps({"version": 1, "leases": {}, "claims": {}}))
+    assert old.read().generation == ""
+    grant(old)
+    assert grant_records(old) == []
+    assert json.loads(old.path.read_text())["version"] == SCHEMA_VERSION == 2
+
+
+def test_a_grant_record_that_cannot_be_read_stops_the_transaction(
+    tmp_path: Path, monkeypatch
 ) -> None:
-    led = Ledger(tmp_path)
-    led.path.write_text(json.dumps({"version": 1, "leases": {}, "claims": {}}))
-    assert led.read().generation == ""
-    grant(led)
-    with led.transaction() as st:
-        st.leases.clear()
-    assert json.loads(led.path.read_text())["version"] == SCHEMA_VERSION == 2
+    """Left out, its lease's GPUs could be granted again: only an incomplete record is
+    proof of no lease, not one that could not be opened (a full descriptor table)."""
+    led = written(tmp_path)
+    lease_id = grant(led)
+    real = os.open
+
+    def crowded(path: object, flags: int, *mode: int) -> int:
+        if "/grants/" in str(path):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(path, flags, *mode)
+
+    monkeypatch.setattr(os, "open", crowded)
+    refused = pytest.raises(StateError, match="cannot read the grant: Too many open files")
+    with refused, led.transaction(grant=True) as st:
+        st.new_lease((A,), now=100.0, ttl=60.0)
+    monkeypatch.undo()
+    assert [le.gpus for le in led.read().leases.values()] == [(A,)]
+    assert set(led.read().leases) == {lease_id}
 
 
 def test_a_grant_that_cannot_be_recorded_beside_the_file_is_written_into_it(
     tmp_path: Path, monkeypatch
 ) -> None:
-    led = Ledger(tmp_path)
+    led = written(tmp_path)
     real = os.write
 
     def full(fd: int, data: bytes) -> int:

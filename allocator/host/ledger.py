@@ -134,16 +134,23 @@ class Ledger:
         return True
 
     def _granted(self) -> list[tuple[Path, str, Lease | None]]:
-        """The grant journal's records: (path, generation, lease), None for one unreadable."""
+        """The grant journal's records: (path, generation, lease), None for one that is
+        incomplete (empty after a power cut, or being written as a reader without the
+        lock looks).  A record that cannot be read is no such proof: it stops the read,
+        since a lease left out would let its GPUs be granted again."""
         records = []
         for path in _records(self.grants):
             try:
-                data = json.loads(_small(path))
-                records.append((path, str(data["generation"]), lease_from_json(data["lease"])))
+                raw = _small(path)
             except FileNotFoundError:
                 continue  # folded meanwhile
-            except (OSError, ValueError, KeyError, TypeError):
-                records.append((path, "", None))  # empty after a power cut, or not ours
+            except OSError as e:
+                raise StateError(f"{path}: cannot read the grant: {e.strerror}") from None
+            try:
+                data = json.loads(raw)
+                records.append((path, str(data["generation"]), lease_from_json(data["lease"])))
+            except (ValueError, KeyError, TypeError):
+                records.append((path, "", None))
         return records
 
     def _journal(
@@ -249,8 +256,11 @@ class Ledger:
             base = state.copy() if grant else None
             yield state
             added = state.added_since(base) if base is not None else None
+            # A file of no generation (none yet, or written by schema 1) is written whole
+            # first: a record always names a generation a full write made.
             if (
                 added
+                and state.generation
                 and grants + binds + len(added) <= MAX_JOURNAL
                 and self._record_grants(added, state.generation)
             ):
