@@ -131,6 +131,7 @@ def test_units_run_the_venv_binary_with_the_config(staged: Path) -> None:
         assert service["ProtectSystem"] == ["strict"]
         assert service["StateDirectory"] == ["gpu-alloc"]
         assert service["StateDirectoryMode"] == ["0700"]
+        assert int(service["LimitNOFILE"][0]) >= 65536  # not systemd's 1024
 
 
 def test_plugin_unit_starts_before_docker_and_never_gives_up(staged: Path) -> None:
