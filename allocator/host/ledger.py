@@ -23,8 +23,10 @@ Rules
    the next full write folds it in under a new generation, so a record left behind
    by a crash is recognised as folded and never brings back a lease that ended.
    Readers read the grants before the file, so a fold in between hides a grant from
-   nobody.  A record lost to a power cut leaves a container whose lease is gone,
-   which reconcile adopts by its GPUs.
+   nobody.  Only an incomplete record counts as no lease; one that cannot be read
+   stops the read (rule 3), and a file of no generation (new, or schema 1's) is
+   written whole before any record names one.  A record lost to a power cut leaves a
+   container whose lease is gone, which reconcile adopts by its GPUs.
 
 Every full write is fsync'd before it replaces the file; a create's grant is fsync'd
 before its answer reaches the client, but no longer before dockerd is asked.
