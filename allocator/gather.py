@@ -19,6 +19,7 @@ from typing import Any, cast
 
 from allocator.core import cpus
 from allocator.core.access import EngineView
+from allocator.core.facts import HostFacts
 from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.placement import POLICIES
 from allocator.core.policy import Rules
@@ -68,15 +69,18 @@ class Gatherer:
         # Called (from any thread) after a lease ends here: the shim's queue wakes up.
         self.listeners: list[Callable[[], None]] = []
 
-    def inventory(self) -> Inventory:
+    def inventory(self, cached: bool = False) -> Inventory:
         """NVML is asked again every few seconds; a simulated file whenever it changes.
 
         A failure is remembered as long as a success would be, so a host whose NVML
-        fails does not ask it again for every call that touches no GPU.
+        fails does not ask it again for every call that touches no GPU.  ``cached``:
+        `Unasked` rather than load it now.
         """
         stamp = self._inventory_stamp()
         with self._lock:
             if self._inventory is None or self._inventory[0] != stamp:
+                if cached:
+                    raise Unasked("the GPU inventory")
                 try:
                     loaded: Inventory | InventoryError = load_inventory(self.config.gpus)
                 except InventoryError as e:
@@ -150,6 +154,33 @@ class Gatherer:
         """`facts`, read on first use: most calls are judged without the inventory or /info."""
         return cast(Facts, _LazyFacts(self))
 
+    def cached_facts(self) -> Facts:
+        """The facts as this process knows them already, for a decision on an event loop.
+
+        Nothing is asked of the Engine or NVML, and of the filesystem only whether the
+        simulated GPU file changed (a stat): a decision that needs a fact not at hand (the
+        Engine's view gone stale, a bind's source, a volume, another container's mounts)
+        raises `Unasked`, and is made again with `facts` where waiting blocks nobody.
+        """
+        try:
+            inventory, missing = self.inventory(cached=True), ""
+        except InventoryError as e:
+            inventory, missing = None, str(e)
+        with self._lock:
+            if not self._view or time.monotonic() - self._view[0] >= ENGINE_VIEW_MAX_AGE:
+                raise Unasked("the Engine's view")
+            view, host = self._view[1], self._view[2]
+        with_engine = self.engine is not None
+        return Facts(
+            inventory,
+            view,
+            cast(HostFacts, _UnaskedHost(host.protected)),
+            mounts_of=_unasked if with_engine else None,
+            inventory_error=missing,
+            volume_of=_unasked if with_engine else None,
+            shim_socket=self.config.shim.socket,
+        )
+
     def _volume(self, name: str) -> tuple[str, dict[str, str]] | None:
         """(driver, options) of the named volume; None when the Engine knows no such one."""
         info = self.engine.volume(name) if self.engine else None
@@ -217,3 +248,21 @@ class _LazyFacts:
         if self._facts is None:
             self._facts = self._alloc.facts()
         return getattr(self._facts, name)
+
+
+class Unasked(Exception):
+    """A fact `Gatherer.cached_facts` does not have: decide again with `Gatherer.facts`."""
+
+
+def _unasked(*_: object) -> Any:
+    raise Unasked("a lookup")
+
+
+class _UnaskedHost:
+    """The host's filesystem, never asked: any question means the decision waits."""
+
+    def __init__(self, protected: tuple[str, ...]):
+        self.protected = protected
+
+    def __getattr__(self, name: str) -> Any:
+        return _unasked

@@ -315,7 +315,7 @@ class Allocator(Reconciler):
                 return Deny(
                     f"gpu-alloc refused the container create: {why}; {HINT}", "Config.Labels"
                 )
-            log.info("allowed leased create (lease %s)", decision.lease_id)
+            log.debug("allowed leased create (lease %s)", decision.lease_id)
             return ALLOW
         if isinstance(decision, StartCheck):
             info = self.engine.inspect(decision.ref) if self.engine else None

@@ -8,9 +8,13 @@ no file, no Engine call (`decide.authz_request` returns before any of them).
 Creates are decoded the way dockerd decodes them; one that would get GPUs is
 allowed only when the token in its lease header (``X-Gpu-Alloc-Lease``, which
 the shim adds and dockerd passes on) matches a pending lease for exactly those
-GPUs, read from the ledger without the lock.  ``AuthZRes`` runs after the Engine
-acted: for a leased create it settles the lease by `verdicts.create_outcome`,
-the rule the shim follows too, with no second decoding of the body.
+GPUs, read from the ledger without the lock.  An unnamed create is allowed right
+there on the worker's event loop when the Engine's view and the inventory are
+cached and it asks nothing of the host (a bind's source, a volume); any other
+create waits on the pool.
+``AuthZRes`` runs after the Engine acted: for a leased create it settles the
+lease by `verdicts.create_outcome`, the rule the shim follows too, with no
+second decoding of the body.
 
 dockerd looks a start's reference up again after AuthZReq, so a start and every
 call that could change what it names (rename, removal, prune, named create) are
@@ -43,6 +47,8 @@ from allocator.core import outcomes
 from allocator.core import verdicts as decide
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
+from allocator.core.routes import Check
+from allocator.gather import Unasked
 from allocator.host import metrics
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
@@ -97,9 +103,10 @@ class Dispatcher:
 
     The envelope is parsed once and the route classified once per call.  Calls that
     touch no GPU are answered at once, from the route table: no lock, no file, no
-    Engine call.  The rest come back as a `Later`, the I/O-bound part of the decision
-    (ledger lock, Engine inspects), for the server to run where waiting blocks nobody
-    (`plugin.worker`: a thread pool).
+    Engine call.  So is the allowing of a create nothing else is in flight for, when
+    the facts at hand suffice (`_quick`).  The rest come back as a `Later`, the
+    I/O-bound part of the decision (ledger lock, Engine inspects, the audit trail), for
+    the server to run where waiting blocks nobody (`plugin.worker`: a thread pool).
     """
 
     def __init__(self, alloc: Allocator):
@@ -132,16 +139,38 @@ class Dispatcher:
             return _deny(route.msg)
         if decide.cleared(route) and not self.inflight.guards(route):
             return _ALLOW
+        if route.check is Check.CREATE and self.inflight.alone(route, uri):
+            return self._quick(route, method, uri, req)
         return partial(self._decide, route, method, uri, req)
+
+    def _verdict(
+        self, route: decide.Route, method: str, uri: str, req: dict[str, Any], facts: decide.Facts
+    ) -> decide.Decision:
+        asked = decide.authz_request(route, method, uri, _body(req), facts, _headers(req))
+        return self.alloc.resolve(asked)
+
+    def _quick(
+        self, route: decide.Route, method: str, uri: str, req: dict[str, Any]
+    ) -> bytes | Later:
+        """A create nothing else is in flight for, allowed here when the facts at hand
+        suffice: the Engine's view and the inventory as cached, and the ledger's files
+        (read without the lock: no wait, no write).  A create that needs a fact not at
+        hand, or is refused (the refusal goes to the audit trail), goes to `_decide`."""
+        began = time.perf_counter()
+        try:
+            decision: decide.Decision | None = self._verdict(
+                route, method, uri, req, self.alloc.cached_facts()
+            )
+        except (Unasked, *_FAILURES):
+            decision = None
+        if not isinstance(decision, decide.Allow):
+            return partial(self._decide, route, method, uri, req)
+        metrics.decision(time.perf_counter() - began)
+        return _ALLOW
 
     def _decide(self, route: decide.Route, method: str, uri: str, req: dict[str, Any]) -> bytes:
         began = time.perf_counter()
-
-        def verdict() -> decide.Decision:
-            facts = self.alloc.lazy_facts()
-            asked = decide.authz_request(route, method, uri, _body(req), facts, _headers(req))
-            return self.alloc.resolve(asked)
-
+        verdict = partial(self._verdict, route, method, uri, req, self.alloc.lazy_facts())
         try:
             decision = self.inflight.judge(route, method, uri, verdict)
         except _FAILURES as e:

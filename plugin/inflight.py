@@ -41,6 +41,13 @@ class InFlight:
     def guards(route: Route) -> bool:
         return route.check in inflight.GUARDED
 
+    def alone(self, route: Route, uri: str) -> bool:
+        """The call is judged by its verdict alone: it is no start, and announces no change
+        (an unnamed create, say)."""
+        if self.alloc.engine is None:
+            return True
+        return route.check not in inflight.STARTS and inflight.hold_of(route, uri) is None
+
     def judge(
         self, route: Route, method: str, uri: str, verdict: Callable[[], decide.Decision]
     ) -> decide.Decision:

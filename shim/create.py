@@ -169,10 +169,9 @@ class CreateInterceptor:
         body["Labels"][policy.OWNER] = policy.owner_label(owner)
         if lease.pool:
             body["Labels"][policy.POOL] = lease.pool
-        log.info("lease %s: GPUs %s for create %r", lease.id, ",".join(lease.gpus), name)
-        # The grant goes to disk and to the audit trail while dockerd creates the
-        # container; the client hears of neither before both are done.
-        synced = asyncio.ensure_future(asyncio.to_thread(self._finish, lease))
+        # The grant goes to disk, to the audit trail and to the log while dockerd creates
+        # the container; the client hears of neither before all are done.
+        synced = asyncio.ensure_future(asyncio.to_thread(self._finish, lease, name))
         try:
             response = await forward(
                 _with_body(request, body, labels.lease_header(lease.id, token))
@@ -195,7 +194,8 @@ class CreateInterceptor:
             await asyncio.to_thread(self._settle, lease.id, token, response)
         return response
 
-    def _finish(self, lease: Lease) -> None:
+    def _finish(self, lease: Lease, name: str) -> None:
+        log.info("lease %s: GPUs %s for create %r", lease.id, ",".join(lease.gpus), name)
         try:
             self.alloc.finish_grant(lease)
         except StateError as e:  # granted all the same: only a power cut could lose it now

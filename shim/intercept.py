@@ -99,11 +99,13 @@ class InterceptSide:
             status = 500
             out = _error_bytes(500, msg, close=not keep)
         elapsed = (time.monotonic() - started) * 1000
-        log.info("%s %s -> %d (%.1f ms)", request.method, request.target, status, elapsed)
         self.task = None
+        if not self.closed:
+            self.ct.write(out)  # type: ignore[union-attr]
+        # Logged once the answer is on its way: the client does not wait for the line.
+        log.info("%s %s -> %d (%.1f ms)", request.method, request.target, status, elapsed)
         if self.closed:
             return
-        self.ct.write(out)  # type: ignore[union-attr]
         if not keep:
             self.close()
             return

@@ -335,8 +335,11 @@ _CGROUP_TYPES = ("a", "c")  # "b" rules are for block devices: no GPU is one
 
 def _cgroup_rules(ctx: _Ctx) -> None:
     """Each rule by the numbers dockerd parses from it (``0195`` is 195), not its spelling."""
+    rules = ctx.view.host_config.get("DeviceCgroupRules") or ()
+    if not rules:
+        return
     majors = {NVIDIA_MAJOR, DRM_MAJOR, gonum.ANY} | set(ctx.host.dynamic_majors())
-    for i, rule in enumerate(ctx.view.host_config.get("DeviceCgroupRules") or ()):
+    for i, rule in enumerate(rules):
         fld = f"HostConfig.DeviceCgroupRules[{i}]"
         try:
             kind, major, minor, _ = gonum.cgroup_rule(str(rule))

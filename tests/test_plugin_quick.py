@@ -1,0 +1,136 @@
+"""The plugin allows an unnamed create on its event loop when the facts at hand suffice.
+
+What it pins: the quick answer is the full decision's, for every create of the
+enforcement table and for a leased one; a create that needs a fact not at hand (a
+bind's source, a volume, the Engine's view gone stale) or is refused goes to the pool
+as a `Later`, which records the refusal; a named create goes there too (it is put in
+flight) once there is an Engine to resolve names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from allocator import gather
+from plugin.app import _ALLOW, Dispatcher
+from shim.framing import Request, Response
+from tests.enforcement_cases import body, cases, make_nodes, request
+from tests.fake_engine import FakeEngine
+from tests.test_enforcement import DEVDIR, World
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="fake device nodes need mknod (root)")
+REQ = "/AuthZPlugin.AuthZReq"
+UNNAMED = "/v1.41/containers/create"
+GPU_CREATE = body(HostConfig={"DeviceRequests": [request(1)]})
+PLAIN_CREATE = body()
+
+
+def envelope(payload: bytes, uri: str = UNNAMED, headers: dict | None = None) -> bytes:
+    return json.dumps(
+        {
+            "User": "",
+            "RequestMethod": "POST",
+            "RequestUri": uri,
+            "RequestBody": base64.b64encode(payload).decode(),
+            "RequestHeaders": {"Content-Type": "application/json", **(headers or {})},
+        }
+    ).encode()
+
+
+def answered(answer: bytes | object) -> dict:
+    """The plugin's answer, waiting for a `Later` as the worker's pool would."""
+    raw = answer if isinstance(answer, bytes) else answer()  # type: ignore[operator]
+    return json.loads(raw)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    make_nodes(DEVDIR)
+    w = World(tmp_path)
+    w.alloc.facts()  # the Engine's view, as the plugin's first calls leave it cached
+    return w
+
+
+def test_a_plain_create_is_allowed_at_once(world: World) -> None:
+    answer = Dispatcher(world.alloc).answer(REQ, envelope(PLAIN_CREATE))
+    assert isinstance(answer, bytes)
+    assert json.loads(answer) == {"Allow": True}
+
+
+def test_a_leased_create_is_allowed_at_once(world: World) -> None:
+    plugin, answers = Dispatcher(world.alloc), []
+
+    async def forward(req: Request) -> Response:
+        """dockerd: ask the plugin, then create."""
+        answers.append(plugin.answer(REQ, envelope(req.body, req.target, dict(req.headers))))
+        return Response(201, "Created", [], json.dumps({"Id": "c" * 64}).encode())
+
+    create = Request("POST", UNNAMED, [("Content-Type", "application/json")], GPU_CREATE)
+    assert asyncio.run(world.shim.handle(create, forward)).status == 201
+    assert answers == [_ALLOW]
+    (lease,) = world.alloc.ledger.read().leases.values()
+    assert lease.container == "c" * 64
+
+
+def test_every_table_case_gets_the_full_decisions_answer(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    quick = Dispatcher(world.alloc)
+    at_once = 0
+    for case in cases(DEVDIR):
+        raw = envelope(case.body)
+        answer = quick.answer(REQ, raw)
+        at_once += isinstance(answer, bytes)
+        with monkeypatch.context() as m:
+            m.setattr(gather, "ENGINE_VIEW_MAX_AGE", 0.0)  # nothing cached: all in full
+            full = Dispatcher(world.alloc).answer(REQ, raw)
+            assert not isinstance(full, bytes)
+            expected = answered(full)
+        assert answered(answer) == expected, case.name
+        if isinstance(answer, bytes):
+            assert expected["Allow"] is True, case.name  # only an Allow is quick
+    assert at_once >= 5, at_once  # the everyday shapes took the quick path
+
+
+def test_a_bind_mount_waits_for_the_pool(world: World, tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    payload = body(HostConfig={"Binds": [f"{tmp_path / 'data'}:/data"]})
+    answer = Dispatcher(world.alloc).answer(REQ, envelope(payload))
+    assert not isinstance(answer, bytes)
+    assert answered(answer) == {"Allow": True}
+
+
+def test_a_refused_create_is_refused_by_the_pool_and_audited(world: World) -> None:
+    Path(world.config.state_dir).mkdir()
+    answer = Dispatcher(world.alloc).answer(REQ, envelope(GPU_CREATE))
+    assert not isinstance(answer, bytes)
+    refusal = answered(answer)
+    assert refusal["Allow"] is False
+    assert "DeviceRequests" in refusal["Msg"]
+    audit = (Path(world.config.state_dir) / "audit.jsonl").read_text()
+    assert '"denial"' in audit
+
+
+def test_a_stale_engine_view_sends_the_create_to_the_pool(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gather, "ENGINE_VIEW_MAX_AGE", 0.0)
+    answer = Dispatcher(world.alloc).answer(REQ, envelope(PLAIN_CREATE))
+    assert not isinstance(answer, bytes)
+    assert answered(answer) == {"Allow": True}
+
+
+def test_a_named_create_goes_to_the_pool_when_names_can_move(world: World) -> None:
+    world.alloc.engine = FakeEngine()  # type: ignore[assignment]
+    world.alloc.facts()
+    plugin = Dispatcher(world.alloc)
+    assert isinstance(plugin.answer(REQ, envelope(PLAIN_CREATE)), bytes)
+    named = plugin.answer(REQ, envelope(PLAIN_CREATE, UNNAMED + "?name=job"))
+    assert not isinstance(named, bytes)
+    assert answered(named) == {"Allow": True}
