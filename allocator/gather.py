@@ -58,7 +58,8 @@ class Gatherer:
         self._inventory: tuple[object, Inventory | InventoryError] | None = None
         self._view: tuple[float, EngineView, Host] | None = None
         self._no_gpu: set[str] = set()  # containers inspected and found without GPUs
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held for no I/O: an event loop may wait on it
+        self._loading = threading.Lock()  # held while NVML or the GPU file is read
         self._reconciling = threading.Condition()
         self._reconcile_running = False
         self._last_reconcile: tuple[float, bool, Report] | None = None
@@ -77,16 +78,19 @@ class Gatherer:
         `Unasked` rather than load it now.
         """
         stamp = self._inventory_stamp()
-        with self._lock:
-            if self._inventory is None or self._inventory[0] != stamp:
-                if cached:
-                    raise Unasked("the GPU inventory")
-                try:
-                    loaded: Inventory | InventoryError = load_inventory(self.config.gpus)
-                except InventoryError as e:
-                    loaded = e
-                self._inventory = (stamp, loaded)
-            found = self._inventory[1]
+        known = self._inventory
+        if known is None or known[0] != stamp:
+            if cached:
+                raise Unasked("the GPU inventory")
+            with self._loading:  # one load at a time; `_inventory` is read without waiting
+                known = self._inventory
+                if known is None or known[0] != stamp:
+                    try:
+                        loaded: Inventory | InventoryError = load_inventory(self.config.gpus)
+                    except InventoryError as e:
+                        loaded = e
+                    known = self._inventory = (stamp, loaded)
+        found = known[1]
         if isinstance(found, InventoryError):
             raise found
         return found

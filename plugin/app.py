@@ -48,7 +48,6 @@ from allocator.core import verdicts as decide
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
 from allocator.core.routes import Check
-from allocator.gather import Unasked
 from allocator.host import metrics
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
@@ -96,6 +95,9 @@ _METHOD = re.compile(rb'"RequestMethod":"([A-Z]+)"')
 
 
 Later = Callable[[], bytes]
+# A create body decoded on the event loop at most (base64): the CLI's and Compose's are
+# a few KiB; a bigger one (dockerd passes a plugin up to 4 MiB) is decoded on the pool.
+_QUICK_BODY = 64 << 10
 
 
 class Dispatcher:
@@ -139,7 +141,11 @@ class Dispatcher:
             return _deny(route.msg)
         if decide.cleared(route) and not self.inflight.guards(route):
             return _ALLOW
-        if route.check is Check.CREATE and self.inflight.alone(route, uri):
+        if (
+            route.check is Check.CREATE
+            and len(req.get("RequestBody") or "") <= _QUICK_BODY
+            and self.inflight.alone(route, uri)
+        ):
             return self._quick(route, method, uri, req)
         return partial(self._decide, route, method, uri, req)
 
@@ -161,7 +167,7 @@ class Dispatcher:
             decision: decide.Decision | None = self._verdict(
                 route, method, uri, req, self.alloc.cached_facts()
             )
-        except (Unasked, *_FAILURES):
+        except Exception:  # a fact not at hand, or any failure: decided in full, and logged
             decision = None
         if not isinstance(decision, decide.Allow):
             return partial(self._decide, route, method, uri, req)

@@ -2,9 +2,10 @@
 
 What it pins: the quick answer is the full decision's, for every create of the
 enforcement table and for a leased one; a create that needs a fact not at hand (a
-bind's source, a volume, the Engine's view gone stale) or is refused goes to the pool
-as a `Later`, which records the refusal; a named create goes there too (it is put in
-flight) once there is an Engine to resolve names.
+bind's source, a volume, the Engine's view gone stale, an inventory due to be read
+again) or is refused goes to the pool as a `Later`, which records the refusal; so do a
+big body, a failure on the quick path, and a named create (it is put in flight) once
+there is an Engine to resolve names.  The loop never waits while NVML is read.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import asyncio
 import base64
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -134,3 +137,52 @@ def test_a_named_create_goes_to_the_pool_when_names_can_move(world: World) -> No
     named = plugin.answer(REQ, envelope(PLAIN_CREATE, UNNAMED + "?name=job"))
     assert not isinstance(named, bytes)
     assert answered(named) == {"Allow": True}
+
+
+def test_a_big_create_body_is_decoded_on_the_pool(world: World) -> None:
+    big = body(Labels={f"note{i}": "x" * 100 for i in range(600)})  # 64 KiB and more
+    answer = Dispatcher(world.alloc).answer(REQ, envelope(big))
+    assert not isinstance(answer, bytes)
+    assert answered(answer) == {"Allow": True}
+
+
+def test_a_failure_on_the_quick_path_leaves_the_decision_to_the_pool(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken() -> None:
+        raise RuntimeError("a bug of the quick path")
+
+    monkeypatch.setattr(world.alloc, "cached_facts", broken)
+    answer = Dispatcher(world.alloc).answer(REQ, envelope(PLAIN_CREATE))
+    assert not isinstance(answer, bytes)
+    assert answered(answer) == {"Allow": True}
+
+
+def test_the_loop_never_waits_for_an_inventory_being_read(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVML can take seconds (or hang, a GPU fallen off the bus): the event loop goes on."""
+    reading, release = threading.Event(), threading.Event()
+    real = gather.load_inventory
+
+    def slow(source: str) -> object:
+        reading.set()
+        release.wait(10)
+        return real(source)
+
+    monkeypatch.setattr(gather, "load_inventory", slow)
+    gpus = Path(world.config.gpus)
+    gpus.write_text(gpus.read_text() + "\n")  # changed: the next facts read it again
+    loader = threading.Thread(target=world.alloc.facts)
+    loader.start()
+    try:
+        assert reading.wait(10)
+        began = time.monotonic()
+        answer = Dispatcher(world.alloc).answer(REQ, envelope(PLAIN_CREATE))
+        assert time.monotonic() - began < 1.0
+        assert not release.is_set()
+        assert not isinstance(answer, bytes)  # it is decided on the pool, once read
+    finally:
+        release.set()
+        loader.join()
+    assert answered(answer) == {"Allow": True}
