@@ -114,6 +114,9 @@ class Dispatcher:
     def __init__(self, alloc: Allocator):
         self.alloc = alloc
         self.inflight = InFlight(alloc)
+        # Work an answer need not wait for; a server with a pool runs it there (the worker
+        # sets this), any other right away.
+        self.after: Callable[[Callable[[], None]], object] = _at_once
         self._routes = {
             "/AuthZPlugin.AuthZReq": self.authz_req,
             "/AuthZPlugin.AuthZRes": self.authz_res,
@@ -204,24 +207,31 @@ class Dispatcher:
         if method not in ("POST", "DELETE"):
             return _ALLOW
         outcome = outcomes.authz_response(method, uri, status, _response_body(req), _headers(req))
-        held = self.inflight.held(method, uri)
-        if outcome is None and not held:
+        if self.inflight.held(method, uri):
+            # dockerd has looked the reference up already: the call leaves the board once
+            # answered (until then a conflicting call waits a moment longer, never less).
+            self.after(partial(self._end, method, uri))
+        if outcome is None:
             return _ALLOW
-        return partial(self._settle, outcome, method, uri, held)
+        return partial(self._settle, outcome, method, uri)
 
-    def _settle(
-        self, outcome: outcomes.Outcome | None, method: str, uri: str, held: bool = False
-    ) -> bytes:
+    def _end(self, method: str, uri: str) -> None:
         try:
-            if held:
-                self.inflight.end(method, uri)
-            if outcome is not None:
-                self.alloc.settle(outcome)
+            self.inflight.end(method, uri)
+        except StateError as e:  # the entry expires by itself
+            log.error("could not end %s %s in flight: %s", method, uri, e)
+
+    def _settle(self, outcome: outcomes.Outcome, method: str, uri: str) -> bytes:
+        try:
+            self.alloc.settle(outcome)
         except StateError as e:
-            # The container exists already; reconcile binds it by label later (and an
-            # in-flight entry expires by itself).
+            # The container exists already; reconcile binds it by label later.
             log.error("could not settle %s %s: %s", method, uri, e)
         return _ALLOW
+
+
+def _at_once(work: Callable[[], None]) -> None:
+    work()
 
 
 def create_app(config: Config, allocator: Allocator | None = None) -> Flask:

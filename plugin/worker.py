@@ -217,6 +217,7 @@ class Worker(base.Worker):
     def load_wsgi(self) -> None:
         super().load_wsgi()
         self.dispatcher: Dispatcher = self.wsgi.extensions[DISPATCHER]
+        self.dispatcher.after = self.later
 
     def init_signals(self) -> None:
         for s in self.SIGNALS:
@@ -229,7 +230,7 @@ class Worker(base.Worker):
     def _stop(self) -> None:
         self.alive = False
 
-    def later(self, work: Callable[[], bytes]) -> asyncio.Future[bytes]:
+    def later(self, work: Callable[[], Any]) -> asyncio.Future[Any]:
         """``work`` on the pool; counted, so a graceful stop can let it finish."""
         self.busy += 1
         future = self.loop.run_in_executor(self.pool, work)

@@ -1,11 +1,15 @@
-"""The plugin allows an unnamed create on its event loop when the facts at hand suffice.
+"""What the plugin answers at once, on its event loop, and what it leaves to its pool.
 
-What it pins: the quick answer is the full decision's, for every create of the
-enforcement table and for a leased one; a create that needs a fact not at hand (a
-bind's source, a volume, the Engine's view gone stale, an inventory due to be read
-again) or is refused goes to the pool as a `Later`, which records the refusal; so do a
-big body, a failure on the quick path, and a named create (it is put in flight) once
-there is an Engine to resolve names.  The loop never waits while NVML is read.
+An unnamed create is allowed at once when the facts at hand suffice.  What it pins: the
+quick answer is the full decision's, for every create of the enforcement table and for
+a leased one; a create that needs a fact not at hand (a bind's source, a volume, the
+Engine's view gone stale, an inventory due to be read again) or is refused goes to the
+pool as a `Later`, which records the refusal; so do a big body, a failure on the quick
+path, and a named create (it is put in flight) once there is an Engine to resolve
+names.  The loop never waits while NVML is read.
+
+A call put in flight at its AuthZReq (a start, a removal) is answered at its AuthZRes
+first, and leaves the board right after, on the pool.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from pathlib import Path
 import pytest
 
 from allocator import gather
+from allocator.core.inflight import Start, Target
+from allocator.host.inflight import Registry
 from plugin.app import _ALLOW, Dispatcher
 from shim.framing import Request, Response
 from tests.enforcement_cases import body, cases, make_nodes, request
@@ -32,6 +38,7 @@ REQ = "/AuthZPlugin.AuthZReq"
 UNNAMED = "/v1.41/containers/create"
 GPU_CREATE = body(HostConfig={"DeviceRequests": [request(1)]})
 PLAIN_CREATE = body()
+JOB = Target("c0ffee" + "1" * 58, "job")
 
 
 def envelope(payload: bytes, uri: str = UNNAMED, headers: dict | None = None) -> bytes:
@@ -186,3 +193,19 @@ def test_the_loop_never_waits_for_an_inventory_being_read(
         release.set()
         loader.join()
     assert answered(answer) == {"Allow": True}
+
+
+def test_a_start_is_answered_before_it_leaves_the_board(world: World, tmp_path: Path) -> None:
+    world.alloc.engine = FakeEngine()  # type: ignore[assignment]
+    plugin, afterwards = Dispatcher(world.alloc), []
+    plugin.after = afterwards.append
+    plugin.inflight.registry = Registry(tmp_path)
+    uri = "/v1.41/containers/job/start"
+    why, _ = plugin.inflight.registry.begin(f"POST {uri}", Start("start", "job", JOB))
+    assert why is None
+    res = {"RequestMethod": "POST", "RequestUri": uri, "ResponseStatusCode": 204}
+    assert plugin.answer("/AuthZPlugin.AuthZRes", json.dumps(res).encode()) == _ALLOW
+    assert [e.key for e in plugin.inflight.registry.read().entries] == [f"POST {uri}"]
+    (end,) = afterwards
+    end()
+    assert plugin.inflight.registry.read().entries == ()
