@@ -65,9 +65,10 @@ demo: deps venv
 bench: venv
 	QUICK="$(QUICK)" ONLY="$(ONLY)" $(BIN)/python -m tests.bench
 
-# make bench-ab REV=<commit>: GPU creates through REV and through this checkout, interleaved.
+# make bench-ab REV=<commit> [ROUNDS=80] [WHAT=run]: GPU creates (or docker run --rm)
+# through REV and through this checkout, interleaved.
 bench-ab: venv
-	$(BIN)/python -m tests.bench.ab "$(REV)" $(ROUNDS)
+	$(BIN)/python -m tests.bench.ab "$(REV)" $(or $(ROUNDS),80) $(WHAT)
 
 # The Docker managed-plugin directory (config.json + rootfs); needs a running Docker.
 plugin:

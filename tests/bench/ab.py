@@ -5,9 +5,11 @@ runs a few minutes apart, so two `make bench` runs cannot tell a 1 ms change fro
 noise.  This runs both revisions' stacks at once, beside one bare dockerd, and visits
 them in a fresh random order every round: the noise hits all three alike.
 
-Run: ``python -m tests.bench.ab REV [ROUNDS]`` (``make bench-ab REV=...``).  REV is
-checked out into a temporary worktree; its shim and plugin run from there (first on
-``PYTHONPATH``), with this checkout's test harness and venv.
+Run: ``python -m tests.bench.ab REV [ROUNDS] [run]`` (``make bench-ab REV=...
+[ROUNDS=...] [WHAT=run]``).  REV is checked out into a temporary worktree; its shim
+and plugin run from there (first on ``PYTHONPATH``), with this checkout's test harness
+and venv.  ``run`` times ``docker run --rm`` (``--gpus 1`` through the shims) instead
+of API creates.
 """
 
 from __future__ import annotations
@@ -50,7 +52,17 @@ def remove(sock: str, cid: str) -> None:
         conn.close()
 
 
-def main(rev: str, rounds: int) -> None:
+def docker_run(sock: str, gpus: bool) -> float:
+    """Wall time in ms of ``docker run --rm`` (``--gpus 1``) on ``sock``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    args = ["--gpus", "1"] if gpus else []
+    t0 = time.perf_counter()
+    argv = ["docker", "-H", f"unix://{sock}", "run", "--rm", *args, engine.BUSYBOX_TAG, "true"]
+    subprocess.run(argv, env=env, check=True, capture_output=True)
+    return (time.perf_counter() - t0) * 1000
+
+
+def main(rev: str, rounds: int, what: str = "create") -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ab-", dir="/tmp"))
     other = tmp / "rev"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(other), rev],
@@ -79,6 +91,9 @@ def main(rev: str, rounds: int) -> None:
         for _ in range(rounds):
             for name in random.sample(list(cases), len(cases)):
                 sock, spec = cases[name]
+                if what == "run":
+                    ms[name].append(docker_run(sock, spec is GPU))
+                    continue
                 t0 = time.perf_counter()
                 cid = create(sock, spec)
                 ms[name].append((time.perf_counter() - t0) * 1000)
@@ -91,11 +106,12 @@ def main(rev: str, rounds: int) -> None:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)],
                        check=False, capture_output=True)  # fmt: skip
     base = median(ms["bare"])
-    print(f"API create, {rounds} rounds, medians (ratio and ms over the bare Engine):")
+    title = "docker run --rm" if what == "run" else "API create"
+    print(f"{title}, {rounds} rounds, medians (ratio and ms over the bare Engine):")
     for name, xs in ms.items():
         m = median(xs)
         print(f"  {name:32s} {m:7.2f} ms  {m / base:5.2f}x  +{m - base:5.2f} ms")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 80)
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 80, *sys.argv[3:4])
