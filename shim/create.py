@@ -318,10 +318,26 @@ _REFUSAL_STATUS = {Shortage: 409, policy.Refusal: 403, policy.Invalid: 400}
 Leased = tuple[Lease, str] | Shortage | policy.Refusal | policy.Invalid
 
 
+OWNER_TTL = 10.0  # seconds an NSS answer is kept: a group change counts within this
+_owners: dict[tuple[int, int], tuple[float, policy.Owner]] = {}
+
+
 def owner_of(peer: Peer | None) -> policy.Owner:
-    """The user and groups behind a connection's uid, as this host's NSS knows them."""
+    """The user and groups behind a connection's uid, as this host's NSS knew them at
+    most `OWNER_TTL` ago (each answer reads /etc/passwd and /etc/group, or asks a
+    directory: a tenth of a millisecond of every GPU create, or more)."""
     if peer is None:
         return policy.NOBODY
+    now = time.monotonic()
+    known = _owners.get((peer.uid, peer.gid))
+    if known is not None and now < known[0]:
+        return known[1]
+    owner = _lookup(peer)
+    _owners[(peer.uid, peer.gid)] = (now + OWNER_TTL, owner)
+    return owner
+
+
+def _lookup(peer: Peer) -> policy.Owner:
     try:
         user = pwd.getpwuid(peer.uid).pw_name
     except KeyError:

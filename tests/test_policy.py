@@ -235,3 +235,22 @@ def test_only_leases_stopped_past_the_duration_expire():
     leases = [("a", "c1"), ("b", "c2"), ("c", "c3")]
     assert policy.expired(leases, {"c1": 0.0, "c2": 50.0}, 100.0, rules) == ["a"]
     assert policy.expired(leases, {"c1": 0.0}, 100.0, Rules()) == []
+
+
+def test_the_shim_asks_nss_about_a_uid_again_only_after_its_ttl(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shim import create
+    from shim.framing import Peer
+
+    asked: list[int] = []
+    clock = [1000.0]
+    monkeypatch.setattr(create, "_owners", {})
+    monkeypatch.setattr(create, "_lookup", lambda p: asked.append(p.uid) or Owner(p.uid, "u"))
+    monkeypatch.setattr(create.time, "monotonic", lambda: clock[0])
+    peer = Peer(pid=1, uid=1001, gid=1001)
+    assert create.owner_of(peer) == create.owner_of(peer) == Owner(1001, "u")
+    assert asked == [1001]
+    clock[0] += create.OWNER_TTL
+    create.owner_of(peer)
+    assert asked == [1001, 1001]  # a group change counts within the TTL
