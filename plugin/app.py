@@ -208,8 +208,8 @@ class Dispatcher:
             return _ALLOW
         outcome = outcomes.authz_response(method, uri, status, _response_body(req), _headers(req))
         if self.inflight.held(method, uri):
-            # dockerd has looked the reference up already: the call leaves the board once
-            # answered (until then a conflicting call waits a moment longer, never less).
+            # dockerd has looked the reference up already: the call leaves the board without
+            # its answer waiting for that (a conflicting call waits a moment longer, never less).
             self.after(partial(self._end, method, uri))
         if outcome is None:
             return _ALLOW
@@ -218,8 +218,8 @@ class Dispatcher:
     def _end(self, method: str, uri: str) -> None:
         try:
             self.inflight.end(method, uri)
-        except StateError as e:  # the entry expires by itself
-            log.error("could not end %s %s in flight: %s", method, uri, e)
+        except Exception:  # nothing waits for this: say so here; the entry expires by itself
+            log.exception("could not end %s %s in flight", method, uri)
 
     def _settle(self, outcome: outcomes.Outcome, method: str, uri: str) -> bytes:
         try:

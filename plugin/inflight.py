@@ -3,9 +3,10 @@
 A start or restart is judged first (`Allocator.resolve`: the inspect it judged says
 which container its reference named), then put in flight once no conflicting rename,
 removal, prune or named create is; a change is put in flight before its own verdict,
-once no start it could redirect is.  Each leaves once its AuthZRes is answered
-(`end`, on the worker's pool: dockerd looked the reference up before that, and a
-conflicting call only waits a moment longer), or when its verdict is a refusal.
+once no start it could redirect is.  Each leaves when its AuthZRes arrives (`end`,
+on a pool of the worker's, without the answer waiting: dockerd looked the reference
+up before that, and a conflicting call only waits a moment longer), or when its
+verdict is a refusal.
 
 A start whose reference could move by something no call announces is refused before
 that (`inflight.refusal`).  Between the start's inspect and its entry a change may have

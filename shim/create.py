@@ -320,39 +320,47 @@ Leased = tuple[Lease, str] | Shortage | policy.Refusal | policy.Invalid
 
 OWNER_TTL = 10.0  # seconds an NSS answer is kept: a group change counts within this
 _owners: dict[tuple[int, int], tuple[float, policy.Owner]] = {}
+_clock = time.monotonic
 
 
 def owner_of(peer: Peer | None) -> policy.Owner:
     """The user and groups behind a connection's uid, as this host's NSS knew them at
     most `OWNER_TTL` ago (each answer reads /etc/passwd and /etc/group, or asks a
-    directory: a tenth of a millisecond of every GPU create, or more)."""
+    directory: a tenth of a millisecond of every GPU create, or more).  An answer NSS
+    gave only in part (a directory not answering) is not kept."""
     if peer is None:
         return policy.NOBODY
-    now = time.monotonic()
+    now = _clock()
     known = _owners.get((peer.uid, peer.gid))
     if known is not None and now < known[0]:
         return known[1]
-    owner = _lookup(peer)
-    _owners[(peer.uid, peer.gid)] = (now + OWNER_TTL, owner)
+    owner, whole = _lookup(peer)
+    if whole:
+        if len(_owners) >= 4096:  # users come and go: forget the ones not seen lately
+            for key in [k for k, (until, _) in _owners.items() if until <= now]:
+                del _owners[key]
+        _owners[(peer.uid, peer.gid)] = (now + OWNER_TTL, owner)
     return owner
 
 
-def _lookup(peer: Peer) -> policy.Owner:
+def _lookup(peer: Peer) -> tuple[policy.Owner, bool]:
+    """The owner, and whether NSS answered every question about it."""
     try:
         user = pwd.getpwuid(peer.uid).pw_name
     except KeyError:
-        return policy.Owner(peer.uid, str(peer.uid))
+        return policy.Owner(peer.uid, str(peer.uid)), False
+    whole = True
     try:
         gids = os.getgrouplist(user, peer.gid)
     except OSError:
-        gids = [peer.gid]
+        gids, whole = [peer.gid], False
     groups = []
     for gid in gids:
         try:
             groups.append(grp.getgrgid(gid).gr_name)
         except KeyError:
-            continue
-    return policy.Owner(peer.uid, user, tuple(groups))
+            whole = False
+    return policy.Owner(peer.uid, user, tuple(groups)), whole
 
 
 def _resources_refusal(want: Resources, gpus: bool, spec: dict) -> str | None:

@@ -222,7 +222,7 @@ class Ledger:
             raise self._timeout()
         try:
             try:
-                fd = os.open(self.lock_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                fd = os.open(self.lock_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
             except OSError as e:
                 raise StateError(f"{self.lock_path}: cannot open the lock: {e.strerror}") from None
             try:
@@ -232,11 +232,15 @@ class Ledger:
                         break
                     except portalocker.LockException as e:
                         if not _held(e):
-                            raise StateError(f"{self.lock_path}: cannot lock: {e}") from None
+                            why = getattr(e.__cause__, "strerror", None) or e
+                            raise StateError(f"{self.lock_path}: cannot lock: {why}") from None
                         if time.monotonic() >= deadline:
                             raise self._timeout() from None
                         time.sleep(LOCK_POLL)
-                yield  # closing the descriptor below releases the lock
+                try:
+                    yield
+                finally:  # unlocked before closed: a child forked meanwhile shares the fd
+                    portalocker.unlock(fd)
             finally:
                 os.close(fd)
         finally:
