@@ -105,8 +105,8 @@ class Dispatcher:
 
     The envelope is parsed once and the route classified once per call.  Calls that
     touch no GPU are answered at once, from the route table: no lock, no file, no
-    Engine call.  So is the allowing of a create nothing else is in flight for, when
-    the facts at hand suffice (`_quick`).  The rest come back as a `Later`, the
+    Engine call.  So is the allowing of an unnamed create (it puts nothing in flight)
+    when the facts at hand suffice (`_quick`).  The rest come back as a `Later`, the
     I/O-bound part of the decision (ledger lock, Engine inspects, the audit trail), for
     the server to run where waiting blocks nobody (`plugin.worker`: a thread pool).
     """
@@ -161,10 +161,10 @@ class Dispatcher:
     def _quick(
         self, route: decide.Route, method: str, uri: str, req: dict[str, Any]
     ) -> bytes | Later:
-        """A create nothing else is in flight for, allowed here when the facts at hand
-        suffice: the Engine's view and the inventory as cached, and the ledger's files
-        (read without the lock: no wait, no write).  A create that needs a fact not at
-        hand, or is refused (the refusal goes to the audit trail), goes to `_decide`."""
+        """An unnamed create, allowed here when the facts at hand suffice: the Engine's
+        view and the inventory as cached, and the ledger's files (read without the lock:
+        no wait, no write).  A create that needs a fact not at hand, fails, or is refused
+        (the refusal goes to the audit trail) goes to `_decide`."""
         began = time.perf_counter()
         try:
             decision: decide.Decision | None = self._verdict(
