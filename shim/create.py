@@ -11,7 +11,10 @@ into an `Ask`, leased under the ledger lock, rewritten to explicit UUIDs with a
 lease label and a ``NVIDIA_VISIBLE_DEVICES`` guard, and only then forwarded, as
 the canonical body that was checked, with the lease's token in the
 ``X-Gpu-Alloc-Lease`` header for the plugin (never on the container; any such
-header a client sent is dropped).
+header a client sent is dropped).  A create that surely asks for no GPU, by the facts
+this process has cached, goes on from the event loop with the guard alone; every other
+is judged on a thread, where the facts may be read, the lock waited for and a refusal
+audited.
 
 A start or restart goes on by the full id of the container judged, so no rename
 or removal in between can make dockerd start another one.  Behind gpu-alloc's
@@ -145,6 +148,8 @@ class CreateInterceptor:
             return error(400, wait.msg)
         spec = strip_labels(decoded)
         name = _name(request.target)
+        if self._surely_no_gpu(spec, resources):
+            return await forward(_with_body(request, rewrite(spec, (), None), None))
         got = await asyncio.to_thread(
             self._lease_for, spec, name, request.peer, want, profile, resources
         )
@@ -200,6 +205,18 @@ class CreateInterceptor:
             self.alloc.finish_grant(lease)
         except StateError as e:  # granted all the same: only a power cut could lose it now
             log.error("lease %s: %s", lease.id, e)
+
+    def _surely_no_gpu(self, spec: dict, resources: Resources) -> bool:
+        """A create that asks for no GPU, by the facts this process has at hand: forwarded
+        from the event loop, without a thread hop.  Anything else (a fact not at hand, a
+        refusal, which is audited, a GPU) goes to `_lease_for`, which decides it in full."""
+        if resources.any:
+            return False
+        try:
+            ask = decide.shim_ask(spec, self.alloc.cached_facts())
+        except Exception:  # Unasked, or any failure: decided (and reported) in full
+            return False
+        return not isinstance(ask, decide.Deny) and not ask.any
 
     def _lease_for(
         self,

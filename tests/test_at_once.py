@@ -1,6 +1,6 @@
-"""What the plugin answers at once, on its event loop, and what it leaves to its pool.
+"""What the plugin and the shim decide at once, on their event loops, and what waits.
 
-An unnamed create is allowed at once when the facts at hand suffice.  What it pins: the
+The plugin allows an unnamed create at once when the facts at hand suffice.  What it pins: the
 quick answer is the full decision's, for every create of the enforcement table and for
 a leased one; a create that needs a fact not at hand (a bind's source, a volume, the
 Engine's view gone stale, an inventory due to be read again) or is refused goes to the
@@ -10,6 +10,10 @@ names.  The loop never waits while NVML is read.
 
 A call put in flight at its AuthZReq (a start, a removal) is answered at its AuthZRes
 first, and leaves the board right after, on the pool.
+
+The shim forwards a create that surely asks for no GPU from its event loop, by the same
+facts at hand; one that asks for a GPU, or needs a fact not at hand, or is refused
+(audited) is decided on a thread, in full.
 """
 
 from __future__ import annotations
@@ -209,3 +213,70 @@ def test_a_start_is_answered_before_it_leaves_the_board(world: World, tmp_path: 
     (end,) = afterwards
     end()
     assert plugin.inflight.registry.read().entries == ()
+
+
+class Forwarded:
+    """dockerd behind the shim: a 201 for every create, each body kept."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+
+    async def __call__(self, req: Request) -> Response:
+        self.bodies.append(json.loads(req.body))
+        return Response(201, "Created", [], json.dumps({"Id": "c" * 64}).encode())
+
+
+def through_shim(
+    world: World, payload: bytes, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[str], list[dict]]:
+    """The create through the shim: which took the thread (`_lease_for`), what went on."""
+    threaded: list[str] = []
+    real = world.shim._lease_for
+
+    def lease_for(*args: object) -> object:
+        threaded.append(json.loads(payload).get("Image", ""))
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(world.shim, "_lease_for", lease_for)
+    forward = Forwarded()
+    req = Request("POST", UNNAMED, [("Content-Type", "application/json")], payload)
+    response = asyncio.run(world.shim.handle(req, forward))
+    assert response.status in (201, 403), response
+    return threaded, forward.bodies
+
+
+def test_the_shim_forwards_a_plain_create_without_a_thread(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threaded, sent = through_shim(world, PLAIN_CREATE, monkeypatch)
+    assert threaded == []
+    assert "NVIDIA_VISIBLE_DEVICES=void" in sent[0]["Env"]  # the guard, as on the thread
+
+
+def test_the_shim_leases_a_gpu_create_on_its_thread(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threaded, sent = through_shim(world, GPU_CREATE, monkeypatch)
+    assert threaded == ["busybox"]
+    (lease,) = world.alloc.ledger.read().leases.values()
+    assert sent[0]["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == list(lease.gpus)
+
+
+def test_the_shim_refuses_on_its_thread_so_the_refusal_is_audited(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Path(world.config.state_dir).mkdir()
+    privileged = body(HostConfig={"Privileged": True})
+    threaded, sent = through_shim(world, privileged, monkeypatch)
+    assert (threaded, sent) == (["busybox"], [])
+    audit = (Path(world.config.state_dir) / "audit.jsonl").read_text()
+    assert '"refusal"' in audit
+
+
+def test_the_shim_asks_in_full_when_the_engines_view_is_stale(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gather, "ENGINE_VIEW_MAX_AGE", 0.0)
+    threaded, sent = through_shim(world, PLAIN_CREATE, monkeypatch)
+    assert threaded == ["busybox"]
+    assert "NVIDIA_VISIBLE_DEVICES=void" in sent[0]["Env"]
