@@ -148,10 +148,11 @@ class CreateInterceptor:
             return error(400, wait.msg)
         spec = strip_labels(decoded)
         name = _name(request.target)
-        if self._surely_no_gpu(spec, resources):
+        known = self._at_hand(spec)
+        if known and not resources.any and isinstance(known[1], Ask) and not known[1].any:
             return await forward(_with_body(request, rewrite(spec, (), None), None))
         got = await asyncio.to_thread(
-            self._lease_for, spec, name, request.peer, want, profile, resources
+            self._lease_for, spec, name, request.peer, want, profile, resources, known
         )
         if isinstance(got, Response):
             return got
@@ -206,17 +207,16 @@ class CreateInterceptor:
         except StateError as e:  # granted all the same: only a power cut could lose it now
             log.error("lease %s: %s", lease.id, e)
 
-    def _surely_no_gpu(self, spec: dict, resources: Resources) -> bool:
-        """A create that asks for no GPU, by the facts this process has at hand: forwarded
-        from the event loop, without a thread hop.  Anything else (a fact not at hand, a
-        refusal, which is audited, a GPU) goes to `_lease_for`, which decides it in full."""
-        if resources.any:
-            return False
+    def _at_hand(self, spec: dict) -> tuple[decide.Facts, Ask | decide.Deny] | None:
+        """The create's ask by the facts this process has at hand (None: a fact is not,
+        or it failed; `_lease_for` then reads them).  One that asks for no GPU is
+        forwarded from the event loop, without a thread hop; the rest take this ask to
+        the thread, where a refusal is audited and a lease taken."""
         try:
-            ask = decide.shim_ask(spec, self.alloc.cached_facts())
+            facts = self.alloc.cached_facts()
+            return facts, decide.shim_ask(spec, facts)
         except Exception:  # Unasked, or any failure: decided (and reported) in full
-            return False
-        return not isinstance(ask, decide.Deny) and not ask.any
+            return None
 
     def _lease_for(
         self,
@@ -226,13 +226,17 @@ class CreateInterceptor:
         want: policy.Wanted | policy.Invalid,
         profile: str,
         resources: Resources,
+        known: tuple[decide.Facts, Ask | decide.Deny] | None = None,
     ) -> Response | tuple[Ask, policy.Owner, Leased, bool] | None:
-        """Everything from a decoded create to its lease, in one thread hop: the facts,
-        the ask, the policy checks, the image's CUDA, the owner and the lease itself.
-        An error answer, None for a create that asks for no GPU, or what was leased and
-        whether dockerd runs gpu-alloc's plugin (which then binds a 201 itself)."""
-        facts = self.alloc.facts()
-        ask = decide.shim_ask(spec, facts)
+        """Everything from a decoded create to its lease, in one thread hop: the facts
+        and the ask (unless ``known`` from the event loop), the policy checks, the image's
+        CUDA, the owner and the lease itself.  An error answer, None for a create that
+        asks for no GPU, or what was leased and whether dockerd runs gpu-alloc's plugin
+        (which then binds a 201 itself)."""
+        if known is None:
+            facts = self.alloc.facts()
+            known = facts, decide.shim_ask(spec, facts)
+        facts, ask = known
         if isinstance(ask, decide.Deny):
             self._refused(name, ask.msg, ask.field)
             return error(403, ask.msg)

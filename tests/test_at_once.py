@@ -12,8 +12,8 @@ A call put in flight at its AuthZReq (a start, a removal) is answered at its Aut
 first, and leaves the board right after, on the pool.
 
 The shim forwards a create that surely asks for no GPU from its event loop, by the same
-facts at hand; one that asks for a GPU, or needs a fact not at hand, or is refused
-(audited) is decided on a thread, in full.
+facts at hand; one that asks for a GPU takes that ask to its thread (made once), and one
+that needs a fact not at hand, or is refused (audited), is decided on the thread.
 """
 
 from __future__ import annotations
@@ -280,3 +280,15 @@ def test_the_shim_asks_in_full_when_the_engines_view_is_stale(
     threaded, sent = through_shim(world, PLAIN_CREATE, monkeypatch)
     assert threaded == ["busybox"]
     assert "NVIDIA_VISIBLE_DEVICES=void" in sent[0]["Env"]
+
+
+def test_a_gpu_creates_ask_is_made_once_when_the_facts_are_at_hand(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shim import create
+
+    asks: list[object] = []
+    real = create.decide.shim_ask
+    monkeypatch.setattr(create.decide, "shim_ask", lambda *a: asks.append(a) or real(*a))
+    threaded, _ = through_shim(world, GPU_CREATE, monkeypatch)
+    assert (threaded, len(asks)) == (["busybox"], 1)
