@@ -63,6 +63,10 @@ def answered(answer: bytes | object) -> dict:
     return json.loads(raw)
 
 
+def audit_trail(world: World) -> str:
+    return (Path(world.config.state_dir) / "audit.jsonl").read_text()
+
+
 @pytest.fixture
 def world(tmp_path: Path) -> World:
     make_nodes(DEVDIR)
@@ -127,8 +131,7 @@ def test_a_refused_create_is_refused_by_the_pool_and_audited(world: World) -> No
     refusal = answered(answer)
     assert refusal["Allow"] is False
     assert "DeviceRequests" in refusal["Msg"]
-    audit = (Path(world.config.state_dir) / "audit.jsonl").read_text()
-    assert '"denial"' in audit
+    assert '"denial"' in audit_trail(world)
 
 
 def test_a_stale_engine_view_sends_the_create_to_the_pool(
@@ -269,8 +272,7 @@ def test_the_shim_refuses_on_its_thread_so_the_refusal_is_audited(
     privileged = body(HostConfig={"Privileged": True})
     threaded, sent = through_shim(world, privileged, monkeypatch)
     assert (threaded, sent) == (["busybox"], [])
-    audit = (Path(world.config.state_dir) / "audit.jsonl").read_text()
-    assert '"refusal"' in audit
+    assert '"refusal"' in audit_trail(world)
 
 
 def test_the_shim_asks_in_full_when_the_engines_view_is_stale(
