@@ -148,7 +148,7 @@ class CreateInterceptor:
             return error(400, wait.msg)
         spec = strip_labels(decoded)
         name = _name(request.target)
-        known = self._at_hand(spec)
+        known = self._at_hand(spec) if len(request.body) <= _AT_HAND_BODY else None
         if known and not resources.any and isinstance(known[1], Ask) and not known[1].any:
             return await forward(_with_body(request, rewrite(spec, (), None), None))
         got = await asyncio.to_thread(
@@ -336,6 +336,9 @@ class CreateInterceptor:
 
 
 _REFUSAL_STATUS = {Shortage: 409, policy.Refusal: 403, policy.Invalid: 400}
+# A create judged on the event loop at most: the CLI's and Compose's are a few KiB; a
+# bigger one (up to dockerd's 4 MiB) is judged on the thread, where it blocks nobody.
+_AT_HAND_BODY = 48 << 10
 Leased = tuple[Lease, str] | Shortage | policy.Refusal | policy.Invalid
 
 

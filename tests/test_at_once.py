@@ -13,7 +13,7 @@ first, and leaves the board right after, on the pool.
 
 The shim forwards a create that surely asks for no GPU from its event loop, by the same
 facts at hand; one that asks for a GPU takes that ask to its thread (made once), and one
-that needs a fact not at hand, or is refused (audited), is decided on the thread.
+that needs a fact not at hand, is big, or is refused (audited), is decided on the thread.
 """
 
 from __future__ import annotations
@@ -55,6 +55,12 @@ def envelope(payload: bytes, uri: str = UNNAMED, headers: dict | None = None) ->
             "RequestHeaders": {"Content-Type": "application/json", **(headers or {})},
         }
     ).encode()
+
+
+def on_the_pool(answer: bytes | object) -> dict:
+    """The answer of a `Later` (it must be one: decided on the pool), as the pool gives it."""
+    assert not isinstance(answer, bytes)
+    return answered(answer)
 
 
 def answered(answer: bytes | object) -> dict:
@@ -120,15 +126,12 @@ def test_a_bind_mount_waits_for_the_pool(world: World, tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
     payload = body(HostConfig={"Binds": [f"{tmp_path / 'data'}:/data"]})
     answer = Dispatcher(world.alloc).answer(REQ, envelope(payload))
-    assert not isinstance(answer, bytes)
-    assert answered(answer) == {"Allow": True}
+    assert on_the_pool(answer) == {"Allow": True}
 
 
 def test_a_refused_create_is_refused_by_the_pool_and_audited(world: World) -> None:
     Path(world.config.state_dir).mkdir()
-    answer = Dispatcher(world.alloc).answer(REQ, envelope(GPU_CREATE))
-    assert not isinstance(answer, bytes)
-    refusal = answered(answer)
+    refusal = on_the_pool(Dispatcher(world.alloc).answer(REQ, envelope(GPU_CREATE)))
     assert refusal["Allow"] is False
     assert "DeviceRequests" in refusal["Msg"]
     assert '"denial"' in audit_trail(world)
@@ -139,8 +142,7 @@ def test_a_stale_engine_view_sends_the_create_to_the_pool(
 ) -> None:
     monkeypatch.setattr(gather, "ENGINE_VIEW_MAX_AGE", 0.0)
     answer = Dispatcher(world.alloc).answer(REQ, envelope(PLAIN_CREATE))
-    assert not isinstance(answer, bytes)
-    assert answered(answer) == {"Allow": True}
+    assert on_the_pool(answer) == {"Allow": True}
 
 
 def test_a_named_create_goes_to_the_pool_when_names_can_move(world: World) -> None:
@@ -149,15 +151,13 @@ def test_a_named_create_goes_to_the_pool_when_names_can_move(world: World) -> No
     plugin = Dispatcher(world.alloc)
     assert isinstance(plugin.answer(REQ, envelope(PLAIN_CREATE)), bytes)
     named = plugin.answer(REQ, envelope(PLAIN_CREATE, UNNAMED + "?name=job"))
-    assert not isinstance(named, bytes)
-    assert answered(named) == {"Allow": True}
+    assert on_the_pool(named) == {"Allow": True}
 
 
 def test_a_big_create_body_is_decoded_on_the_pool(world: World) -> None:
     big = body(Labels={f"note{i}": "x" * 100 for i in range(600)})  # 64 KiB and more
     answer = Dispatcher(world.alloc).answer(REQ, envelope(big))
-    assert not isinstance(answer, bytes)
-    assert answered(answer) == {"Allow": True}
+    assert on_the_pool(answer) == {"Allow": True}
 
 
 def test_a_failure_on_the_quick_path_leaves_the_decision_to_the_pool(
@@ -168,8 +168,7 @@ def test_a_failure_on_the_quick_path_leaves_the_decision_to_the_pool(
 
     monkeypatch.setattr(world.alloc, "cached_facts", broken)
     answer = Dispatcher(world.alloc).answer(REQ, envelope(PLAIN_CREATE))
-    assert not isinstance(answer, bytes)
-    assert answered(answer) == {"Allow": True}
+    assert on_the_pool(answer) == {"Allow": True}
 
 
 def test_the_loop_never_waits_for_an_inventory_being_read(
@@ -294,3 +293,12 @@ def test_a_gpu_creates_ask_is_made_once_when_the_facts_are_at_hand(
     monkeypatch.setattr(create.decide, "shim_ask", lambda *a: asks.append(a) or real(*a))
     threaded, _ = through_shim(world, GPU_CREATE, monkeypatch)
     assert (threaded, len(asks)) == (["busybox"], 1)
+
+
+def test_the_shim_judges_a_big_create_on_its_thread(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    big = body(Labels={f"note{i}": "x" * 100 for i in range(600)})  # 48 KiB and more
+    threaded, sent = through_shim(world, big, monkeypatch)
+    assert threaded == ["busybox"]
+    assert "NVIDIA_VISIBLE_DEVICES=void" in sent[0]["Env"]
