@@ -114,9 +114,6 @@ class Dispatcher:
     def __init__(self, alloc: Allocator):
         self.alloc = alloc
         self.inflight = InFlight(alloc)
-        # Work an answer need not wait for; a server with a pool runs it there (the worker
-        # sets this), any other right away.
-        self.after: Callable[[Callable[[], None]], object] = _at_once
         self._routes = {
             "/AuthZPlugin.AuthZReq": self.authz_req,
             "/AuthZPlugin.AuthZRes": self.authz_res,
@@ -207,31 +204,34 @@ class Dispatcher:
         if method not in ("POST", "DELETE"):
             return _ALLOW
         outcome = outcomes.authz_response(method, uri, status, _response_body(req), _headers(req))
-        if self.inflight.held(method, uri):
-            # dockerd has looked the reference up already: the call leaves the board without
-            # its answer waiting for that (a conflicting call waits a moment longer, never less).
-            self.after(partial(self._end, method, uri))
-        if outcome is None:
+        held = self.inflight.held(method, uri)
+        if outcome is None and (not held or self._end_now(method, uri)):
             return _ALLOW
-        return partial(self._settle, outcome, method, uri)
+        return partial(self._settle, outcome, method, uri, held)
 
-    def _end(self, method: str, uri: str) -> None:
+    def _end_now(self, method: str, uri: str) -> bool:
+        """A call in flight leaves the board here when its lock is free at once (a tmpfs
+        file: tens of microseconds); else, or on any failure, on the pool."""
         try:
-            self.inflight.end(method, uri)
-        except Exception:  # nothing waits for this: say so here; the entry expires by itself
-            log.exception("could not end %s %s in flight", method, uri)
+            return self.inflight.end(method, uri, wait=False)
+        except Exception:
+            return False
 
-    def _settle(self, outcome: outcomes.Outcome, method: str, uri: str) -> bytes:
-        try:
-            self.alloc.settle(outcome)
-        except StateError as e:
-            # The container exists already; reconcile binds it by label later.
-            log.error("could not settle %s %s: %s", method, uri, e)
+    def _settle(self, outcome: outcomes.Outcome | None, method: str, uri: str, held: bool) -> bytes:
+        """The response's work, all done before it is answered: a worker killed after
+        answering would leave it undone, and dockerd does not ask again."""
+        if held:
+            try:
+                self.inflight.end(method, uri)
+            except Exception:  # the entry expires by itself
+                log.exception("could not end %s %s in flight", method, uri)
+        if outcome is not None:
+            try:
+                self.alloc.settle(outcome)
+            except StateError as e:
+                # The container exists already; reconcile binds it by label later.
+                log.error("could not settle %s %s: %s", method, uri, e)
         return _ALLOW
-
-
-def _at_once(work: Callable[[], None]) -> None:
-    work()
 
 
 def create_app(config: Config, allocator: Allocator | None = None) -> Flask:

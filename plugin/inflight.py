@@ -4,9 +4,9 @@ A start or restart is judged first (`Allocator.resolve`: the inspect it judged s
 which container its reference named), then put in flight once no conflicting rename,
 removal, prune or named create is; a change is put in flight before its own verdict,
 once no start it could redirect is.  Each leaves when its AuthZRes arrives (`end`,
-on a pool of the worker's, without the answer waiting: dockerd looked the reference
-up before that, and a conflicting call only waits a moment longer), or when its
-verdict is a refusal.
+before that is answered: a worker killed after answering would leave the entry behind
+until it expires, refusing that container's removal with "retry"), or when its verdict
+is a refusal.
 
 A start whose reference could move by something no call announces is refused before
 that (`inflight.refusal`).  Between the start's inspect and its entry a change may have
@@ -126,6 +126,6 @@ class InFlight:
             route.check in inflight.GUARDED and inflight.hold_of(route, uri) is not None
         )
 
-    def end(self, method: str, uri: str) -> None:
-        """At AuthZRes: the call is over."""
-        self.registry.end(inflight.key(method, uri))
+    def end(self, method: str, uri: str, wait: bool = True) -> bool:
+        """At AuthZRes: the call is over (without ``wait``: False if the lock was busy)."""
+        return self.registry.end(inflight.key(method, uri), wait)

@@ -34,7 +34,6 @@ import io
 import os
 import signal
 import sys
-import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -212,17 +211,12 @@ class Worker(base.Worker):
             self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="gpu-alloc-decide")
-        # Work no answer waits for (a call leaving the in-flight board): never queued
-        # behind decisions that can wait seconds.
-        self.after_pool = ThreadPoolExecutor(2, thread_name_prefix="gpu-alloc-after")
-        self.loop_thread = threading.get_ident()
         self.busy = 0
         super().init_process()
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
         self.dispatcher: Dispatcher = self.wsgi.extensions[DISPATCHER]
-        self.dispatcher.after = self.after
 
     def init_signals(self) -> None:
         for s in self.SIGNALS:
@@ -235,21 +229,12 @@ class Worker(base.Worker):
     def _stop(self) -> None:
         self.alive = False
 
-    def later(
-        self, work: Callable[[], Any], pool: ThreadPoolExecutor | None = None
-    ) -> asyncio.Future[Any]:
+    def later(self, work: Callable[[], Any]) -> asyncio.Future[Any]:
         """``work`` on the pool; counted, so a graceful stop can let it finish."""
         self.busy += 1
-        future = self.loop.run_in_executor(pool or self.pool, work)
+        future = self.loop.run_in_executor(self.pool, work)
         future.add_done_callback(self._done)
         return future
-
-    def after(self, work: Callable[[], None]) -> None:
-        """``work`` once the answer is on its way; on a pool thread (a WSGI call), there."""
-        if threading.get_ident() == self.loop_thread:
-            self.later(work, self.after_pool)
-        else:
-            work()
 
     def _done(self, _: object) -> None:
         self.busy -= 1
@@ -259,7 +244,6 @@ class Worker(base.Worker):
             self.loop.run_until_complete(self._serve())
         finally:
             self.pool.shutdown(wait=False, cancel_futures=True)
-            self.after_pool.shutdown(wait=False, cancel_futures=True)
             self.loop.close()
 
     async def _serve(self) -> None:

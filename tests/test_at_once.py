@@ -8,8 +8,8 @@ pool as a `Later`, which records the refusal; so do a big body, a failure on the
 path, and a named create (it is put in flight) once there is an Engine to resolve
 names.  The loop never waits while NVML is read.
 
-A call put in flight at its AuthZReq (a start, a removal) is answered at its AuthZRes
-first, and leaves the board right after, on the pool.
+A call put in flight at its AuthZReq (a start, a removal) leaves the board before its
+AuthZRes is answered: on the loop when the board's lock is free at once, else on the pool.
 
 The shim forwards a create that surely asks for no GPU from its event loop, by the same
 facts at hand; one that asks for a GPU takes that ask to its thread (made once), and one
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import fcntl
 import json
 import os
 import threading
@@ -201,19 +202,40 @@ def test_the_loop_never_waits_for_an_inventory_being_read(
     assert answered(answer) == {"Allow": True}
 
 
-def test_a_start_is_answered_before_it_leaves_the_board(world: World, tmp_path: Path) -> None:
+def in_flight_start(world: World, tmp_path: Path) -> tuple[Dispatcher, bytes]:
+    """A plugin with a start of ``job`` on its board, and that start's AuthZRes."""
     world.alloc.engine = FakeEngine()  # type: ignore[assignment]
-    plugin, afterwards = Dispatcher(world.alloc), []
-    plugin.after = afterwards.append
+    plugin = Dispatcher(world.alloc)
     plugin.inflight.registry = Registry(tmp_path)
     uri = "/v1.41/containers/job/start"
     why, _ = plugin.inflight.registry.begin(f"POST {uri}", Start("start", "job", JOB))
     assert why is None
     res = {"RequestMethod": "POST", "RequestUri": uri, "ResponseStatusCode": 204}
-    assert plugin.answer("/AuthZPlugin.AuthZRes", json.dumps(res).encode()) == _ALLOW
-    assert [e.key for e in plugin.inflight.registry.read().entries] == [f"POST {uri}"]
-    (end,) = afterwards
-    end()
+    return plugin, json.dumps(res).encode()
+
+
+def test_a_start_leaves_the_board_before_its_response_is_answered(
+    world: World, tmp_path: Path
+) -> None:
+    # Answered first, a worker killed right after would leave the entry for its TTL.
+    plugin, res = in_flight_start(world, tmp_path)
+    assert plugin.answer("/AuthZPlugin.AuthZRes", res) == _ALLOW
+    assert plugin.inflight.registry.read().entries == ()
+
+
+def test_a_busy_board_ends_the_start_on_the_pool_before_answering(
+    world: World, tmp_path: Path
+) -> None:
+    plugin, res = in_flight_start(world, tmp_path)
+    other = os.open(tmp_path / "gpu-alloc.inflight", os.O_RDWR)
+    fcntl.flock(other, fcntl.LOCK_EX)  # another worker holds the board's lock
+    try:
+        answer = plugin.answer("/AuthZPlugin.AuthZRes", res)
+        assert not isinstance(answer, bytes)
+        assert len(plugin.inflight.registry.read().entries) == 1
+    finally:
+        os.close(other)
+    assert answered(answer) == {"Allow": True}
     assert plugin.inflight.registry.read().entries == ()
 
 

@@ -20,6 +20,8 @@ Rules
 3. A file that cannot be parsed under the lock is an empty board (it is ours alone,
    rewritten whole by every writer).
 4. A call that conflicts waits, polling without the lock, for at most `inflight.WAIT`.
+5. An end may be asked not to wait at all (`end(key, wait=False)`): an event loop ends a
+   call only when the lock is free at once, and otherwise hands the end to a thread.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ from allocator.host.config import Config
 
 BOARD_FILE = "gpu-alloc.inflight"
 POLL = 0.005  # seconds between looks at the board while waiting, or at a held lock
+
+
+class Busy(StateError):
+    """The registry's lock was not free in time."""
 
 
 def runtime_dir(config: Config) -> str:
@@ -95,15 +101,23 @@ class Registry:
                         return inflight.clash_text(hold, blocker.hold), board.generation
             time.sleep(POLL)
 
-    def end(self, key: str) -> None:
-        """The call ``key`` is over (its AuthZRes came, or it was refused after all)."""
+    def end(self, key: str, wait: bool = True) -> bool:
+        """The call ``key`` is over (its AuthZRes came, or it was refused after all).
+
+        Without ``wait``, only if the lock is free at once: False when it was not."""
         hint = self.read()
         if hint is not None and all(e.key != key for e in hint.entries):
-            return
-        with self._locked() as fd:
-            board = _board(fd).without(key, time.time())
-            if board is not None:
-                _write(fd, board)
+            return True
+        try:
+            with self._locked(self.lock_timeout if wait else 0.0) as fd:
+                board = _board(fd).without(key, time.time())
+                if board is not None:
+                    _write(fd, board)
+        except Busy:
+            if wait:
+                raise
+            return False
+        return True
 
     def clear(self) -> None:
         """dockerd (re)activated the plugin: the calls in flight were the previous
@@ -114,9 +128,10 @@ class Registry:
                 _write(fd, inflight.Board(board.generation + 1))
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[int]:
-        deadline = time.monotonic() + self.lock_timeout
-        if not self._threads.acquire(timeout=self.lock_timeout):
+    def _locked(self, timeout: float | None = None) -> Iterator[int]:
+        timeout = self.lock_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        if not self._threads.acquire(timeout > 0, timeout if timeout > 0 else -1):
             raise self._timeout()
         try:
             fd = self._open()
@@ -157,8 +172,8 @@ class Registry:
             raise StateError(f"{self.path}: cannot open: {e.strerror}") from None
         return self._fd
 
-    def _timeout(self) -> StateError:
-        return StateError(f"{self.path}: lock not acquired within {self.lock_timeout:g}s; retry")
+    def _timeout(self) -> Busy:
+        return Busy(f"{self.path}: lock not acquired within {self.lock_timeout:g}s; retry")
 
 
 def _board(fd: int) -> Board:
