@@ -40,6 +40,7 @@ from allocator.host.ledger import Ledger
 INVENTORY_MAX_AGE = 10.0
 log = logging.getLogger("gpu-alloc")
 ENGINE_VIEW_MAX_AGE = 30.0
+ACTIVATED = "gpu-alloc.activated"  # touched when dockerd activates the plugin: a new dockerd
 
 
 class Gatherer:
@@ -56,7 +57,7 @@ class Gatherer:
         # paths.  The shim's socket is the users' way in and vets every call: not protected.
         self.host = (host or Host()).with_protected(config.state_dir, config.plugin.socket)
         self._inventory: tuple[object, Inventory | InventoryError] | None = None
-        self._view: tuple[float, EngineView, Host] | None = None
+        self._view: tuple[float, object, EngineView, Host] | None = None
         self._no_gpu: set[str] = set()  # containers inspected and found without GPUs
         self._lock = threading.Lock()  # held for no I/O: an event loop may wait on it
         self._loading = threading.Lock()  # held while NVML or the GPU file is read
@@ -98,11 +99,7 @@ class Gatherer:
     def _inventory_stamp(self) -> object:
         if self.config.gpus == "nvml":
             return int(time.monotonic() // INVENTORY_MAX_AGE)
-        try:
-            st = os.stat(self.config.gpus)
-        except OSError:
-            return None  # load_inventory reports it
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+        return _file_stamp(self.config.gpus)  # None: load_inventory reports it
 
     def cpu_topology(self) -> cpus.Topology:
         """Read from sysfs once, on the first create that asks for cores or memory."""
@@ -116,16 +113,46 @@ class Gatherer:
 
     def known_engine_view(self) -> EngineView | None:
         """The Engine's view if read lately, without asking it (for an event loop)."""
+        known = self._known_view()
+        return known[0] if known else None
+
+    def _known_view(self) -> tuple[EngineView, Host] | None:
+        """The view as read, while it is young and nothing says dockerd changed since: its
+        daemon.json rewritten (what a SIGHUP reloads), its socket made again or the plugin
+        activated (a restart).  Three stats, no Engine call."""
+        stamp = self._engine_stamp()
         with self._lock:
-            if self._view and time.monotonic() - self._view[0] < ENGINE_VIEW_MAX_AGE:
-                return self._view[1]
+            v = self._view
+            if v and v[1] == stamp and time.monotonic() - v[0] < ENGINE_VIEW_MAX_AGE:
+                return v[2], v[3]
         return None
+
+    def _engine_stamp(self) -> object:
+        sock = self.config.engine
+        return tuple(
+            _file_stamp(p) for p in (sock.daemon_json, sock.socket, self._activation_file())
+        )
+
+    def _activation_file(self) -> str:
+        return os.path.join(os.path.dirname(os.path.abspath(self.config.plugin.socket)), ACTIVATED)
+
+    def engine_activated(self) -> None:
+        """dockerd (re)activated the plugin: every process reads the Engine's view again."""
+        with self._lock:
+            self._view = None
+        path = self._activation_file()
+        try:
+            with open(path, "a"):
+                os.utime(path)
+        except OSError as e:
+            log.warning("%s: cannot mark the activation: %s", path, e.strerror)
 
     def _engine_facts(self) -> tuple[EngineView, Host]:
         """What the Engine says it is, and the host with the Engine's own paths protected."""
-        with self._lock:
-            if self._view and time.monotonic() - self._view[0] < ENGINE_VIEW_MAX_AGE:
-                return self._view[1], self._view[2]
+        known = self._known_view()
+        if known:
+            return known
+        stamp = self._engine_stamp()  # before the read: a change during it reads again
         view, host = EngineView(), self.host
         if self.engine is not None:
             info = self.engine.info()
@@ -133,7 +160,7 @@ class Gatherer:
             sock = self.config.engine
             host = host.with_protected(*engine_paths(info, sock.daemon_json, sock.socket))
         with self._lock:
-            self._view = (time.monotonic(), view, host)
+            self._view = (time.monotonic(), stamp, view, host)
         return view, host
 
     def facts(self, engine_view: EngineView | None = None) -> Facts:
@@ -170,10 +197,10 @@ class Gatherer:
             inventory, missing = self.inventory(cached=True), ""
         except InventoryError as e:
             inventory, missing = None, str(e)
-        with self._lock:
-            if not self._view or time.monotonic() - self._view[0] >= ENGINE_VIEW_MAX_AGE:
-                raise Unasked("the Engine's view")
-            view, host = self._view[1], self._view[2]
+        known = self._known_view()
+        if known is None:
+            raise Unasked("the Engine's view")
+        view, host = known
         with_engine = self.engine is not None
         return Facts(
             inventory,
@@ -230,11 +257,7 @@ class Gatherer:
     def _config_stamp(self) -> object:
         if self.config.source.startswith("<"):
             return None  # built in code (tests) or the defaults: nothing to re-read
-        try:
-            st = os.stat(self.config.source)
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+        return _file_stamp(self.config.source)
 
     def unhealthy(self) -> dict[str, str]:
         """UUID -> its event; nothing when the operator turned health off."""
@@ -270,3 +293,11 @@ class _UnaskedHost:
 
     def __getattr__(self, name: str) -> Any:
         return _unasked
+
+
+def _file_stamp(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)

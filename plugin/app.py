@@ -243,7 +243,9 @@ def create_app(config: Config, allocator: Allocator | None = None) -> Flask:
     @app.post("/Plugin.Activate")
     def activate() -> Response:
         # dockerd activates its plugins once per life: whatever was in flight belonged to
-        # a dockerd that is gone (a restart mid-call), and no AuthZRes will end it.
+        # a dockerd that is gone (a restart mid-call), and no AuthZRes will end it.  The
+        # new one may run other runtimes: every worker and the shim read /info again.
+        alloc.engine_activated()
         try:
             dispatcher.inflight.registry.clear()
         except StateError as e:

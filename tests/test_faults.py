@@ -171,6 +171,26 @@ def test_dockerd_restarted_mid_run(stack):
     recovered(stack)
 
 
+def test_dockerd_restarted_with_nvidia_as_its_default_is_judged_so_at_once(stack):
+    """No plugin worker waits out the view it read of the old dockerd: the new one made
+    its socket again, and Plugin.Activate reached one worker only."""
+    for _ in range(4):  # every worker has the old view at hand
+        ok(real(stack, "create", "-e", f"{VISIBLE}=all", IMAGE, "true"))
+    plain = stack.dockerd_args
+    nvidia = ["--default-runtime", "nvidia"]  # the harness lists the runtime already
+    stack.dockerd_args = [*plain, *nvidia]
+    try:
+        stack.restart_dockerd()
+        for _ in range(4):
+            out = real(stack, "create", "-e", f"{VISIBLE}=all", IMAGE, "true")
+            assert out.returncode != 0, "an image's own env got every GPU"
+            assert "the Engine's default" in out.stderr, out.stderr
+    finally:
+        stack.dockerd_args = plain
+        stack.restart_dockerd()
+    remove_all(stack)
+
+
 def test_a_create_answered_with_an_error_after_dockerd_made_it_keeps_its_lease(stack):
     stack.proxy.fail_create_responses = True  # as if the plugin died before AuthZRes
     lost = shim(stack, "run", "-d", "--name", "lost", "--gpus", "all", IMAGE, "sleep", "300")

@@ -295,6 +295,62 @@ def test_one_default_runtime_check_for_info_and_daemon_json(daemon_json, nvidia)
     assert EngineView.from_info(info).default_is_nvidia is nvidia
 
 
+NVIDIA_DEFAULT = {"DefaultRuntime": "nvidia", "Runtimes": {"nvidia": {"path": NV}}}
+
+
+def engine_world(tmp_path: Path, gpus_file: Path, fake: FakeEngine) -> Allocator:
+    """An Allocator whose dockerd has a daemon.json and a socket of its own, as on a host."""
+    (tmp_path / "daemon.json").write_text("{}")
+    (tmp_path / "docker.sock").write_text("")
+    cfg = {"state_dir": str(tmp_path / "state"), "gpus": str(gpus_file),
+           "engine": {"socket": str(tmp_path / "docker.sock"),
+                      "daemon_json": str(tmp_path / "daemon.json")},
+           "plugin": {"socket": str(tmp_path / "plugins" / "gpu-alloc.sock")}}  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (tmp_path / "plugins").mkdir(exist_ok=True)
+    return Allocator(configmod.load(str(tmp_path / "config.yaml")), fake)  # type: ignore[arg-type]
+
+
+def test_the_engines_view_is_read_once_while_nothing_changes(tmp_path, gpus_file, fake) -> None:
+    alloc = engine_world(tmp_path, gpus_file, fake)
+    for _ in range(3):
+        assert not alloc.engine_view().default_is_nvidia
+    assert fake.calls.count("info") == 1
+    assert alloc.known_engine_view() is not None
+
+
+def sighup_after_rewriting_daemon_json(tmp_path: Path, alloc: Allocator) -> None:
+    (tmp_path / "daemon.json").write_text(json.dumps({"default-runtime": "nvidia"}))
+
+
+def restart_making_the_socket_again(tmp_path: Path, alloc: Allocator) -> None:
+    (tmp_path / "docker.sock").unlink()
+    (tmp_path / "docker.sock").write_text("")
+
+
+def restart_seen_by_another_worker(tmp_path: Path, alloc: Allocator) -> None:
+    Allocator(alloc.config, FakeEngine()).engine_activated()  # Plugin.Activate, elsewhere
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        sighup_after_rewriting_daemon_json,
+        restart_making_the_socket_again,
+        restart_seen_by_another_worker,
+    ],
+)
+def test_a_dockerd_that_may_run_other_runtimes_is_asked_again_before_the_next_decision(
+    tmp_path, gpus_file, fake, change
+) -> None:
+    alloc = engine_world(tmp_path, gpus_file, fake)
+    assert not alloc.engine_view().default_is_nvidia
+    fake._info = NVIDIA_DEFAULT
+    change(tmp_path, alloc)
+    assert alloc.known_engine_view() is None  # the event loops send the decision to a thread
+    assert alloc.engine_view().default_is_nvidia
+
+
 def test_nvml_failing_is_named_in_the_refusal(tmp_path: Path, fake: FakeEngine) -> None:
     """No NVIDIA driver here: NVML fails, and only a GPU create hears about it."""
     cfg = {"state_dir": str(tmp_path / "state"), "gpus": "nvml",
