@@ -18,7 +18,7 @@ from allocator.core import access, gonum, mounts
 from allocator.core.access import EngineView, Node
 from allocator.core.inventory import GPU, Inventory
 from allocator.core.mounts import Mount
-from allocator.host.filesystem import engine_paths
+from allocator.host.filesystem import Host, engine_paths
 
 INVENTORY = Inventory(tuple(GPU(f"GPU-{i:08x}-0000-0000-0000-000000000000", i, minor=i)
                             for i in range(4)))  # fmt: skip
@@ -280,6 +280,15 @@ def test_the_engines_paths_come_from_info_daemon_json_and_its_command_line(tmp_p
     paths = engine_paths({"DockerRootDir": "/srv/root"}, "/nonexistent", sock, str(proc))
     assert {"/srv/root", "/srv/data", "/srv/exec", "/srv/ctd"} <= set(paths)
     assert sock not in paths  # every call on the Engine's socket passes the plugin
+
+
+def test_a_dynamic_major_loaded_after_gpu_alloc_started_counts_at_once(tmp_path):
+    devices = tmp_path / "devices"
+    devices.write_text("Character devices:\n  1 mem\n195 nvidia-frontend\n")
+    host = Host(proc_devices=str(devices))
+    assert host.dynamic_majors() == {195}
+    devices.write_text(devices.read_text() + "236 nvidia-caps\n510 nvidia-uvm\n")  # modprobe
+    assert host.dynamic_majors() == {195, 236, 510}
 
 
 def test_the_engine_view_names_the_authorization_plugins_dockerd_consults():

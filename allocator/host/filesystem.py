@@ -6,7 +6,6 @@ is the one place that stats, resolves and walks for it.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -90,9 +89,10 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-@functools.cache
 def _dynamic_majors(proc_devices: str) -> frozenset[int]:
-    """nvidia-uvm and nvidia-caps get dynamic majors; /proc/devices names them."""
+    """nvidia-uvm and nvidia-caps get dynamic majors; /proc/devices names them.  Read at
+    every ask (only a create with devices or cgroup rules asks): a module loaded after
+    gpu-alloc started, or loaded again, has a major of its own."""
     try:
         with open(proc_devices) as f:
             lines = f.read().split("Block devices:")[0].splitlines()
