@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from allocator.core import cpus
+from allocator.core import cpus, events
 from allocator.core.access import EngineView
 from allocator.core.facts import HostFacts
 from allocator.core.inventory import Inventory, InventoryError
+from allocator.core.leases import Lease
 from allocator.core.placement import POLICIES
 from allocator.core.policy import Rules
 from allocator.core.reconcile import Report
@@ -29,6 +30,7 @@ from allocator.core.verdicts import (
 )
 from allocator.host import config as configmod
 from allocator.host import cpus as host_cpus
+from allocator.host import ledger
 from allocator.host.audit import AuditLog
 from allocator.host.config import Config, ConfigError
 from allocator.host.engine import Engine
@@ -52,6 +54,7 @@ class Gatherer:
         self.ledger = Ledger(config.state_dir, config.policy.lock_timeout)
         self.audit = AuditLog(config.state_dir)
         self.health = HealthFile(self.ledger)
+        self.health.listeners.append(self._health_turned)
         self.policy = POLICIES[config.policy.placement]
         # gpu-alloc's state and its plugin's socket, then (once asked) the Engine's own
         # paths.  The shim's socket is the users' way in and vets every call: not protected.
@@ -70,6 +73,29 @@ class Gatherer:
         self._topology: cpus.Topology | None = None
         # Called (from any thread) after a lease ends here: the shim's queue wakes up.
         self.listeners: list[Callable[[], None]] = []
+
+    def record(self, kind: str, lease: Lease | None = None, **fields: object) -> None:
+        """One audit line for a decision already applied (never under the ledger lock)."""
+        if lease is not None:
+            fields = {
+                "gpus": lease.gpus,
+                "lease": lease.id,
+                "container": lease.container,
+                "name": lease.name,
+                "owner": lease.owner,
+                **fields,
+            }
+        gpus = fields.get("gpus") or ()
+        indices = {}
+        if gpus:
+            try:
+                indices = {g.uuid: g.index for g in self.inventory().gpus}
+            except InventoryError:  # the record matters more than the index
+                indices = {}
+        self.audit.write(events.record(kind, ledger.now(), indices=indices, **fields))  # type: ignore[arg-type]
+
+    def _health_turned(self, uuid: str, healthy: bool, what: str) -> None:
+        self.record("health", gpus=(uuid,), reason=f"GPU {what}")
 
     def inventory(self, cached: bool = False) -> Inventory:
         """NVML is asked again every few seconds; a simulated file whenever it changes.

@@ -1,11 +1,11 @@
-"""Reconcile: make the ledger agree with what the Engine proves, and the audit trail.
+"""Reconcile: make the ledger agree with what the Engine proves.
 
 `reconcile` asks the Engine what exists (outside the lock, so a slow Engine never
 holds the lock), then, under the lock, applies `allocator.core.reconcile.apply`:
 frees leases whose container is gone, binds pending leases whose container turned
 up (found by label), frees pending leases past their deadline with no container,
 expires stopped ones past ``release_stopped_after``, and adopts unknown containers'
-GPU access as claims.  Every lease that ends is one audit line (`record`).
+GPU access as claims.  Every lease that ends is one audit line (`Gatherer.record`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-from allocator.core import access, events, labels, policy
-from allocator.core.inventory import InventoryError
+from allocator.core import access, labels, policy
 from allocator.core.leases import Claim, Lease, Phase, State
 from allocator.core.reconcile import Report, apply
 from allocator.core.verdicts import (
@@ -28,27 +27,7 @@ log = logging.getLogger("gpu-alloc")
 
 
 class Reconciler(Gatherer):
-    """Reconcile and the audit trail, on top of the gathered facts."""
-
-    def record(self, kind: str, lease: Lease | None = None, **fields: object) -> None:
-        """One audit line for a decision already applied (never under the ledger lock)."""
-        if lease is not None:
-            fields = {
-                "gpus": lease.gpus,
-                "lease": lease.id,
-                "container": lease.container,
-                "name": lease.name,
-                "owner": lease.owner,
-                **fields,
-            }
-        gpus = fields.get("gpus") or ()
-        indices = {}
-        if gpus:
-            try:
-                indices = {g.uuid: g.index for g in self.inventory().gpus}
-            except InventoryError:  # the record matters more than the index
-                indices = {}
-        self.audit.write(events.record(kind, ledger.now(), indices=indices, **fields))  # type: ignore[arg-type]
+    """Reconcile, on top of the gathered facts."""
 
     def _ended(self, lease: Lease | None, reason: str) -> None:
         if lease is not None:

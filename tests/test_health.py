@@ -156,15 +156,22 @@ def test_a_corrupt_file_stops_placement_naming_the_file(tmp_path: Path) -> None:
 def test_changes_are_logged_for_the_audit_trail(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    f = HealthFile(Ledger(tmp_path))
+    f, heard = HealthFile(Ledger(tmp_path)), []
+    f.listeners.append(lambda *turn: heard.append(turn))
     with f.transaction() as box:
         box[0] = observe(box[0], [xid(79)], POLICY)
+    with f.transaction() as box:
+        box[0] = observe(box[0], [xid(79)], POLICY)  # still unhealthy: no turn
     with f.transaction() as box:
         box[0] = clear(box[0], U0)
     lines = [r.getMessage() for r in caplog.records if r.name == "gpu-alloc.health"]
     assert lines == [
         f"GPU {U0} is unhealthy: Xid 79 at 2023-11-14 22:13:20 UTC; it is no longer granted",
         f"GPU {U0} is healthy again (was: Xid 79 at 2023-11-14 22:13:20 UTC)",
+    ]
+    assert heard == [
+        (U0, False, "unhealthy: Xid 79 at 2023-11-14 22:13:20 UTC; it is no longer granted"),
+        (U0, True, "healthy again (was: Xid 79 at 2023-11-14 22:13:20 UTC)"),
     ]
 
 

@@ -4,6 +4,7 @@ bring it back; ``status`` shows each step.  Users drive it with the docker CLI."
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -70,6 +71,10 @@ def test_a_critical_xid_takes_a_gpu_out_until_health_clear(stack: engine.Stack) 
     assert "cleared (was: Xid 79 at" in cleared.stdout
     assert health_of(stack, 0)["healthy"]
     assert run(stack, "device=0").returncode == 0
+    history = json.loads(gpu_alloc(stack, "history", "--gpu", "0", "--json").stdout)
+    turns = [r["reason"] for r in history if r["event"] == "health"]
+    assert [t.split(":")[0] for t in turns] == ["GPU unhealthy", "GPU healthy again (was"]
+    assert "Xid 79 at" in turns[0]
     print(f"unhealthy {took:.2f}s after the Xid (watcher period {PERIOD}s)")
 
 

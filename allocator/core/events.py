@@ -1,4 +1,5 @@
-"""Audit records as data: one dict per grant, release, refusal, denial, hand-over, adoption.
+"""Audit records as data: one dict per grant, release, refusal, denial, hand-over, adoption,
+and a GPU's health turning.
 
 The record is built here from plain values (no clock, no file): the service passes
 the time in, the host's `audit` module writes the line.  Keys are fixed, so
@@ -11,7 +12,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-KINDS = ("grant", "release", "refusal", "denial", "hand-over", "adoption")
+KINDS = ("grant", "release", "refusal", "denial", "hand-over", "adoption", "health")
 _INDEX = re.compile(r"\[\d+\]")
 
 

@@ -137,3 +137,16 @@ def recover(
         if probe_due(h, now, policy) and uuid in free and uuid in answers:
             health = clear(health, uuid)
     return health
+
+
+def turns(before: Health, after: Health) -> list[tuple[str, bool, str]]:
+    """(UUID, healthy now, what happened) for each GPU whose health turned: the audit
+    trail's and the log's one account of it."""
+    out = []
+    for uuid, h in sorted(after.gpus.items()):
+        old = before.of(uuid)
+        if old.healthy and not h.healthy:
+            out.append((uuid, False, f"unhealthy: {h.reason()}; it is no longer granted"))
+        elif not old.healthy and h.healthy:
+            out.append((uuid, True, f"healthy again (was: {old.reason()})"))
+    return out

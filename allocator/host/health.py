@@ -14,15 +14,14 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from allocator.core.health import Health
+from allocator.core.health import Health, turns
 from allocator.core.leases import StateError
 from allocator.host.ledger import Ledger
 
 HEALTH_FILE = "health.json"
-# The audit trail and metrics read these lines (logger "gpu-alloc.health").
 log = logging.getLogger("gpu-alloc.health")
 
 
@@ -31,6 +30,9 @@ class HealthFile:
         self.ledger = ledger
         self.path = Path(ledger.dir) / HEALTH_FILE
         self._cache: tuple[object, Health] | None = None
+        # Called with (UUID, healthy now, what happened) once a turn is written, outside
+        # the lock: the service puts it in the audit trail.
+        self.listeners: list[Callable[[str, bool, str], None]] = []
 
     def read(self) -> Health:
         """Parsed again only when the file changed (it is replaced, never edited in place)."""
@@ -61,9 +63,14 @@ class HealthFile:
             box = [self.read()]
             before = box[0].to_json()
             yield box
-            if box[0].to_json() != before:
-                self._write(box[0])
-                log_changes(Health.from_json(before), box[0])
+            if box[0].to_json() == before:
+                return
+            self._write(box[0])
+        was = Health.from_json(before)
+        log_changes(was, box[0])
+        for uuid, healthy, what in turns(was, box[0]):
+            for listener in self.listeners:
+                listener(uuid, healthy, what)
 
     def _write(self, health: Health) -> None:
         data = json.dumps(health.to_json(), indent=1, sort_keys=True).encode()
@@ -84,12 +91,9 @@ class HealthFile:
 
 
 def log_changes(before: Health, after: Health) -> None:
-    """One line per GPU whose health changed: the hook for the audit trail and metrics."""
+    """One line per GPU whose health changed."""
+    for uuid, _, what in turns(before, after):
+        log.warning("GPU %s is %s", uuid, what)
     for uuid, h in after.gpus.items():
-        old = before.of(uuid)
-        if old.healthy and not h.healthy:
-            log.warning("GPU %s is unhealthy: %s; it is no longer granted", uuid, h.reason())
-        elif not old.healthy and h.healthy:
-            log.warning("GPU %s is healthy again (was: %s)", uuid, old.reason())
-        if h.single_bit != old.single_bit:
+        if h.single_bit != before.of(uuid).single_bit:
             log.info("GPU %s: %d single-bit ECC errors so far", uuid, h.single_bit)
