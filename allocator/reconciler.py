@@ -162,4 +162,5 @@ class Reconciler(Gatherer):
             return None
         gpus = tuple(sorted(grants.gpus(inventory))) if grants.pinned else None
         why = "; ".join(g.describe() for g in grants.grants)
-        return Claim(cid, str(info.get("Name") or "").lstrip("/"), gpus, why)
+        name = str(info.get("Name") or "").lstrip("/")
+        return Claim(cid, name, gpus, why, **labels.placed_of(info))

@@ -21,7 +21,7 @@ from allocator.core import compose, cpus, labels, policy, queue, starts
 from allocator.core.ask import Ask
 from allocator.core.inflight import Target
 from allocator.core.inventory import Inventory
-from allocator.core.leases import Holder, Lease, Phase, State, StateError
+from allocator.core.leases import Claim, Holder, Lease, Phase, State, StateError
 from allocator.core.outcomes import Bind, Forget, Unanswered
 from allocator.core.placement import Shortage, place, usable
 from allocator.core.policy import NOBODY, Invalid, Owner, Refusal, Wanted
@@ -333,22 +333,24 @@ class Allocator(Reconciler):
         except StateError as e:  # cores and memory are not GPUs: keep updates working
             log.warning("update of %s allowed unchecked: %s", ref, e)
             return None
-        if not any(le.cpus or le.memory for le in state.leases.values()):
+        if not any(h.cpus or h.memory for h in (*state.leases.values(), *state.claims.values())):
             return None  # the common case: no CPU or memory lease, no Engine call
+        held: Lease | Claim | None
         if self.engine is None:  # no Engine to resolve the name: the ledger's own words
-            lease = next(
+            held = next(
                 (le for le in state.leases.values() if ref in (le.container, le.name)), None
             )
         else:
             info = self.engine.inspect(ref)
-            lease = state.lease_of(info["Id"]) if info else None
-        owned = cpus.owned_fields(lease.cpus, lease.memory) if lease else ()
+            held = (state.lease_of(info["Id"]) or state.claims.get(info["Id"])) if info else None
+        owned = cpus.owned_fields(held.cpus, held.memory) if held else ()
         clash = [f for f in fields if f in owned]
         if not clash:
             return None
+        how = f"lease {held.id}" if isinstance(held, Lease) else "adopted after a repair"
         return (
             f"gpu-alloc refused the container update: {', '.join(clash)} of {ref} were leased "
-            f"with its GPUs (lease {lease.id if lease else ''}), and other containers lease "
+            f"with its GPUs ({how}), and other containers lease "
             "the cores and memory around them; recreate the container with other "
             "io.gpu-alloc.request.* labels instead"
         )

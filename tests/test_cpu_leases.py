@@ -78,6 +78,8 @@ def test_gpus_2_with_8_cores_gets_8_physical_cores_on_the_gpus_node(machine: Mac
     assert hc["DeviceRequests"][0]["DeviceIDs"] == [engine.sim_gpu_uuid(0), engine.sim_gpu_uuid(1)]
     lease = next(iter(machine.alloc.ledger.read().leases.values()))
     assert set(lease.cpus) == NODE0
+    # what a repair that lost the lease reads back: the cpuset was gpu-alloc's
+    assert json.loads(machine.forwarded[-1].body)["Labels"][labels.PLACED] == "cpus"
 
 
 def test_leased_cores_are_never_given_twice(machine: Machine) -> None:

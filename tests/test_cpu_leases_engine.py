@@ -16,6 +16,7 @@ import pytest
 from allocator.core.cpus import parse_list
 from allocator.host import cpus as host_cpus
 from tests import engine
+from tests.faults import gpu_alloc
 
 pytestmark = pytest.mark.engine
 
@@ -60,3 +61,30 @@ def test_a_gpu_container_gets_whole_cores_of_its_gpus_node_and_keeps_them(
         )
     finally:
         shim(stack, "rm", "-f", "cores")
+
+
+def test_a_reset_ledger_keeps_an_adopted_containers_cores_from_the_next_lease(
+    stack: engine.Stack,
+) -> None:
+    asked = ("--gpus", "1", "--label", "io.gpu-alloc.request.cpus=1", engine.BUSYBOX_TAG)
+    out = shim(stack, "run", "-d", "--name", "kept", *asked, "sleep", "60")
+    try:
+        assert out.returncode == 0, out.stderr
+        kept = set(parse_list(host_config(stack, "kept")["CpusetCpus"]))
+        found = shim(stack, "inspect", "--format", "{{json .Config.Labels}}", "kept").stdout
+        assert json.loads(found)["io.gpu-alloc.placed"] == "cpus"
+        reset = gpu_alloc(stack, "repair", "--reset")
+        assert reset.returncode == 0 and "adopted 1 container" in reset.stdout, reset.stderr
+
+        after = shim(stack, "run", "-d", "--name", "next", *asked, "sleep", "60")
+        if after.returncode == 0:  # a host of two cores or more: the other one
+            assert not set(parse_list(host_config(stack, "next")["CpusetCpus"])) & kept
+        else:
+            assert "not enough free CPU cores" in after.stderr, after.stderr
+        moved = shim(stack, "update", "--cpuset-cpus", "0", "kept")
+        assert moved.returncode != 0
+        assert "CpusetCpus of kept were leased with its GPUs (adopted after a repair)" in (
+            moved.stderr
+        )
+    finally:
+        shim(stack, "rm", "-f", "kept", "next")

@@ -177,6 +177,18 @@ def test_claims_and_adoption_time_round_trip(tmp_path: Path) -> None:
     assert st.adopted_at == 42.5
 
 
+def test_an_adopted_containers_cores_and_memory_are_held_like_a_leases(tmp_path: Path) -> None:
+    led = Ledger(tmp_path)
+    with led.transaction() as st:
+        st.claims["x"] = Claim("x", "lost", (A,), "device request", (2, 3), (0,), 1 << 30)
+        st.claims["y"] = Claim("y", "priv", None, "privileged")
+    raw = json.loads(led.path.read_text())["claims"]
+    assert set(raw["y"]) == {"container", "name", "gpus", "why"}  # as older readers expect
+    st = led.read()
+    assert st.claims["x"].cpus == (2, 3)
+    assert st.leased_cpus() == {2, 3} and st.leased_memory() == {0: 1 << 30}
+
+
 def test_the_token_is_stored_only_as_its_sha256(tmp_path: Path) -> None:
     led = Ledger(tmp_path)
     with led.transaction() as st:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from allocator.core.cpus import Resources, parse_size
+from allocator.core.cpus import Resources, parse_list, parse_size
 
 PREFIX = "io.gpu-alloc."
 LEASE = PREFIX + "lease"
@@ -26,6 +26,25 @@ REQUEST_MEMORY = PREFIX + "request.memory"
 REQUEST_TOPOLOGY = PREFIX + "request.topology"
 TOPOLOGIES = ("prefer", "strict")
 MIG_REQUEST = PREFIX + "request.mig"  # a client's ask: count MIG slices of this profile
+PLACED = PREFIX + "placed"  # which of HostConfig's cores and memory gpu-alloc leased it
+
+
+def placed_of(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The cores and memory a container (its inspect) was leased, by `PLACED`: a `Claim`'s
+    ``cpus``, ``mems`` and ``memory``.  Unreadable values count as none."""
+    given = ((info.get("Config") or {}).get("Labels")) or {}
+    what = set(str(given.get(PLACED) or "").split(","))
+    hc = info.get("HostConfig") or {}
+    out: dict[str, Any] = {}
+    try:
+        if "cpus" in what:
+            out["cpus"] = tuple(parse_list(str(hc.get("CpusetCpus") or "")))
+        if "memory" in what and int(hc.get("Memory") or 0) > 0:
+            out["memory"] = int(hc["Memory"])
+            out["mems"] = tuple(parse_list(str(hc.get("CpusetMems") or "")))
+    except (ValueError, TypeError):
+        return {}
+    return out
 
 
 def mig_profile(labels: Mapping[str, Any] | None) -> str:

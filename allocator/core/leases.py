@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum, StrEnum
 from typing import Any
@@ -115,6 +116,11 @@ class Claim:
     name: str
     gpus: tuple[str, ...] | None  # None: unpinned, holds every GPU
     why: str
+    # The cores and memory gpu-alloc had leased it, as its labels say (`labels.PLACED`):
+    # a container whose lease a ``repair --reset`` lost keeps them from the next lease.
+    cpus: tuple[int, ...] = ()
+    mems: tuple[int, ...] = ()
+    memory: int = 0
 
 
 @dataclass(frozen=True)
@@ -228,21 +234,24 @@ class State:
             if le.owner == owner and le.id != besides and le.phase is not Phase.HANDED_OVER
         )
 
+    def _placed(self, but: str | None) -> Iterator[Lease | Claim]:
+        """What holds cores and memory: live leases (a handed-over one's went with its
+        GPUs) and claims."""
+        for le in self.leases.values():
+            if le.phase is not Phase.HANDED_OVER and le.id != but:
+                yield le
+        yield from self.claims.values()
+
     def leased_cpus(self, but: str | None = None) -> set[int]:
-        """The cores live leases hold (a handed-over one's went with its GPUs)."""
-        return {
-            c
-            for le in self.leases.values()
-            if le.phase is not Phase.HANDED_OVER and le.id != but
-            for c in le.cpus
-        }
+        """The cores live leases and claims hold."""
+        return {c for held in self._placed(but) for c in held.cpus}
 
     def leased_memory(self, but: str | None = None) -> dict[int, int]:
-        """NUMA node -> bytes live leases admitted on it."""
+        """NUMA node -> bytes live leases and claims admitted on it."""
         used: dict[int, int] = {}
-        for le in self.leases.values():
-            if le.memory and le.mems and le.phase is not Phase.HANDED_OVER and le.id != but:
-                used[le.mems[0]] = used.get(le.mems[0], 0) + le.memory
+        for held in self._placed(but):
+            if held.memory and held.mems:
+                used[held.mems[0]] = used.get(held.mems[0], 0) + held.memory
         return used
 
     def named_gpus(self) -> set[str]:
@@ -325,7 +334,7 @@ class State:
             # vars(), not asdict(): the fields are plain values and tuples of them, which
             # json writes as they are; asdict's deep copy was most of a ledger write's encoding.
             "leases": {k: vars(v) for k, v in sorted(self.leases.items())},
-            "claims": {k: vars(v) for k, v in sorted(self.claims.items())},
+            "claims": {k: _claim_json(v) for k, v in sorted(self.claims.items())},
             "adopted_at": self.adopted_at,
             "expired": dict(sorted(self.expired.items())),
             "generation": self.generation,
@@ -376,9 +385,23 @@ def lease_from_json(v: dict[str, Any]) -> Lease:
     return lease
 
 
+def _claim_json(c: Claim) -> dict[str, Any]:
+    """A claim holding no cores or memory is written as before claims could, so an older
+    gpu-alloc still reads the ledger unless a reset adopted such a container."""
+    v = vars(c)
+    return v if c.cpus or c.memory else {k: v[k] for k in ("container", "name", "gpus", "why")}
+
+
 def _claim(v: dict[str, Any]) -> Claim:
     gpus = v["gpus"]
-    return Claim(**{**v, "gpus": None if gpus is None else tuple(gpus)})
+    return Claim(
+        **{
+            **v,
+            "gpus": None if gpus is None else tuple(gpus),
+            "cpus": tuple(v.get("cpus", ())),
+            "mems": tuple(v.get("mems", ())),
+        }
+    )
 
 
 def ago(seconds: float) -> str:

@@ -36,8 +36,11 @@ def rewrite(
         env.append(f"{VISIBLE}={','.join(uuids)}")
         if not any(str(e).startswith(CUDA_ORDER + "=") for e in env):
             env.append(f"{CUDA_ORDER}=PCI_BUS_ID")
-        if placed is not None:
+        if placed is not None and (placed.cpus or placed.memory):
             hc.update(_resources(placed))
+            own[labels.PLACED] = ",".join(
+                what for what, has in (("cpus", placed.cpus), ("memory", placed.memory)) if has
+            )
         own[labels.LEASE] = label
         if hc.get("DeviceRequests"):
             hc["DeviceRequests"] = [
