@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from allocator.core.cpus import parse_list
+from allocator.core.cpus import format_list, parse_list
 from allocator.host import cpus as host_cpus
 from tests import engine
 from tests.faults import gpu_alloc
@@ -75,6 +75,8 @@ def test_a_reset_ledger_keeps_an_adopted_containers_cores_from_the_next_lease(
         assert json.loads(found)["io.gpu-alloc.placed"] == "cpus"
         reset = gpu_alloc(stack, "repair", "--reset")
         assert reset.returncode == 0 and "adopted 1 container" in reset.stdout, reset.stderr
+        table = gpu_alloc(stack, "status", "--no-reconcile").stdout
+        assert f"'kept': CPUs {format_list(kept)}" in table, table
 
         after = shim(stack, "run", "-d", "--name", "next", *asked, "sleep", "60")
         if after.returncode == 0:  # a host of two cores or more: the other one

@@ -113,7 +113,9 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
             for le in state.leases.values()
         ],
         "claims": [
-            vars(c) | {"gpus": None if c.gpus is None else list(c.gpus)}
+            vars(c)
+            | {"gpus": None if c.gpus is None else list(c.gpus)}
+            | {"cpus": list(c.cpus), "mems": list(c.mems)}
             for c in state.claims.values()
         ],
         "departed": [{"uuid": uuid, "holder": holder_of[uuid]} for uuid in departed],
@@ -178,7 +180,10 @@ def render_table(snap: dict[str, Any]) -> str:
             )
     for le in snap.get("leases") or ():
         if le.get("cpus") or le.get("memory"):
-            lines.append(_cpu_line(le))
+            lines.append(_cpu_line(le, f"lease {le['id']}"))
+    for c in snap.get("claims") or ():
+        if c.get("cpus") or c.get("memory"):
+            lines.append(_cpu_line(c, f"adopted container {c['container'][:12]}"))
     for h in snap.get("holders") or ():
         if h.get("lease") is None:
             gpus = ",".join(map(str, sorted(h["gpus"])))
@@ -234,7 +239,7 @@ def _rfc3339(stamp: float | None) -> str | None:
     return datetime.fromtimestamp(stamp, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _cpu_line(le: dict[str, Any]) -> str:
+def _cpu_line(le: dict[str, Any], who: str) -> str:
     """``lease 1a2b 'job': CPUs 8-11,24-27, memory 4 GiB on node 0``."""
     parts = []
     if le.get("cpus"):
@@ -242,7 +247,7 @@ def _cpu_line(le: dict[str, Any]) -> str:
     if le.get("memory"):
         parts.append(f"memory {le['memory'] / (1 << 30):g} GiB on node {format_list(le['mems'])}")
     name = f" '{le['name']}'" if le.get("name") else ""
-    return f"lease {le['id']}{name}: " + ", ".join(parts)
+    return f"{who}{name}: " + ", ".join(parts)
 
 
 def _who(h: dict[str, Any]) -> str:
