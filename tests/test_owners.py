@@ -142,7 +142,8 @@ def test_pools_and_request_labels_pick_matching_gpus(stack):
     big = create(stack, None, "big", "--label=io.gpu-alloc.request.min-memory=40g")
     assert big.returncode == 0 and gpus_of(stack, "big")[0] in UUIDS[:2]
     unknown = create(stack, None, "x", "--label=io.gpu-alloc.pool=nope")
-    assert "there is no GPU pool 'nope'" in unknown.stderr
+    assert "gpu-alloc refused the container create: there is no GPU pool 'nope'" in unknown.stderr
+    assert "name one of them with --label io.gpu-alloc.pool=NAME" in unknown.stderr
 
 
 def test_gpu_defaults_only_where_the_client_set_nothing(stack):

@@ -133,7 +133,10 @@ def test_a_pool_with_groups_is_open_to_its_members_only():
 def test_an_unknown_pool_is_an_invalid_request():
     unknown = policy.eligible(INVENTORY, Wanted(pool="gpu"), CAROL, RULES)
     assert isinstance(unknown, Invalid)
-    assert "no GPU pool 'gpu' (pools: interactive, training)" in unknown.msg
+    assert "no GPU pool 'gpu' (pools: interactive, training); name one of them" in unknown.msg
+    nowhere = policy.eligible(INVENTORY, Wanted(pool="gpu"), CAROL, Rules())
+    assert isinstance(nowhere, Invalid)
+    assert "this host has no pools; leave out --label io.gpu-alloc.pool" in nowhere.msg
 
 
 def test_model_and_memory_labels_narrow_the_gpus():

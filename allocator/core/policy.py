@@ -132,7 +132,7 @@ def wanted(given: Mapping[str, Any] | None) -> Wanted | Invalid:
     try:
         memory = None if size in (None, "") else parse_size(str(size))
     except ValueError as e:
-        return Invalid(f"label {MIN_MEMORY}: {e}")
+        return Invalid(f"gpu-alloc refused the container create: label {MIN_MEMORY}: {e}")
     return Wanted(
         str(given[POOL]) if given.get(POOL) else None,
         str(given[MODEL]) if given.get(MODEL) else None,
@@ -234,8 +234,16 @@ def eligible(
     if pool_name is not None:
         pool = rules.pools.get(pool_name)
         if pool is None:
-            known = ", ".join(sorted(rules.pools)) or "none are configured"
-            return Invalid(f"gpu-alloc: there is no GPU pool '{pool_name}' (pools: {known})")
+            if not rules.pools:
+                return Invalid(
+                    f"gpu-alloc refused the container create: there is no GPU pool "
+                    f"'{pool_name}': this host has no pools; leave out --label {POOL}"
+                )
+            known = ", ".join(sorted(rules.pools))
+            return Invalid(
+                f"gpu-alloc refused the container create: there is no GPU pool '{pool_name}' "
+                f"(pools: {known}); name one of them with --label {POOL}=NAME"
+            )
         if not pool.open_to(owner):
             return Refusal(
                 f"gpu-alloc refused the container create: pool '{pool_name}' is not open to "
