@@ -337,9 +337,8 @@ class Allocator(Reconciler):
             return None  # the common case: no CPU or memory lease, no Engine call
         held: Lease | Claim | None
         if self.engine is None:  # no Engine to resolve the name: the ledger's own words
-            held = next(
-                (le for le in state.leases.values() if ref in (le.container, le.name)), None
-            )
+            every = (*state.leases.values(), *state.claims.values())
+            held = next((h for h in every if ref in (h.container, h.name)), None)
         else:
             info = self.engine.inspect(ref)
             held = (state.lease_of(info["Id"]) or state.claims.get(info["Id"])) if info else None

@@ -230,7 +230,9 @@ def test_a_busy_board_ends_the_start_on_the_pool_before_answering(
     other = os.open(tmp_path / "gpu-alloc.inflight", os.O_RDWR)
     fcntl.flock(other, fcntl.LOCK_EX)  # another worker holds the board's lock
     try:
+        began = time.monotonic()
         answer = plugin.answer("/AuthZPlugin.AuthZRes", res)
+        assert time.monotonic() - began < 1.0  # the loop tried the lock once, never waited
         assert not isinstance(answer, bytes)
         assert len(plugin.inflight.registry.read().entries) == 1
     finally:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core import events
+from allocator.core import events, health
 from allocator.core.ask import Ask
 from allocator.core.placement import Shortage
 from allocator.core.verdicts import ALLOW
@@ -88,6 +88,19 @@ def test_the_service_records_grant_refusal_and_release_with_times_and_gpus(
     assert "GPU" in refusal["reason"] and refusal["name"] == "second"
     assert release["reason"] == "container removed"
     assert grant["time"].endswith("+00:00")  # RFC 3339, UTC
+
+
+def test_a_gpus_health_turning_is_recorded_with_its_index(tmp_path: Path) -> None:
+    alloc = sim_allocator(tmp_path)
+    xid = health.GpuEvent(UUIDS[2], health.XID, 1_700_000_000.0, 79)
+    with alloc.health.transaction() as box:
+        box[0] = health.observe(box[0], [xid], health.HealthPolicy())
+    with alloc.health.transaction() as box:
+        box[0] = health.clear(box[0], UUIDS[2])
+    turns = [e for e in alloc.audit.read() if e["event"] == "health"]
+    assert [(e["gpus"], e["indices"]) for e in turns] == [([UUIDS[2]], [2])] * 2
+    assert turns[0]["reason"].startswith("GPU unhealthy: Xid 79 at 2023-11-14 22:13:20 UTC")
+    assert turns[1]["reason"].startswith("GPU healthy again (was: Xid 79")
 
 
 def test_reads_and_calls_that_touch_no_gpu_write_nothing(tmp_path: Path) -> None:

@@ -86,6 +86,14 @@ class _Ctx:
     grants: list[Grant] = field(default_factory=list)
 
     env_read: bool = False  # a row already judged what the hook makes of the env
+    _majors: frozenset[int] | None = None
+
+    def dynamic_majors(self) -> frozenset[int]:
+        """The host's nvidia majors, asked once per decision (a device directory has many
+        nodes)."""
+        if self._majors is None:
+            self._majors = self.host.dynamic_majors()
+        return self._majors
 
     def add(
         self, fld: str, detail: str, gpus: Iterable[str] | None, demand=None, guarded=False
@@ -303,7 +311,7 @@ def _device_node(ctx: _Ctx, fld: str, path: str, node: Node | None) -> None:
     if major == NVIDIA_MAJOR and minor not in NVIDIA_CONTROL_MINORS:
         gpu = ctx.inventory.by_minor(minor)
         ctx.add(fld, f"device {path} (nvidia {major}:{minor})", None if gpu is None else [gpu.uuid])
-    elif major == NVIDIA_MAJOR or major in ctx.host.dynamic_majors():
+    elif major == NVIDIA_MAJOR or major in ctx.dynamic_majors():
         ctx.add(fld, f"NVIDIA control device {path} ({major}:{minor})", None)
     elif major == DRM_MAJOR:
         bus = ctx.host.drm_bus_id(minor)
@@ -338,7 +346,7 @@ def _cgroup_rules(ctx: _Ctx) -> None:
     rules = ctx.view.host_config.get("DeviceCgroupRules") or ()
     if not rules:
         return
-    majors = {NVIDIA_MAJOR, DRM_MAJOR, gonum.ANY} | set(ctx.host.dynamic_majors())
+    majors = {NVIDIA_MAJOR, DRM_MAJOR, gonum.ANY} | set(ctx.dynamic_majors())
     for i, rule in enumerate(rules):
         fld = f"HostConfig.DeviceCgroupRules[{i}]"
         try:

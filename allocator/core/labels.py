@@ -31,20 +31,29 @@ PLACED = PREFIX + "placed"  # which of HostConfig's cores and memory gpu-alloc l
 
 def placed_of(info: Mapping[str, Any]) -> dict[str, Any]:
     """The cores and memory a container (its inspect) was leased, by `PLACED`: a `Claim`'s
-    ``cpus``, ``mems`` and ``memory``.  Unreadable values count as none."""
+    ``cpus``, ``mems`` and ``memory``.  Only on a container the shim made for a lease (it
+    sets `PLACED` on every one, over any image's label of that name); an unreadable value
+    counts as none."""
     given = ((info.get("Config") or {}).get("Labels")) or {}
+    if not lease_of(given):
+        return {}
     what = set(str(given.get(PLACED) or "").split(","))
     hc = info.get("HostConfig") or {}
     out: dict[str, Any] = {}
-    try:
-        if "cpus" in what:
-            out["cpus"] = tuple(parse_list(str(hc.get("CpusetCpus") or "")))
-        if "memory" in what and int(hc.get("Memory") or 0) > 0:
-            out["memory"] = int(hc["Memory"])
-            out["mems"] = tuple(parse_list(str(hc.get("CpusetMems") or "")))
-    except (ValueError, TypeError):
-        return {}
+    if "cpus" in what and (cpus := _cpu_list(hc.get("CpusetCpus"))):
+        out["cpus"] = cpus
+    mems = _cpu_list(hc.get("CpusetMems"))
+    memory = hc.get("Memory")
+    if "memory" in what and isinstance(memory, int) and memory > 0 and mems:
+        out["memory"], out["mems"] = memory, mems
     return out
+
+
+def _cpu_list(value: Any) -> tuple[int, ...]:
+    try:
+        return tuple(parse_list(str(value or "")))
+    except ValueError:
+        return ()
 
 
 def mig_profile(labels: Mapping[str, Any] | None) -> str:

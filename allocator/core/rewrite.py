@@ -36,11 +36,10 @@ def rewrite(
         env.append(f"{VISIBLE}={','.join(uuids)}")
         if not any(str(e).startswith(CUDA_ORDER + "=") for e in env):
             env.append(f"{CUDA_ORDER}=PCI_BUS_ID")
-        if placed is not None and (placed.cpus or placed.memory):
+        if placed is not None:
             hc.update(_resources(placed))
-            own[labels.PLACED] = ",".join(
-                what for what, has in (("cpus", placed.cpus), ("memory", placed.memory)) if has
-            )
+        # Always set, so that no image's label of the name speaks for this container.
+        own[labels.PLACED] = _placed_label(placed)
         own[labels.LEASE] = label
         if hc.get("DeviceRequests"):
             hc["DeviceRequests"] = [
@@ -57,6 +56,12 @@ def rewrite(
     if hc or "HostConfig" in out:
         out["HostConfig"] = hc
     return out
+
+
+def _placed_label(placed: Placed | None) -> str:
+    if placed is None:
+        return ""
+    return ",".join(what for what, has in (("cpus", placed.cpus), ("memory", placed.memory)) if has)
 
 
 def _resources(placed: Placed) -> dict[str, Any]:

@@ -70,7 +70,10 @@ class HealthFile:
         log_changes(was, box[0])
         for uuid, healthy, what in turns(was, box[0]):
             for listener in self.listeners:
-                listener(uuid, healthy, what)
+                try:
+                    listener(uuid, healthy, what)
+                except Exception:  # the file is written: every turn is still told
+                    log.exception("GPU %s: a health listener failed", uuid)
 
     def _write(self, health: Health) -> None:
         data = json.dumps(health.to_json(), indent=1, sort_keys=True).encode()

@@ -132,7 +132,7 @@ class Registry:
         timeout = self.lock_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         if not self._threads.acquire(timeout > 0, timeout if timeout > 0 else -1):
-            raise self._timeout()
+            raise self._timeout(timeout)
         try:
             fd = self._open()
             while True:
@@ -141,7 +141,7 @@ class Registry:
                     break
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
-                        raise self._timeout() from None
+                        raise self._timeout(timeout) from None
                     time.sleep(POLL)
             try:
                 yield fd
@@ -172,8 +172,8 @@ class Registry:
             raise StateError(f"{self.path}: cannot open: {e.strerror}") from None
         return self._fd
 
-    def _timeout(self) -> Busy:
-        return Busy(f"{self.path}: lock not acquired within {self.lock_timeout:g}s; retry")
+    def _timeout(self, timeout: float) -> Busy:
+        return Busy(f"{self.path}: lock not acquired within {timeout:g}s; retry")
 
 
 def _board(fd: int) -> Board:
