@@ -10,6 +10,7 @@ changes; an unreadable inventory is itself a fact, so work that touches no GPU g
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -183,6 +184,9 @@ class Gatherer:
         if self.engine is not None:
             info = self.engine.info()
             view = EngineView.from_info(info, self.engine.version())
+            pending = _daemon_json(self.config.engine.daemon_json)
+            if pending is not None:
+                view = view.with_pending(pending)
             sock = self.config.engine
             host = host.with_protected(*engine_paths(info, sock.daemon_json, sock.socket))
         with self._lock:
@@ -327,3 +331,14 @@ def _file_stamp(path: str) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _daemon_json(path: str) -> EngineView | None:
+    """daemon.json as dockerd will read it at its next reload; None when there is none to
+    read (dockerd then runs on its flags alone)."""
+    try:
+        with open(path, "rb") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return EngineView.from_daemon_json(data) if isinstance(data, dict) else None

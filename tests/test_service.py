@@ -351,6 +351,24 @@ def test_a_dockerd_that_may_run_other_runtimes_is_asked_again_before_the_next_de
     assert alloc.engine_view().default_is_nvidia
 
 
+@pytest.mark.parametrize(
+    ("edit", "nvidia"),
+    [
+        ({"default-runtime": "nvidia"}, True),
+        ({"runtimes": {"nvidia": {"path": NV}}}, False),  # listed, not the default
+        ("{not json", False),  # dockerd would refuse it: what it runs stands
+    ],
+)
+def test_a_daemon_json_edit_counts_before_dockerd_reloads_it(
+    tmp_path, gpus_file, fake, edit, nvidia
+) -> None:
+    alloc = engine_world(tmp_path, gpus_file, fake)
+    assert not alloc.engine_view().default_is_nvidia
+    text = edit if isinstance(edit, str) else json.dumps(edit)
+    (tmp_path / "daemon.json").write_text(text)  # no SIGHUP yet: /info still says runc
+    assert alloc.engine_view().default_is_nvidia is nvidia
+
+
 def test_nvml_failing_is_named_in_the_refusal(tmp_path: Path, fake: FakeEngine) -> None:
     """No NVIDIA driver here: NVML fails, and only a GPU create hears about it."""
     cfg = {"state_dir": str(tmp_path / "state"), "gpus": "nvml",

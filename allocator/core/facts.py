@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from allocator.core.mounts import Mount
@@ -53,6 +53,17 @@ class EngineView:
             str(version.get("ApiVersion") or ""),
             tuple(str(p) for p in (info.get("Plugins") or {}).get("Authorization") or ()),
         )
+
+    def with_pending(self, pending: EngineView) -> EngineView:
+        """The stricter of what dockerd runs and what its daemon.json says it runs after
+        the next reload (SIGHUP, restart): an edit is judged by from the moment it lands,
+        not from whenever dockerd is told.  A default nvidia runtime in either counts, and
+        so does every runtime either calls nvidia's."""
+        nvidia = self.nvidia_runtimes | pending.nvidia_runtimes
+        default = self.default_runtime
+        if pending.default_is_nvidia and not self.default_is_nvidia:
+            default = pending.default_runtime
+        return replace(self, default_runtime=default, nvidia_runtimes=nvidia)
 
     @classmethod
     def from_daemon_json(cls, data: Mapping[str, Any]) -> EngineView:
