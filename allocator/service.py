@@ -68,12 +68,15 @@ class Allocator(Reconciler):
         resources: cpus.Resources = cpus.NOTHING,
         *,
         durable: bool = True,
+        waits: bool = False,
     ) -> tuple[Lease, str] | Shortage | Refusal | Invalid:
         """Place and record a pending lease; on shortage, reconcile once and retry.
 
         The grant is on disk and in the audit trail when this returns, unless
         ``durable`` is False: then the caller runs `finish_grant` before it tells anyone
-        (the shim, while dockerd creates the container).
+        (the shim, while dockerd creates the container).  A refusal is in the audit trail
+        too, unless the create ``waits`` in line for it to pass: then the caller tells
+        `refused` if it never did.
 
         The policy decides first: the pool and request labels narrow the GPUs, and the
         owner's limit counts every GPU their leases hold, under the lock.
@@ -106,7 +109,10 @@ class Allocator(Reconciler):
                     result = retry
                 elif isinstance(result, Shortage) and isinstance(retry, Shortage):
                     result = retry
-        self._count(result, name)
+        if isinstance(result, tuple):
+            metrics.request("granted")
+        elif not (waits and result.waitable):
+            self.refused(result, name, owner)
         if durable and isinstance(result, tuple):
             self.ledger.sync_grant(result[0].id)
         return result
@@ -119,14 +125,10 @@ class Allocator(Reconciler):
         finally:
             self.record("grant", lease)
 
-    def _count(self, result: object, name: str) -> None:
-        """Metrics and the audit trail for a lease decision."""
-        if isinstance(result, tuple):
-            metrics.request("granted")
-            return
-        outcome = "short" if isinstance(result, Shortage) else "policy"
-        metrics.request(outcome)
-        self.record("refusal", name=name, reason=str(getattr(result, "msg", result)))
+    def refused(self, result: Shortage | Refusal, name: str, owner: Owner) -> None:
+        """Metrics and the audit trail for a create that gets no lease."""
+        metrics.request("short" if isinstance(result, Shortage) else "policy")
+        self.record("refusal", name=name, owner=owner.user, reason=result.msg)
 
     def explain(
         self, ask: Ask, owner: Owner, want: Wanted

@@ -152,7 +152,7 @@ class CreateInterceptor:
         if known and not resources.any and isinstance(known[1], Ask) and not known[1].any:
             return await forward(_with_body(request, rewrite(spec, (), None), None))
         got = await asyncio.to_thread(
-            self._lease_for, spec, name, request.peer, want, profile, resources, known
+            self._lease_for, spec, name, request.peer, want, profile, resources, known, bool(wait)
         )
         if isinstance(got, Response):
             return got
@@ -162,6 +162,8 @@ class CreateInterceptor:
         if not isinstance(leased, tuple) and wait and getattr(leased, "waitable", False):
             req = LeaseRequest(ask, name, owner, want, resources)
             leased = await self._wait(req, wait, leased, request.gone)
+            if isinstance(leased, Shortage | policy.Refusal):  # its time ran out
+                await asyncio.to_thread(self.alloc.refused, leased, name, owner)
         if isinstance(leased, Response):
             return leased
         if not isinstance(leased, tuple):
@@ -227,6 +229,7 @@ class CreateInterceptor:
         profile: str,
         resources: Resources,
         known: tuple[decide.Facts, Ask | decide.Deny] | None = None,
+        waits: bool = False,
     ) -> Response | tuple[Ask, policy.Owner, Leased, bool] | None:
         """Everything from a decoded create to its lease, in one thread hop: the facts
         and the ask (unless ``known`` from the event loop), the policy checks, the image's
@@ -238,7 +241,7 @@ class CreateInterceptor:
             known = facts, decide.shim_ask(spec, facts)
         facts, ask = known
         if isinstance(ask, decide.Deny):
-            self._refused(name, ask.msg, ask.field)
+            self._refused(name, peer, ask.msg, ask.field)
             return error(403, ask.msg)
         ask = replace(ask, profile=profile)
         refused = _resources_refusal(resources, ask.any, spec)
@@ -248,13 +251,15 @@ class CreateInterceptor:
             return None
         refused = self._cuda_refusal(spec, facts)
         if refused:
-            self._refused(name, refused)
+            self._refused(name, peer, refused)
             return error(403, refused)
         if isinstance(want, policy.Invalid):
             return error(400, want.msg)
         owner = owner_of(peer)
         given = spec.get("Labels") or {}
-        leased = self.alloc.lease(ask, name, given, owner, want, resources, durable=False)
+        leased = self.alloc.lease(
+            ask, name, given, owner, want, resources, durable=False, waits=waits
+        )
         return ask, owner, leased, self.alloc.config.plugin.name in facts.engine.authz_plugins
 
     async def _wait(
@@ -312,12 +317,12 @@ class CreateInterceptor:
         body = gpus.render_json(snap).encode()
         return Response(200, "OK", [("Content-Type", "application/json")], body)
 
-    def _refused(self, name: str, why: str, field: str = "") -> None:
+    def _refused(self, name: str, peer: Peer | None, why: str, field: str = "") -> None:
         """A create refused by policy (a field no lease covers, the image's CUDA)."""
         metrics.request("policy")
         if field:
             metrics.denial(field)
-        self.alloc.record("refusal", name=name, reason=why)
+        self.alloc.record("refusal", name=name, owner=owner_of(peer).user, reason=why)
 
     def _cuda_refusal(self, spec: dict, facts: decide.Facts) -> str | None:
         """nvidia-docker v1's check: the image's CUDA against the driver's, before leasing."""

@@ -11,6 +11,7 @@ import pytest
 from allocator.core import events, health
 from allocator.core.ask import Ask
 from allocator.core.placement import Shortage
+from allocator.core.policy import Owner
 from allocator.core.verdicts import ALLOW
 from allocator.host.audit import AuditLog
 from allocator.host.config import Config
@@ -78,7 +79,10 @@ def test_the_service_records_grant_refusal_and_release_with_times_and_gpus(
 ) -> None:
     alloc = sim_allocator(tmp_path)
     lease, _ = alloc.lease(Ask((), 3, False, ("gpu",)), "train")
-    assert isinstance(alloc.lease(Ask((), 2, False, ("gpu",)), "second"), Shortage)
+    bob = Owner(1001, "bob")
+    assert isinstance(alloc.lease(Ask((), 2, False, ("gpu",)), "second", owner=bob), Shortage)
+    # one waiting in line is not refused (yet): the shim tells if its time runs out
+    assert isinstance(alloc.lease(Ask((), 2, False, ("gpu",)), "patient", waits=True), Shortage)
     alloc.release(lease.id, "container removed")
     got = list(alloc.audit.read())
     assert [e["event"] for e in got] == ["grant", "refusal", "release"]
@@ -86,6 +90,7 @@ def test_the_service_records_grant_refusal_and_release_with_times_and_gpus(
     assert grant["gpus"] == list(lease.gpus) and grant["indices"] == [0, 1, 2]
     assert grant["name"] == "train" and grant["lease"] == lease.id
     assert "GPU" in refusal["reason"] and refusal["name"] == "second"
+    assert refusal["owner"] == "bob"  # history --user bob finds it
     assert release["reason"] == "container removed"
     assert grant["time"].endswith("+00:00")  # RFC 3339, UTC
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from allocator.host.audit import AuditLog
 from allocator.host.ledger import Ledger
 from tests import clients, engine
 
@@ -129,6 +130,10 @@ def test_a_waiter_past_its_time_is_refused_saying_how_long_it_waited(stack) -> N
     _, err = proc.communicate(timeout=30)
     assert proc.returncode != 0 and time.monotonic() - started >= 2
     assert "not enough free GPUs" in err and "waited 2s in line" in err, err
+    # one refusal in the audit trail, once its time ran out, under its owner's name
+    (line,) = [e for e in AuditLog(stack.state_dir).read() if e["name"] == "w-late"]
+    assert (line["event"], line["owner"]) == ("refusal", MID)
+    assert "waited 2s in line" in line["reason"]
     for name in held:
         docker(stack, "rm", "-f", name)
 

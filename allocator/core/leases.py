@@ -41,7 +41,10 @@ from typing import Any
 # 1's files read as 2's with none.
 SCHEMA_VERSION = 2
 READS = frozenset({1, SCHEMA_VERSION})
-REPAIR_HINT = "inspect it, then run 'gpu-alloc repair' to rebuild it from the Engine"
+REPAIR_HINT = (
+    "inspect it, then run 'gpu-alloc repair --reset' to move it aside and rebuild the "
+    "ledger from the Engine's containers"
+)
 
 
 class StateError(Exception):

@@ -14,12 +14,9 @@ def repair(alloc: Allocator, reset: bool = False) -> str:
     notes = []
     try:
         alloc.ledger.read()
-    except StateError as e:
+    except StateError:
         if not reset:
-            raise StateError(
-                f"{e}; run 'gpu-alloc repair --reset' to move it aside and "
-                "rebuild the ledger from the Engine's containers"
-            ) from None
+            raise  # its message names 'gpu-alloc repair --reset'
         reset = True
     if reset and alloc.ledger.path.exists():
         aside = alloc.ledger.path.with_suffix(f".corrupt-{int(time.time())}")
