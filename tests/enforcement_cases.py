@@ -209,6 +209,18 @@ def cases(devdir: Path) -> list[Case]:
             "deny", "deny", "nvidia-container-devices"),
         Case("CDI annotation", body(HostConfig={
             "Annotations": {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}}), "deny", "deny", "CDI"),
+        # dockerd writes ALIAS_NAME=... at start: an alias with "=" names any variable.
+        Case("link alias that makes NVIDIA_VISIBLE_DEVICES", body(
+            Env=["NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_VISIBLE_DEVICES"],
+            HostConfig={"Runtime": "nvidia",
+                        "Links": ["child:NVIDIA_VISIBLE_DEVICES=all,a",
+                                  "child:NVIDIA_VISIBLE_DEVICES=all,b"]}),
+            "deny", "deny", "HostConfig.Links[0]"),
+        Case("link alias with '=' next to a request",
+             body(HostConfig={"DeviceRequests": [request(1)],
+                              "Links": ["child:NVIDIA_DRIVER_CAPABILITIES=all"]}),
+             "deny", "deny", "link alias"),
+        Case("plain link alias", body(HostConfig={"Links": ["child:db"]}), "allow", "allow"),
         Case("swarm-resource env next to a request",
              body(Env=["DOCKER_RESOURCE_GPU=0"], HostConfig={"DeviceRequests": [request(1)]}),
              "deny", "deny", "DOCKER_RESOURCE_GPU"),

@@ -282,6 +282,17 @@ def test_the_engines_paths_come_from_info_daemon_json_and_its_command_line(tmp_p
     assert sock not in paths  # every call on the Engine's socket passes the plugin
 
 
+def test_a_container_whose_link_alias_makes_a_variable_holds_every_gpu_at_start():
+    made = inspect(["NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_VISIBLE_DEVICES"])
+    made["HostConfig"]["Links"] = ["/child:/par3/NVIDIA_VISIBLE_DEVICES=all,a"]  # as inspected
+    got = access.of_container(made, OLD, INVENTORY, TableHost())
+    (grant,) = [g for g in got.grants if g.field == "HostConfig.Links[0]"]
+    assert grant.gpus is None  # unpinned: every GPU, so only a lease for all would do
+    made["HostConfig"]["Links"] = ["/child:/par3/db"]
+    assert not any(g.field.startswith("HostConfig.Links") for g in access.of_container(
+        made, OLD, INVENTORY, TableHost()).grants)  # fmt: skip
+
+
 def test_a_dynamic_major_loaded_after_gpu_alloc_started_counts_at_once(tmp_path):
     devices = tmp_path / "devices"
     devices.write_text("Character devices:\n  1 mem\n195 nvidia-frontend\n")

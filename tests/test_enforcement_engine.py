@@ -62,6 +62,11 @@ RAW_CREATES = {
     "nvidia runtime, image env": f'{{"Image":"{IMAGE}","HostConfig":{{"Runtime":"nvidia"}}}}',
     "count via nvidia driver": f'{{"Image":"{IMAGE}","HostConfig":{{"DeviceRequests":'
     '[{"Driver":"nvidia","Count":-1}]}}',
+    # dockerd writes the alias's ALIAS_NAME=... at start, before Config.Env: the first
+    # alias's NVIDIA_VISIBLE_DEVICES=ALL,... outlives the bare name that unsets the second
+    "link aliases that make the env": f'{{"Image":"{IMAGE}","Env":["NVIDIA_VISIBLE_DEVICES=void",'
+    '"NVIDIA_VISIBLE_DEVICES"],"HostConfig":{"Runtime":"nvidia","Links":'
+    '["child:NVIDIA_VISIBLE_DEVICES=all,a","child:NVIDIA_VISIBLE_DEVICES=all,b"]}}',
 }
 
 

@@ -63,8 +63,9 @@ def test_a_critical_xid_takes_a_gpu_out_until_health_clear(stack: engine.Stack) 
     )
     assert got.returncode == 0, got.stderr
     assert sorted(got.stdout.strip().split(",")) == UUIDS[1:]
-    table = gpu_alloc(stack, "status", "--no-reconcile").stdout
+    table = gpu_alloc(stack, "status").stdout
     assert "unhealthy (Xid 79 at" in table
+    assert "free: 3 of 4 GPUs (GPUs 1,2,3)" in table  # an unhealthy GPU is not free
 
     cleared = gpu_alloc(stack, "health", "clear", "0")
     assert cleared.returncode == 0, cleared.stderr

@@ -448,6 +448,22 @@ def _mount(ctx: _Ctx, fld: str, src: str, dst: str, read_only: bool = False) -> 
         _device_node(ctx, fld, src, node)  # a GPU node is judged by its numbers, wherever it is
 
 
+def _links(ctx: _Ctx) -> None:
+    """dockerd writes a legacy link's env at start, before Config.Env: ``ALIAS_NAME=...``
+    and the like, the alias upper-cased.  An alias with ``=`` in it makes a variable of any
+    name, such as ``NVIDIA_VISIBLE_DEVICES``, that no Config.Env shows, and a bare name in
+    Config.Env can unset the one that would have replaced it."""
+    for i, link in enumerate(ctx.view.host_config.get("Links") or ()):
+        alias = str(link).rpartition(":")[2].rpartition("/")[2]
+        if "=" in alias:
+            ctx.refuse(
+                f"HostConfig.Links[{i}]",
+                f"link alias '{alias}' holds '=', so dockerd makes an environment variable "
+                f"of it ({alias.split('=')[0].upper()}) that can select GPUs in the NVIDIA "
+                "hook; give the link an alias without '='",
+            )
+
+
 def _annotations(ctx: _Ctx) -> None:
     for key in ctx.view.host_config.get("Annotations") or {}:
         if CDI_ANNOTATION_MARK in key:
@@ -463,6 +479,7 @@ SOURCES: tuple[Callable[[_Ctx], None], ...] = (
     _devices,
     _cgroup_rules,
     _binds,
+    _links,
     _annotations,
 )
 

@@ -53,7 +53,7 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
     present = [g.uuid for g in (*inventory.gpus, *inventory.migs)]
     departed = sorted(state.named_gpus() - set(present))
     held = state.holders({*present, *departed})
-    holder_of = {u: h.to_dict() for u, h in held.items()}
+    holder_of = {u: h.to_dict() | {"since": _rfc3339(h.since)} for u, h in held.items()}
     now = time.time()
     engine = _listed(alloc, sorted({h.container for h in held.values() if h.container}))
     holders: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -92,17 +92,20 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
         row["idle"] = any(idle.get(u) is not None for u in row["uuids"])
     health = alloc.health.read()
 
-    def row(g: GPU) -> dict[str, Any]:
+    def row(g: GPU, unit: str) -> dict[str, Any]:
+        """``unit``: the GPU whose health counts (a slice's is its parent's)."""
         holder = holder_of.get(g.uuid)
         if holder is None and g.busy:
             holder = {"container": None, "name": None, "why": HOST}
         if holder is None and g.mig_mode:
             holder = {"container": None, "name": None, "why": MIG_MODE}
         since = idle.get(g.uuid)
-        return {**g.to_dict(), "free": holder is None, "holder": holder, "idle_since": since}
+        free = holder is None and health.of(unit).healthy  # free: grantable now
+        got = {**g.to_dict(), "free": free, "holder": holder, "idle_since": since}
+        return got | _health(health, unit)
 
-    gpus = [row(g) | _health(health, g.uuid) for g in inventory.gpus]
-    migs = [row(m) | _health(health, m.parent) for m in inventory.migs]
+    gpus = [row(g, g.uuid) for g in inventory.gpus]
+    migs = [row(m, m.parent) for m in inventory.migs]
     return {
         "gpus": gpus,
         "migs": migs,
@@ -145,14 +148,14 @@ def render_table(snap: dict[str, Any]) -> str:
         age = "-" if h.get("age_s") is None else ago(h["age_s"])
         state = h["state"] + (" (idle)" if h.get("idle") else "")
         rows.append((gpus, h["owner"]["user"], name, state, age, h.get("pool") or "-"))
-    widths = [min(max(len(r[i]) for r in rows), cap) for i, cap in enumerate((15, 12, 36, 24))]
+    widths = [min(max(len(r[i]) for r in rows), cap) for i, cap in enumerate((15, 12, 36, 30))]
     lines = [
         "  ".join(_fit(c, w).ljust(w) for c, w in zip(r[:4], widths, strict=True))
         + f"  {r[4]:<4}  {r[5]}"
         for r in rows
     ]
     free = [str(g["index"]) for g in snap["gpus"] if g["free"]]
-    busy = [str(g["index"]) for g in snap["gpus"] if not g["free"] and g["holder"]["why"] == HOST]
+    busy = [str(g["index"]) for g in snap["gpus"] if (g["holder"] or {}).get("why") == HOST]
     lines.append(
         f"free: {snap['free']} of {snap['total']} GPUs"
         + (f" (GPU{'s' * (len(free) > 1)} {','.join(free)})" if free else "")
@@ -173,7 +176,7 @@ def render_table(snap: dict[str, Any]) -> str:
     for g in [*snap["gpus"], *(snap.get("migs") or ())]:
         if not g.get("healthy", True):
             name = f"MIG {g['index']}:{g['mig_index']}" if g.get("parent") else f"GPU {g['index']}"
-            held = "" if g["free"] else f", held by {_who(g['holder'])} (not stopped)"
+            held = "" if g["holder"] is None else f", held by {_who(g['holder'])} (not stopped)"
             lines.append(
                 f"{name} unhealthy ({g['health_event']['what']}){held}: never granted; "
                 "'gpu-alloc health clear' brings it back once fixed"
