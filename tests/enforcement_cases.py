@@ -207,6 +207,9 @@ def cases(devdir: Path) -> list[Case]:
         Case("toolkit volume-mount device list", body(HostConfig={"Mounts": [
             {"Type": "tmpfs", "Target": "/var/run/nvidia-container-devices/all"}]}),
             "deny", "deny", "nvidia-container-devices"),
+        Case("toolkit device list behind a double slash", body(HostConfig={"Mounts": [
+            {"Type": "tmpfs", "Target": "//var/run/nvidia-container-devices/all"}]}),
+            "deny", "deny", "nvidia-container-devices"),  # Go cleans // to /
         Case("CDI annotation", body(HostConfig={
             "Annotations": {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}}), "deny", "deny", "CDI"),
         # dockerd writes ALIAS_NAME=... at start: an alias with "=" names any variable.

@@ -434,7 +434,7 @@ def _volumes_from(ctx: _Ctx) -> None:
 
 
 def _mount(ctx: _Ctx, fld: str, src: str, dst: str, read_only: bool = False) -> None:
-    if dst and within(posixpath.normpath(dst), SENTINEL_MOUNT_DIR):
+    if dst and within(dst, SENTINEL_MOUNT_DIR):
         ctx.add(fld, f"mount at {dst} selects GPUs through the toolkit's volume list", None)
     if not src:
         return

@@ -17,6 +17,7 @@ Rules
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -48,7 +49,14 @@ KERNEL_FS = frozenset(
 
 
 def within(path: str, top: str) -> bool:
-    return PurePosixPath(path).is_relative_to(top)
+    return PurePosixPath(go_clean(path)).is_relative_to(go_clean(top))
+
+
+def go_clean(path: str) -> str:
+    """Go's ``path.Clean``: POSIX keeps a leading ``//`` apart, Go (and so dockerd and the
+    toolkit) makes it ``/``."""
+    clean = posixpath.normpath(path) if path else "."
+    return "/" + clean.lstrip("/") if clean.startswith("//") else clean
 
 
 def exposure(host: MountFacts, real: str, read_only: bool = False) -> str | None:
