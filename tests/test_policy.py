@@ -215,6 +215,13 @@ def test_a_shortage_names_each_holder_once_with_owner_and_age():
     assert isinstance(more, Shortage)
     assert "asked for 5 GPUs but pool 'training', model containing 'A100' has only 4" in more.msg
     assert "Remove" not in more.msg
+    model = Wanted(model="H100").where(None)
+    none = place(Ask((), 1, False, ("gpu",)), Inventory(()), {}, POLICIES["numa"], None, model)
+    assert isinstance(none, Shortage) and not none.waitable
+    assert none.msg.startswith(
+        "gpu-alloc: no GPU on this host is in the GPUs with model containing 'H100'"
+    )
+    assert "'gpu-alloc gpus' lists each GPU's model" in none.msg
 
 
 @pytest.mark.parametrize(

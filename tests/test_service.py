@@ -75,6 +75,16 @@ def test_leases_take_distinct_free_gpus_without_asking_the_engine(alloc, fake) -
     assert fake.calls == []  # the common path: ledger and inventory only
 
 
+def test_a_gpu_asked_by_name_and_held_says_who_holds_it_and_what_to_ask(alloc, fake) -> None:
+    named = Ask(required=(UUIDS[1],), count=0, every=False, caps=("gpu",))
+    assert isinstance(alloc.lease(named, "t2"), tuple)
+    short = alloc.lease(named, "again")
+    assert isinstance(short, Shortage)
+    assert short.msg.startswith(f"gpu-alloc: GPU 1 ({UUIDS[1]}), asked by name, is not free (")
+    assert "'t2'" in short.msg and "3 of 4 on this host are" in short.msg
+    assert "Ask for a count (--gpus 1) to take any free one" in short.msg
+
+
 def test_a_shortage_reconciles_once_and_finds_gpus_freed_by_docker_rm(alloc, fake) -> None:
     lease, token = leased(alloc, GPUS)
     cid = create(fake, lease, token)

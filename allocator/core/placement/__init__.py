@@ -162,13 +162,17 @@ def _shortage_text(
     if ask.profile:
         asked = f"{size} MIG slice{'s' * (size != 1)} of profile {ask.profile}"
     place_name = where or "this host"
-    if size > len(units):
+    if size > len(units) and not units and where:
         return (
-            f"gpu-alloc: asked for {asked} but {place_name} has only {len(units)}; "
+            f"gpu-alloc: no GPU on this host is in {place_name} (asked for {asked}); "
+            "check the request labels: 'gpu-alloc gpus' lists each GPU's model and memory"
+        )
+    if size > len(units):
+        has = "have" if place_name.startswith("the GPUs") else "has"
+        return (
+            f"gpu-alloc: asked for {asked} but {place_name} {has} only {len(units)}; "
             "ask for fewer" + (", or another pool" if where else "")
         )
-    if taken:
-        asked += " including " + ", ".join(f"{g.label()} ({g.uuid})" for g in taken)
     by_holder: dict[object, tuple[list[GPU], str]] = {}
     for g in units:
         if g in free:
@@ -183,6 +187,25 @@ def _shortage_text(
         else:
             continue
         by_holder.setdefault(key, ([], text))[0].append(g)
+    if taken and not ask.every:  # the GPUs named are what is in the way, not the count
+        named = {g.uuid for g in taken}
+        whose = "; ".join(
+            f"{_named([g for g in gs if g.uuid in named])}: {text}"
+            for gs, text in by_holder.values()
+            if any(g.uuid in named for g in gs)
+        )
+        asked_by_name = ", ".join(f"{g.label()} ({g.uuid})" for g in taken)
+        instead = (
+            "name others"
+            if any(g.is_slice for g in taken)
+            else f"ask for a count (--gpus {size}) to take any free one, name others"
+        )
+        return (
+            f"gpu-alloc: {asked_by_name}, asked by name, {'is' if len(taken) == 1 else 'are'} "
+            f"not free ({whose}); {len(free)} of {len(units)} "
+            f"{'in ' + where if where else 'on this host'} are. {instead[0].upper()}"
+            f"{instead[1:]}, or wait for these; 'gpu-alloc status' shows who holds what"
+        )
     holders = "; ".join(f"{_named(gs)}: {text}" for gs, text in by_holder.values())
     return (
         f"gpu-alloc: not enough free GPUs: asked for {asked}, {len(free)} of "
