@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from allocator.ops import cli
@@ -40,3 +43,17 @@ def test_doctor_without_root_says_to_use_sudo(monkeypatch, tmp_path, capsys):
 def test_explain_without_a_config_could_not_check(tmp_path, capsys):
     assert cli.main(["explain", "--config", str(tmp_path / "nope.yaml")]) == 1
     assert "no such config file" in capsys.readouterr().err
+
+
+def test_a_reader_that_stops_early_gets_no_broken_pipe_error(tmp_path):
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text("".join(f"- {{uuid: GPU-{i:08x}, index: {i}}}\n" for i in range(400)))
+    config = tmp_path / "config.yaml"
+    config.write_text(f"state_dir: {tmp_path / 'state'}\ngpus: {gpus}\n")
+    argv = [sys.executable, "-m", "allocator.ops.cli", "--config", str(config), "status"]
+    cli_ = subprocess.Popen([*argv, "--json", "--no-reconcile"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    assert cli_.stdout is not None and cli_.stdout.read(10)
+    cli_.stdout.close()  # `| head -c 10`
+    assert cli_.wait(60) == 0
+    assert b"Broken pipe" not in (cli_.stderr.read() if cli_.stderr else b"")

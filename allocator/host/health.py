@@ -95,8 +95,8 @@ class HealthFile:
 
 def log_changes(before: Health, after: Health) -> None:
     """One line per GPU whose health changed."""
-    for uuid, _, what in turns(before, after):
-        log.warning("GPU %s is %s", uuid, what)
+    for uuid, healthy, what in turns(before, after):
+        log.log(logging.INFO if healthy else logging.WARNING, "GPU %s is %s", uuid, what)
     for uuid, h in after.gpus.items():
         if h.single_bit != before.of(uuid).single_bit:
             log.info("GPU %s: %d single-bit ECC errors so far", uuid, h.single_bit)

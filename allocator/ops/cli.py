@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
 
             metrics.enable(cfg.state_dir)  # before the servers fork their workers
         return int(args.func(cfg, args) or 0)
+    except BrokenPipeError:  # `gpu-alloc status --json | head`: the reader has had enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error
+        return 0
     except ConfigError as e:
         print(f"gpu-alloc: config error: {e}", file=sys.stderr)
         return EXIT_FAIL if args.command == "explain" else EXIT_CONFIG  # 2 means "short" there
