@@ -153,9 +153,10 @@ def test_a_corrupt_file_stops_placement_naming_the_file(tmp_path: Path) -> None:
         HealthFile(Ledger(tmp_path)).read()
 
 
-def test_changes_are_logged_for_the_audit_trail(
+def test_changes_are_logged_and_told_to_the_audit_trail(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level("INFO", "gpu-alloc.health")
     f, heard = HealthFile(Ledger(tmp_path)), []
     f.listeners.append(lambda *turn: heard.append(turn))
     with f.transaction() as box:
@@ -165,6 +166,8 @@ def test_changes_are_logged_for_the_audit_trail(
     with f.transaction() as box:
         box[0] = clear(box[0], U0)
     lines = [r.getMessage() for r in caplog.records if r.name == "gpu-alloc.health"]
+    levels = [r.levelname for r in caplog.records if r.name == "gpu-alloc.health"]
+    assert levels == ["WARNING", "INFO"]  # the bad news is the warning
     assert lines == [
         f"GPU {U0} is unhealthy: Xid 79 at 2023-11-14 22:13:20 UTC; it is no longer granted",
         f"GPU {U0} is healthy again (was: Xid 79 at 2023-11-14 22:13:20 UTC)",
