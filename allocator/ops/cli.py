@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    cfg: Config | None = None
     try:
         cfg = configmod.load(args.config)
         if cfg.metrics.listen and args.command in ("plugin", "shim"):
@@ -46,8 +47,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-alloc: config error: {e}", file=sys.stderr)
         return EXIT_FAIL if args.command == "explain" else EXIT_CONFIG  # 2 means "short" there
     except (StateError, EngineError, InventoryError, StartupError, OSError) as e:
-        print(f"gpu-alloc: {e}", file=sys.stderr)  # e.g. a socket path that cannot be bound
+        print(f"gpu-alloc: {e}{_unreadable_hint(cfg, e)}", file=sys.stderr)
         return EXIT_FAIL
+
+
+def _unreadable_hint(cfg: Config | None, e: Exception) -> str:
+    """A user in the docker group may run every command, but only status and gpus ask the
+    shim: the others read the root-only state directory."""
+    if cfg is None or not isinstance(e, StateError | PermissionError):
+        return ""
+    if os.access(cfg.state_dir, os.R_OK | os.X_OK):
+        return ""
+    return (
+        f"; this command reads gpu-alloc's state directory ({cfg.state_dir}), which is "
+        "root's: run it with sudo, or use 'gpu-alloc status' and 'gpu-alloc gpus', which ask "
+        "the gpu-alloc socket instead"
+    )
 
 
 class StartupError(Exception):
