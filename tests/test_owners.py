@@ -166,7 +166,10 @@ def test_gpu_defaults_only_where_the_client_set_nothing(stack):
 def test_a_privileged_gpu_container_is_refused_in_plain_words(stack):
     out = as_user(stack, ALICE, "run", "--rm", "--privileged", "--gpus", "1", IMAGE, "true")
     assert out.returncode != 0
-    assert "privileged containers cannot be given GPUs here (HostConfig.Privileged" in out.stderr
+    assert (
+        "a privileged container sees every device on the host, every GPU included, so it is "
+        "not allowed here (HostConfig.Privileged" in out.stderr
+    )
     assert "--context" not in out.stderr and "--gpus N" in out.stderr
 
 

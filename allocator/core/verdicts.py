@@ -36,7 +36,8 @@ def context_hint(shim_socket: str = DEFAULT_SHIM_SOCKET) -> str:
     return (
         "GPUs are leased only through the gpu-alloc socket: create its context once with "
         f"'docker context create gpu-alloc --docker host=unix://{shim_socket}', then run "
-        "'docker --context gpu-alloc run --gpus 1 ...' (or a Compose device reservation)"
+        "'docker --context gpu-alloc run --gpus 1 ...' (or a Compose device reservation; "
+        f"docker-compose v1 reads only DOCKER_HOST=unix://{shim_socket})"
     )
 
 
@@ -45,7 +46,8 @@ HINT = context_hint()
 # Fields whose refusal reads better in plain words first: (what, what to do about it).
 PLAIN = {
     "HostConfig.Privileged": (
-        "privileged containers cannot be given GPUs here",
+        "a privileged container sees every device on the host, every GPU included, so "
+        "it is not allowed here",
         "remove --privileged, and add with --cap-add only what the container really needs",
     ),
 }
