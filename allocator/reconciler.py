@@ -163,4 +163,15 @@ class Reconciler(Gatherer):
         gpus = tuple(sorted(grants.gpus(inventory))) if grants.pinned else None
         why = "; ".join(g.describe() for g in grants.grants)
         name = str(info.get("Name") or "").lstrip("/")
-        return Claim(cid, name, gpus, why, **labels.placed_of(info))
+        return Claim(cid, name, gpus, why, **labels.placed_of(info), **_owner_of(info))
+
+
+def _owner_of(info: dict) -> dict[str, object]:
+    """Whose a container the shim made for a lease was, by its `policy.OWNER` label."""
+    given = (info.get("Config") or {}).get("Labels") or {}
+    if not labels.lease_of(given):
+        return {}
+    uid, _, user = str(given.get(policy.OWNER) or "").rpartition(":")
+    if not user:
+        return {}
+    return {"owner": user, "owner_uid": int(uid) if uid.isdigit() else None}

@@ -77,6 +77,9 @@ def test_a_reset_ledger_keeps_an_adopted_containers_cores_from_the_next_lease(
         assert reset.returncode == 0 and "adopted 1 container" in reset.stdout, reset.stderr
         table = gpu_alloc(stack, "status", "--no-reconcile").stdout
         assert f"'kept': CPUs {format_list(kept)}" in table, table
+        snap = json.loads(gpu_alloc(stack, "status", "--json", "--no-reconcile").stdout)
+        (holder,) = snap["holders"]
+        assert holder["owner"] == {"uid": os.getuid(), "user": "root"}  # still counts as theirs
 
         after = shim(stack, "run", "-d", "--name", "next", *asked, "sleep", "60")
         if after.returncode == 0:  # a host of two cores or more: the other one

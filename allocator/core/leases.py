@@ -124,6 +124,12 @@ class Claim:
     cpus: tuple[int, ...] = ()
     mems: tuple[int, ...] = ()
     memory: int = 0
+    # Whose it was, by the same labels: their limit counts it as before the reset.
+    owner: str = "unknown"
+    owner_uid: int | None = None
+
+
+_CLAIM_DEFAULTS = {"cpus": (), "mems": (), "memory": 0, "owner": "unknown", "owner_uid": None}
 
 
 @dataclass(frozen=True)
@@ -224,18 +230,21 @@ class State:
             for uuid in lease.gpus:
                 held.setdefault(uuid, who)
         for claim in sorted(self.claims.values(), key=lambda c: c.gpus is None):
-            who = Holder(claim.container, claim.name, claim.why)
+            who = Holder(
+                claim.container, claim.name, claim.why, owner=claim.owner, owner_uid=claim.owner_uid
+            )
             for uuid in all_gpus if claim.gpus is None else claim.gpus:
                 held.setdefault(uuid, who)
         return held
 
     def held_by(self, owner: str, besides: str | None = None) -> int:
-        """GPUs ``owner``'s live leases hold (running or stopped), ``besides`` one lease."""
+        """GPUs ``owner``'s live leases hold (running or stopped), ``besides`` one lease,
+        and their containers a reset adopted."""
         return sum(
             len(le.gpus)
             for le in self.leases.values()
             if le.owner == owner and le.id != besides and le.phase is not Phase.HANDED_OVER
-        )
+        ) + sum(len(c.gpus or ()) for c in self.claims.values() if c.owner == owner)
 
     def _placed(self, but: str | None) -> Iterator[Lease | Claim]:
         """What holds cores and memory: live leases (a handed-over one's went with its
@@ -389,10 +398,9 @@ def lease_from_json(v: dict[str, Any]) -> Lease:
 
 
 def _claim_json(c: Claim) -> dict[str, Any]:
-    """A claim holding no cores or memory is written as before claims could, so an older
-    gpu-alloc still reads the ledger unless a reset adopted such a container."""
-    v = vars(c)
-    return v if c.cpus or c.memory else {k: v[k] for k in ("container", "name", "gpus", "why")}
+    """Only what differs from the defaults beside the four first keys, so an older
+    gpu-alloc still reads the ledger unless a reset adopted one of gpu-alloc's containers."""
+    return {k: v for k, v in vars(c).items() if k not in _CLAIM_DEFAULTS or v != _CLAIM_DEFAULTS[k]}
 
 
 def _claim(v: dict[str, Any]) -> Claim:
