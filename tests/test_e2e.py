@@ -85,7 +85,7 @@ def test_a_named_gpu_that_is_held_is_refused_with_the_holder(stack):
     assert held.returncode == 0, held.stderr
     again = visible(stack, "--gpus", '"device=1"')
     assert again.returncode != 0
-    assert "not enough free GPUs" in again.stderr
+    assert "GPU 1 (" in again.stderr and "asked by name, is not free" in again.stderr
     assert "holder" in again.stderr
 
 
