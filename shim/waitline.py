@@ -151,9 +151,11 @@ class Waitline:
             return []
         state = self.alloc.ledger.read()
         held = {e.waiter.owner: state.held_by(e.waiter.owner) for e in entries.values()}
-        rows, now = [], time.time()
+        rows, now, rules = [], time.time(), self.alloc.rules
         for position, w in enumerate(queue.order([e.waiter for e in entries.values()], held), 1):
             req: LeaseRequest = w.ask
+            over = policy.over_limit(req.owner, held[w.owner], w.gpus, rules)
+            limit = policy.limit_of(req.owner, rules) if over else None
             rows.append(
                 {
                     "position": position,
@@ -165,6 +167,10 @@ class Waitline:
                     "priority": w.priority,
                     "since": entries[w.id].since,
                     "waited_s": round(now - entries[w.id].since),
+                    # what it waits for: free GPUs, or its owner's own containers to go
+                    "held_back_by": None
+                    if limit is None
+                    else f"{limit[1]}: {w.owner} holds {held[w.owner]} of {limit[0]}",
                 }
             )
         return rows

@@ -302,13 +302,36 @@ def test_explain_says_a_request_would_wait(tmp_path, fake) -> None:
     assert explain.explain(alloc, None, "5", [f"{policy.WAIT}=2m"])["verdict"] == "short"
 
 
+def test_the_queue_says_whom_their_own_limit_holds_back(tmp_path, fake) -> None:
+    alloc = make(tmp_path, fake, limits={"users": {"alice": {"gpus": 1}}})
+    hold(alloc, fake, ALICE)  # alice at her limit, three GPUs free
+
+    async def main() -> list[dict]:
+        line = Waitline(alloc, events=False)
+        waiting = asyncio.create_task(line.wait(request_of(ALICE), 30))
+        await asyncio.sleep(0.1)
+        rows = line.snapshot()
+        line.stop()
+        with contextlib.suppress(Exception):
+            await waiting
+        return rows
+
+    (row,) = asyncio.run(main())
+    assert row["held_back_by"] == "policy.limits.users.alice: alice holds 1 of 1"
+    table = status.render_table({"holders": [], "gpus": [], "free": 3, "total": 4, "queue": [row]})
+    assert "held back by their limit (policy.limits.users.alice: alice holds 1 of 1)" in table
+
+
 def test_status_lists_the_queue_in_order_and_says_when_the_shim_is_silent() -> None:
     row = {"position": 1, "owner": "carol", "name": "train", "gpus": 2, "all": False,
            "pool": None, "priority": 10, "since": 1.8e9, "waited_s": 75}  # fmt: skip
     snap = {"holders": [], "gpus": [], "free": 0, "total": 0}
     table = status.render_table(snap | {"queue": [row]})
     assert "waiting for GPUs: 1" in table
-    assert "1. carol 'train': 2 GPUs, priority 10, waiting 1m (since 2027-01-15T08:00:00Z)" in table
+    assert (
+        "1. carol 'train': 2 GPUs, priority 10, waiting 1m (since 2027-01-15T08:00:00Z); "
+        "waiting for free GPUs" in table
+    )
     assert "queue: unknown" in status.render_table(snap | {"queue": None})
     assert "queue" not in status.render_table(snap)
 

@@ -216,9 +216,14 @@ def _queue_lines(rows: list[dict[str, Any]] | None) -> list[str]:
         where = f" in pool '{r['pool']}'" if r.get("pool") else ""
         since = f", waiting {ago(r['waited_s'])} (since {_rfc3339(r['since'])})"
         name = f" '{r['name']}'" if r.get("name") else ""
+        why = (
+            f"; held back by their limit ({r['held_back_by']})"
+            if r.get("held_back_by")
+            else "; waiting for free GPUs"
+        )
         lines.append(
             f"  {r['position']}. {r['owner']}{name}: {asked}{where}, "
-            f"priority {r['priority']}{since}"
+            f"priority {r['priority']}{since}{why}"
         )
     return lines
 
