@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from allocator.host.engine import Engine, EngineError
 from tests import engine
 
 pytestmark = pytest.mark.engine
@@ -94,3 +95,9 @@ def test_doctor_lines_all_say_ok_warn_or_fail(stack, tmp_path):
     lines = [ln for ln in doctor(stack, tmp_path).stdout.splitlines() if ln.startswith("[")]
     assert len(lines) == 9
     assert all(ln[1:5].strip() in ("ok", "warn", "FAIL") for ln in lines), json.dumps(lines)
+
+
+def test_an_engine_that_is_not_there_is_named_in_plain_words(tmp_path):
+    for ask in (lambda e: e.info(), lambda e: e.inspect("job")):  # the SDK, and our own GET
+        with pytest.raises(EngineError, match="no socket there: is dockerd running"):
+            ask(Engine(str(tmp_path / "docker.sock"), 2))

@@ -43,7 +43,9 @@ class Engine:
                         base_url=f"unix://{self.socket}", version="auto", timeout=self.timeout
                     )
                 except docker.errors.DockerException as e:
-                    raise EngineError(f"Engine at {self.socket} is not answering: {e}") from None
+                    raise EngineError(
+                        f"Engine at {self.socket} is not answering: {_plain(e)}"
+                    ) from None
             return self._client
 
     def _call(self, what: str, fn, *args: Any, **kwargs: Any) -> Any:
@@ -54,7 +56,7 @@ class Engine:
         except docker.errors.NotFound:
             return None
         except (docker.errors.DockerException, OSError) as e:
-            raise EngineError(f"Engine at {self.socket}: {what} failed: {e}") from None
+            raise EngineError(f"Engine at {self.socket}: {what} failed: {_plain(e)}") from None
 
     def info(self) -> dict[str, Any]:
         return self._call("GET /info", lambda api: api.info())
@@ -106,7 +108,7 @@ class Engine:
         try:
             status, body = self._gets.get(target)
         except (OSError, http.client.HTTPException) as e:
-            raise EngineError(f"Engine at {self.socket}: {what} failed: {e}") from None
+            raise EngineError(f"Engine at {self.socket}: {what} failed: {_plain(e)}") from None
         if status == 404:
             return None
         try:
@@ -148,3 +150,16 @@ def go_time(text: object) -> float | None:
     frac = f".{m.group(2)[:6]}" if m.group(2) else ""
     zone = "+00:00" if m.group(3) == "Z" else m.group(3)
     return datetime.fromisoformat(m.group(1) + frac + zone).timestamp()
+
+
+# The causes people meet, in words; the SDK wraps them three deep in requests' errors.
+_CAUSES = (
+    ("FileNotFoundError", "no socket there: is dockerd running?"),
+    ("ConnectionRefusedError", "nothing listens there: is dockerd running?"),
+    ("PermissionError", "permission denied: run it as root, or as a member of the docker group"),
+)
+
+
+def _plain(e: BaseException) -> str:
+    text = repr(e)
+    return next((words for name, words in _CAUSES if name in text), str(e))
