@@ -98,7 +98,7 @@ def render_table(rows: list[dict[str, Any]]) -> str:
                 gpus or "-",
                 r.get("owner") or "-",
                 who,
-                (reason or "")[:80],
+                reason or "",  # the last column: never cut
             )
         )
     widths = [max(len(row[i]) for row in table) for i in range(6)]
