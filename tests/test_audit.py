@@ -181,7 +181,7 @@ def test_history_cli_answers_who_used_gpu_3(tmp_path: Path, capsys) -> None:
     assert "bob" in table and "alice" not in table and "3,1" in table and "held" in table
 
 
-def test_history_shows_a_reason_whole(capsys) -> None:
+def test_history_shows_a_reason_whole() -> None:
     long = "not enough free GPUs: " + "x" * 200 + " the end"
     row = events.record("refusal", 0.0, name="job", owner="bob", reason=long)
     table = history.render_table(history.uses([row]))
