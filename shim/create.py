@@ -55,7 +55,7 @@ from allocator.core.routes import Check, Route, by_id, needs_check
 from allocator.host import metrics
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
-from allocator.ops import gpus, status
+from allocator.ops import explain, gpus, status
 from allocator.ops.status import QUEUE_PATH
 from allocator.service import Allocator, LeaseRequest
 from shim.framing import Peer, Request, Response, UpstreamError
@@ -86,7 +86,11 @@ class CreateInterceptor:
 
     def wants(self, method: str, target: str) -> bool:
         return needs_check(method, target) or (
-            method == "GET" and target in (STATUS_PATH, QUEUE_PATH, gpus.GPUS_PATH)
+            method == "GET"
+            and (
+                target in (STATUS_PATH, QUEUE_PATH, gpus.GPUS_PATH)
+                or target.partition("?")[0] == explain.EXPLAIN_PATH
+            )
         )
 
     def stop(self) -> None:
@@ -100,6 +104,8 @@ class CreateInterceptor:
             return await self._queue()
         if request.method == "GET" and request.target == gpus.GPUS_PATH:
             return await self._gpus()
+        if request.method == "GET" and request.target.partition("?")[0] == explain.EXPLAIN_PATH:
+            return await self._explain(request)
         route = decide.route_of(request.method, request.target)
         if isinstance(route, decide.Deny):
             return error(400, route.msg)
@@ -315,6 +321,21 @@ class CreateInterceptor:
         except _FAILURES as e:
             return error(503, f"gpu-alloc gpus: {e}")
         body = gpus.render_json(snap).encode()
+        return Response(200, "OK", [("Content-Type", "application/json")], body)
+
+    async def _explain(self, request: Request) -> Response:
+        """``gpu-alloc explain`` for users who cannot read the state dir: for the peer
+        itself, never for another user."""
+        asked_gpus, pairs = explain.request_of(request.target)
+        try:
+            await asyncio.to_thread(self.alloc.reconcile)  # "short" is as of now
+            who = await asyncio.to_thread(owner_of, request.peer)
+            answer = await asyncio.to_thread(
+                explain.explain, self.alloc, None, asked_gpus, pairs, who
+            )
+        except _FAILURES as e:
+            return error(503, f"gpu-alloc explain: {e}")
+        body = explain.render(answer, True).encode()
         return Response(200, "OK", [("Content-Type", "application/json")], body)
 
     def _refused(self, name: str, peer: Peer | None, why: str, field: str = "") -> None:

@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 from collections.abc import Iterator
 
 import pytest
 
+from allocator.core.leases import StateError
+from allocator.core.policy import POOL
+from allocator.host import unixhttp
+from allocator.ops import cli
+from allocator.ops.explain import target as explain_route
+from allocator.service import Allocator
 from tests import engine
 
 IMAGE = engine.BUSYBOX_TAG
@@ -205,3 +212,44 @@ def test_explain_answers_each_case_with_its_exit_code(stack):
     assert broken.returncode == 1 and "no such config file" in broken.stderr
     text = gpu_alloc(stack, "explain", "--user", ALICE, "--gpus", "1")
     assert text.returncode == 2 and "not enough free GPUs" in text.stdout
+
+
+def as_peer(user: str, sock: str, target: str) -> tuple[int, dict]:
+    """GET ``target`` on ``sock`` from a process running as ``user`` (forked, not exec'd:
+    the venv's interpreter may be one only root can run)."""
+    pw = pwd.getpwnam(user)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: become the user, ask, report, leave
+        try:
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+            code, body = unixhttp.request(sock, "GET", target, timeout=60)
+            os.write(w, json.dumps([code, body.decode()]).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as got:
+        data = got.read()
+    os.waitpid(pid, 0)
+    code, body = json.loads(data)
+    return code, json.loads(body)
+
+
+def test_explain_through_the_shim_answers_for_the_user_who_asks(stack):
+    code, answer = as_peer(BOB, str(stack.shim_sock), explain_route("1", []))
+    assert code == 200 and answer["user"] == BOB and answer["verdict"] == "fits", answer
+    pool = [f"{POOL}=training"]
+    code, answer = as_peer(BOB, str(stack.shim_sock), explain_route("1", pool))
+    assert answer["verdict"] == "refused" and "not open to ga11bob" in answer["message"]
+
+
+def test_explain_asks_the_shim_when_the_state_cannot_be_read(stack, monkeypatch, capsys):
+    def unreadable(self, adopt: bool = False):
+        raise StateError("state.json: cannot read: Permission denied")
+
+    monkeypatch.setattr(Allocator, "reconcile", unreadable)
+    monkeypatch.setattr(cli.os, "access", lambda *a: False)  # not root
+    assert cli.main(["explain", "--config", str(stack.config_path), "--gpus", "1", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["verdict"] == "fits" and answer["user"] == "root"  # whoever asked the shim

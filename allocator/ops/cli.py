@@ -280,14 +280,20 @@ def cmd_explain(cfg: Config, args: argparse.Namespace) -> int:
     """Exit 0 fits, 2 short of GPUs, 3 invalid request, 4 refused by policy, 5 would wait
     in line (short or at the limit, with io.gpu-alloc.wait or policy.wait.default), 1 no
     answer."""
-    from allocator.ops.explain import explain, render
+    from allocator.ops.explain import explain, from_shim, render
 
     alloc = _allocator(cfg)
     try:
-        alloc.reconcile()  # frees what removed containers left, so "short" is current
-    except EngineError as e:
-        logging.getLogger("gpu-alloc").warning("answering from the ledger only: %s", e)
-    answer = explain(alloc, args.user, args.gpus, args.label)
+        try:
+            alloc.reconcile()  # frees what removed containers left, so "short" is current
+        except EngineError as e:
+            logging.getLogger("gpu-alloc").warning("answering from the ledger only: %s", e)
+        answer = explain(alloc, args.user, args.gpus, args.label)
+    except StateError as e:
+        if os.access(cfg.state_dir, os.R_OK | os.X_OK) or args.user:
+            raise
+        # not root: the shim answers for whoever asks it (it knows them by their socket)
+        answer = from_shim(cfg.shim.socket, args.gpus, args.label, why=str(e))
     print(render(answer, args.json))
     return int(answer["code"])
 

@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import csv
 import grp
+import http.client
 import json
 import os
 import pwd
 from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from allocator.core import verdicts as decide
-from allocator.core.leases import ago
+from allocator.core.leases import StateError, ago
 from allocator.core.placement import Shortage
 from allocator.core.policy import Invalid, Owner, Refusal, priority_of, wait_of, wanted
+from allocator.host import unixhttp
 from allocator.service import Allocator
 
+EXPLAIN_PATH = "/gpu-alloc/v1/explain"  # on the shim socket: the asker is the peer
 FITS, FAILED, SHORT, INVALID, REFUSED, WAITS = 0, 1, 2, 3, 4, 5
 VERDICT = {FITS: "fits", SHORT: "short", INVALID: "invalid", REFUSED: "refused", WAITS: "waits"}
 
@@ -86,10 +90,13 @@ def labels_of(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def explain(alloc: Allocator, user: str | None, gpus: str, pairs: list[str]) -> dict[str, Any]:
-    """The answer as data: ``code`` (the exit code), ``verdict``, ``message``, ``gpus``."""
+def explain(
+    alloc: Allocator, user: str | None, gpus: str, pairs: list[str], who: Owner | None = None
+) -> dict[str, Any]:
+    """The answer as data: ``code`` (the exit code), ``verdict``, ``message``, ``gpus``.
+    ``who``: the asker as the shim knows them (its peer), instead of ``user``."""
     try:
-        who = owner(user)
+        who = who or owner(user)
         given = labels_of(pairs)
         spec = {"HostConfig": {"DeviceRequests": [device_request(gpus)]}, "Labels": given}
     except BadRequest as e:
@@ -142,3 +149,25 @@ def _answer(code: int, message: str) -> dict[str, Any]:
 
 def render(answer: dict[str, Any], as_json: bool) -> str:
     return json.dumps(answer, indent=2, sort_keys=True) if as_json else answer["message"]
+
+
+def target(gpus: str, pairs: list[str]) -> str:
+    """The shim's explain route for this request."""
+    return f"{EXPLAIN_PATH}?{urlencode([('gpus', gpus), *(('label', p) for p in pairs)])}"
+
+
+def request_of(target_: str) -> tuple[str, list[str]]:
+    """(gpus, labels) from the route `target` made."""
+    query = parse_qs(urlsplit(target_).query)
+    return (query.get("gpus") or ["1"])[0], query.get("label") or []
+
+
+def from_shim(socket_path: str, gpus: str, pairs: list[str], why: str) -> dict[str, Any]:
+    """The shim's answer, for users in the docker group who cannot read the state dir."""
+    try:
+        code, body = unixhttp.request(socket_path, "GET", target(gpus, pairs), timeout=60)
+    except (OSError, http.client.HTTPException) as e:
+        raise StateError(f"{why}; and the shim at {socket_path} did not answer: {e}") from None
+    if code != 200:
+        raise StateError(f"{why}; the shim answered {code}: {body[:200]!r}")
+    return json.loads(body)
