@@ -60,15 +60,16 @@ def test_a_reader_that_stops_early_gets_no_broken_pipe_error(tmp_path):
 
 
 def test_a_docker_group_user_is_told_which_commands_ask_the_shim(monkeypatch, tmp_path, capsys):
+    # history reads the audit trail in the state directory, and no shim is asked for it
     state = tmp_path / "state"
     state.mkdir()
-    (state / "state.json").write_text("{not json")  # stands for a file they cannot read
     gpus = tmp_path / "gpus.yaml"
     gpus.write_text("- {uuid: GPU-00000000, index: 0}\n")
     config = tmp_path / "config.yaml"
     config.write_text(f"state_dir: {state}\ngpus: {gpus}\n")
     monkeypatch.setattr(cli.os, "access", lambda *a: False)  # not root
-    assert cli.main(["explain", "--config", str(config), "--gpus", "1"]) == cli.EXIT_FAIL
+    (state / "audit.jsonl").mkdir()  # stands for a trail they cannot read
+    assert cli.main(["history", "--config", str(config)]) == cli.EXIT_FAIL
     err = capsys.readouterr().err
     assert f"reads gpu-alloc's state directory ({state}), which is root's: run it with sudo" in err
-    assert "'gpu-alloc status' and 'gpu-alloc gpus', which ask the gpu-alloc socket" in err
+    assert "'gpu-alloc status', 'gpus' or 'explain', which ask the gpu-alloc socket" in err

@@ -52,15 +52,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _unreadable_hint(cfg: Config | None, e: Exception) -> str:
-    """A user in the docker group may run every command, but only status and gpus ask the
-    shim: the others read the root-only state directory."""
+    """A user in the docker group may run every command, but only status, gpus and explain
+    ask the shim: the others read the root-only state directory."""
     if cfg is None or not isinstance(e, StateError | PermissionError):
         return ""
     if os.access(cfg.state_dir, os.R_OK | os.X_OK):
         return ""
     return (
         f"; this command reads gpu-alloc's state directory ({cfg.state_dir}), which is "
-        "root's: run it with sudo, or use 'gpu-alloc status' and 'gpu-alloc gpus', which ask "
+        "root's: run it with sudo, or use 'gpu-alloc status', 'gpus' or 'explain', which ask "
         "the gpu-alloc socket instead"
     )
 
