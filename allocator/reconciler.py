@@ -174,4 +174,4 @@ def _owner_of(info: dict) -> dict[str, object]:
     uid, _, user = str(given.get(policy.OWNER) or "").rpartition(":")
     if not user:
         return {}
-    return {"owner": user, "owner_uid": int(uid) if uid.isdigit() else None}
+    return {"owner": user, "owner_uid": int(uid) if uid.isascii() and uid.isdigit() else None}

@@ -89,6 +89,7 @@ class Allocator(Reconciler):
         rules = self.rules
         scope = policy.eligible(self.inventory(), want, owner, rules, ask.required)
         if not isinstance(scope, tuple):
+            self.refused(scope, name, owner)
             return scope
         topology = self.cpu_topology() if resources.any else None
         req = LeaseRequest(ask, name, owner, want, resources)
@@ -125,7 +126,7 @@ class Allocator(Reconciler):
         finally:
             self.record("grant", lease)
 
-    def refused(self, result: Shortage | Refusal, name: str, owner: Owner) -> None:
+    def refused(self, result: Shortage | Refusal | Invalid, name: str, owner: Owner) -> None:
         """Metrics and the audit trail for a create that gets no lease."""
         metrics.request("short" if isinstance(result, Shortage) else "policy")
         self.record("refusal", name=name, owner=owner.user, reason=result.msg)

@@ -223,6 +223,8 @@ def cases(devdir: Path) -> list[Case]:
              body(HostConfig={"DeviceRequests": [request(1)],
                               "Links": ["child:NVIDIA_DRIVER_CAPABILITIES=all"]}),
              "deny", "deny", "link alias"),
+        Case("link alias with '=' that dockerd cleans", body(HostConfig={"Runtime": "nvidia",
+             "Links": ["child:NVIDIA_VISIBLE_DEVICES=all,a/."]}), "deny", "deny", "link alias"),
         Case("plain link alias", body(HostConfig={"Links": ["child:db"]}), "allow", "allow"),
         Case("swarm-resource env next to a request",
              body(Env=["DOCKER_RESOURCE_GPU=0"], HostConfig={"DeviceRequests": [request(1)]}),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from allocator.core import events, health
 from allocator.core.ask import Ask
 from allocator.core.placement import Shortage
-from allocator.core.policy import Owner
+from allocator.core.policy import Owner, Pool, Refusal, Wanted
 from allocator.core.verdicts import ALLOW
 from allocator.host.audit import AuditLog
 from allocator.host.config import Config
@@ -93,6 +94,17 @@ def test_the_service_records_grant_refusal_and_release_with_times_and_gpus(
     assert refusal["owner"] == "bob"  # history --user bob finds it
     assert release["reason"] == "container removed"
     assert grant["time"].endswith("+00:00")  # RFC 3339, UTC
+
+
+def test_a_pool_that_is_not_open_to_its_asker_is_a_recorded_refusal(tmp_path: Path) -> None:
+    alloc = sim_allocator(tmp_path)
+    alloc._rules = replace(alloc.rules, pools={"staff": Pool(gpus=(0, 1), users=("alice",))})
+    got = alloc.lease(Ask((), 1, False, ("gpu",)), "job", owner=Owner(1001, "bob"),
+                      want=Wanted(pool="staff"))  # fmt: skip
+    assert isinstance(got, Refusal)
+    (line,) = alloc.audit.read()
+    assert (line["event"], line["owner"], line["name"]) == ("refusal", "bob", "job")
+    assert "pool 'staff' is not open to bob" in line["reason"]
 
 
 def test_a_gpus_health_turning_is_recorded_with_its_index(tmp_path: Path) -> None:

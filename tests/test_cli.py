@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -73,3 +74,14 @@ def test_a_docker_group_user_is_told_which_commands_ask_the_shim(monkeypatch, tm
     err = capsys.readouterr().err
     assert f"reads gpu-alloc's state directory ({state}), which is root's: run it with sudo" in err
     assert "'gpu-alloc status', 'gpus' or 'explain', which ask the gpu-alloc socket" in err
+
+
+@pytest.mark.parametrize("gpus", ["\u00b2", "count=\u00b2", "9" * 5000, "device=0\rx"])
+def test_explain_refuses_a_gpus_it_cannot_read_without_a_traceback(tmp_path, capsys, gpus):
+    gpus_file = tmp_path / "gpus.yaml"
+    gpus_file.write_text("- {uuid: GPU-00000000, index: 0}\n")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"state_dir: {tmp_path / 'state'}\ngpus: {gpus_file}\n")
+    code = cli.main(["explain", "--config", str(config), "--gpus", gpus, "--json"])
+    answer = json.loads(capsys.readouterr().out)
+    assert code == 3 and answer["verdict"] == "invalid", answer

@@ -222,6 +222,9 @@ def test_a_shortage_names_each_holder_once_with_owner_and_age():
         "gpu-alloc: no GPU on this host is in the GPUs with model containing 'H100'"
     )
     assert "'gpu-alloc gpus' lists each GPU's model" in none.msg
+    every = Ask((), 0, True, ("gpu",))  # --gpus all of no GPU is no lease of nothing
+    nothing = place(every, Inventory(()), {}, POLICIES["numa"], None, model)
+    assert isinstance(nothing, Shortage) and "no GPU on this host is in" in nothing.msg
 
 
 @pytest.mark.parametrize(

@@ -454,8 +454,10 @@ def _links(ctx: _Ctx) -> None:
     name, such as ``NVIDIA_VISIBLE_DEVICES``, that no Config.Env shows, and a bare name in
     Config.Env can unset the one that would have replaced it."""
     for i, link in enumerate(ctx.view.host_config.get("Links") or ()):
-        alias = str(link).rpartition(":")[2].rpartition("/")[2]
-        if "=" in alias:
+        # No container name holds "=": one anywhere is the alias's, however dockerd then
+        # cleans it ("a=b/." is "a=b").
+        alias = str(link).partition(":")[2] or str(link)
+        if "=" in str(link):
             ctx.refuse(
                 f"HostConfig.Links[{i}]",
                 f"link alias '{alias}' holds '=', so dockerd makes an environment variable "

@@ -244,7 +244,7 @@ class State:
             len(le.gpus)
             for le in self.leases.values()
             if le.owner == owner and le.id != besides and le.phase is not Phase.HANDED_OVER
-        ) + sum(len(c.gpus or ()) for c in self.claims.values() if c.owner == owner)
+        ) + sum(len(c.gpus or ()) for c in self.claims.values() if c.owner == owner != "unknown")
 
     def _placed(self, but: str | None) -> Iterator[Lease | Claim]:
         """What holds cores and memory: live leases (a handed-over one's went with its

@@ -47,15 +47,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-alloc: config error: {e}", file=sys.stderr)
         return EXIT_FAIL if args.command == "explain" else EXIT_CONFIG  # 2 means "short" there
     except (StateError, EngineError, InventoryError, StartupError, OSError) as e:
-        print(f"gpu-alloc: {e}{_unreadable_hint(cfg, e)}", file=sys.stderr)
+        print(f"gpu-alloc: {e}{_unreadable_hint(cfg, e, args.command)}", file=sys.stderr)
         return EXIT_FAIL
 
 
-def _unreadable_hint(cfg: Config | None, e: Exception) -> str:
+def _unreadable_hint(cfg: Config | None, e: Exception, command: str) -> str:
     """A user in the docker group may run every command, but only status, gpus and explain
     ask the shim: the others read the root-only state directory."""
     if cfg is None or not isinstance(e, StateError | PermissionError):
         return ""
+    if command in _ASK_THE_SHIM:
+        return ""  # it did ask, and its message says how that went
     if os.access(cfg.state_dir, os.R_OK | os.X_OK):
         return ""
     return (
@@ -63,6 +65,9 @@ def _unreadable_hint(cfg: Config | None, e: Exception) -> str:
         "root's: run it with sudo, or use 'gpu-alloc status', 'gpus' or 'explain', which ask "
         "the gpu-alloc socket instead"
     )
+
+
+_ASK_THE_SHIM = ("status", "gpus", "explain")
 
 
 class StartupError(Exception):

@@ -36,10 +36,14 @@ def device_request(gpus: str) -> dict[str, Any]:
     """``--gpus`` as the docker CLI reads it: ``all``, ``N``, or CSV ``device=…,count=…``."""
     if gpus == "all":
         return {"Driver": "", "Count": -1, "Capabilities": [["gpu"]]}
-    if gpus.isdigit():
+    if _number(gpus):
         return {"Driver": "", "Count": int(gpus), "Capabilities": [["gpu"]]}
     req: dict[str, Any] = {"Driver": "", "Count": 0, "Capabilities": [["gpu"]]}
-    for field in next(csv.reader([gpus])):
+    try:
+        fields = next(csv.reader([gpus]), [])
+    except csv.Error as e:
+        raise BadRequest(f"--gpus {gpus!r}: {e}") from None
+    for field in fields:
         key, sep, value = field.partition("=")
         if not sep:
             raise BadRequest(f"--gpus {gpus!r}: '{field}' is not key=value")
@@ -57,9 +61,14 @@ def device_request(gpus: str) -> dict[str, Any]:
 
 
 def _int(value: str, gpus: str) -> int:
-    if not value.isdigit():
+    if not _number(value):
         raise BadRequest(f"--gpus {gpus!r}: count must be a number or 'all'")
     return int(value)
+
+
+def _number(text: str) -> bool:
+    """Digits as the docker CLI takes them: ASCII, and few (no GPU count has 19)."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
 
 
 def owner(name: str | None) -> Owner:
@@ -170,4 +179,7 @@ def from_shim(socket_path: str, gpus: str, pairs: list[str], why: str) -> dict[s
         raise StateError(f"{why}; and the shim at {socket_path} did not answer: {e}") from None
     if code != 200:
         raise StateError(f"{why}; the shim answered {code}: {body[:200]!r}")
-    return json.loads(body)
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise StateError(f"{why}; the shim answered {body[:200]!r}") from None

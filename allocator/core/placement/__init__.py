@@ -72,6 +72,9 @@ def place(
             waitable=False,
         )
     blocked = _blocked(held, inventory)
+    if ask.every and not units:  # all of none would be a lease of no GPU
+        text = _shortage_text(ask, 0, [], [], units, blocked, sick, now, where)
+        return Shortage(text, waitable=False)
     free = [g for g in units if g.uuid not in blocked and not g.busy and g.uuid not in sick]
     if ask.every:
         required = list(units)
@@ -162,11 +165,13 @@ def _shortage_text(
     if ask.profile:
         asked = f"{size} MIG slice{'s' * (size != 1)} of profile {ask.profile}"
     place_name = where or "this host"
-    if size > len(units) and not units and where:
+    if not units and where:
         return (
             f"gpu-alloc: no GPU on this host is in {place_name} (asked for {asked}); "
             "check the request labels: 'gpu-alloc gpus' lists each GPU's model and memory"
         )
+    if not units:
+        return f"gpu-alloc: asked for {asked} but this host has no GPUs to lease"
     if size > len(units):
         has = "have" if place_name.startswith("the GPUs") else "has"
         return (
