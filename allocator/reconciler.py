@@ -163,7 +163,8 @@ class Reconciler(Gatherer):
         gpus = tuple(sorted(grants.gpus(inventory))) if grants.pinned else None
         why = "; ".join(g.describe() for g in grants.grants)
         name = str(info.get("Name") or "").lstrip("/")
-        return Claim(cid, name, gpus, why, **labels.placed_of(info), **_owner_of(info))
+        since = go_time(info.get("Created"))
+        return Claim(cid, name, gpus, why, **labels.placed_of(info), **_owner_of(info), since=since)
 
 
 def _owner_of(info: dict) -> dict[str, object]:

@@ -200,6 +200,8 @@ def test_containers_made_before_gpu_alloc_are_adopted_as_claims(tmp_path_factory
         assert list(held) == [engine.sim_gpu_uuid(2)]
         assert held[engine.sim_gpu_uuid(2)]["name"] == "pinned"
         assert "DeviceIDs" in held[engine.sim_gpu_uuid(2)]["why"]
+        (row,) = snap["holders"]
+        assert row["since"].endswith("Z") and row["age_s"] >= 0  # since its creation
         # The adopted GPU is not granted again.
         out = engine.docker_cli(s.shim_sock, "run", "--rm", "--gpus", "4", IMAGE, "true")
         assert out.returncode != 0 and "pinned" in out.stderr

@@ -127,9 +127,17 @@ class Claim:
     # Whose it was, by the same labels: their limit counts it as before the reset.
     owner: str = "unknown"
     owner_uid: int | None = None
+    since: float | None = None  # the container's creation: how long it has held them
 
 
-_CLAIM_DEFAULTS = {"cpus": (), "mems": (), "memory": 0, "owner": "unknown", "owner_uid": None}
+_CLAIM_DEFAULTS = {
+    "cpus": (),
+    "mems": (),
+    "memory": 0,
+    "owner": "unknown",
+    "owner_uid": None,
+    "since": None,
+}
 
 
 @dataclass(frozen=True)
@@ -231,7 +239,12 @@ class State:
                 held.setdefault(uuid, who)
         for claim in sorted(self.claims.values(), key=lambda c: c.gpus is None):
             who = Holder(
-                claim.container, claim.name, claim.why, owner=claim.owner, owner_uid=claim.owner_uid
+                claim.container,
+                claim.name,
+                claim.why,
+                owner=claim.owner,
+                owner_uid=claim.owner_uid,
+                since=claim.since,
             )
             for uuid in all_gpus if claim.gpus is None else claim.gpus:
                 held.setdefault(uuid, who)
