@@ -288,6 +288,8 @@ def test_a_container_whose_link_alias_makes_a_variable_holds_every_gpu_at_start(
     got = access.of_container(made, OLD, INVENTORY, TableHost())
     (grant,) = [g for g in got.grants if g.field == "HostConfig.Links[0]"]
     assert grant.gpus is None  # unpinned: every GPU, so only a lease for all would do
+    assert "alias 'NVIDIA_VISIBLE_DEVICES=all,a'" in grant.detail
+    assert "(NVIDIA_VISIBLE_DEVICES)" in grant.detail
     made["HostConfig"]["Links"] = ["/child:/par3/db"]
     assert not any(g.field.startswith("HostConfig.Links") for g in access.of_container(
         made, OLD, INVENTORY, TableHost()).grants)  # fmt: skip

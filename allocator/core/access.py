@@ -37,7 +37,7 @@ from allocator.core import gonum, mounts
 from allocator.core.facts import EngineView, HostFacts, Node
 from allocator.core.grants import Access, Demand, Grant, Refusal
 from allocator.core.inventory import Inventory
-from allocator.core.mounts import exposure, within
+from allocator.core.mounts import exposure, go_clean, within
 
 # The nvidia driver's capability set in dockerd (daemon/nvidia_linux.go): a
 # device request with Driver "" goes to nvidia when one of its AND-sets fits.
@@ -455,14 +455,15 @@ def _links(ctx: _Ctx) -> None:
     Config.Env can unset the one that would have replaced it."""
     for i, link in enumerate(ctx.view.host_config.get("Links") or ()):
         # No container name holds "=": one anywhere is the alias's, however dockerd then
-        # cleans it ("a=b/." is "a=b").
-        alias = str(link).partition(":")[2] or str(link)
+        # cleans it ("a=b/." is "a=b"; an inspect shows "/child:/parent/a=b").
         if "=" in str(link):
+            alias = posixpath.basename(go_clean("/" + (str(link).partition(":")[2] or str(link))))
+            variable = alias.split("=")[0].upper().replace("-", "_")
             ctx.refuse(
                 f"HostConfig.Links[{i}]",
                 f"link alias '{alias}' holds '=', so dockerd makes an environment variable "
-                f"of it ({alias.split('=')[0].upper()}) that can select GPUs in the NVIDIA "
-                "hook; give the link an alias without '='",
+                f"of it ({variable}) that can select GPUs in the NVIDIA hook; give the link "
+                "an alias without '='",
             )
 
 
