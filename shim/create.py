@@ -55,6 +55,7 @@ from allocator.core.routes import Check, Route, by_id, needs_check
 from allocator.host import metrics
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
+from allocator.host.images import ImageConfigs
 from allocator.ops import explain, gpus, status
 from allocator.ops.status import QUEUE_PATH
 from allocator.service import Allocator, LeaseRequest
@@ -83,6 +84,7 @@ class CreateInterceptor:
         self.alloc = allocator
         self.live = live or gpus.LiveView(allocator)
         self.waitline = waitline or Waitline(allocator)
+        self.images = ImageConfigs(allocator.engine) if allocator.engine is not None else None
 
     def wants(self, method: str, target: str) -> bool:
         return needs_check(method, target) or (
@@ -349,10 +351,10 @@ class CreateInterceptor:
         """nvidia-docker v1's check: the image's CUDA against the driver's, before leasing."""
         driver = facts.inventory.cuda_driver_version if facts.inventory else None
         image = str(spec.get("Image") or "")
-        if driver is None or not image or self.alloc.engine is None:
+        if driver is None or not image or self.images is None:
             return None
-        info = self.alloc.engine.image(image)  # None: not pulled; dockerd answers that
-        need = cuda.required((info or {}).get("Config") or {}, spec.get("Env") or ())
+        config = self.images.config(image)  # None: not pulled; dockerd answers that
+        need = cuda.required(config or {}, spec.get("Env") or ())
         return cuda.refusal(driver, need, image)
 
     def _settle(self, lease_id: str, token: str, response: Response) -> None:

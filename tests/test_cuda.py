@@ -53,3 +53,30 @@ def test_the_shim_refuses_an_image_the_driver_cannot_run():
         plain = engine.docker_cli(stack.shim_sock, "run", "--rm", "--gpus", "1",
                                   engine.BUSYBOX_TAG, "true")  # fmt: skip
         assert plain.returncode == 0, plain.stderr
+
+
+@pytest.mark.engine
+def test_a_name_that_comes_to_mean_another_image_is_judged_by_the_new_one():
+    """The shim keeps images' configs between creates; `docker tag` and `docker rmi` move
+    a name, and the very next create through the shim reads the image it means now."""
+    require_engine()
+    with engine.Stack(gpus=2, cuda="12.2") as stack:
+        api = engine.engine_api(stack.engine_sock)
+        base = api.create_container(engine.BUSYBOX_TAG, ["true"])
+        api.commit(base["Id"], repository="app", tag="old")
+        api.commit(base["Id"], repository="app", tag="new",
+                   changes=["ENV NVIDIA_REQUIRE_CUDA=cuda>=12.4"])  # fmt: skip
+        api.remove_container(base["Id"])
+
+        def run() -> str:
+            ran = engine.docker_cli(stack.shim_sock, "run", "--rm", "--gpus", "1",
+                                    "app:latest", "true")  # fmt: skip
+            return "ran" if ran.returncode == 0 else ran.stderr
+
+        api.tag("app:old", "app", "latest")
+        assert [run(), run()] == ["ran", "ran"]  # the second from what the shim kept
+        api.tag("app:new", "app", "latest")
+        assert "image app:latest needs 12.4" in run()
+        api.remove_image("app:latest")
+        api.tag("app:old", "app", "latest")
+        assert run() == "ran"

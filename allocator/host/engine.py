@@ -121,18 +121,26 @@ class Engine:
         return data
 
     def destroyed(self) -> Iterator[dict[str, Any]]:
-        """GET /events for container ``destroy`` events, on a client of its own.
+        """Container ``destroy`` events (the waiting line's wake-up)."""
+        return self.events({"type": ["container"], "event": ["destroy"]})
+
+    def events(self, filters: dict[str, list[str]], since: int | None = None) -> Iterator[dict]:
+        """GET /events for ``filters``, on a client of its own.
 
         The stream has no deadline (it waits for events by design), so it never shares
-        the client whose calls must not hang; it ends when the Engine goes away.
+        the client whose calls must not hang; it ends when the Engine goes away.  The
+        request is made before this returns: a stream in hand is one the Engine took.
+        ``since`` (Unix seconds) replays the events the Engine still holds from then.
         """
         import docker
 
         api = docker.APIClient(base_url=f"unix://{self.socket}", version="auto", timeout=None)
         try:
-            yield from api.events(decode=True, filters={"type": "container", "event": "destroy"})
-        finally:
+            stream = api.events(decode=True, filters=filters, since=since)
+        except BaseException:
             api.close()
+            raise
+        return _closing(stream, api)
 
     def close(self) -> None:
         if self._client is not None:
@@ -140,6 +148,13 @@ class Engine:
 
 
 _GO_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
+
+
+def _closing(stream: Iterator[dict], api: Any) -> Iterator[dict]:
+    try:
+        yield from stream
+    finally:
+        api.close()
 
 
 def go_time(text: object) -> float | None:

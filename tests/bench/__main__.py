@@ -33,7 +33,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from tests import engine
-from tests.bench import client, report
+from tests.bench import CUDA, client, report
 from tests.bench.client import API, Conn, encode
 from tests.bench.report import Row, median, p99
 
@@ -116,7 +116,7 @@ class Bench:
         self.floor_sock = floor_sock
         self.bare = engine.Dockerd(self.tmp / "b").start()
         self.floor = engine.Dockerd(self.tmp / "f", authz_plugin_socket=floor_sock).start()
-        self.stack = engine.Stack(self.tmp / "s", gpus=8).start()
+        self.stack = engine.Stack(self.tmp / "s", gpus=8, cuda=CUDA).start()
         for sock in (self.bare.sock, self.floor.sock):
             engine.import_busybox(sock)
         # The proxy floor, in front of gpu-alloc's dockerd like the shim (per-call rows only).

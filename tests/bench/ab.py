@@ -24,6 +24,7 @@ from pathlib import Path
 from statistics import median
 
 from tests import engine
+from tests.bench import CUDA
 from tests.bench.client import API, Conn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,9 +72,9 @@ def main(rev: str, rounds: int, what: str = "create") -> None:
     bare = None
     try:
         os.environ["PYTHONPATH"] = str(other)  # the stack's processes inherit it
-        stacks.append(engine.Stack(tmp / "o", gpus=8).start())
+        stacks.append(engine.Stack(tmp / "o", gpus=8, cuda=CUDA).start())
         del os.environ["PYTHONPATH"]
-        stacks.append(engine.Stack(tmp / "n", gpus=8).start())
+        stacks.append(engine.Stack(tmp / "n", gpus=8, cuda=CUDA).start())
         bare = engine.Dockerd(tmp / "b").start()
         engine.import_busybox(bare.sock)
         old, new = stacks

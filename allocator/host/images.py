@@ -1,0 +1,103 @@
+"""Images' configs, kept between GPU creates while no image name moves.
+
+Every GPU create checks the image's CUDA against the driver's (allocator/core/cuda.py),
+and reading it is an image inspect: a round trip through dockerd and its authorization
+plugin, most of a millisecond of each create.  An image's config never changes, but a
+name may come to mean another image (a pull, tag, load, import, build or removal).
+
+Rules
+-----
+1. A config is kept only when it was read while the Engine's image event stream was
+   open, and no image event came between the read's start and its end.
+2. Any image event forgets every config kept; so does the stream ending.  The stream
+   is opened with ``since`` a moment before, so an event dockerd logged while it was
+   subscribing us is replayed, not lost.
+3. Nothing is kept longer than `MAX_AGE`: the check is the early, readable form of the
+   one the toolkit's hook makes at start, and an image store changed behind dockerd's
+   back (containerd's tools) is seen within that.
+4. An image that is not there is not kept (dockerd answers that create itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+log = logging.getLogger("gpu-alloc.images")
+MAX_AGE = 30.0  # seconds a config is kept at most (rule 3)
+MAX_KEPT = 256  # names kept at once; past that, all are forgotten
+BACKOFF_MAX = 30.0
+
+
+class ImageEngine(Protocol):
+    def image(self, name: str) -> dict[str, Any] | None: ...
+
+    def events(self, filters: dict[str, list[str]], since: int | None = None) -> Any: ...
+
+
+class ImageConfigs:
+    def __init__(
+        self,
+        engine: ImageEngine,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ):
+        self.engine = engine
+        self._clock = clock
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._kept: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._generation = 0  # moves at every image event and every open or end of the stream
+        self._live = False
+        self._watching = False
+
+    @property
+    def live(self) -> bool:
+        """Is the image event stream open (so what is read now may be kept)?"""
+        return self._live
+
+    def config(self, name: str) -> dict[str, Any] | None:
+        """The image's ``Config`` (its env and labels), or None when it is not there."""
+        with self._lock:
+            kept = self._kept.get(name)
+            if kept is not None and self._clock() < kept[0]:
+                return kept[1]
+            generation, live = self._generation, self._live
+            if not self._watching:
+                self._watching = True
+                threading.Thread(target=self._watch, name="image-events", daemon=True).start()
+        info = self.engine.image(name)
+        if info is None:
+            return None
+        config = info.get("Config") or {}
+        with self._lock:
+            if live and self._generation == generation:
+                if len(self._kept) >= MAX_KEPT:
+                    self._kept.clear()
+                self._kept[name] = (self._clock() + MAX_AGE, config)
+        return config
+
+    def _moved(self, live: bool) -> None:
+        with self._lock:
+            self._generation += 1
+            self._kept.clear()
+            self._live = live
+
+    def _watch(self) -> None:
+        """The image event stream, opened again with backoff whenever it ends."""
+        backoff = 0.5
+        while True:
+            try:
+                stream = self.engine.events({"type": ["image"]}, since=int(self._wall()) - 1)
+                self._moved(live=True)
+                backoff = 0.5
+                for _ in stream:
+                    self._moved(live=True)
+            except Exception as e:  # the Engine went away: nothing is kept until it is back
+                log.debug("image event stream ended: %s", e)
+            self._moved(live=False)
+            time.sleep(backoff)
+            backoff = min(BACKOFF_MAX, backoff * 2)

@@ -1,0 +1,144 @@
+"""Image configs kept between GPU creates, forgotten whenever an image name may move."""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import pytest
+
+from allocator.host import images
+from allocator.host.images import ImageConfigs
+
+CUDA_12 = {"Config": {"Env": ["NVIDIA_REQUIRE_CUDA=cuda>=12.4"]}}
+CUDA_13 = {"Config": {"Env": ["NVIDIA_REQUIRE_CUDA=cuda>=13.0"]}}
+
+
+class FakeEngine:
+    """An Engine whose image event stream the test feeds, one event at a time."""
+
+    def __init__(self) -> None:
+        self.images = {"app": CUDA_12}
+        self.inspects = 0
+        self.feed: queue.Queue = queue.Queue()
+        self.opened: list[tuple[dict, int | None]] = []
+        self.down = False
+        self.during_inspect = lambda: None
+
+    def image(self, name: str) -> dict | None:
+        self.inspects += 1
+        self.during_inspect()
+        return self.images.get(name)
+
+    def events(self, filters: dict, since: int | None = None):
+        if self.down:
+            raise OSError("connection refused")
+        self.opened.append((filters, since))
+        return self._stream()
+
+    def _stream(self):
+        while True:
+            event = self.feed.get()
+            if event is None:
+                self.feed.task_done()
+                return
+            yield event
+            self.feed.task_done()  # the watcher asked for the next: this one is handled
+
+    def event(self, event: dict | None = None) -> None:
+        """An image event (None: the stream ends), handled before this returns."""
+        self.feed.put(event)
+        self.feed.join()
+
+
+def until(what, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def engine():
+    fake = FakeEngine()
+    yield fake
+    fake.down = True
+    fake.feed.put(None)
+
+
+def watching(engine: FakeEngine, **kwargs) -> ImageConfigs:
+    """Configs whose stream is open (the first read opens it, and is not kept)."""
+    configs = ImageConfigs(engine, **kwargs)
+    configs.config("app")
+    until(lambda: configs.live)
+    engine.inspects = 0
+    return configs
+
+
+def test_a_config_read_while_the_stream_is_open_is_read_once(engine):
+    configs = watching(engine)
+    assert configs.config("app") == CUDA_12["Config"]
+    assert configs.config("app") == CUDA_12["Config"]
+    assert engine.inspects == 1
+    assert engine.opened[0][0] == {"type": ["image"]}
+
+
+def test_the_first_read_opens_the_stream_and_is_not_kept(engine):
+    configs = ImageConfigs(engine)
+    configs.config("app")
+    until(lambda: configs.live)
+    configs.config("app")
+    assert engine.inspects == 2
+
+
+def test_any_image_event_forgets_what_was_kept(engine):
+    configs = watching(engine)
+    configs.config("app")
+    engine.images["app"] = CUDA_13  # `docker tag app13 app`
+    engine.event({"Type": "image", "Action": "tag", "id": "sha256:13"})
+    assert configs.config("app") == CUDA_13["Config"]
+    assert engine.inspects == 2
+
+
+def test_a_read_an_event_overtook_is_not_kept(engine):
+    configs = watching(engine)
+    engine.during_inspect = lambda: engine.event({"Type": "image", "Action": "pull"})
+    configs.config("app")
+    engine.during_inspect = lambda: None
+    configs.config("app")
+    assert engine.inspects == 2
+
+
+def test_nothing_is_kept_while_the_stream_is_down(engine):
+    configs = watching(engine)
+    configs.config("app")
+    engine.down = True
+    engine.event(None)
+    until(lambda: not configs.live)
+    configs.config("app")
+    configs.config("app")
+    assert engine.inspects == 3
+
+
+def test_the_stream_replays_what_dockerd_logged_while_it_subscribed(engine):
+    watching(engine, wall=lambda: 1_000_000.5)
+    assert engine.opened[0][1] == 999_999
+
+
+def test_a_config_is_kept_no_longer_than_max_age(engine):
+    now = [100.0]
+    configs = watching(engine, clock=lambda: now[0])
+    configs.config("app")
+    now[0] += images.MAX_AGE - 0.1
+    configs.config("app")
+    now[0] += 0.2
+    configs.config("app")
+    assert engine.inspects == 2
+
+
+def test_an_image_that_is_not_there_is_asked_again(engine):
+    configs = watching(engine)
+    assert configs.config("later") is None
+    engine.images["later"] = CUDA_12  # `docker pull later`
+    assert configs.config("later") == CUDA_12["Config"]
+    assert engine.inspects == 2
