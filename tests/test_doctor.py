@@ -49,6 +49,7 @@ def test_a_healthy_host_has_no_failures(stack, tmp_path):
         "answers Plugin.Activate",
         "answers /_ping",
         "docker context 'gpu-alloc'",
+        f"[  ok] dockerd reads {stack.engine_dir / 'daemon.json'}, the engine.daemon_json",
     ):
         assert what in out.stdout
     assert out.stdout.strip().endswith("healthy")
@@ -91,9 +92,23 @@ def test_a_dead_shim_and_a_wrong_plugin_name_are_failures(stack, tmp_path):
     assert "systemctl restart gpu-alloc-shim" in out.stdout
 
 
+def test_a_daemon_json_dockerd_does_not_read_is_a_warning_naming_the_one_it_does(stack, tmp_path):
+    import yaml
+
+    data = yaml.safe_load(stack.config_path.read_text())
+    data["engine"]["daemon_json"] = "/etc/docker/daemon.json"
+    cfg = tmp_path / "elsewhere.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    out = subprocess.run([*engine.gpu_alloc_command(), "--config", str(cfg), "doctor"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    real = stack.engine_dir / "daemon.json"
+    assert f"[warn] dockerd reads {real} (its --config-file)" in out.stdout
+    assert f"fix: set engine.daemon_json: {real} in {cfg}" in out.stdout
+
+
 def test_doctor_lines_all_say_ok_warn_or_fail(stack, tmp_path):
     lines = [ln for ln in doctor(stack, tmp_path).stdout.splitlines() if ln.startswith("[")]
-    assert len(lines) == 9
+    assert len(lines) == 10
     assert all(ln[1:5].strip() in ("ok", "warn", "FAIL") for ln in lines), json.dumps(lines)
 
 

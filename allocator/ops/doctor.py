@@ -19,8 +19,8 @@ from pathlib import Path
 
 from allocator.core.access import EngineView
 from allocator.core.leases import StateError
+from allocator.host import dockerd, unixhttp
 from allocator.host import inventory as inventorymod
-from allocator.host import unixhttp
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
 from allocator.host.health import HealthFile
@@ -122,6 +122,31 @@ def check_daemon_json(cfg: Config) -> Line:
             "run deploy/install.sh (it merges the entry and keeps a backup)",
         )
     return Line(OK, f"{path}: names the {cfg.plugin.name} authorization plugin")
+
+
+def check_config_file(cfg: Config) -> Line:
+    """Does gpu-alloc watch the daemon.json dockerd reads (see allocator/host/dockerd.py)?"""
+    found = dockerd.config_file(cfg.engine.socket)
+    if found is None:
+        return Line(
+            WARN,
+            "dockerd's command line: cannot tell which daemon.json it reads",
+            "run gpu-alloc doctor as root, with dockerd running",
+        )
+    named, here = found
+    try:
+        same = os.path.samefile(here, cfg.engine.daemon_json)
+    except OSError:  # either is missing: the same path is the same file
+        same = os.path.normpath(named) == os.path.normpath(cfg.engine.daemon_json)
+    if same:
+        return Line(OK, f"dockerd reads {named}, the engine.daemon_json gpu-alloc watches")
+    return Line(
+        WARN,
+        f"dockerd reads {named} (its --config-file), gpu-alloc watches "
+        f"{cfg.engine.daemon_json}: an edit to {named} (a default runtime of nvidia) "
+        "counts only when gpu-alloc next asks the Engine, up to 30 s later",
+        f"set engine.daemon_json: {named} in {cfg.source}",
+    )
 
 
 def check_plugin(cfg: Config) -> Line:
@@ -244,6 +269,7 @@ CHECKS: tuple[Callable[[Config], Line], ...] = (
     check_toolkit,
     check_engine,
     check_daemon_json,
+    check_config_file,
     check_plugin,
     check_shim,
     check_state,

@@ -1,0 +1,81 @@
+"""Which daemon.json the running dockerd reads, from its own command line.
+
+gpu-alloc stamps its view of the Engine with ``engine.daemon_json``, so an edit there
+(a default runtime of nvidia, say) counts at the next decision.  A dockerd started with
+``--config-file`` elsewhere reads another file, and an edit to it counts only when
+gpu-alloc next asks the Engine; `gpu-alloc doctor` names the file so the config can say
+it.  The dockerd is the one behind the Engine's socket (its peer credentials), or, when a
+socket activated by systemd names systemd instead, the only dockerd on the host.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from pathlib import Path
+
+DEFAULT = "/etc/docker/daemon.json"  # rootful dockerd's, without --config-file
+_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def config_file(engine_socket: str, proc: str = "/proc") -> tuple[str, Path] | None:
+    """(the path as dockerd names it, a path to the same file from here: through the
+    process's root, which differs in a chroot), or None when no dockerd can be told."""
+    pid = _dockerd(engine_socket, proc)
+    if pid is None:
+        return None
+    try:
+        args = [
+            a.decode(errors="replace")
+            for a in (Path(proc) / str(pid) / "cmdline").read_bytes().split(b"\0")
+        ]
+    except OSError:
+        return None
+    named = _flag(args, "--config-file") or DEFAULT
+    if not named.startswith("/"):
+        named = os.path.join(os.readlink(Path(proc) / str(pid) / "cwd"), named)
+    return named, Path(proc) / str(pid) / "root" / named.lstrip("/")
+
+
+def _dockerd(engine_socket: str, proc: str) -> int | None:
+    pid = _peer(engine_socket)
+    if pid is not None and _comm(proc, pid) == "dockerd":
+        return pid
+    found = []
+    for entry in os.scandir(proc):
+        if entry.name.isdigit() and _comm(proc, int(entry.name)) == "dockerd":
+            found.append(int(entry.name))
+    return found[0] if len(found) == 1 else None
+
+
+def _peer(path: str) -> int | None:
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(2.0)
+            s.connect(path)
+            pid, _, _ = _CRED.unpack(
+                s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size)
+            )
+    except OSError:
+        return None
+    return pid or None
+
+
+def _comm(proc: str, pid: int) -> str:
+    try:
+        return (Path(proc) / str(pid) / "comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    """A flag's value as Go's flag package reads it: ``--name=v`` or ``--name v``; the
+    last one given wins."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg.startswith(name + "="):
+            value = arg[len(name) + 1 :]
+        elif arg == name and i + 1 < len(args):
+            value = args[i + 1]
+    return value
