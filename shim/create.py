@@ -353,9 +353,12 @@ class CreateInterceptor:
         image = str(spec.get("Image") or "")
         if driver is None or not image or self.images is None:
             return None
+        env = spec.get("Env") or ()
         config = self.images.config(image)  # None: not pulled; dockerd answers that
-        need = cuda.required(config or {}, spec.get("Env") or ())
-        return cuda.refusal(driver, need, image)
+        if cuda.refusal(driver, cuda.required(config or {}, env), image) is None:
+            return None
+        config = self.images.config(image, fresh=True)  # never refused by what was kept
+        return cuda.refusal(driver, cuda.required(config or {}, env), image)
 
     def _settle(self, lease_id: str, token: str, response: Response) -> None:
         if response.status != 201:

@@ -22,6 +22,7 @@ class FakeEngine:
         self.inspects = 0
         self.feed: queue.Queue = queue.Queue()
         self.opened: list[tuple[dict, int | None]] = []
+        self.opened_at: list[float] = []
         self.down = False
         self.during_inspect = lambda: None
 
@@ -34,6 +35,7 @@ class FakeEngine:
         if self.down:
             raise OSError("connection refused")
         self.opened.append((filters, since))
+        self.opened_at.append(time.monotonic())
         return self._stream()
 
     def _stream(self):
@@ -142,3 +144,23 @@ def test_an_image_that_is_not_there_is_asked_again(engine):
     engine.images["later"] = CUDA_12  # `docker pull later`
     assert configs.config("later") == CUDA_12["Config"]
     assert engine.inspects == 2
+
+
+def test_a_fresh_read_passes_over_what_was_kept(engine):
+    """A BuildKit build can move a name with no event: a refusal reads the image again."""
+    configs = watching(engine)
+    configs.config("app")
+    engine.images["app"] = CUDA_13  # `docker build -t app .`, no event
+    assert configs.config("app") == CUDA_12["Config"]
+    assert configs.config("app", fresh=True) == CUDA_13["Config"]
+    assert configs.config("app") == CUDA_13["Config"]  # and what is kept now
+
+
+def test_a_stream_refused_at_once_is_asked_again_ever_more_slowly(engine):
+    configs = ImageConfigs(engine)
+    engine.feed.put(None)  # the first stream ends at once: a 403 of a plugin, say
+    engine.feed.put(None)
+    configs.config("app")
+    until(lambda: len(engine.opened) >= 3, seconds=5)
+    gaps = [b - a for a, b in zip(engine.opened_at, engine.opened_at[1:], strict=False)]
+    assert gaps[1] > gaps[0] * 1.5

@@ -16,8 +16,9 @@ import threading
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
+from allocator.host import unixhttp
 from allocator.host.unixhttp import KeepAlive
 
 
@@ -125,22 +126,22 @@ class Engine:
         return self.events({"type": ["container"], "event": ["destroy"]})
 
     def events(self, filters: dict[str, list[str]], since: int | None = None) -> Iterator[dict]:
-        """GET /events for ``filters``, on a client of its own.
+        """GET /events for ``filters``, on a connection of its own.
 
         The stream has no deadline (it waits for events by design), so it never shares
-        the client whose calls must not hang; it ends when the Engine goes away.  The
-        request is made before this returns: a stream in hand is one the Engine took.
-        ``since`` (Unix seconds) replays the events the Engine still holds from then.
+        the connection whose calls must not hang; it ends when the Engine goes away.  The
+        request is made and answered 200 before this returns (a refusal, by an
+        authorization plugin say, is an `EngineError`): a stream in hand is one the Engine
+        took.  ``since`` (Unix seconds) replays the events the Engine still holds from then.
         """
-        import docker
-
-        api = docker.APIClient(base_url=f"unix://{self.socket}", version="auto", timeout=None)
+        query = {"filters": json.dumps(filters)}
+        if since is not None:
+            query["since"] = str(since)
         try:
-            stream = api.events(decode=True, filters=filters, since=since)
-        except BaseException:
-            api.close()
-            raise
-        return _closing(stream, api)
+            got = unixhttp.lines(self.socket, "/events?" + urlencode(query), self.timeout)
+        except OSError as e:
+            raise EngineError(f"Engine at {self.socket}: GET /events failed: {_plain(e)}") from None
+        return (json.loads(line) for line in got)
 
     def close(self) -> None:
         if self._client is not None:
@@ -148,13 +149,6 @@ class Engine:
 
 
 _GO_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
-
-
-def _closing(stream: Iterator[dict], api: Any) -> Iterator[dict]:
-    try:
-        yield from stream
-    finally:
-        api.close()
 
 
 def go_time(text: object) -> float | None:

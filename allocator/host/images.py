@@ -4,6 +4,9 @@ Every GPU create checks the image's CUDA against the driver's (allocator/core/cu
 and reading it is an image inspect: a round trip through dockerd and its authorization
 plugin, most of a millisecond of each create.  An image's config never changes, but a
 name may come to mean another image (a pull, tag, load, import, build or removal).
+dockerd logs an image event for most of these; not for a BuildKit build on 20.10, nor
+for builds and prunes of the containerd image store on 26 (moby's exporters tag
+directly), hence rules 3 and 5.
 
 Rules
 -----
@@ -16,6 +19,8 @@ Rules
    one the toolkit's hook makes at start, and an image store changed behind dockerd's
    back (containerd's tools) is seen within that.
 4. An image that is not there is not kept (dockerd answers that create itself).
+5. A kept config is never the reason for a refusal: the caller reads it again
+   (``fresh``) before it refuses, so a name moved without an event can delay no create.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ log = logging.getLogger("gpu-alloc.images")
 MAX_AGE = 30.0  # seconds a config is kept at most (rule 3)
 MAX_KEPT = 256  # names kept at once; past that, all are forgotten
 BACKOFF_MAX = 30.0
+STEADY = 10.0  # seconds a stream stays open to count as working (its backoff starts again)
 
 
 class ImageEngine(Protocol):
@@ -59,11 +65,12 @@ class ImageConfigs:
         """Is the image event stream open (so what is read now may be kept)?"""
         return self._live
 
-    def config(self, name: str) -> dict[str, Any] | None:
-        """The image's ``Config`` (its env and labels), or None when it is not there."""
+    def config(self, name: str, fresh: bool = False) -> dict[str, Any] | None:
+        """The image's ``Config`` (its env and labels), or None when it is not there;
+        ``fresh``: read from the Engine now, whatever is kept (rule 5)."""
         with self._lock:
             kept = self._kept.get(name)
-            if kept is not None and self._clock() < kept[0]:
+            if kept is not None and not fresh and self._clock() < kept[0]:
                 return kept[1]
             generation, live = self._generation, self._live
             if not self._watching:
@@ -87,17 +94,22 @@ class ImageConfigs:
             self._live = live
 
     def _watch(self) -> None:
-        """The image event stream, opened again with backoff whenever it ends."""
+        """The image event stream, opened again whenever it ends: half a second later
+        after one that brought events or stayed open a while, else with a growing
+        backoff (a stream refused or cut at once must not become two requests a second)."""
         backoff = 0.5
         while True:
+            opened = self._clock()
             try:
                 stream = self.engine.events({"type": ["image"]}, since=int(self._wall()) - 1)
                 self._moved(live=True)
-                backoff = 0.5
                 for _ in stream:
                     self._moved(live=True)
+                    backoff = 0.5
             except Exception as e:  # the Engine went away: nothing is kept until it is back
-                log.debug("image event stream ended: %s", e)
+                log.info("image event stream ended: %s", e)
+            if self._clock() - opened > STEADY:
+                backoff = 0.5
             self._moved(live=False)
             time.sleep(backoff)
             backoff = min(BACKOFF_MAX, backoff * 2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import socket
 import threading
+from collections.abc import Iterator
 
 
 class _Connection(http.client.HTTPConnection):
@@ -27,6 +28,36 @@ def request(
         conn.request(method, target, body=body)
         resp = conn.getresponse()
         return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def lines(path: str, target: str, timeout: float = 10.0) -> Iterator[bytes]:
+    """A streamed GET's lines (the Engine's ``/events``): the request is made, and its
+    status checked, before this returns; the lines then come with no deadline.  OSError
+    (with the Engine's words) when the socket does not answer or the status is not 200."""
+    conn = _Connection(path, timeout)
+    try:
+        conn.request("GET", target)
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise OSError(f"{resp.status} {resp.read(500).decode(errors='replace').strip()}")
+    except http.client.HTTPException as e:
+        conn.close()
+        raise OSError(f"{type(e).__name__}: {e}") from None
+    except BaseException:
+        conn.close()
+        raise
+    assert conn.sock is not None
+    conn.sock.settimeout(None)
+    return _read_lines(conn, resp)
+
+
+def _read_lines(conn: _Connection, resp: http.client.HTTPResponse) -> Iterator[bytes]:
+    try:
+        while line := resp.readline():
+            if line.strip():
+                yield line
     finally:
         conn.close()
 

@@ -1,0 +1,47 @@
+"""The Engine's event stream: taken only when the Engine answers 200, read line by line."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from allocator.host.engine import Engine, EngineError
+
+
+def serve_once(tmp_path, answer: bytes) -> str:
+    """A unix socket that answers one request with ``answer`` and closes."""
+    path = str(tmp_path / "engine.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def run() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(answer)
+        server.close()
+
+    threading.Thread(target=run, daemon=True).start()
+    return path
+
+
+def test_a_refused_stream_is_an_error_with_the_engines_words(tmp_path):
+    body = b'{"message":"authorization denied by plugin x: no"}'
+    head = b"HTTP/1.1 403 Forbidden\r\nContent-Length: %d\r\n\r\n" % len(body)
+    sock = serve_once(tmp_path, head + body)
+    with pytest.raises(EngineError, match=r"GET /events failed: 403 .*authorization denied"):
+        Engine(sock).events({"type": ["image"]})
+
+
+def test_events_come_one_per_line_until_the_engine_goes_away(tmp_path):
+    chunks = [b'{"Type":"image","Action":"tag"}\n', b"\n", b'{"Type":"image","Action":"untag"}\n']
+    framed = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    sock = serve_once(tmp_path, head + framed)
+    got = Engine(sock).events({"type": ["image"]}, since=5)
+    assert [e["Action"] for e in got] == ["tag", "untag"]
