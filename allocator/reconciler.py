@@ -15,7 +15,7 @@ import time
 
 from allocator.core import access, labels, policy
 from allocator.core.leases import Claim, Lease, Phase, State
-from allocator.core.reconcile import Report, apply
+from allocator.core.reconcile import STOPPED, Report, apply
 from allocator.core.verdicts import (
     Facts,
 )
@@ -134,7 +134,7 @@ class Reconciler(Gatherer):
         leased = {le.container for le in snapshot.leases.values() if le.phase is Phase.BOUND}
         since: dict[str, float] = {}
         for cid in leased & set(listed):
-            if listed[cid].get("State") not in ("exited", "created", "dead"):
+            if listed[cid].get("State") not in STOPPED:
                 continue
             info = self.engine.inspect(cid)
             st = (info or {}).get("State") or {}

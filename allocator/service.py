@@ -15,6 +15,7 @@ allocator/gather.py; every decision itself is made in allocator/core/.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from allocator.core import compose, cpus, labels, policy, queue, starts
@@ -97,14 +98,22 @@ class Allocator(Reconciler):
         result = self._try_lease(req, scope, topology, defer=defer)
         # A removal that never passed the plugin (--rm, the daemon's own) still holds a
         # lease until reconciled: before saying "short" or "over your limit", reconcile.
-        if isinstance(result, Shortage | Refusal) and self.engine is not None and self.reconcile():
-            result = self._try_lease(req, scope, topology, defer=defer)
+        # Its listing says which holders are stopped: a shortage is placed again to say
+        # so, when that is all it learnt (no Engine call: a stopped holder looks unused).
+        stopped: dict[str, str] = {}
+        if isinstance(result, Shortage | Refusal) and self.engine is not None:
+            report = self.reconcile()
+            stopped = report.stopped
+            if report or (isinstance(result, Shortage) and stopped):
+                result = self._try_lease(req, scope, topology, stopped=stopped, defer=defer)
         # A Compose recreate may take over its predecessor's GPUs: when the host is full,
         # and when the owner is at their limit (the old container's GPUs count there).
         if isinstance(result, Shortage | Refusal) and self.engine is not None:
             predecessor = self._compose_predecessor(name, labels or {})
             if predecessor is not None:
-                retry = self._try_lease(req, scope, topology, predecessor, defer=defer)
+                retry = self._try_lease(
+                    req, scope, topology, predecessor, stopped=stopped, defer=defer
+                )
                 if isinstance(retry, tuple):
                     self._keep_down(predecessor[0])
                     result = retry
@@ -181,10 +190,15 @@ class Allocator(Reconciler):
         topology: cpus.Topology | None,
         predecessor: tuple[str, str] | None = None,
         *,
+        stopped: Mapping[str, str] | None = None,
         defer: bool = False,
     ) -> tuple[Lease, str] | Shortage | Refusal:
+        """`_take` under the ledger lock, and its audit lines.  ``stopped``: container ->
+        status, for the holders reconcile last listed not running (`Holder.stopped`)."""
         with self.ledger.transaction(grant=True) as state:
-            taken = self._take(state, req, scope, topology, predecessor=predecessor)
+            taken = self._take(
+                state, req, scope, topology, predecessor=predecessor, stopped=stopped
+            )
         if not isinstance(taken, tuple):
             return taken
         lease, token, old = taken
@@ -202,18 +216,20 @@ class Allocator(Reconciler):
         topology: cpus.Topology | None,
         blocked: frozenset[str] = frozenset(),
         predecessor: tuple[str, str] | None = None,
+        stopped: Mapping[str, str] | None = None,
     ) -> tuple[Lease, str, Lease | None] | Shortage | Refusal:
         """Place and record a pending lease in ``state`` (the caller holds the lock).
 
         ``blocked`` GPUs are kept for a waiter ahead in the queue (`core.queue`): they
-        count as held.  Returns (lease, token, the predecessor's lease if it lent its GPUs).
+        count as held; ``stopped`` holders are said to be (`_try_lease`).  Returns
+        (lease, token, the predecessor's lease if it lent its GPUs).
         """
         ask, owner, want = req.ask, req.owner, req.want
         inventory, pool = scope
         where = want.where(pool)
         now = ledger.now()
         sick, mig = self.unhealthy(), self.config.policy.mig
-        held = state.holders(self.inventory().uuids)
+        held = state.holders(self.inventory().uuids, stopped)
         for uuid in blocked:
             held.setdefault(uuid, _KEPT)
         old = state.lease_of(predecessor[0]) if predecessor else None

@@ -92,8 +92,10 @@ class FakeEngine:
                     continue
             if ids and not any(cid.startswith(i) for i in ids):
                 continue
+            state = c["State"]["Status"]
+            status = "Up 5 minutes" if state == "running" else "Exited (0) 5 minutes ago"
             listed.append(
-                {"Id": cid, "Names": [c["Name"]], "Labels": own, "State": c["State"]["Status"]}
+                {"Id": cid, "Names": [c["Name"]], "Labels": own, "State": state, "Status": status}
             )
         return listed
 

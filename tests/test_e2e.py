@@ -158,6 +158,32 @@ def test_a_stopped_container_keeps_its_gpu_and_rm_frees_it(stack):
     assert status(stack)["free"] == 4
 
 
+def test_a_refusal_names_the_stopped_container_that_holds_the_only_gpu(stack_factory):
+    """A GPU that looks unused (its holder exited): the refusal says so, and what frees it."""
+    stack = stack_factory(gpus=1)
+    made = shim(stack, "run", "--name", "train", "--gpus", "1", IMAGE, "true")
+    assert made.returncode == 0, made.stderr
+    refused = shim(stack, "run", "--rm", "--gpus", "1", IMAGE, "true")
+    assert refused.returncode != 0
+    err = refused.stderr
+    assert "not enough free GPUs: asked for 1 GPU, 0 of 1 free on this host (GPU 0: " in err
+    assert "'train' of root, for " in err and ", bound; stopped: Exited (0) " in err, err
+    assert err.count("A stopped container keeps its GPUs until it is removed") == 1, err
+    assert "its owner can 'docker rm' it, or the operator can set policy." in err, err
+    text = subprocess.run(
+        [*engine.gpu_alloc_command(), "--config", str(stack.config_path), "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert text.returncode == 0, text.stderr
+    assert "train" in text.stdout and "exited (0)" in text.stdout, text.stdout
+    assert status(stack)["free"] == 0
+    assert shim(stack, "rm", "train").returncode == 0
+    freed = shim(stack, "run", "--rm", "--gpus", "1", IMAGE, "true")
+    assert freed.returncode == 0, freed.stderr
+
+
 def test_a_docker_context_pointing_at_the_shim_works(stack):
     with tempfile.TemporaryDirectory() as cfg:
         env = {"DOCKER_CONFIG": cfg}

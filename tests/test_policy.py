@@ -6,7 +6,7 @@ import pytest
 
 from allocator.core import policy
 from allocator.core.inventory import GPU, Inventory
-from allocator.core.leases import Lease, Phase, State
+from allocator.core.leases import Claim, Lease, Phase, State
 from allocator.core.policy import Invalid, Owner, Pool, Refusal, Rules, Ulimit, Wanted
 from allocator.host.config import ConfigError, parse
 
@@ -225,6 +225,55 @@ def test_a_shortage_names_each_holder_once_with_owner_and_age():
     every = Ask((), 0, True, ("gpu",))  # --gpus all of no GPU is no lease of nothing
     nothing = place(every, Inventory(()), {}, POLICIES["numa"], None, model)
     assert isinstance(nothing, Shortage) and "no GPU on this host is in" in nothing.msg
+
+
+def test_a_shortage_says_a_holder_is_stopped_and_how_its_gpus_come_back():
+    from allocator.core.ask import Ask
+    from allocator.core.placement import POLICIES, Shortage, place
+    from allocator.core.reconcile import apply
+
+    inventory = Inventory(INVENTORY.gpus[:3])
+    state = State()
+    for k, (cid, name) in enumerate((("a" * 64, "train"), ("b" * 64, "serve"))):
+        state.leases[f"l{k}"] = Lease(f"l{k}", (f"GPU-{k}",), "x", Phase.BOUND.value, cid,
+                                      name, 1000.0, owner="alice")  # fmt: skip
+    state.claims["c" * 64] = Claim("c" * 64, "old", ("GPU-2",), "privileged")
+    listed = {
+        "a" * 64: {"State": "exited", "Status": "Exited (0) 2 hours ago"},
+        "b" * 64: {"State": "running", "Status": "Up 2 hours"},
+        "c" * 64: {"State": "running", "Status": "Up 3 days"},
+    }
+    report = apply(state.copy(), state, listed, {}, {}, 1000.0)
+    assert report.stopped == {"a" * 64: "Exited (0) 2 hours ago"} and not report
+    held = state.holders(inventory.uuids, report.stopped)
+    assert held["GPU-0"].describe(1000.0 + 7200) == (
+        "container aaaaaaaaaaaa 'train' of alice, for 2h "
+        "(lease l0, bound; stopped: Exited (0) 2 hours ago)"
+    )
+    assert held["GPU-1"].describe(1000.0 + 7200) == (
+        "container bbbbbbbbbbbb 'serve' of alice, for 2h (lease l1, bound)"
+    )
+    short = place(Ask((), 1, False, ("gpu",)), inventory, held, POLICIES["numa"], 1000.0 + 7200)
+    assert isinstance(short, Shortage) and short.msg.count("stopped:") == 1
+    assert short.msg.count("A stopped container") == 1
+    assert short.msg.endswith(
+        "shows who holds what. A stopped container keeps its GPUs until it is removed: its "
+        "owner can 'docker rm' it, or the operator can set policy.release_stopped_after"
+    )
+    named = Ask(("GPU-1",), 0, False, ("gpu",))  # only what is in the way gets the hint
+    in_the_way = place(named, inventory, held, POLICIES["numa"], 1000.0)
+    assert isinstance(in_the_way, Shortage) and "stopped" not in in_the_way.msg
+    unknown = place(Ask((), 1, False, ("gpu",)), inventory, state.holders(inventory.uuids),
+                    POLICIES["numa"], 1000.0)  # fmt: skip
+    assert isinstance(unknown, Shortage) and "stopped" not in unknown.msg
+    # An adopted container is freed by its removal alone: no release_stopped_after.
+    claimed = state.holders(inventory.uuids, {"c" * 64: "Exited (1) 3 days ago"})
+    assert claimed["GPU-2"].describe() == (
+        "container cccccccccccc 'old' (not leased: privileged; stopped: Exited (1) 3 days ago)"
+    )
+    left = place(Ask(("GPU-2",), 0, False, ("gpu",)), inventory, claimed, POLICIES["numa"])
+    assert isinstance(left, Shortage)
+    assert left.msg.endswith("its owner can 'docker rm' it")
 
 
 @pytest.mark.parametrize(

@@ -96,6 +96,21 @@ def test_a_shortage_reconciles_once_and_finds_gpus_freed_by_docker_rm(alloc, fak
     assert again.gpus[0] in lease.gpus
 
 
+def test_a_shortage_says_which_holder_is_stopped_from_reconciles_listing(alloc, fake) -> None:
+    lease, token = leased(alloc, GPUS)
+    cid = create(fake, lease, token, "train", running=False)
+    alloc.settle(outcomes.Bind(lease.id, cid, token))
+    fake.calls.clear()
+    short = alloc.lease(one(), "next")
+    assert isinstance(short, Shortage)
+    assert f"(lease {lease.id}, bound; stopped: Exited (0) 5 minutes ago)" in short.msg
+    assert short.msg.count("A stopped container keeps its GPUs until it is removed") == 1
+    assert "inspect" not in fake.calls  # the reconcile's listing told it, no holder asked
+    fake.by_id[cid]["State"] = {"Running": True, "Status": "running"}
+    running = alloc.lease(one(), "next")
+    assert isinstance(running, Shortage) and "stopped" not in running.msg
+
+
 # ---------------------------------------------------- settling a create's answer
 
 

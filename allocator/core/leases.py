@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum, StrEnum
 from typing import Any
@@ -153,11 +153,20 @@ class Holder:
     owner_uid: int | None = None
     since: float | None = None
     pool: str | None = None
+    # The Engine's status of a holder it last listed not running ("Exited (0) 2 hours
+    # ago"): a stopped container keeps its GPUs, which surprises whoever finds them taken.
+    # None: running, or not known.
+    stopped: str | None = None
 
     def describe(self, now: float | None = None) -> str:
-        """One phrase for refusals: what holds it, whose it is, for how long."""
+        """One phrase for refusals: what holds it, whose it is, for how long, and whether
+        it is stopped (so nobody seems to be using the GPU)."""
+        stopped = f"; stopped: {self.stopped}" if self.stopped else ""
         if self.lease is None:
-            return f"container {(self.container or '')[:12]} '{self.name}' (not leased: {self.why})"
+            return (
+                f"container {(self.container or '')[:12]} '{self.name}' "
+                f"(not leased: {self.why}{stopped})"
+            )
         age = f", for {ago(now - self.since)}" if now is not None and self.since else ""
         return " ".join(
             filter(
@@ -166,7 +175,7 @@ class Holder:
                     f"container {self.container[:12]}" if self.container else "a create in flight",
                     f"'{self.name}'" if self.name else "",
                     f"of {self.owner}{age}",
-                    f"(lease {self.lease}, {self.state})",
+                    f"(lease {self.lease}, {self.state}{stopped})",
                 ),
             )
         )
@@ -217,9 +226,14 @@ class State:
                 return None
         return new if len(self.leases) == len(base.leases) + len(new) else None
 
-    def holders(self, all_gpus: frozenset[str] | set[str]) -> dict[str, Holder]:
+    def holders(
+        self, all_gpus: frozenset[str] | set[str], stopped: Mapping[str, str] | None = None
+    ) -> dict[str, Holder]:
         """UUID -> its holder.  A handed-over lease's GPUs count under the lease it lent
-        them to; an unpinned claim holds every GPU of ``all_gpus`` nothing else names."""
+        them to; an unpinned claim holds every GPU of ``all_gpus`` nothing else names.
+        ``stopped``: container -> its status, for those the Engine last listed not running
+        (`Holder.stopped`)."""
+        stopped = stopped or {}
         held: dict[str, Holder] = {}
         for lease in self.leases.values():
             if lease.phase is Phase.HANDED_OVER:
@@ -234,6 +248,7 @@ class State:
                 lease.owner_uid,
                 lease.created or None,
                 lease.pool,
+                stopped.get(lease.container or ""),
             )
             for uuid in lease.gpus:
                 held.setdefault(uuid, who)
@@ -245,6 +260,7 @@ class State:
                 owner=claim.owner,
                 owner_uid=claim.owner_uid,
                 since=claim.since,
+                stopped=stopped.get(claim.container),
             )
             for uuid in all_gpus if claim.gpus is None else claim.gpus:
                 held.setdefault(uuid, who)

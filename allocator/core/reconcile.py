@@ -12,17 +12,24 @@ from dataclasses import dataclass, field
 
 from allocator.core.leases import Claim, State
 
+# The listing's states of a container that runs nothing but still holds what it was given.
+STOPPED = frozenset({"exited", "created", "dead"})
+
 
 @dataclass
 class Report:
-    """What a reconcile changed, for logs and ``gpu-alloc repair``."""
+    """What a reconcile changed, for logs and ``gpu-alloc repair``; and which of the
+    listed containers were stopped, so the shortage that ran it can say so of their GPUs
+    without asking the Engine again."""
 
     freed: list[str] = field(default_factory=list)
     bound: list[str] = field(default_factory=list)
     adopted: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    stopped: dict[str, str] = field(default_factory=dict)  # container -> its status
 
     def __bool__(self) -> bool:
+        """Did it change the ledger?  (What it saw stopped changes nothing.)"""
         return bool(self.freed or self.bound or self.adopted or self.dropped)
 
 
@@ -34,8 +41,11 @@ def apply(
     found: dict[str, Claim],
     now: float,
 ) -> Report:
-    """Apply what the Engine proved; leases and claims newer than the listing are kept."""
-    report = Report()
+    """Apply what the Engine proved; leases and claims newer than the listing are kept.
+
+    ``exists``: container id -> its entry in the Engine's listing ("State", "Status").
+    """
+    report = Report(stopped=_stopped(exists))
     for lease in list(state.leases.values()):
         before = snapshot.leases.get(lease.id)
         if lease.container is not None:
@@ -58,3 +68,13 @@ def apply(
             report.adopted.append(cid)
     state.adopted_at = now
     return report
+
+
+def _stopped(listed: dict) -> dict[str, str]:
+    """Container id -> the Engine's status ("Exited (0) 2 hours ago") for each listed
+    container that is not running."""
+    return {
+        cid: str(c.get("Status") or c["State"])
+        for cid, c in listed.items()
+        if c.get("State") in STOPPED
+    }

@@ -179,12 +179,15 @@ def _shortage_text(
             "ask for fewer" + (", or another pool" if where else "")
         )
     by_holder: dict[object, tuple[list[GPU], str]] = {}
+    stopped: dict[object, Holder] = {}  # the holders to say the stopped-container hint for
     for g in units:
         if g in free:
             continue
         h = held.get(g.uuid)
         if h is not None:
             key, text = (h.lease, h.container), h.describe(now)
+            if h.stopped:
+                stopped[key] = h
         elif g.uuid in sick:
             key, text = ("unhealthy", sick[g.uuid]), f"unhealthy ({sick[g.uuid]})"
         elif g.busy:
@@ -194,10 +197,9 @@ def _shortage_text(
         by_holder.setdefault(key, ([], text))[0].append(g)
     if taken and not ask.every:  # the GPUs named are what is in the way, not the count
         named = {g.uuid for g in taken}
+        shown = {k: v for k, v in by_holder.items() if any(g.uuid in named for g in v[0])}
         whose = "; ".join(
-            f"{_named([g for g in gs if g.uuid in named])}: {text}"
-            for gs, text in by_holder.values()
-            if any(g.uuid in named for g in gs)
+            f"{_named([g for g in gs if g.uuid in named])}: {text}" for gs, text in shown.values()
         )
         asked_by_name = ", ".join(f"{g.label()} ({g.uuid})" for g in taken)
         instead = (
@@ -210,6 +212,7 @@ def _shortage_text(
             f"not free ({whose}); {len(free)} of {len(units)} "
             f"{'in ' + where if where else 'on this host'} are. {instead[0].upper()}"
             f"{instead[1:]}, or wait for these; 'gpu-alloc status' shows who holds what"
+            + _stopped_hint([h for k, h in stopped.items() if k in shown])
         )
     holders = "; ".join(f"{_named(gs)}: {text}" for gs, text in by_holder.values())
     return (
@@ -217,7 +220,20 @@ def _shortage_text(
         f"{len(units)} free {'in ' + where if where else 'on this host'}"
         + (f" ({holders})" if holders else "")
         + ". Remove a container that holds GPUs, or ask for fewer; 'gpu-alloc status' "
-        "shows who holds what"
+        "shows who holds what" + _stopped_hint(list(stopped.values()))
+    )
+
+
+def _stopped_hint(stopped: Sequence[Holder]) -> str:
+    """Said once, after the holders: a GPU whose holder is stopped looks unused, and
+    nothing frees it but the container's removal (or the policy, for a lease)."""
+    if not stopped:
+        return ""
+    policy = any(h.lease is not None for h in stopped)
+    return (
+        ". A stopped container keeps its GPUs until it is removed: its owner can "
+        "'docker rm' it"
+        + (", or the operator can set policy.release_stopped_after" if policy else "")
     )
 
 
