@@ -34,7 +34,10 @@ def config_file(engine_socket: str, proc: str = "/proc") -> tuple[str, Path] | N
         return None
     named = _flag(args, "--config-file") or DEFAULT
     if not named.startswith("/"):
-        named = os.path.join(os.readlink(Path(proc) / str(pid) / "cwd"), named)
+        try:
+            named = os.path.join(os.readlink(Path(proc) / str(pid) / "cwd"), named)
+        except OSError:  # another user's process: its cwd is not ours to read
+            return None
     return named, Path(proc) / str(pid) / "root" / named.lstrip("/")
 
 
@@ -42,10 +45,11 @@ def _dockerd(engine_socket: str, proc: str) -> int | None:
     pid = _peer(engine_socket)
     if pid is not None and _comm(proc, pid) == "dockerd":
         return pid
-    found = []
-    for entry in os.scandir(proc):
-        if entry.name.isdigit() and _comm(proc, int(entry.name)) == "dockerd":
-            found.append(int(entry.name))
+    try:
+        pids = [int(e.name) for e in os.scandir(proc) if e.name.isdigit()]
+    except OSError:
+        return None
+    found = [p for p in pids if _comm(proc, p) == "dockerd"]
     return found[0] if len(found) == 1 else None
 
 
