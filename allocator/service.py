@@ -22,7 +22,7 @@ from allocator.core import compose, cpus, labels, policy, queue, starts
 from allocator.core.ask import Ask
 from allocator.core.inflight import Target
 from allocator.core.inventory import Inventory
-from allocator.core.leases import Claim, Holder, Lease, Phase, State, StateError
+from allocator.core.leases import Claim, Holder, Lease, Phase, State, StateError, admission
 from allocator.core.outcomes import Bind, Forget, Unanswered
 from allocator.core.placement import Shortage, place, usable
 from allocator.core.policy import NOBODY, Invalid, Owner, Refusal, Wanted
@@ -329,7 +329,8 @@ class Allocator(Reconciler):
     def resolve(self, decision: Decision) -> Decision:
         """Settle the decisions that need the ledger into `Allow` or `Deny`."""
         if isinstance(decision, NeedsLease):
-            why = self.ledger.read().admits(decision.lease_id, decision.token, decision.gpus)
+            lease = self.ledger.lease(decision.lease_id)
+            why = admission(lease, decision.lease_id, decision.token, decision.gpus)
             if why is not None:
                 return Deny(
                     f"gpu-alloc refused the container create: {why}; {HINT}", "Config.Labels"

@@ -185,9 +185,9 @@ class CreateInterceptor:
         body["Labels"][policy.OWNER] = policy.owner_label(owner)
         if lease.pool:
             body["Labels"][policy.POOL] = lease.pool
-        # The grant goes to disk, to the audit trail and to the log while dockerd creates
-        # the container; the client hears of neither before all are done.
-        synced = asyncio.ensure_future(asyncio.to_thread(self._finish, lease, name))
+        # The grant goes to disk and to the audit trail while dockerd creates the
+        # container; the client hears of neither before both are done.
+        synced = asyncio.ensure_future(asyncio.to_thread(self._finish, lease))
         try:
             response = await forward(
                 _with_body(request, body, labels.lease_header(lease.id, token))
@@ -208,10 +208,10 @@ class CreateInterceptor:
             # Behind the plugin, its AuthZRes bound the lease before dockerd answered (and
             # a bind that failed there is reconcile's); other answers are settled here too.
             await asyncio.to_thread(self._settle, lease.id, token, response)
-        return response
+        return replace(response, note=f"lease {lease.id}: GPUs {','.join(lease.gpus)}")
 
-    def _finish(self, lease: Lease, name: str) -> None:
-        log.info("lease %s: GPUs %s for create %r", lease.id, ",".join(lease.gpus), name)
+    def _finish(self, lease: Lease) -> None:
+        """The grant's record on disk and its audit line (its log line is the create's)."""
         try:
             self.alloc.finish_grant(lease)
         except StateError as e:  # granted all the same: only a power cut could lose it now

@@ -85,10 +85,11 @@ class InterceptSide:
 
     async def _intercept(self, request: Request, keep: bool, head_req: bool) -> None:
         started = time.monotonic()
+        note = ""
         try:
             response = await self.proxy.interceptor.handle(request, self.forward)
             out = _encode_response(response, head_only=head_req, close=not keep)
-            status = response.status
+            status, note = response.status, response.note
         except Exception as e:
             if isinstance(e, UpstreamError):
                 log.error("%s %s: Engine exchange failed: %s", request.method, request.target, e)
@@ -103,7 +104,10 @@ class InterceptSide:
         if not self.closed:
             self.ct.write(out)  # type: ignore[union-attr]
         # Logged once the answer is on its way: the client does not wait for the line.
-        log.info("%s %s -> %d (%.1f ms)", request.method, request.target, status, elapsed)
+        log.info(
+            "%s %s -> %d (%.1f ms)%s", request.method, request.target, status, elapsed,
+            f", {note}" if note else "",
+        )  # fmt: skip
         if self.closed:
             return
         if not keep:

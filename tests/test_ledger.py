@@ -779,3 +779,70 @@ def test_a_grant_that_cannot_be_recorded_beside_the_file_is_written_into_it(
     lease_id = grant(led)
     assert set(json.loads(led.path.read_text())["leases"]) == {lease_id}
     assert not led.grants.exists()  # nothing half written is left
+
+
+# --- one lease, read alone (a create's admission) ---------------------------------------------
+
+
+def one_lease_situations(tmp_path: Path) -> list[tuple[str, Ledger, str]]:
+    """(what, ledger, lease id): every way the journals can hold a lease, or not."""
+    out = []
+
+    def fresh(name: str) -> Ledger:
+        (tmp_path / name).mkdir()
+        return written(tmp_path / name)
+
+    led = fresh("recorded")
+    out.append(("a grant recorded beside the file", led, grant(led)))
+    led = fresh("bound by record")
+    lease_id = grant(led)
+    led.record_bind(lease_id, "c" * 64)
+    out.append(("a recorded grant with a recorded bind", led, lease_id))
+    led = fresh("folded")
+    lease_id = grant(led)
+    with led.transaction():
+        pass  # folded into the file by a transaction that found the record
+    with led.transaction() as st:
+        st.bind(lease_id, "c" * 64)
+    out.append(("a lease folded into the file", led, lease_id))
+    led = fresh("bound elsewhere")
+    lease_id = grant(led)
+    with led.transaction() as st:
+        st.bind(lease_id, "c" * 64)
+    (led.binds).mkdir(exist_ok=True)
+    (led.binds / lease_id).write_text("d" * 64)  # a record for another container: no news
+    out.append(("a bind record naming another container", led, lease_id))
+    led = fresh("dead record")
+    lease_id = grant(led)
+    kept = (led.grants / lease_id).read_bytes()
+    with led.transaction() as st:
+        st.release(lease_id)
+    (led.grants / lease_id).write_bytes(kept)  # left by a writer that died
+    out.append(("a record of an older generation", led, lease_id))
+    led = fresh("torn")
+    lease_id = grant(led)
+    (led.grants / lease_id).write_bytes(b'{"generation": "", "lea')
+    out.append(("a record a power cut left half written", led, lease_id))
+    led = fresh("empty bind")
+    lease_id = grant(led)
+    led.binds.mkdir()
+    (led.binds / lease_id).write_bytes(b"")
+    out.append(("an empty bind record", led, lease_id))
+    out.append(("no such lease", fresh("none"), "0123456789abcdef"))
+    out.append(("not a lease id", fresh("bad id"), "../state.json"))
+    return out
+
+
+def test_one_lease_read_alone_is_the_lease_the_whole_read_has(tmp_path: Path) -> None:
+    for what, led, lease_id in one_lease_situations(tmp_path):
+        assert led.lease(lease_id) == led.read().leases.get(lease_id), what
+
+
+def test_one_lease_read_alone_lists_no_journal(tmp_path: Path, monkeypatch) -> None:
+    led = written(tmp_path)
+    lease_id = grant(led)
+    for other in (B, C):
+        grant(led, other)
+    monkeypatch.setattr(ledger, "_records", lambda directory: pytest.fail(f"listed {directory}"))
+    lease = led.lease(lease_id)
+    assert lease is not None and lease.gpus == (A,)

@@ -313,20 +313,9 @@ class State:
         return lease, token
 
     def admits(self, lease_id: str, token: str, gpus: frozenset[str]) -> str | None:
-        """Why a create that asks for ``gpus`` with this lease token is refused, or None.
-
-        Nothing is written: the token is the shim's alone (it never leaves the shim, the
-        Engine and the plugin), and the shim sends each once, so a pending lease admits
-        one create.  A bound lease admits none.
-        """
-        lease = self.leases.get(lease_id)
-        if lease is None or not lease.token_matches(token):
-            return "its lease token is unknown or forged"
-        if lease.phase is not Phase.PENDING:
-            return f"its lease {lease_id} admitted its create already (it is {lease.state})"
-        if frozenset(lease.gpus) != gpus:
-            return f"its GPUs {sorted(gpus)} differ from lease {lease_id}'s {sorted(lease.gpus)}"
-        return None
+        """Why a create that asks for ``gpus`` with this lease token is refused, or None
+        (`admission`, on this state's lease ``lease_id``)."""
+        return admission(self.leases.get(lease_id), lease_id, token, gpus)
 
     def bind(self, lease_id: str, container: str, name: str = "") -> bool:
         lease = self.leases.get(lease_id)
@@ -404,6 +393,23 @@ class State:
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise StateError(f"{path}: malformed entry ({e!r}); {REPAIR_HINT}") from None
         return cls(leases, claims, adopted_at, expired, generation)
+
+
+def admission(lease: Lease | None, lease_id: str, token: str, gpus: frozenset[str]) -> str | None:
+    """Why a create that asks for ``gpus`` with this lease token is refused, or None.
+    ``lease``: lease ``lease_id`` as the ledger has it now (None: no such lease).
+
+    Nothing is written: the token is the shim's alone (it never leaves the shim, the
+    Engine and the plugin), and the shim sends each once, so a pending lease admits
+    one create.  A bound lease admits none.
+    """
+    if lease is None or not lease.token_matches(token):
+        return "its lease token is unknown or forged"
+    if lease.phase is not Phase.PENDING:
+        return f"its lease {lease_id} admitted its create already (it is {lease.state})"
+    if frozenset(lease.gpus) != gpus:
+        return f"its GPUs {sorted(gpus)} differ from lease {lease_id}'s {sorted(lease.gpus)}"
+    return None
 
 
 def lease_from_json(v: dict[str, Any]) -> Lease:

@@ -3,7 +3,11 @@
 On a shared 2-core machine the bare Engine's own create time moves by half between
 runs a few minutes apart, so two `make bench` runs cannot tell a 1 ms change from
 noise.  This runs both revisions' stacks at once, beside one bare dockerd, and visits
-them in a fresh random order every round: the noise hits all three alike.
+them in a fresh random order every round: the noise hits all alike.  The verdict is the
+median of the round-by-round differences, with a 95% interval: a change whose interval
+holds 0 is not one this run could see.  Two more rows take a GPU create apart: ``bare
+--gpus 1`` is dockerd's own GPU work, ``this shim plain`` the shim's path for a create
+with no GPU (decoded, judged, rewritten, relayed; no lease).
 
 Run: ``python -m tests.bench.ab REV [ROUNDS] [run]`` (``make bench-ab REV=...
 [ROUNDS=...] [WHAT=run]``).  REV is checked out into a temporary worktree; its shim
@@ -20,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from math import comb
 from pathlib import Path
 from statistics import median
 
@@ -80,6 +85,8 @@ def main(rev: str, rounds: int, what: str = "create") -> None:
         old, new = stacks
         cases = {
             "bare": (bare.sock, PLAIN),
+            "bare --gpus 1": (bare.sock, GPU),
+            "this shim plain": (new.shim_sock, PLAIN),
             f"{rev} shim --gpus 1": (old.shim_sock, GPU),
             "this shim --gpus 1": (new.shim_sock, GPU),
             f"{rev} plugin": (old.engine_sock, PLAIN),
@@ -112,6 +119,23 @@ def main(rev: str, rounds: int, what: str = "create") -> None:
     for name, xs in ms.items():
         m = median(xs)
         print(f"  {name:32s} {m:7.2f} ms  {m / base:5.2f}x  +{m - base:5.2f} ms")
+    print("this checkout minus REV, round by round (median, and its 95% interval):")
+    for kind in ("shim --gpus 1", "plugin"):
+        diffs = [a - b for a, b in zip(ms[f"this {kind}"], ms[f"{rev} {kind}"], strict=True)]
+        m, (low, high) = median(diffs), median_interval(diffs)
+        print(f"  {kind:32s} {m:+7.2f} ms  [{low:+.2f}, {high:+.2f}]")
+
+
+def median_interval(xs: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median: the order statistics that the
+    binomial law of how many samples fall below it puts ``confidence`` between."""
+    n, xs = len(xs), sorted(xs)
+    tail, k = (1 - confidence) / 2, 0
+    below = 0.0
+    while k < n // 2 and below + comb(n, k) / 2**n <= tail:
+        below += comb(n, k) / 2**n
+        k += 1
+    return xs[max(k - 1, 0)], xs[min(n - k, n - 1)]
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ The look-ahead is exact up to `EXACT_LIMIT` free GPUs (a DGX has 8); beyond, the
 pick is greedy, so a large host stays fast.  It depends only on the pair scores of
 the free GPUs and the set size, so it is remembered across calls (`_future_of`): a
 host's free sets recur, and the search over them cost about 1 ms a lease on 8 GPUs.
+So is the whole pick, by the free and required GPUs and the size (`_allocate`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,16 @@ def set_score(gpus: Sequence[GPU]) -> int:
 
 
 def allocate(available: Sequence[GPU], required: Sequence[GPU], size: int) -> list[GPU] | None:
+    picked = _allocate(tuple(available), tuple(required), size)
+    return None if picked is None else list(picked)
+
+
+@lru_cache(maxsize=256)
+def _allocate(
+    available: tuple[GPU, ...], required: tuple[GPU, ...], size: int
+) -> tuple[GPU, ...] | None:
+    """The pick itself: a pure function of the free GPUs, so a host's recurring free sets
+    are ranked once (ranking every candidate cost a lease more than its file work)."""
     if size < len(required) or any(g not in available for g in required):
         return None
     free = sorted(available, key=lambda g: g.index)
@@ -65,7 +76,7 @@ def allocate(available: Sequence[GPU], required: Sequence[GPU], size: int) -> li
         rank = _rank(chosen, own, future(everyone - {g.index for g in chosen}))
         if best is None or rank > best[0]:
             best = (rank, chosen)
-    return None if best is None else best[1]
+    return None if best is None else tuple(best[1])
 
 
 def _rank(chosen: list[GPU], own: int, left_score: int) -> tuple[int, ...]:
