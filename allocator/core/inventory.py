@@ -108,7 +108,7 @@ class Inventory:
             if m.parent not in in_mig_mode:
                 raise InventoryError(f"MIG slice {m.uuid}: its GPU {m.parent} is not in MIG mode")
 
-    @property
+    @functools.cached_property
     def uuids(self) -> frozenset[str]:
         """Every GPU and MIG slice: what an unpinned grant holds."""
         return frozenset(g.uuid for g in (*self.gpus, *self.migs))
