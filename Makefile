@@ -65,8 +65,8 @@ demo: deps venv
 bench: venv
 	QUICK="$(QUICK)" ONLY="$(ONLY)" $(BIN)/python -m tests.bench
 
-# make bench-ab REV=<commit> [ROUNDS=80] [WHAT=run]: GPU creates (or docker run --rm)
-# through REV and through this checkout, interleaved.
+# make bench-ab REV=<commit> [ROUNDS=80] [WHAT=run|burst]: GPU creates (or docker run --rm, or
+# creates eight in a row) through REV and through this checkout, interleaved.
 bench-ab: venv
 	$(BIN)/python -m tests.bench.ab "$(REV)" $(or $(ROUNDS),80) $(WHAT)
 

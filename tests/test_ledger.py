@@ -846,3 +846,50 @@ def test_one_lease_read_alone_lists_no_journal(tmp_path: Path, monkeypatch) -> N
     monkeypatch.setattr(ledger, "_records", lambda directory: pytest.fail(f"listed {directory}"))
     lease = led.lease(lease_id)
     assert lease is not None and lease.gpus == (A,)
+
+
+# --- a busy journal, read again -----------------------------------------------------------------
+
+
+def test_a_journal_record_is_read_once_by_a_process(tmp_path: Path, monkeypatch) -> None:
+    """A record is written once under its name: every lease used to read them all again,
+    up to `MAX_JOURNAL` of them on a busy host."""
+    led = written(tmp_path)
+    ids = [grant(led, gpu) for gpu in (A, B)]
+    for lease_id in ids:
+        led.record_bind(lease_id, lease_id[0] * 64)
+    reader = Ledger(tmp_path)
+    reader.read()
+    third = grant(led, C)  # another process grants
+    opened: list[str] = []
+    real = ledger._small
+    monkeypatch.setattr(ledger, "_small", lambda path: (opened.append(path.name), real(path))[1])
+    assert set(reader.read().leases) == {*ids, third}
+    assert opened == [third]  # only the new record
+    assert [reader.read().leases[i].container for i in ids] == [i[0] * 64 for i in ids]
+
+
+def test_a_reread_journal_is_the_state_a_fresh_reader_sees(tmp_path: Path) -> None:
+    led, reader = written(tmp_path), Ledger(tmp_path)
+    first = grant(led, A)
+    assert reader.read() == Ledger(tmp_path).read()
+    led.record_bind(first, "c" * 64)
+    assert reader.read().leases[first].container == "c" * 64  # the new bind record is seen
+    changed = reader.read()
+    changed.leases.clear()  # a caller's changes stay its own
+    assert set(reader.read().leases) == {first}
+    with led.transaction() as st:
+        st.release(first)  # a full write folds and removes the records
+    assert reader.read() == Ledger(tmp_path).read()
+    assert reader.read().leases == {}
+
+
+def test_an_empty_bind_record_is_read_again_until_it_is_whole(tmp_path: Path) -> None:
+    """A bind record is written without the lock: a reader may meet it empty."""
+    led = written(tmp_path)
+    lease_id = grant(led)
+    led.binds.mkdir()
+    (led.binds / lease_id).write_bytes(b"")
+    assert led.read().leases[lease_id].state == "pending"
+    (led.binds / lease_id).write_text("c" * 64)
+    assert led.read().leases[lease_id].container == "c" * 64

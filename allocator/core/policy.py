@@ -269,6 +269,8 @@ def eligible(
             + (f" (policy.pools.{pool_name})" if pool_name else "")
             + f"; name a GPU of that set, or pick its pool with --label {POOL}=NAME"
         )
+    if gpus is inventory.gpus and migs is inventory.migs:
+        return inventory, pool_name  # nothing narrowed it: the same inventory, its caches kept
     return Inventory(tuple(gpus), inventory.cuda_driver_version, tuple(migs)), pool_name
 
 

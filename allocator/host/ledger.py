@@ -78,6 +78,15 @@ class Ledger:
         # The last state this process read or wrote, with the file's bytes: a file that
         # reads back the same bytes is that state, so it is not decoded again.
         self._known: tuple[bytes, State] = (_EMPTY, State())
+        # Journal records this process read whole, by name: a record is written once and
+        # never again under its name (a lease id is not reused; a bind record holds the one
+        # container its lease's create made), so only new names are read.  A busy host's
+        # journal holds up to `MAX_JOURNAL` records, and every lease reads them all.
+        self._granted_seen: dict[str, tuple[Path, str, Lease]] = {}
+        self._bound_seen: dict[str, tuple[Path, str]] = {}
+        # The last lay-over: (the file's bytes and the records' names and contents, the
+        # state they make, the records folded in, live grants, live binds).
+        self._laid: tuple[object, State, list[Path], int, int] | None = None
 
     def ensure_dir(self) -> None:
         if self._dir_ready:
@@ -141,11 +150,21 @@ class Ledger:
         incomplete (empty after a power cut, or being written as a reader without the
         lock looks).  A record that cannot be read is no such proof: it stops the read,
         since a lease left out would let its GPUs be granted again."""
-        records = []
-        for path in _records(self.grants):
-            record = _grant(path)
-            if record is not None:
-                records.append(record)
+        records: list[tuple[Path, str, Lease | None]] = []
+        seen: dict[str, tuple[Path, str, Lease]] = {}
+        for name in _names(self.grants):
+            known = self._granted_seen.get(name)
+            if known is None:
+                record = _grant(self.grants / name)
+                if record is None:
+                    continue
+                if record[2] is None:  # incomplete: read again next time
+                    records.append(record)
+                    continue
+                known = (record[0], record[1], record[2])
+            seen[name] = known
+            records.append(known)
+        self._granted_seen = seen  # names no longer listed are forgotten
         return records
 
     def lease(self, lease_id: str) -> Lease | None:
@@ -174,37 +193,48 @@ class Ledger:
             one.bind(lease_id, container)
         return one.leases[lease_id]
 
-    def _journal(
-        self, state: State, granted: list[tuple[Path, str, Lease | None]]
-    ) -> tuple[list[Path], int, int]:
-        """Lay the grant and bind journals over ``state``: the records it holds no more use
-        for (folded into ``state``, or dead), and how many grants and binds are live."""
-        done, grants, live = [], 0, 0
-        for path, generation, lease in granted:
-            done.append(path)  # folded into ``state`` here, or dead
-            if lease is not None and generation == state.generation:
-                grants += 1
-                state.leases.setdefault(lease.id, lease)
-        for record in _records(self.binds):
-            try:
-                container = _small(record).decode()
-            except (OSError, UnicodeDecodeError):
-                continue  # gone meanwhile: folded by another transaction
-            lease = state.leases.get(record.name)
-            if lease is None or (container and not state.bind(record.name, container)):
-                done.append(record)  # its lease ended, or it is bound to another one
-            elif container:
-                done.append(record)  # folded into ``state``
-                live += 1
-        return done, grants, live
+    def _bind_records(self) -> list[tuple[Path, str]]:
+        """The bind journal's records and what each holds (an empty one is being written,
+        or was left so by a power cut); a record gone meanwhile was folded."""
+        records: list[tuple[Path, str]] = []
+        whole: dict[str, tuple[Path, str]] = {}
+        for name in _names(self.binds):
+            known = self._bound_seen.get(name)
+            if known is None:
+                path = self.binds / name
+                try:
+                    known = (path, _small(path).decode())
+                except (OSError, UnicodeDecodeError):
+                    continue  # gone meanwhile: folded by another transaction
+            if _CONTAINER_ID.fullmatch(known[1]):
+                whole[name] = known
+            records.append(known)
+        self._bound_seen = whole  # names no longer listed are forgotten
+        return records
 
     def _load(self) -> tuple[State, bytes, list[Path], int, int]:
         """The state with the journals laid over it, the bytes of the file it was read
         from (an empty state's, with no file), the journal records it folded in, and how
-        many grants and binds of them are live.  Grants are read first: see rule 6."""
+        many grants and binds of them are live.  Grants are read first: see rule 6.
+
+        The same file and the same records lay over into the same state: that is kept,
+        so a busy host's journal is laid over once, not at every read."""
         granted = self._granted()
         state, raw = self._file()
-        return (state, raw, *self._journal(state, granted))
+        binds = self._bind_records()
+        key = (
+            raw,
+            tuple(
+                (path.name, generation, lease is not None) for path, generation, lease in granted
+            ),
+            tuple((path.name, container) for path, container in binds),
+        )
+        laid = self._laid
+        if laid is not None and laid[0] == key:
+            return laid[1].copy(), raw, list(laid[2]), laid[3], laid[4]
+        done, grants, live = _journal(state, granted, binds)
+        self._laid = (key, state.copy(), done, grants, live)
+        return state, raw, list(done), grants, live
 
     def _file(self) -> tuple[State, bytes]:
         try:
@@ -370,6 +400,27 @@ class Ledger:
             ) from None
 
 
+def _journal(
+    state: State, granted: list[tuple[Path, str, Lease | None]], binds: list[tuple[Path, str]]
+) -> tuple[list[Path], int, int]:
+    """Lay the grant and bind journals over ``state``: the records it holds no more use
+    for (folded into ``state``, or dead), and how many grants and binds are live."""
+    done, grants, live = [], 0, 0
+    for path, generation, lease in granted:
+        done.append(path)  # folded into ``state`` here, or dead
+        if lease is not None and generation == state.generation:
+            grants += 1
+            state.leases.setdefault(lease.id, lease)
+    for record, container in binds:
+        lease = state.leases.get(record.name)
+        if lease is None or (container and not state.bind(record.name, container)):
+            done.append(record)  # its lease ended, or it is bound to another one
+        elif container:
+            done.append(record)  # folded into ``state``
+            live += 1
+    return done, grants, live
+
+
 def _encode(state: State) -> bytes:
     # Compact: json's C encoder runs only without indent (indenting cost 0.6 ms a write).
     return json.dumps(state.to_json(), sort_keys=True, separators=(",", ":")).encode()
@@ -377,8 +428,13 @@ def _encode(state: State) -> bytes:
 
 def _records(directory: Path) -> list[Path]:
     """A journal's records (never the ones being written aside)."""
+    return [directory / name for name in _names(directory)]
+
+
+def _names(directory: Path) -> list[str]:
+    """The names of a journal's records: a listing, no path built for each."""
     try:
-        return [p for p in directory.iterdir() if not p.name.startswith(".")]
+        return [name for name in os.listdir(directory) if not name.startswith(".")]
     except FileNotFoundError:
         return []
     except OSError as e:
@@ -432,6 +488,7 @@ def _small(path: Path) -> bytes:
 
 _EMPTY = _encode(State())
 _LEASE_ID = re.compile(r"[0-9a-f]{16}")  # `State.new_lease`'s ids: never a path
+_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 
 
 def now() -> float:
