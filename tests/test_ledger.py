@@ -893,3 +893,28 @@ def test_an_empty_bind_record_is_read_again_until_it_is_whole(tmp_path: Path) ->
     assert led.read().leases[lease_id].state == "pending"
     (led.binds / lease_id).write_text("c" * 64)
     assert led.read().leases[lease_id].container == "c" * 64
+
+
+def test_a_fold_just_after_a_readers_file_read_shows_no_bound_lease_pending(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Rule 7: a full write replaces the file, then removes the records it folded.  Read
+    file first and records after, a fold in between showed the lease pending, and a
+    pending lease admits a create."""
+    writer, reader = written(tmp_path), Ledger(tmp_path)
+    lease_id = grant(writer)
+    writer.record_bind(lease_id, "c" * 64)
+    file_of = reader._file
+
+    def fold_after() -> tuple[State, bytes]:
+        read = file_of()
+        with writer.transaction():
+            pass  # folds the grant and the bind, and removes both records
+        return read
+
+    monkeypatch.setattr(reader, "_file", fold_after)
+    assert reader.read().leases[lease_id].container == "c" * 64
+    lease_id = grant(writer, B)  # and a create's admission, which reads one lease
+    writer.record_bind(lease_id, "d" * 64)
+    lease = reader.lease(lease_id)
+    assert lease is not None and lease.container == "d" * 64

@@ -27,6 +27,12 @@ Rules
    stops the read (rule 3), and a file of no generation (new, or schema 1's) is
    written whole before any record names one.  A record lost to a power cut leaves a
    container whose lease is gone, which reconcile adopts by its GPUs.
+7. Readers read both journals before the file: a full write replaces the file before it
+   removes the records it folded, so a record gone when looked for is in the file read
+   after it (read the other way round, a fold in between showed a bound lease pending).
+   Each process keeps the records it read whole, by name: a record is written once under
+   its name (a lease id is never reused, and a bind record holds the container of its
+   lease's one create), so a busy journal is read once, not at every lease.
 
 Every full write is fsync'd before it replaces the file; a create's grant is fsync'd
 before its answer reaches the client, but no longer before dockerd is asked.
@@ -78,10 +84,8 @@ class Ledger:
         # The last state this process read or wrote, with the file's bytes: a file that
         # reads back the same bytes is that state, so it is not decoded again.
         self._known: tuple[bytes, State] = (_EMPTY, State())
-        # Journal records this process read whole, by name: a record is written once and
-        # never again under its name (a lease id is not reused; a bind record holds the one
-        # container its lease's create made), so only new names are read.  A busy host's
-        # journal holds up to `MAX_JOURNAL` records, and every lease reads them all.
+        # Journal records this process read whole, by name (rule 7): a busy host's journal
+        # holds up to `MAX_JOURNAL` records, and every lease lays them all over the file.
         self._granted_seen: dict[str, tuple[Path, str, Lease]] = {}
         self._bound_seen: dict[str, tuple[Path, str]] = {}
         # The last lay-over: (the file's bytes and the records' names and contents, the
@@ -170,27 +174,28 @@ class Ledger:
     def lease(self, lease_id: str) -> Lease | None:
         """Lease ``lease_id`` as `read` has it, from the file and that lease's own records
         alone: a create's admission asks about one lease, and listing both journals and
-        reading every record cost it more than the rest of its judgement.  Rule 6's order
-        holds (the grant record is read before the file); a record that is not this
-        lease's by its content counts for nothing here, so a stray one only refuses."""
+        reading every record cost it more than the rest of its judgement.  The records are
+        read before the file (rule 7); a record that is not this lease's by its content
+        counts for nothing here, so a stray one only refuses.  Other leases' records are
+        not read, so one that cannot be read does not stop this read: an admission grants
+        no GPU."""
         if not _LEASE_ID.fullmatch(lease_id):
             return None
         granted = _grant(self.grants / lease_id)
+        try:
+            container = _small(self.binds / lease_id).decode()
+        except (OSError, UnicodeDecodeError):
+            container = ""  # no record (or gone meanwhile: folded into the file read next)
         state, _ = self._file()
         lease = state.leases.get(lease_id)
         if lease is None and granted is not None:
             _, generation, recorded = granted
             if recorded is not None and recorded.id == lease_id and generation == state.generation:
                 lease = recorded
-        if lease is None:
-            return None
-        try:
-            container = _small(self.binds / lease_id).decode()
-        except (OSError, UnicodeDecodeError):
-            return lease  # no record (or gone meanwhile: folded into the file)
+        if lease is None or not container:
+            return lease
         one = State({lease_id: lease})
-        if container:
-            one.bind(lease_id, container)
+        one.bind(lease_id, container)
         return one.leases[lease_id]
 
     def _bind_records(self) -> list[tuple[Path, str]]:
@@ -215,13 +220,14 @@ class Ledger:
     def _load(self) -> tuple[State, bytes, list[Path], int, int]:
         """The state with the journals laid over it, the bytes of the file it was read
         from (an empty state's, with no file), the journal records it folded in, and how
-        many grants and binds of them are live.  Grants are read first: see rule 6.
+        many grants and binds of them are live.  The records are read before the file
+        (rules 6 and 7).
 
         The same file and the same records lay over into the same state: that is kept,
         so a busy host's journal is laid over once, not at every read."""
         granted = self._granted()
-        state, raw = self._file()
         binds = self._bind_records()
+        state, raw = self._file()
         key = (
             raw,
             tuple(
