@@ -9,8 +9,8 @@ holds 0 is not one this run could see.  Two more rows take a GPU create apart: `
 --gpus 1`` is dockerd's own GPU work, ``this shim plain`` the shim's path for a create
 with no GPU (decoded, judged, rewritten, relayed; no lease).
 
-Run: ``python -m tests.bench.ab REV [ROUNDS] [run]`` (``make bench-ab REV=...
-[ROUNDS=...] [WHAT=run]``).  REV is checked out into a temporary worktree; its shim
+Run: ``python -m tests.bench.ab REV [ROUNDS] [run|burst]`` (``make bench-ab REV=...
+[ROUNDS=...] [WHAT=run|burst]``).  REV is checked out into a temporary worktree; its shim
 and plugin run from there (first on ``PYTHONPATH``), with this checkout's test harness
 and venv.  ``run`` times ``docker run --rm`` (``--gpus 1`` through the shims) instead
 of API creates; ``burst`` times creates eight in a row, kept until all are made (a busy
