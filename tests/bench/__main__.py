@@ -35,7 +35,7 @@ from urllib.parse import quote
 from tests import engine
 from tests.bench import CUDA, client, report
 from tests.bench.client import API, Conn, encode
-from tests.bench.report import Row, median, p99
+from tests.bench.report import Row, median, p99, ratio_interval
 
 IMAGE = engine.BUSYBOX_TAG
 ROOT = Path(__file__).resolve().parents[2]
@@ -411,7 +411,7 @@ class Bench:
             xs = secs[name]
             versus = f"{ratios[name]:.2f}x"
             if name.startswith("shim"):
-                versus += _above(ratios[name], ratios)
+                versus += _above(ratios[name], ratios, xs, secs["bare"])
             row = Row(scenario, name, median(xs) * 1000, p99(xs) * 1000, "ms",
                       versus=versus, samples=len(xs))  # fmt: skip
             if name.startswith("shim"):
@@ -454,7 +454,8 @@ class Bench:
             ratio = median(xs) / median(ms["bare"])
             versus = f"{ratio:.2f}x"
             if name == "shim --gpus 1":
-                versus += _above(ratio, {n: median(v) / median(ms["bare"]) for n, v in ms.items()})
+                others = {n: median(v) / median(ms["bare"]) for n, v in ms.items()}
+                versus += _above(ratio, others, xs, ms["bare"])
             row = Row(f"4 API create, {existing} containers", name, median(xs), p99(xs),
                       "ms", versus=versus, samples=len(xs))  # fmt: skip
             if name == "shim --gpus 1":
@@ -541,12 +542,13 @@ class Bench:
                      threshold="<= 1.20 (within 20%)", ok=rn / r0 <= 1.2))  # fmt: skip
 
 
-def _above(ratio: float, ratios: dict[str, float]) -> str:
-    """A GPU row's ratio above dockerd's own GPU work (``bare --gpus 1``) and above that
-    plus the least plugin (``floor --gpus 1``): neither is gpu-alloc's."""
+def _above(ratio: float, ratios: dict[str, float], xs: list[float], bare: list[float]) -> str:
+    """A GPU row's ratio's interval (is a miss or a pass near the line noise?), and the
+    ratio above dockerd's own GPU work (``bare --gpus 1``) and above that plus the least
+    plugin (``floor --gpus 1``), neither of them gpu-alloc's."""
     refs = [f"{ratio / ratios[ref]:.2f}x {ref}" for ref in ("bare --gpus 1", "floor --gpus 1")
             if ref in ratios]  # fmt: skip
-    return f" ({', '.join(refs)})" if refs else ""
+    return f" ({'; '.join([ratio_interval(xs, bare), *refs])})"
 
 
 def engine_version(sock: str) -> str:

@@ -25,13 +25,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from math import comb
 from pathlib import Path
 from statistics import median
 
 from tests import engine
 from tests.bench import CUDA
 from tests.bench.client import API, Conn
+from tests.bench.report import median_interval
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = {"Image": engine.BUSYBOX_TAG, "Cmd": ["true"],
@@ -144,18 +144,6 @@ def main(rev: str, rounds: int, what: str = "create") -> None:
         diffs = [a - b for a, b in zip(ms[f"this {kind}"], ms[f"{rev} {kind}"], strict=True)]
         m, (low, high) = median(diffs), median_interval(diffs)
         print(f"  {kind:32s} {m:+7.2f} ms  [{low:+.2f}, {high:+.2f}]")
-
-
-def median_interval(xs: list[float], confidence: float = 0.95) -> tuple[float, float]:
-    """A distribution-free interval for the median: the order statistics that the
-    binomial law of how many samples fall below it puts ``confidence`` between."""
-    n, xs = len(xs), sorted(xs)
-    tail, k = (1 - confidence) / 2, 0
-    below = 0.0
-    while k < n // 2 and below + comb(n, k) / 2**n <= tail:
-        below += comb(n, k) / 2**n
-        k += 1
-    return xs[max(k - 1, 0)], xs[min(n - k, n - 1)]
 
 
 if __name__ == "__main__":

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from math import comb
 from pathlib import Path
+
+BOOTSTRAP = 2000  # resamples for `ratio_interval`
 
 
 def median(xs: Sequence[float]) -> float:
@@ -18,6 +22,32 @@ def p99(xs: Sequence[float]) -> float:
         return float("nan")
     s = sorted(xs)
     return s[min(len(s) - 1, round(0.99 * (len(s) - 1)))]
+
+
+def median_interval(xs: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median: the order statistics that the
+    binomial law of how many samples fall below it puts ``confidence`` between."""
+    n, xs = len(xs), sorted(xs)
+    tail, k = (1 - confidence) / 2, 0
+    below = 0.0
+    while k < n // 2 and below + comb(n, k) / 2**n <= tail:
+        below += comb(n, k) / 2**n
+        k += 1
+    return xs[max(k - 1, 0)], xs[min(n - k, n - 1)]
+
+
+def ratio_interval(xs: Sequence[float], ref: Sequence[float], confidence: float = 0.95) -> str:
+    """A 95% interval for median(xs) / median(ref), by resampling whole rounds (a round
+    visits every target in a random order, so a pair shares the machine's moment): a
+    ratio near its line whose interval straddles it is a coin toss, not a verdict."""
+    pairs = list(zip(xs, ref, strict=True))
+    pick = random.Random(0)  # the same run prints the same interval
+    ratios = sorted(
+        median([x for x, _ in draw]) / median([r for _, r in draw])
+        for draw in ([pick.choice(pairs) for _ in pairs] for _ in range(BOOTSTRAP))
+    )
+    tail = round(BOOTSTRAP * (1 - confidence) / 2)
+    return f"95% {ratios[tail]:.2f}-{ratios[-tail - 1]:.2f}x"
 
 
 @dataclass
