@@ -35,7 +35,7 @@ from urllib.parse import quote
 from tests import engine
 from tests.bench import CUDA, client, report
 from tests.bench.client import API, Conn, encode
-from tests.bench.report import Row, median, p99, ratio_interval
+from tests.bench.report import Row, difference_interval, median, p99, ratio_interval
 
 IMAGE = engine.BUSYBOX_TAG
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,7 +119,7 @@ class Bench:
         self.stack = engine.Stack(self.tmp / "s", gpus=8, cuda=CUDA).start()
         for sock in (self.bare.sock, self.floor.sock):
             engine.import_busybox(sock)
-        # The proxy floor, in front of gpu-alloc's dockerd like the shim (per-call rows only).
+        # The proxy floor, in front of gpu-alloc's dockerd like the shim (per-call, streaming).
         self.proxy_sock = str(self.tmp / "proxy.sock")
         self.proxy_proc = subprocess.Popen(
             [sys.executable, "-m", "tests.bench.floor_proxy", self.proxy_sock,
@@ -235,7 +235,10 @@ class Bench:
                     row.threshold = "<= +0.50 ms, <= floor+0.10"
                     row.ok = plug_add <= 0.5 and plug_add - floor_add <= 0.1
                 elif t == "shim":
-                    row.versus = f"+{shim_add:.3f} ms vs plugin (proxy floor +{proxy_add:.3f})"
+                    paired = difference_interval(xs, lat[ep, "plugin"], s.percall_calls)
+                    row.versus = (
+                        f"+{shim_add:.3f} ms vs plugin ({paired}; proxy floor +{proxy_add:.3f})"
+                    )
                     row.threshold = "<= +0.10 ms"
                     row.ok = shim_add <= 0.1
                 elif t == "proxy floor":
@@ -325,13 +328,13 @@ class Bench:
                 conn.close()
             assert isinstance(body, dict) and body.get("StatusCode") == 0, body
             logs_of[t] = cid
-        logs_of["shim"] = logs_of["plugin"]
+        logs_of["shim"] = logs_of["proxy floor"] = logs_of["plugin"]
         raw = {t: encode("GET", f"{API}/containers/{cid}/logs?stdout=1&stderr=1")
                for t, cid in logs_of.items()}  # fmt: skip
         mbps: dict[str, list[float]] = {}
         for _ in range(s.stream_rounds):
             for t in shuffled(list(logs_of)):
-                conn = Conn(self.socks[t])
+                conn = Conn(self._stream_sock(t))
                 t0 = time.perf_counter()
                 status, _, got = conn.request(raw[t], keep_body=False)
                 secs = time.perf_counter() - t0
@@ -348,8 +351,8 @@ class Bench:
                 "AttachStdin": True, "AttachStdout": True, "AttachStderr": True}  # fmt: skip
         mbps = {}
         for _ in range(s.stream_rounds):
-            for t in shuffled(["bare", "plugin", "shim"]):
-                sock = self.socks[t]
+            for t in shuffled(["bare", "plugin", "shim", "proxy floor"]):
+                sock = self._stream_sock(t)
                 cid = self.create(sock, spec)
                 start = encode("POST", f"{API}/containers/{cid}/start")
                 secs = client.attach_echo(sock, cid, payload, start)
@@ -358,17 +361,24 @@ class Bench:
         self._stream_rows(f"3 attach echo ({s.attach_mb} MB)", mbps)
         self.raw["streaming"] = mbps
 
+    def _stream_sock(self, target: str) -> str:
+        return self.proxy_sock if target == "proxy floor" else self.socks[target]
+
     def _stream_rows(self, scenario: str, mbps: dict[str, list[float]]) -> None:
         direct = median(mbps["plugin"])
-        for t in ("bare", "plugin", "shim"):
+        pump = median(mbps["proxy floor"]) / direct
+        for t in ("bare", "plugin", "shim", "proxy floor"):
             xs = mbps[t]
             row = Row(scenario, t, median(xs), None, "MB/s", samples=len(xs),
                       extra={"worst": min(xs)},
                       versus=f"{median(xs) / median(mbps['bare']):.2f}x")  # fmt: skip
             if t == "shim":
-                row.versus = f"{median(xs) / direct:.2f}x of direct"
+                row.versus = f"{median(xs) / direct:.2f}x of direct (proxy floor {pump:.2f}x)"
                 row.threshold = ">= 0.90x of direct"
                 row.ok = median(xs) / direct >= 0.9
+            elif t == "proxy floor":
+                row.versus = f"{pump:.2f}x of direct"
+                row.threshold = "reference (Python proxy floor)"
             self.add(row)
 
     def docker_run(self) -> None:

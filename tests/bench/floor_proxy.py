@@ -2,9 +2,9 @@
 
 A byte pump on the shim's own event loop (uvloop where installed): each client
 connection gets an upstream connection, and bytes are copied both ways as they
-arrive, with no parsing at all.  Put in front of the same dockerd as the shim, it
-shows what one more process in the path costs by itself; the shim's per-call cost
-is judged against it.
+arrive, with no parsing at all (a half-close passes on, as a write-EOF).  Put in front
+of the same dockerd as the shim, it shows what one more process in the path costs by
+itself; the shim's per-call and streaming rows are read against it.
 
 Run: ``python -m tests.bench.floor_proxy LISTEN UPSTREAM``.
 """
@@ -45,6 +45,13 @@ class _Pipe(asyncio.Protocol):
             self.early += data
         else:
             self.peer.write(data)
+
+    def eof_received(self) -> bool:
+        """A half-close passes on (an attach's stdin ends; its output still flows)."""
+        if self.peer is not None and self.peer.can_write_eof():
+            self.peer.write_eof()
+            return True
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.peer is not None:

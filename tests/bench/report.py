@@ -50,6 +50,15 @@ def ratio_interval(xs: Sequence[float], ref: Sequence[float], confidence: float 
     return f"95% {ratios[tail]:.2f}-{ratios[-tail - 1]:.2f}x"
 
 
+def difference_interval(xs: Sequence[float], ref: Sequence[float], per_round: int) -> str:
+    """The difference of per-round medians (``per_round`` samples of each target a round,
+    taken in the same round), its median and 95% interval, in ms."""
+    rounds = range(0, min(len(xs), len(ref)), per_round)
+    diffs = [median(xs[k : k + per_round]) - median(ref[k : k + per_round]) for k in rounds]
+    low, high = median_interval(diffs)
+    return f"round by round {median(diffs):+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
 @dataclass
 class Row:
     scenario: str
