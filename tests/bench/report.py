@@ -36,7 +36,7 @@ def median_interval(xs: Sequence[float], confidence: float = 0.95) -> tuple[floa
     return xs[max(k - 1, 0)], xs[min(n - k, n - 1)]
 
 
-def ratio_interval(xs: Sequence[float], ref: Sequence[float], confidence: float = 0.95) -> str:
+def ratio_interval(xs: Sequence[float], ref: Sequence[float]) -> str:
     """A 95% interval for median(xs) / median(ref), by resampling whole rounds (a round
     visits every target in a random order, so a pair shares the machine's moment): a
     ratio near its line whose interval straddles it is a coin toss, not a verdict."""
@@ -46,7 +46,7 @@ def ratio_interval(xs: Sequence[float], ref: Sequence[float], confidence: float 
         median([x for x, _ in draw]) / median([r for _, r in draw])
         for draw in ([pick.choice(pairs) for _ in pairs] for _ in range(BOOTSTRAP))
     )
-    tail = round(BOOTSTRAP * (1 - confidence) / 2)
+    tail = round(BOOTSTRAP * 0.025)
     return f"95% {ratios[tail]:.2f}-{ratios[-tail - 1]:.2f}x"
 
 
