@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 
+from allocator.departures import Departures
 from allocator.host import listener
 from allocator.host.config import Config
 from allocator.ops.gpus import LiveView
@@ -24,6 +25,7 @@ def serve(config: Config, allocator: Allocator, claim: listener.Claim | None = N
     threading.Thread(target=_expire, args=(allocator,), name="expire", daemon=True).start()
     live = LiveView(allocator)
     stop = threading.Event()
+    Departures(allocator, stop).start()
     every = max(0.5, min(10.0, config.policy.idle_after / 4))
     threading.Thread(
         target=metrics_server.sample_forever, args=(live, every, stop), daemon=True

@@ -10,9 +10,8 @@ granted.  Wake-ups come from:
 
 - the allocator itself, whenever a lease ends in this process (its listeners):
   the shim's own releases and the reconciles it runs;
-- the Engine's event stream: a thread reads ``destroy`` events (``--rm``, a
-  removal through another socket) and asks for a reconcile first, since such a
-  removal may not have passed the plugin with its GPUs;
+  these include the leases allocator/departures.py ends as the Engine's
+  ``destroy`` events arrive (``--rm``, a removal by name or through another socket);
 - the state file: while anyone waits it is polled every `POLL` seconds for a new
   (mtime, size, inode), which catches the plugin's releases (other processes) and
   ``gpu-alloc repair``.
@@ -30,7 +29,6 @@ import contextlib
 import itertools
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +43,6 @@ from allocator.service import Allocator, LeaseRequest
 
 log = logging.getLogger("gpu-alloc.shim")
 POLL = 0.2  # seconds between state-file checks while anyone waits
-BACKOFF_MAX = 30.0
 _FAILURES = (StateError, EngineError, InventoryError, OSError)
 
 
@@ -65,17 +62,14 @@ class _Entry:
 
 
 class Waitline:
-    def __init__(self, alloc: Allocator, poll: float = POLL, events: bool = True) -> None:
+    def __init__(self, alloc: Allocator, poll: float = POLL) -> None:
         self.alloc = alloc
         self.poll = poll
         self._entries: dict[str, _Entry] = {}
         self._seq = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._kick: asyncio.Event | None = None
-        self._reconcile = False
         self._task: asyncio.Task[None] | None = None
-        self._events = events and alloc.engine is not None
-        self._stopped = threading.Event()
         alloc.listeners.append(self.wake)
 
     # ---------------------------------------------------------------- waiting
@@ -125,19 +119,16 @@ class Waitline:
             elif not handed and not future.cancelled() and future.exception() is None:
                 self._give_back(future.result()[0])
 
-    def wake(self, reconcile: bool = False) -> None:
+    def wake(self) -> None:
         """Serve the queue soon; safe from any thread (the allocator's listeners)."""
         loop, kick = self._loop, self._kick
         if loop is None or kick is None or loop.is_closed():
             return
-        if reconcile:
-            self._reconcile = True
         with contextlib.suppress(RuntimeError):  # the loop closed in between
             loop.call_soon_threadsafe(kick.set)
 
     def stop(self) -> None:
         """Answer every waiter with `Stopping`; called by the shim on its way down."""
-        self._stopped.set()
         for entry in list(self._entries.values()):
             if not entry.future.done():
                 entry.future.set_exception(Stopping("gpu-alloc shim is stopping"))
@@ -183,8 +174,6 @@ class Waitline:
         self._loop = asyncio.get_running_loop()
         self._kick = asyncio.Event()
         self._task = self._loop.create_task(self._run())
-        if self._events:
-            threading.Thread(target=self._watch_events, name="waitline-events", daemon=True).start()
 
     async def _run(self) -> None:
         assert self._kick is not None
@@ -201,9 +190,6 @@ class Waitline:
                 continue
             stamp = now
             try:
-                if self._reconcile:
-                    self._reconcile = False
-                    await asyncio.to_thread(self.alloc.reconcile)
                 await self._serve()
             except _FAILURES as e:
                 log.warning("queue not served this time: %s", e)
@@ -234,20 +220,3 @@ class Waitline:
         except OSError:
             return None
         return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-    def _watch_events(self) -> None:
-        """Container ``destroy`` events from the Engine, reconnecting with backoff."""
-        assert self.alloc.engine is not None
-        backoff = 0.5
-        while not self._stopped.is_set():
-            try:
-                for _ in self.alloc.engine.destroyed():
-                    backoff = 0.5
-                    if self._entries:
-                        self.wake(reconcile=True)
-                    if self._stopped.is_set():
-                        return
-            except Exception as e:  # any failure of the stream: connect again later
-                log.debug("Engine event stream ended: %s", e)
-            self._stopped.wait(backoff)
-            backoff = min(BACKOFF_MAX, backoff * 2)

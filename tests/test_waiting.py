@@ -200,7 +200,7 @@ def test_a_waiter_is_granted_when_a_lease_ends_and_one_that_leaves_leaks_nothing
     cids = [hold(alloc, fake, BOB) for _ in range(GPUS)]
 
     async def main() -> None:
-        line = Waitline(alloc, events=False)
+        line = Waitline(alloc)
         gone = asyncio.Event()
         leaving = asyncio.create_task(line.wait(request_of(CAROL), 30, gone))
         staying = asyncio.create_task(line.wait(request_of(ALICE), 30))
@@ -226,7 +226,7 @@ def test_a_stopping_shim_answers_its_waiters(tmp_path, fake) -> None:
     hold(alloc, fake, BOB, GPUS)
 
     async def main() -> None:
-        line = Waitline(alloc, events=False)
+        line = Waitline(alloc)
         task = asyncio.create_task(line.wait(request_of(ALICE), 30))
         await asyncio.sleep(0.05)
         line.stop()
@@ -245,7 +245,7 @@ def test_many_waiters_random_releases_and_cancels_keep_the_invariants(tmp_path, 
     ended: dict[str, str] = {}
 
     async def main() -> None:
-        line = Waitline(alloc, poll=0.02, events=False)
+        line = Waitline(alloc, poll=0.02)
 
         async def one_waiter(i: int) -> None:
             gone = asyncio.Event()
@@ -307,7 +307,7 @@ def test_the_queue_says_whom_their_own_limit_holds_back(tmp_path, fake) -> None:
     hold(alloc, fake, ALICE)  # alice at her limit, three GPUs free
 
     async def main() -> list[dict]:
-        line = Waitline(alloc, events=False)
+        line = Waitline(alloc)
         waiting = asyncio.create_task(line.wait(request_of(ALICE), 30))
         await asyncio.sleep(0.1)
         rows = line.snapshot()
@@ -339,7 +339,7 @@ def test_status_lists_the_queue_in_order_and_says_when_the_shim_is_silent() -> N
 def test_a_stopping_shim_server_sends_its_waiters_a_503(tmp_path, fake) -> None:
     alloc = make(tmp_path, fake)
     hold(alloc, fake, BOB, GPUS)
-    line = Waitline(alloc, events=False)
+    line = Waitline(alloc)
 
     class Waiting:
         def wants(self, method: str, target: str) -> bool:

@@ -32,6 +32,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from urllib.parse import quote
 
+from allocator.host.ledger import Ledger
 from tests import engine
 from tests.bench import CUDA, client, report
 from tests.bench.client import API, Conn, encode
@@ -40,6 +41,7 @@ from tests.bench.report import Row, difference_interval, median, p99, ratio_inte
 IMAGE = engine.BUSYBOX_TAG
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 2  # load-generator processes: one per core of the reference machine
+RELEASE_WAIT = 5.0  # seconds a released lease may take before the round counts as missed
 
 
 @dataclass(frozen=True)
@@ -431,6 +433,31 @@ class Bench:
         self.raw[scenario] = secs
         return ratios
 
+    def release(self) -> None:
+        """7. From `docker run --rm --gpus 1` returning (its container exited and removed)
+        to its GPU free in the ledger, with nobody waiting and no other call: the shim's
+        event follower alone ends the lease."""
+        assert self.stack is not None
+        ledger = Ledger(self.stack.state_dir)
+        took, missed = [], 0
+        for _ in range(self.sizes.run_rounds):
+            self.docker(self.socks["shim"], "run", "--rm", "--gpus", "1", IMAGE, "true")
+            t0 = time.perf_counter()
+            while ledger.read().leases and time.perf_counter() - t0 < RELEASE_WAIT:
+                time.sleep(0.001)
+            if ledger.read().leases:
+                missed += 1
+                self._remove_leased()
+            else:
+                took.append((time.perf_counter() - t0) * 1000)
+        self.add(Row("7 lease release after docker run --rm", "shim --gpus 1",
+                     median(took) if took else float("nan"), p99(took) if took else None,
+                     "ms", versus=f"{missed} still leased after {RELEASE_WAIT:.0f} s",
+                     threshold="<= 1000 ms p99, none missed",
+                     ok=bool(took) and not missed and p99(took) <= 1000,
+                     samples=len(took)))  # fmt: skip
+        self.raw["release"] = {"ms": took, "missed": missed}
+
     def create_path(self, existing: int) -> dict[str, float]:
         """4. `docker create` then `rm`: GPU create via shim+plugin vs plain create on bare."""
         cases = {
@@ -528,6 +555,7 @@ class Bench:
             ("throughput", self.throughput),
             ("streaming", self.streaming),
             ("docker run", self.docker_run),
+            ("release", self.release),
             ("create, 0 containers", lambda: self.create_path(0)),
             ("contention", self.contention),
             (f"populate {s.populate} containers", lambda: self.populate(s.populate)),
