@@ -23,6 +23,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from allocator.host import metrics
+from allocator.host.config import ConfigError
 from allocator.ops import gpus
 
 log = logging.getLogger("gpu-alloc.metrics")
@@ -129,7 +130,14 @@ def serve(listen: str, live: gpus.LiveView) -> ThreadingHTTPServer:
         def log_message(self, format: str, *args: Any) -> None:
             log.debug(format, *args)
 
-    server = ThreadingHTTPServer((host.strip("[]"), int(port)), Handler)
+    try:
+        server = ThreadingHTTPServer((host.strip("[]"), int(port)), Handler)
+    except OSError as e:
+        raise ConfigError(
+            f"metrics.listen {listen}: cannot listen there ({e.strerror or e}); another "
+            "process may hold it (a second shim, another exporter): set metrics.listen to "
+            "a free host:port, or leave it out"
+        ) from None
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     log.info("metrics and dashboard on http://%s/", listen)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from allocator.core import access, gonum, mounts
 from allocator.core.access import EngineView, Node
+from allocator.core.grants import Refusal
 from allocator.core.inventory import GPU, Inventory
 from allocator.core.mounts import Mount
 from allocator.host.filesystem import Host, engine_paths
@@ -308,3 +309,11 @@ def test_the_engine_view_names_the_authorization_plugins_dockerd_consults():
     info = {"DefaultRuntime": "runc", "Plugins": {"Authorization": ["gpu-alloc"]}}
     assert EngineView.from_info(info).authz_plugins == ("gpu-alloc",)
     assert EngineView.from_info({"Plugins": {"Authorization": None}}).authz_plugins == ()
+
+
+def test_count_and_device_ids_together_says_how_to_quote_a_device_list():
+    # `--gpus device=1,2` unquoted: the CLI splits on the comma and reads "2" as a count.
+    with pytest.raises(Refusal) as refused:
+        access.of_create(create(count=2, ids=["1"]), OLD, INVENTORY, TableHost())
+    assert "sets both Count and DeviceIDs" in str(refused.value)
+    assert "quote the list, --gpus '\"device=1,2\"'" in str(refused.value)

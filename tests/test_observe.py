@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from allocator.core.ask import Ask
 from allocator.core.usage import container_of_cgroup, idle_since
 from allocator.host import ledger, metrics, usage
-from allocator.host.config import Config, PolicyConfig
+from allocator.host.config import Config, ConfigError, PolicyConfig
 from allocator.ops import gpus, status
 from allocator.service import Allocator
 from shim import metrics_server
@@ -269,3 +269,16 @@ def test_status_marks_an_idle_lease(world, monkeypatch: pytest.MonkeyPatch) -> N
     assert [g["idle_since"] is not None for g in snap["gpus"]] == [True, False, False]
     holder_row = status.render_table(snap).splitlines()[1]
     assert holder_row.startswith("0 ") and "(idle)" in holder_row
+
+
+def test_a_metrics_port_in_use_is_a_config_error_naming_the_key(world) -> None:
+    alloc, _ = world
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listen = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(ConfigError) as refused:
+            metrics_server.serve(listen, gpus.LiveView(alloc))
+    assert f"metrics.listen {listen}: cannot listen there" in str(refused.value)
+    assert "set metrics.listen to a free host:port" in str(refused.value)
+    assert "Errno" not in str(refused.value)

@@ -104,8 +104,15 @@ def test_over_the_limit_is_refused_naming_the_rule():
     assert "carol holds 2 of 2 GPUs allowed (policy.limits.default)" in refused.msg
     assert "docker rm" in refused.msg and "ask your operator" in refused.msg
     assert policy.over_limit(CAROL, 1, 1, RULES) is None
-    first = policy.over_limit(CAROL, 0, 3, RULES)
-    assert first and "carol may hold 2 GPUs at once (policy.limits.default)" in first.msg
+    assert refused.waitable  # one of carol's containers going makes room
+
+
+def test_asking_for_more_than_the_limit_itself_says_so_never_remove_a_container():
+    never = policy.over_limit(CAROL, 0, 3, RULES)
+    assert never and "carol may hold 2 GPUs at once (policy.limits.default)" in never.msg
+    assert "asked for 3; ask for 2 or fewer, or ask your operator to raise" in never.msg
+    assert "docker rm" not in never.msg and not never.waitable
+    assert "docker rm" not in (policy.over_limit(CAROL, 1, 3, RULES) or never).msg
 
 
 def test_the_ledger_counts_an_owners_gpus_running_or_stopped():
@@ -128,6 +135,7 @@ def test_a_pool_with_groups_is_open_to_its_members_only():
     refused = policy.eligible(INVENTORY, Wanted(pool="training"), CAROL, RULES)
     assert isinstance(refused, Refusal)
     assert "pool 'training' is not open to carol (policy.pools.training)" in refused.msg
+    assert "use one open to you with --label io.gpu-alloc.pool=NAME (interactive)" in refused.msg
 
 
 def test_an_unknown_pool_is_an_invalid_request():

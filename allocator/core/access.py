@@ -135,7 +135,12 @@ def _device_requests(ctx: _Ctx) -> None:
         caps = caps or ("gpu",)
         ctx.env_read = True  # dockerd appends the request's NVIDIA_VISIBLE_DEVICES last
         if count and ids:
-            ctx.refuse(fld, "sets both Count and DeviceIDs, which dockerd rejects")
+            ctx.refuse(
+                fld,
+                "sets both Count and DeviceIDs, which dockerd rejects; an unquoted "
+                "--gpus device=1,2 does this (the CLI reads the 2 as a count): quote the "
+                "list, --gpus '\"device=1,2\"'",
+            )
         elif "all" in ids:
             ctx.add(fld, "all GPUs (DeviceIDs all)", None, Demand(all=True, caps=caps))
         elif ids:

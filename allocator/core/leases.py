@@ -42,8 +42,8 @@ from typing import Any
 SCHEMA_VERSION = 2
 READS = frozenset({1, SCHEMA_VERSION})
 REPAIR_HINT = (
-    "inspect it, then run 'gpu-alloc repair --reset' to move it aside and rebuild the "
-    "ledger from the Engine's containers"
+    "an operator (root) inspects it, then runs 'sudo gpu-alloc repair --reset' to move it "
+    "aside and rebuild the ledger from the Engine's containers"
 )
 
 

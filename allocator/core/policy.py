@@ -170,15 +170,23 @@ def over_limit(owner: Owner, holding: int, asking: int, rules: Rules) -> Refusal
     if limit is None or holding + asking <= limit[0]:
         return None
     allowed, rule = limit
+    gpus = f"GPU{'s' * (allowed != 1)}"
+    if asking > allowed:  # never fits, whatever is released
+        return Refusal(
+            f"gpu-alloc refused the container create: {owner.user} may hold {allowed} "
+            f"{gpus} at once ({rule}) and asked for {asking}; ask for {allowed} or fewer, "
+            "or ask your operator to raise the limit",
+            waitable=False,
+        )
     if holding:
-        now = f"{owner.user} holds {holding} of {allowed} GPU{'s' * (allowed != 1)} allowed"
+        now = f"{owner.user} holds {holding} of {allowed} {gpus} allowed"
     else:
-        now = f"{owner.user} may hold {allowed} GPU{'s' * (allowed != 1)} at once"
+        now = f"{owner.user} may hold {allowed} {gpus} at once"
     return Refusal(
         f"gpu-alloc refused the container create: {now} ({rule}) and asked for {asking} "
         "more; release one with 'docker rm' (a stopped container still holds its GPUs), "
         "or ask your operator",
-        waitable=asking <= allowed,  # more than the limit itself never fits
+        waitable=True,  # one of their containers going makes room
     )
 
 
@@ -245,10 +253,15 @@ def eligible(
                 f"(pools: {known}); name one of them with --label {POOL}=NAME"
             )
         if not pool.open_to(owner):
+            open_ = sorted(n for n, p in rules.pools.items() if p.open_to(owner))
+            instead = (
+                f"use one open to you with --label {POOL}=NAME ({', '.join(open_)})"
+                if open_
+                else "no pool is open to you"
+            )
             return Refusal(
                 f"gpu-alloc refused the container create: pool '{pool_name}' is not open to "
-                f"{owner.user} (policy.pools.{pool_name}); use another pool with "
-                f"--label {POOL}=NAME, or ask your operator"
+                f"{owner.user} (policy.pools.{pool_name}); {instead}, or ask your operator"
             )
         gpus = [g for g in gpus if g.index in pool.gpus]
         migs = [m for m in migs if m.index in pool.gpus]
