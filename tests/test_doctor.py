@@ -88,7 +88,9 @@ def test_a_dead_shim_and_a_wrong_plugin_name_are_failures(stack, tmp_path):
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 1
     assert "shim at" in out.stdout and "not answering" in out.stdout
-    assert 'add "authorization-plugins": ["not-gpu-alloc"]' in out.stdout
+    # The test dockerd names its plugin with a flag: daemon.json would stop it starting.
+    assert "add --authorization-plugin=not-gpu-alloc beside the other" in out.stdout
+    assert 'add "authorization-plugins"' not in out.stdout
     assert "systemctl restart gpu-alloc-shim" in out.stdout
 
 
@@ -116,3 +118,42 @@ def test_an_engine_that_is_not_there_is_named_in_plain_words(tmp_path):
     for ask in (lambda e: e.info(), lambda e: e.inspect("job")):  # the SDK, and our own GET
         with pytest.raises(EngineError, match="no socket there: is dockerd running"):
             ask(Engine(str(tmp_path / "docker.sock"), 2))
+
+
+def with_config(stack: engine.Stack, tmp_path, **engine_keys: str):
+    import yaml
+
+    data = yaml.safe_load(stack.config_path.read_text())
+    data["engine"].update(engine_keys)
+    cfg = tmp_path / "changed.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    return cfg
+
+
+def test_the_toolkit_is_looked_for_on_dockerds_path_not_doctors(stack, tmp_path):
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}  # no fake hook here; dockerd has one
+    argv = [*engine.gpu_alloc_command(), "--config", str(stack.config_path), "doctor"]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    hook = stack.engine_dir / "bin" / "nvidia-container-runtime-hook"
+    assert f"[  ok] NVIDIA Container Toolkit: {hook}, on dockerd's PATH (pid" in out.stdout
+
+
+def test_a_plugin_named_by_flag_needs_nothing_in_daemon_json(stack, tmp_path):
+    empty = tmp_path / "daemon.json"
+    empty.write_text("{}")
+    cfg = with_config(stack, tmp_path, daemon_json=str(empty))
+    out = subprocess.run([*engine.gpu_alloc_command(), "--config", str(cfg), "doctor"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "leaves authorization plugins to dockerd's command line, which names" in out.stdout
+    assert "run deploy/install.sh" not in out.stdout
+
+
+def test_daemon_json_naming_plugins_beside_the_flag_fails_before_dockerd_does(stack, tmp_path):
+    both = tmp_path / "daemon.json"
+    both.write_text(json.dumps({"authorization-plugins": [stack.plugin_name]}))
+    cfg = with_config(stack, tmp_path, daemon_json=str(both))
+    out = subprocess.run([*engine.gpu_alloc_command(), "--config", str(cfg), "doctor"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 1
+    assert f'[FAIL] {both}: "authorization-plugins" is set' in out.stdout
+    assert "dockerd refuses to start with both" in out.stdout

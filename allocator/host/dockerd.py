@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT = "/etc/docker/daemon.json"  # rootful dockerd's, without --config-file
@@ -83,3 +84,53 @@ def _flag(args: list[str], name: str) -> str | None:
         elif arg == name and i + 1 < len(args):
             value = args[i + 1]
     return value
+
+
+@dataclass(frozen=True)
+class Running:
+    """The dockerd behind the Engine's socket as doctor needs it: its flags and PATH."""
+
+    pid: int
+    args: tuple[str, ...]
+    path: str | None  # PATH from its environment; None when not ours to read
+    root: Path  # its root directory, through /proc (a chroot's differs from ours)
+
+    def flags(self, name: str) -> list[str]:
+        """Every value of a repeatable flag (``--authorization-plugin``), in order."""
+        values = []
+        for i, arg in enumerate(self.args):
+            if arg.startswith(name + "="):
+                values.append(arg[len(name) + 1 :])
+            elif arg == name and i + 1 < len(self.args):
+                values.append(self.args[i + 1])
+        return values
+
+    def which(self, program: str) -> str | None:
+        """Where dockerd finds ``program`` on its own PATH (in its own root), as it names it."""
+        for folder in (self.path or "").split(":"):
+            if not folder.startswith("/"):
+                continue
+            here = self.root / folder.lstrip("/") / program
+            if here.is_file() and os.access(here, os.X_OK):
+                return os.path.join(folder, program)
+        return None
+
+
+def running(engine_socket: str, proc: str = "/proc") -> Running | None:
+    """The dockerd behind ``engine_socket``, or None when none can be told or read."""
+    pid = _dockerd(engine_socket, proc)
+    if pid is None:
+        return None
+    base = Path(proc) / str(pid)
+    try:
+        args = tuple(
+            a.decode(errors="replace") for a in (base / "cmdline").read_bytes().split(b"\0")
+        )
+    except OSError:
+        return None
+    try:
+        env = (base / "environ").read_bytes().split(b"\0")
+        path = next((e[5:].decode(errors="replace") for e in env if e.startswith(b"PATH=")), "")
+    except OSError:
+        path = None
+    return Running(pid, args, path, base / "root")

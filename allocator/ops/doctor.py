@@ -60,12 +60,21 @@ def check_inventory(cfg: Config) -> Line:
 
 
 def check_toolkit(cfg: Config) -> Line:
-    hook = shutil.which("nvidia-container-runtime-hook") or shutil.which("nvidia-ctk")
+    """The hook on dockerd's own PATH: dockerd registers its nvidia driver only if it
+    finds the hook there when it starts, whatever gpu-alloc's own PATH says."""
+    names = ("nvidia-container-runtime-hook", "nvidia-ctk")
+    engine = dockerd.running(cfg.engine.socket)
+    if engine is None or engine.path is None:
+        hook = next(filter(None, map(shutil.which, names)), None)
+        seen = "on gpu-alloc's PATH (dockerd's own could not be read)"
+    else:
+        hook = next(filter(None, map(engine.which, names)), None)
+        seen = f"on dockerd's PATH (pid {engine.pid})"
     if hook:
-        return Line(OK, f"NVIDIA Container Toolkit: {hook}")
+        return Line(OK, f"NVIDIA Container Toolkit: {hook}, {seen}")
     return Line(
         FAIL,
-        "NVIDIA Container Toolkit: nvidia-container-runtime-hook not on PATH",
+        f"NVIDIA Container Toolkit: nvidia-container-runtime-hook not {seen}",
         "install nvidia-container-toolkit, then nvidia-ctk runtime configure "
         "--runtime=docker and restart docker",
     )
@@ -91,21 +100,38 @@ def check_engine(cfg: Config) -> Line:
         f"runtimes {', '.join(runtimes)}; authorization plugins {authz or 'none'}"
     )
     if cfg.plugin.name not in authz:
-        return Line(
-            FAIL,
-            line,
-            f'add "authorization-plugins": ["{cfg.plugin.name}"] to '
-            f"{cfg.engine.daemon_json} (deploy/install.sh does) and "
-            "restart docker",
-        )
+        engine = dockerd.running(cfg.engine.socket)
+        if engine is not None and engine.flags("--authorization-plugin"):
+            fix = (
+                f"add --authorization-plugin={cfg.plugin.name} beside the other "
+                "--authorization-plugin flags on dockerd's command line (systemctl cat "
+                "docker) and restart docker; not in daemon.json: dockerd refuses to start "
+                "when a flag and the file both set it"
+            )
+        else:
+            fix = (
+                f'add "authorization-plugins": ["{cfg.plugin.name}"] to '
+                f"{cfg.engine.daemon_json} (deploy/install.sh does) and restart docker"
+            )
+        return Line(FAIL, line, fix)
     return Line(OK, line)
 
 
 def check_daemon_json(cfg: Config) -> Line:
+    """The plugin named where dockerd takes it from: daemon.json, or its command line,
+    never both (dockerd then refuses to start)."""
     path = cfg.engine.daemon_json
+    engine = dockerd.running(cfg.engine.socket)
+    flagged = engine.flags("--authorization-plugin") if engine is not None else []
+    by_flag = (
+        f"{path}: leaves authorization plugins to dockerd's command line, which names "
+        f"{cfg.plugin.name} (--authorization-plugin)"
+    )
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
+        if cfg.plugin.name in flagged:
+            return Line(OK, by_flag)
         return Line(
             WARN,
             f"{path}: missing (the plugin may be named on dockerd's command line)",
@@ -113,9 +139,19 @@ def check_daemon_json(cfg: Config) -> Line:
         )
     except (OSError, ValueError) as e:
         return Line(FAIL, f"{path}: unreadable ({e})", "fix the JSON; dockerd will not start")
+    if flagged and "authorization-plugins" in data:
+        return Line(
+            FAIL,
+            f'{path}: "authorization-plugins" is set, and dockerd\'s command line has '
+            f"--authorization-plugin ({', '.join(flagged)}): dockerd refuses to start with "
+            "both at its next restart",
+            f'remove "authorization-plugins" from {path}, or the flags from dockerd\'s unit',
+        )
+    if cfg.plugin.name in flagged:
+        return Line(OK, by_flag)
     if cfg.plugin.name not in (data.get("authorization-plugins") or []):
-        # The Engine check above says whether dockerd uses the plugin (flag or file);
-        # a plugin named only on the command line is lost when the unit file changes.
+        # The Engine check above says whether dockerd uses the plugin; a plugin named
+        # nowhere dockerd reads at its next start is lost then.
         return Line(
             WARN,
             f'{path}: "authorization-plugins" does not name {cfg.plugin.name}',
@@ -131,7 +167,9 @@ def check_config_file(cfg: Config) -> Line:
         return Line(
             WARN,
             "dockerd's command line: cannot tell which daemon.json it reads",
-            "run gpu-alloc doctor as root, with dockerd running",
+            "start docker (gpu-alloc reads its command line in /proc)"
+            if os.geteuid() == 0
+            else "run gpu-alloc doctor as root (sudo), with dockerd running",
         )
     named, here = found
     try:
