@@ -168,11 +168,14 @@ class Reconciler(Gatherer):
 
 
 def _owner_of(info: dict) -> dict[str, object]:
-    """Whose a container the shim made for a lease was, by its `policy.OWNER` label."""
+    """Whose a container the shim made for a lease was, and the pool it was placed in, by
+    its `policy.OWNER` and `policy.POOL` labels (only gpu-alloc sets either there)."""
     given = (info.get("Config") or {}).get("Labels") or {}
     if not labels.lease_of(given):
         return {}
+    pool = {"pool": str(given[policy.POOL])} if given.get(policy.POOL) else {}
     uid, _, user = str(given.get(policy.OWNER) or "").rpartition(":")
     if not user:
-        return {}
-    return {"owner": user, "owner_uid": int(uid) if uid.isascii() and uid.isdigit() else None}
+        return pool
+    uid_ = int(uid) if uid.isascii() and uid.isdigit() else None
+    return {"owner": user, "owner_uid": uid_, **pool}

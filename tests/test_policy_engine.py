@@ -104,3 +104,22 @@ def test_a_compose_recreate_at_the_limit_takes_over_its_own_gpu(stack, tmp_path)
     assert status(stack)["free"] == 3
     down = engine.docker_compose(stack.shim_sock, tmp_path, "down", project_name="gapol")
     assert down.returncode == 0, down.stderr
+
+
+def test_a_reset_ledger_keeps_each_adopted_containers_pool(stack):
+    original = stack.config_path.read_text()
+    try:
+        set_policy(stack, pools={"small": {"gpus": [0, 1]}, "big": {"gpus": [2, 3]}})
+        out = shim(stack, "run", "-d", "--name", "pooled", "--gpus", "1", "--label",
+                   "io.gpu-alloc.pool=big", IMAGE, "sleep", "60")  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        reset = subprocess.run(
+            [*engine.gpu_alloc_command(), "--config", str(stack.config_path), "repair", "--reset"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert reset.returncode == 0 and "adopted 1 container" in reset.stdout, reset.stderr
+        (holder,) = status(stack)["holders"]
+        assert holder["lease"] is None and holder["pool"] == "big"
+    finally:
+        shim(stack, "rm", "-f", "pooled")
+        stack.config_path.write_text(original)

@@ -128,6 +128,7 @@ class Claim:
     owner: str = "unknown"
     owner_uid: int | None = None
     since: float | None = None  # the container's creation: how long it has held them
+    pool: str | None = None  # the pool its lease was placed in, by the pool label
 
 
 _CLAIM_DEFAULTS = {
@@ -137,6 +138,7 @@ _CLAIM_DEFAULTS = {
     "owner": "unknown",
     "owner_uid": None,
     "since": None,
+    "pool": None,
 }
 
 
@@ -260,6 +262,7 @@ class State:
                 owner=claim.owner,
                 owner_uid=claim.owner_uid,
                 since=claim.since,
+                pool=claim.pool,
                 stopped=stopped.get(claim.container),
             )
             for uuid in all_gpus if claim.gpus is None else claim.gpus:
