@@ -345,3 +345,23 @@ def test_an_nss_answer_given_only_in_part_is_asked_again_at_once(
     create.owner_of(peer)
     create.owner_of(peer)
     assert asked == [1002, 1002]
+
+
+def test_a_container_created_a_moment_ago_is_not_called_stopped_or_told_to_be_removed():
+    from allocator.core.ask import Ask
+    from allocator.core.placement import POLICIES, Shortage, place
+    from allocator.core.reconcile import apply
+
+    inventory = Inventory((GPU("GPU-0", 0),))
+    state = State()
+    state.leases["l0"] = Lease("l0", ("GPU-0",), "x", Phase.BOUND.value, "a" * 64, "job",
+                               1000.0, owner="alice")  # fmt: skip
+    listed = {"a" * 64: {"State": "created", "Status": "Created"}}
+    report = apply(state.copy(), state, listed, {}, {}, 1000.0)
+    held = state.holders(inventory.uuids, report.stopped)
+    assert held["GPU-0"].describe(1001.0) == (
+        "container aaaaaaaaaaaa 'job' of alice, for 1s (lease l0, bound; created, not started yet)"
+    )
+    short = place(Ask((), 1, False, ("gpu",)), inventory, held, POLICIES["numa"], 1001.0)
+    assert isinstance(short, Shortage)
+    assert "stopped" not in short.msg and "docker rm" not in short.msg

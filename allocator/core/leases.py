@@ -142,6 +142,9 @@ _CLAIM_DEFAULTS = {
 }
 
 
+CREATED = "Created"  # the Engine's status of a container never started
+
+
 @dataclass(frozen=True)
 class Holder:
     """Who holds a GPU: a lease (in any live phase) or an adopted claim."""
@@ -160,10 +163,18 @@ class Holder:
     # None: running, or not known.
     stopped: str | None = None
 
+    @property
+    def idle_stopped(self) -> bool:
+        """Stopped after running: a container created and not yet started (the Engine's
+        "Created", as between ``docker create`` and its start) is on its way, not idle."""
+        return self.stopped is not None and self.stopped != CREATED
+
     def describe(self, now: float | None = None) -> str:
         """One phrase for refusals: what holds it, whose it is, for how long, and whether
         it is stopped (so nobody seems to be using the GPU)."""
-        stopped = f"; stopped: {self.stopped}" if self.stopped else ""
+        stopped = f"; stopped: {self.stopped}" if self.idle_stopped else ""
+        if self.stopped == CREATED:
+            stopped = "; created, not started yet"
         if self.lease is None:
             return (
                 f"container {(self.container or '')[:12]} '{self.name}' "

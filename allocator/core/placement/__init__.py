@@ -186,7 +186,7 @@ def _shortage_text(
         h = held.get(g.uuid)
         if h is not None:
             key, text = (h.lease, h.container), h.describe(now)
-            if h.stopped:
+            if h.idle_stopped:
                 stopped[key] = h
         elif g.uuid in sick:
             key, text = ("unhealthy", sick[g.uuid]), f"unhealthy ({sick[g.uuid]})"
