@@ -111,7 +111,7 @@ class Reconciler(Gatherer):
         held_down = {
             lease_id: snapshot.leases[lease_id]
             for lease_id in due
-            if self._restart_off(str(snapshot.leases[lease_id].container), policies)
+            if self._restart_off(str(snapshot.leases[lease_id].container))
         }
         with self.ledger.transaction() as state:
             before = dict(state.leases)
@@ -167,11 +167,11 @@ class Reconciler(Gatherer):
                     policies[cid] = restarts.standing(info)
         return since, policies
 
-    def _restart_off(self, cid: str, policies: dict[str, str]) -> bool:
-        """Turn off ``cid``'s restart policy (``policies``: container -> `restarts.standing`)
-        before gpu-alloc stops vouching for its GPUs.  False when the Engine failed: the
-        caller keeps vouching, and a later run tries again."""
-        if not policies.get(cid) or self.engine is None:
+    def _restart_off(self, cid: str) -> bool:
+        """Turn off ``cid``'s restart policy before gpu-alloc stops vouching for its GPUs,
+        also when the inspect showed none (one may have been set since).  False when the
+        Engine failed: the caller keeps vouching, and a later run tries again."""
+        if self.engine is None:
             return True
         try:
             self.engine.update(cid, restarts.OFF)
