@@ -6,6 +6,11 @@ frees leases whose container is gone, binds pending leases whose container turne
 up (found by label), frees pending leases past their deadline with no container,
 expires stopped ones past ``release_stopped_after``, and adopts unknown containers'
 GPU access as claims.  Every lease that ends is one audit line (`Gatherer.record`).
+
+A stopped container whose lease expires still exists, and dockerd starts it again at
+its own start if its restart policy says so, without asking the plugin: the policy is
+turned off before the lease ends (`allocator.core.restarts`, rule 2), and a lease
+whose container's policy cannot be turned off is kept until a later run can.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 
-from allocator.core import access, labels, policy
+from allocator.core import access, labels, policy, restarts
 from allocator.core.leases import Claim, Lease, Phase, State
 from allocator.core.reconcile import STOPPED, Report, apply
 from allocator.core.verdicts import (
@@ -21,7 +26,7 @@ from allocator.core.verdicts import (
 )
 from allocator.gather import Gatherer
 from allocator.host import ledger, metrics
-from allocator.host.engine import go_time
+from allocator.host.engine import EngineError, go_time
 
 log = logging.getLogger("gpu-alloc")
 
@@ -96,13 +101,24 @@ class Reconciler(Gatherer):
                 else:
                     found[cid] = claim
             self._no_gpu &= set(listed)
-        stopped = self._stopped_since(snapshot, listed)
+        stopped, policies = self._stopped_since(snapshot, listed)
+        due = policy.expired(
+            [(le.id, le.container or "") for le in snapshot.leases.values()],
+            stopped,
+            ledger.now(),
+            self.rules,
+        )
+        held_down = {
+            lease_id: snapshot.leases[lease_id]
+            for lease_id in due
+            if self._restart_off(str(snapshot.leases[lease_id].container))
+        }
         with self.ledger.transaction() as state:
             before = dict(state.leases)
             now = ledger.now()
             report = apply(state, snapshot, listed, by_label, found, now)
             bound = [(le.id, le.container or "") for le in state.leases.values()]
-            expired = policy.expired(bound, stopped, now, self.rules)
+            expired = [i for i in policy.expired(bound, stopped, now, self.rules) if i in held_down]
             for lease_id in expired:
                 state.expire(lease_id, now)
                 report.freed.append(lease_id)
@@ -110,6 +126,8 @@ class Reconciler(Gatherer):
             for cid in set(state.expired) - set(listed):
                 if cid in snapshot.expired:
                     del state.expired[cid]  # removed: nothing left to refuse
+        for lease_id in expired:
+            self._restart_audit(held_down[lease_id], policies, "its lease expired")
         for lease_id in report.freed:
             lease = before.get(lease_id)
             why = "container gone" if lease and lease.container else "create never completed"
@@ -123,16 +141,20 @@ class Reconciler(Gatherer):
             )
         return report
 
-    def _stopped_since(self, snapshot: State, listed: dict[str, dict]) -> dict[str, float]:
-        """When each leased container that is not running stopped (or was created).
+    def _stopped_since(
+        self, snapshot: State, listed: dict[str, dict]
+    ) -> tuple[dict[str, float], dict[str, str]]:
+        """When each leased container that is not running stopped (or was created), and
+        the restart policy (`restarts.standing`) of each that has one.
 
         Asked only when ``release_stopped_after`` is set, and only of containers the
         listing shows stopped, so a host without the rule pays nothing.
         """
-        if self.rules.release_stopped_after is None or self.engine is None:
-            return {}
-        leased = {le.container for le in snapshot.leases.values() if le.phase is Phase.BOUND}
         since: dict[str, float] = {}
+        policies: dict[str, str] = {}
+        if self.rules.release_stopped_after is None or self.engine is None:
+            return since, policies
+        leased = {le.container for le in snapshot.leases.values() if le.phase is Phase.BOUND}
         for cid in leased & set(listed):
             if listed[cid].get("State") not in STOPPED:
                 continue
@@ -141,7 +163,29 @@ class Reconciler(Gatherer):
             stamp = go_time(st.get("FinishedAt")) or go_time((info or {}).get("Created"))
             if info and not st.get("Running") and stamp:
                 since[cid] = stamp
-        return since
+                if restarts.standing(info):
+                    policies[cid] = restarts.standing(info)
+        return since, policies
+
+    def _restart_off(self, cid: str) -> bool:
+        """Turn off ``cid``'s restart policy before gpu-alloc stops vouching for its GPUs,
+        also when the inspect showed none (one may have been set since).  False when the
+        Engine failed: the caller keeps vouching, and a later run tries again."""
+        if self.engine is None:
+            return True
+        try:
+            self.engine.update(cid, restarts.OFF)
+        except EngineError as e:
+            log.warning("kept the lease of %s: restart policy not turned off: %s", cid[:12], e)
+            return False
+        return True
+
+    def _restart_audit(self, lease: Lease, policies: dict[str, str], why: str) -> None:
+        """The audit line (and log line) for a policy `_restart_off` turned off."""
+        was = policies.get(str(lease.container))
+        if was:
+            log.info("container %s: restart policy %s turned off (%s)", lease.name, was, why)
+            self.record("restart-off", lease, reason=f"restart policy {was} turned off: {why}")
 
     def _carries(self, cid: str, lease: Lease, facts: Facts) -> bool:
         """Does this container really hold the lease's GPUs (not a label copied by commit)?"""

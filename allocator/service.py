@@ -18,7 +18,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from allocator.core import compose, cpus, labels, policy, queue, starts
+from allocator.core import compose, cpus, labels, policy, queue
 from allocator.core.ask import Ask
 from allocator.core.inflight import Target
 from allocator.core.inventory import Inventory
@@ -38,10 +38,9 @@ from allocator.core.verdicts import (
 )
 from allocator.host import ledger, metrics
 from allocator.host.engine import EngineError
-from allocator.reconciler import Reconciler
+from allocator.restarts import Restarts
 
 log = logging.getLogger("gpu-alloc")
-_INSPECT = object()  # start_refusal's default: inspect the reference itself
 _KEPT = Holder(None, "", "kept for a create ahead in the queue", owner="the queue")
 
 
@@ -56,7 +55,7 @@ class LeaseRequest:
     resources: cpus.Resources = cpus.NOTHING
 
 
-class Allocator(Reconciler):
+class Allocator(Restarts):
     # ------------------------------------------------------------ leases
 
     def lease(
@@ -85,7 +84,8 @@ class Allocator(Reconciler):
         A create that replaces a stopped container of the same Compose service (compose
         stops the old one and renames it ``<short id>_<name>`` before creating the new
         one) may take over the old container's GPUs, so recreating a service on a full
-        host needs no more free GPUs than it had.
+        host needs no more free GPUs than it had.  The old container's restart policy
+        is turned off before (`Restarts.hold_down`): dockerd would start it unasked.
         """
         rules = self.rules
         scope = policy.eligible(self.inventory(), want, owner, rules, ask.required)
@@ -110,15 +110,18 @@ class Allocator(Reconciler):
         # and when the owner is at their limit (the old container's GPUs count there).
         if isinstance(result, Shortage | Refusal) and self.engine is not None:
             predecessor = self._compose_predecessor(name, labels or {})
-            if predecessor is not None:
+            was = self.hold_down(predecessor[0]) if predecessor is not None else None
+            if predecessor is not None and was is not None:
                 retry = self._try_lease(
                     req, scope, topology, predecessor, stopped=stopped, defer=defer
                 )
                 if isinstance(retry, tuple):
-                    self._keep_down(predecessor[0])
+                    self.held_down(predecessor, was, name)
                     result = retry
-                elif isinstance(result, Shortage) and isinstance(retry, Shortage):
-                    result = retry
+                else:
+                    self.put_back(predecessor[0], was)
+                    if isinstance(result, Shortage) and isinstance(retry, Shortage):
+                        result = retry
         if isinstance(result, tuple):
             metrics.request("granted")
         elif not (waits and result.waitable):
@@ -170,18 +173,6 @@ class Allocator(Reconciler):
         if isinstance(picked, Shortage):
             return picked
         return [g.uuid for g in picked], pool
-
-    def _keep_down(self, container: str) -> None:
-        """A predecessor that lent its GPUs must not come back by itself.
-
-        dockerd restarts ``restart: always`` containers at its own start without asking
-        the plugin, so the policy is turned off; the replacement has its own.
-        """
-        try:
-            assert self.engine is not None
-            self.engine.update(container, {"RestartPolicy": {"Name": "no"}})
-        except EngineError as e:
-            log.warning("could not turn off the restart policy of %s: %s", container[:12], e)
 
     def _try_lease(
         self,
@@ -342,7 +333,10 @@ class Allocator(Reconciler):
             why = self.start_refusal(decision.ref, info)
             return AllowStart(Target.of(info)) if why is None else Deny(why)
         if isinstance(decision, UpdateCheck):
-            why = self.update_refusal(decision.ref, decision.fields)
+            why = decision.restart and self.restart_refusal(decision.ref, decision.restart)
+            why = why or (
+                self.update_refusal(decision.ref, decision.fields) if decision.fields else None
+            )
             return ALLOW if why is None else Deny(why)
         return decision
 
@@ -372,37 +366,6 @@ class Allocator(Reconciler):
             f"with its GPUs ({how}), and other containers lease "
             "the cores and memory around them; recreate the container with other "
             "io.gpu-alloc.request.* labels instead"
-        )
-
-    def start_refusal(self, ref: str, info: dict | object | None = _INSPECT) -> str | None:
-        """Why a start (or restart) of container ``ref`` must be refused, if it must.
-
-        dockerd grants at start: the container is inspected now (the Engine resolves
-        ``ref`` as it will for the start) and its access judged with host facts read
-        now, by `starts.refusal`.  The plugin's own inspect is a GET, which its fast
-        path clears without a worker's lock.  When the ledger cannot be read, a
-        container without GPUs still starts, so a broken state file stops GPU work only.
-        ``info``: the inspect the caller made already (`resolve` keeps it, to say which
-        container was judged).
-        """
-        try:
-            state: State | str = self.ledger.read()
-        except StateError as e:
-            state = str(e)
-        if info is _INSPECT:
-            info = self.engine.inspect(ref) if self.engine else None
-        assert info is None or isinstance(info, dict)
-        if info and not isinstance(state, str) and info["Id"] in state.expired:
-            return policy.expired_text(ref, self.rules)
-        old_info = None
-        if info is not None and not isinstance(state, str) and self.engine is not None:
-            lease = state.lease_of(str(info.get("Id") or ""))
-            old = state.predecessor_of(lease.id) if lease else None
-            if old is not None and old.container:
-                old_info = self.engine.inspect(old.container)  # by full id: None if gone
-        facts = self.facts()
-        return starts.refusal(
-            ref, info, state, facts.engine, facts.known_gpus, facts.host, old_info, facts.volume_of
         )
 
     def settle_unanswered(self, lease_id: str, label: str, token: str) -> None:

@@ -1,5 +1,5 @@
 """Audit records as data: one dict per grant, release, refusal, denial, hand-over, adoption,
-and a GPU's health turning.
+a GPU's health turning, and a restart policy gpu-alloc turned off.
 
 The record is built here from plain values (no clock, no file): the service passes
 the time in, the host's `audit` module writes the line.  Keys are fixed, so
@@ -12,7 +12,16 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-KINDS = ("grant", "release", "refusal", "denial", "hand-over", "adoption", "health")
+KINDS = (
+    "grant",
+    "release",
+    "refusal",
+    "denial",
+    "hand-over",
+    "adoption",
+    "health",
+    "restart-off",
+)
 _INDEX = re.compile(r"\[\d+\]")
 
 

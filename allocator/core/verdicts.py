@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from allocator.core import access, fields, gojson, labels, mounts
+from allocator.core import access, fields, gojson, labels, mounts, restarts
 from allocator.core.access import EngineView, HostFacts, Refusal
 from allocator.core.ask import Ask, ask_of
 from allocator.core.inflight import Target
@@ -125,10 +125,12 @@ class AllowStart:
 
 @dataclass(frozen=True)
 class UpdateCheck:
-    """Allow unless ``ref``'s lease set one of ``fields`` (its leased cores or memory)."""
+    """Allow unless ``ref``'s lease set one of ``fields`` (its leased cores or memory), or
+    the update sets a ``restart`` policy (`restarts.asked`) a start of ``ref`` fails."""
 
     ref: str
     fields: tuple[str, ...]
+    restart: str = ""
 
 
 Decision = Allow | Deny | NeedsLease | StartCheck | AllowStart | UpdateCheck
@@ -321,7 +323,8 @@ def _update(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
             "container's device access; recreate the container through gpu-alloc instead"
         )
     leasable = tuple(f for f in LEASED_FIELDS if (spec or {}).get(f))
-    return UpdateCheck(route.name, leasable) if leasable else ALLOW
+    restart = restarts.asked(spec)
+    return UpdateCheck(route.name, leasable, restart) if leasable or restart else ALLOW
 
 
 # HostConfig fields a CPU or memory lease sets; only their updates need the ledger.

@@ -208,6 +208,7 @@ def cmd_shim(cfg: Config, args: argparse.Namespace) -> int:
         else:
             if report:
                 log.info("reconciled at start: %s", report)
+        alloc.check_restarts()  # what a dockerd restart would start must be leased
         from shim.serve import serve
 
         serve(cfg, alloc, claim)

@@ -1,0 +1,135 @@
+"""Which starts gpu-alloc lets happen: those asked for, and those a restart policy makes.
+
+A start (or restart) asked on any socket is judged by `start_refusal`.  dockerd also
+starts containers by itself, as their restart policy says, at its own start and after
+they exit, asking nobody; so a restart policy is allowed only on a container a start
+of which would be allowed (`allocator.core.restarts`): an update that sets one on any
+other container is refused (`restart_refusal`), a Compose predecessor's policy is
+turned off before it lends its GPUs (`hold_down`), and at shim start every policy a
+start of whose container would be refused is turned off (`check_restarts`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from allocator.core import policy, restarts, starts
+from allocator.core.leases import State, StateError
+from allocator.host.engine import EngineError
+from allocator.reconciler import Reconciler
+
+log = logging.getLogger("gpu-alloc")
+_INSPECT = object()  # start_refusal's default: inspect the reference itself
+
+
+class Restarts(Reconciler):
+    """Starts, asked and standing, on top of reconcile."""
+
+    def start_refusal(
+        self, ref: str, info: dict | object | None = _INSPECT, state: State | None = None
+    ) -> str | None:
+        """Why a start (or restart) of container ``ref`` must be refused, if it must.
+
+        dockerd grants at start: the container is inspected now (the Engine resolves
+        ``ref`` as it will for the start) and its access judged with host facts read
+        now, by `starts.refusal`.  The plugin's own inspect is a GET, which its fast
+        path clears without a worker's lock.  When the ledger cannot be read, a
+        container without GPUs still starts, so a broken state file stops GPU work only.
+        ``info``: the inspect the caller made already (`resolve` keeps it, to say which
+        container was judged).  ``state``: the ledger to judge against, when it is not
+        the one on disk (a reset about to drop every lease).
+        """
+        ledger: State | str
+        try:
+            ledger = self.ledger.read() if state is None else state
+        except StateError as e:
+            ledger = str(e)
+        if info is _INSPECT:
+            info = self.engine.inspect(ref) if self.engine else None
+        assert info is None or isinstance(info, dict)
+        if info and not isinstance(ledger, str) and info["Id"] in ledger.expired:
+            return policy.expired_text(ref, self.rules)
+        old_info = None
+        if info is not None and not isinstance(ledger, str) and self.engine is not None:
+            lease = ledger.lease_of(str(info.get("Id") or ""))
+            old = ledger.predecessor_of(lease.id) if lease else None
+            if old is not None and old.container:
+                old_info = self.engine.inspect(old.container)  # by full id: None if gone
+        facts = self.facts()
+        return starts.refusal(
+            ref, info, ledger, facts.engine, facts.known_gpus, facts.host, old_info, facts.volume_of
+        )
+
+    def restart_refusal(self, ref: str, asked: str) -> str | None:
+        """Why an update that sets restart policy ``asked`` on ``ref`` must be refused:
+        dockerd would make, unasked, a start `start_refusal` refuses."""
+        info = self.engine.inspect(ref) if self.engine else None
+        if info is None:
+            return None  # dockerd answers "no such container"
+        why = self.start_refusal(ref, info)
+        return None if why is None else restarts.update_refusal(ref, asked, why)
+
+    def hold_down(self, container: str) -> dict[str, Any] | None:
+        """Turn off ``container``'s restart policy before it lends its GPUs; the policy it
+        had (``{}``: none), to `put_back` if it lends nothing; None if that failed."""
+        try:
+            info = self.engine.inspect(container) if self.engine else None
+            if info is None:
+                return None
+            was = (info.get("HostConfig") or {}).get("RestartPolicy") or {}
+            assert self.engine is not None
+            self.engine.update(container, restarts.OFF)  # even if none: one may be set since
+            return was
+        except EngineError as e:
+            log.warning("could not turn off the restart policy of %s: %s", container[:12], e)
+            return None
+
+    def held_down(self, predecessor: tuple[str, str], was: dict[str, Any], by: str) -> None:
+        """The audit line for a policy `hold_down` turned off, once the GPUs went to ``by``."""
+        if restarts.described(was):
+            why = f"restart policy {restarts.described(was)} turned off: lent its GPUs to {by}"
+            log.info("container %s: %s", predecessor[1], why)
+            self.record("restart-off", container=predecessor[0], name=predecessor[1], reason=why)
+
+    def put_back(self, container: str, was: dict[str, Any]) -> None:
+        """Give back the restart policy `hold_down` turned off, when no hand-over came."""
+        if not restarts.described(was) or self.engine is None:
+            return
+        try:
+            self.engine.update(container, {"RestartPolicy": was})
+        except EngineError as e:
+            log.warning("restart policy of %s left off: %s", container[:12], e)
+
+    def check_restarts(self, state: State | None = None) -> list[str]:
+        """Turn off every restart policy dockerd must not act on; the containers turned off.
+
+        A policy stays only where a start of its container would be allowed now
+        (`start_refusal`, against ``state`` when given: an empty one for a reset).
+        Containers reconcile found without GPUs are not inspected again.
+        """
+        if self.engine is None:
+            return []
+        turned = []
+        for c in self.engine.containers():
+            cid = c["Id"]
+            info = None if cid in self._no_gpu else self.engine.inspect(cid)
+            had = restarts.standing(info) if info else ""
+            why = self.start_refusal(cid, info, state) if had else None
+            if why is None:
+                continue
+            name = str(info.get("Name") or "").lstrip("/") if info else ""
+            try:
+                self.engine.update(cid, restarts.OFF)
+            except EngineError as e:
+                log.warning("restart policy %s of %s left on: %s", had, name, e)
+                continue
+            log.warning("container %s: restart policy %s turned off: %s", name, had, why)
+            self.record(
+                "restart-off",
+                container=cid,
+                name=name,
+                reason=f"restart policy {had} turned off: {why}",
+            )
+            turned.append(cid)
+        return turned
