@@ -169,10 +169,5 @@ class Reconciler(Gatherer):
 
 def _owner_of(info: dict) -> dict[str, object]:
     """Whose a container the shim made for a lease was, by its `policy.OWNER` label."""
-    given = (info.get("Config") or {}).get("Labels") or {}
-    if not labels.lease_of(given):
-        return {}
-    uid, _, user = str(given.get(policy.OWNER) or "").rpartition(":")
-    if not user:
-        return {}
-    return {"owner": user, "owner_uid": int(uid) if uid.isascii() and uid.isdigit() else None}
+    found = policy.labelled_owner((info.get("Config") or {}).get("Labels") or {})
+    return {} if found is None else {"owner": found[1], "owner_uid": found[0]}

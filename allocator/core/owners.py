@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from allocator.core import labels, policy
+from allocator.core import policy
 
 _ID = re.compile(r"(?:docker-)?([0-9a-f]{64})(?:\.scope)?")
 
@@ -112,11 +112,12 @@ def _within(path: str, top: str | None) -> bool:
 
 
 def _labelled(container: Container) -> Asker:
-    """The owner gpu-alloc wrote on a container it made for a lease ("<uid>:<user>")."""
+    """The owner gpu-alloc wrote on a container it made for a lease."""
     where = f"in container {container.id[:12]}"
-    if not labels.lease_of(container.labels):
+    found = policy.labelled_owner(container.labels)
+    if found is None:
         return unknown(f"{where}, which gpu-alloc did not create")
-    uid, _, user = str(container.labels.get(policy.OWNER) or "").rpartition(":")
-    if not (uid.isascii() and uid.isdigit()):
+    uid, user = found
+    if uid is None:
         return unknown(f"{where}, whose owner gpu-alloc did not know")
-    return Asker(int(uid), None, user, why=f"{where}, owned by {user or uid}")
+    return Asker(uid, None, user, why=f"{where}, owned by {user}")
