@@ -160,3 +160,20 @@ def test_a_host_peer_is_named_by_nss(tmp_path):
         assert got == Owner(0, "root", got.groups) and "root" in got.groups
     finally:
         peer.close()
+
+
+def test_a_peer_the_shim_may_not_signal_still_counts_as_running(monkeypatch):
+    """The shim's unit has no CAP_KILL: probing another user's process is EPERM, and
+    only a process that is gone answers ESRCH."""
+    import signal
+
+    def refuse(fd: int, sig: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    peer = live_peer(os.getpid())
+    try:
+        monkeypatch.setattr(signal, "pidfd_send_signal", refuse)
+        assert peer.alive()
+    finally:
+        peer.close()
+    assert not peer.alive()
