@@ -31,7 +31,7 @@ IMAGE = engine.BUSYBOX_TAG
 ALICE, BOB, GROUP = "ga11alice", "ga11bob", "ga11ml"
 UUIDS = [engine.sim_gpu_uuid(k) for k in range(4)]
 POLICY = {
-    "limits": {"default": {"gpus": 1}},
+    "limits": {"default": {"gpus": 1}, "users": {ALICE: {"gpus": 2}}},
     "pools": {"training": {"gpus": [0, 1], "groups": [GROUP]}, "open": {"gpus": [2, 3]}},
     "gpu_defaults": {"shm_size": "2g", "ulimits": {"memlock": -1}},
 }
@@ -267,12 +267,16 @@ def test_explain_asks_the_shim_when_the_state_cannot_be_read(stack, monkeypatch,
 INNER_SOCK = "/run/gpu-alloc.sock"
 
 
-def client_binds(stack: engine.Stack) -> list[str]:
+def client(stack: engine.Stack) -> list[str]:
+    """``docker run`` arguments for a container such a client runs in."""
     cli_path = shutil.which("docker") or "/usr/bin/docker"
     ldd = subprocess.run(["ldd", cli_path], capture_output=True, text=True).stdout
     binds = [f"{cli_path}:/bin/docker:ro", f"{stack.shim_sock}:{INNER_SOCK}"]
     binds += [f"{lib}:{lib}:ro" for lib in re.findall(r"(/\S+) \(0x", ldd)]
-    return [arg for bind in binds for arg in ("-v", bind)]
+    # The policy's memlock=-1 is more than this host lets runc set: keep its own limit.
+    memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    flags = ["--ulimit", f"memlock={memlock}", *(a for b in binds for a in ("-v", b))]
+    return [*flags, IMAGE, "sleep", "300"]
 
 
 def inside(stack: engine.Stack, container: str, uid: str, *args: str):
@@ -284,20 +288,23 @@ def inside(stack: engine.Stack, container: str, uid: str, *args: str):
 
 
 def run_client(stack: engine.Stack, user: str, name: str, *flags: str) -> None:
-    # The policy's memlock=-1 is more than this host lets runc set: keep its own limit.
-    memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
-    made = as_user(stack, user, "run", "-d", "--name", name, "--ulimit", f"memlock={memlock}",
-                   *flags, *client_binds(stack), IMAGE, "sleep", "300")  # fmt: skip
+    made = as_user(stack, user, "run", "-d", "--name", name, *flags, *client(stack))
     assert made.returncode == 0, made.stderr + stack.logs()
 
 
 def test_a_client_inside_alices_container_is_alice_whatever_uid_it_runs_as(stack):
+    """Charged to alice, under her limit; and what it makes is hers again."""
     run_client(stack, ALICE, "alices", "--gpus", "1")
+    made = inside(stack, "alices", "0", "run", "-d", "--name", "nested", "--gpus", "1",
+                  *client(stack))  # fmt: skip
+    assert made.returncode == 0, made.stderr + stack.logs()
+    labels = engine.engine_api(stack.engine_sock).inspect_container("nested")["Config"]["Labels"]
+    assert labels["io.gpu-alloc.owner"] == f"{pwd.getpwnam(ALICE).pw_uid}:{ALICE}"
     bob = str(pwd.getpwnam(BOB).pw_uid)
     for uid in ("0", bob, "4321"):  # root (exempt), another user, a fresh uid
-        inner = inside(stack, "alices", uid, "create", "--gpus", "1", IMAGE, "true")
+        inner = inside(stack, "nested", uid, "create", "--gpus", "1", IMAGE, "true")
         assert inner.returncode != 0, f"uid {uid}: created"
-        assert f"{ALICE} holds 1 of 1 GPU allowed (policy.limits.default)" in inner.stderr
+        assert f"{ALICE} holds 2 of 2 GPUs allowed (policy.limits.users.{ALICE})" in inner.stderr
 
 
 def test_a_client_inside_a_container_gpu_alloc_did_not_make_is_unknown(stack):
@@ -327,8 +334,8 @@ def test_a_host_process_moved_into_alices_container_asks_as_alice(stack):
     """The shim's own endpoints answer for the same person a create is charged to."""
     run_client(stack, ALICE, "alices", "--gpus", "1")
     pid = engine.engine_api(stack.engine_sock).inspect_container("alices")["State"]["Pid"]
-    route = explain_route("1", [])
+    route = explain_route("2", [])
     code, answer = as_peer(BOB, str(stack.shim_sock), route, cgroup_dirs(pid))
     assert code == 200 and answer["user"] == ALICE, answer
-    assert f"{ALICE} holds 1 of 1 GPU allowed" in answer["message"]
+    assert f"{ALICE} holds 1 of 2 GPUs allowed (policy.limits.users.{ALICE})" in answer["message"]
     assert as_peer(BOB, str(stack.shim_sock), route)[1]["user"] == BOB  # from the host: bob
