@@ -17,7 +17,7 @@ from typing import Any
 from allocator.core import labels
 from allocator.core.inventory import GPU, Inventory
 
-UNKNOWN = "unknown"  # the owner shown for adopted containers and creates with no peer
+UNKNOWN = "unknown"  # adopted containers, creates with no peer or none to name (core/owners.py)
 
 
 @dataclass(frozen=True)
