@@ -218,8 +218,5 @@ def _owner_of(info: dict) -> dict[str, object]:
     if not labels.lease_of(given):
         return {}
     pool = {"pool": str(given[policy.POOL])} if given.get(policy.POOL) else {}
-    uid, _, user = str(given.get(policy.OWNER) or "").rpartition(":")
-    if not user:
-        return pool
-    uid_ = int(uid) if uid.isascii() and uid.isdigit() else None
-    return {"owner": user, "owner_uid": uid_, **pool}
+    found = policy.labelled_owner(given)
+    return pool if found is None else {"owner": found[1], "owner_uid": found[0], **pool}

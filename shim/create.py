@@ -33,11 +33,8 @@ granted twice.
 from __future__ import annotations
 
 import asyncio
-import grp
 import json
 import logging
-import os
-import pwd
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -56,10 +53,12 @@ from allocator.host import metrics
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
 from allocator.host.images import ImageConfigs
+from allocator.host.owners import Owners
+from allocator.host.peers import Peer
 from allocator.ops import explain, gpus, status
 from allocator.ops.status import QUEUE_PATH
 from allocator.service import Allocator, LeaseRequest
-from shim.framing import Peer, Request, Response, UpstreamError
+from shim.framing import Request, Response, UpstreamError
 from shim.waitline import Gone, Stopping, Waitline
 
 log = logging.getLogger("gpu-alloc.shim")
@@ -85,6 +84,7 @@ class CreateInterceptor:
         self.live = live or gpus.LiveView(allocator)
         self.waitline = waitline or Waitline(allocator)
         self.images = ImageConfigs(allocator.engine) if allocator.engine is not None else None
+        self.owners = Owners(allocator.engine)
 
     def wants(self, method: str, target: str) -> bool:
         return needs_check(method, target) or (
@@ -263,7 +263,7 @@ class CreateInterceptor:
             return error(403, refused)
         if isinstance(want, policy.Invalid):
             return error(400, want.msg)
-        owner = owner_of(peer)
+        owner = self.owners.of(peer)
         given = spec.get("Labels") or {}
         leased = self.alloc.lease(
             ask, name, given, owner, want, resources, durable=False, waits=waits
@@ -331,7 +331,7 @@ class CreateInterceptor:
         asked_gpus, pairs = explain.request_of(request.target)
         try:
             await asyncio.to_thread(self.alloc.reconcile)  # "short" is as of now
-            who = await asyncio.to_thread(owner_of, request.peer)
+            who = await asyncio.to_thread(self.owners.of, request.peer)
             answer = await asyncio.to_thread(
                 explain.explain, self.alloc, None, asked_gpus, pairs, who
             )
@@ -345,7 +345,7 @@ class CreateInterceptor:
         metrics.request("policy")
         if field:
             metrics.denial(field)
-        self.alloc.record("refusal", name=name, owner=owner_of(peer).user, reason=why)
+        self.alloc.record("refusal", name=name, owner=self.owners.of(peer).user, reason=why)
 
     def _cuda_refusal(self, spec: dict, facts: decide.Facts) -> str | None:
         """nvidia-docker v1's check: the image's CUDA against the driver's, before leasing."""
@@ -371,51 +371,6 @@ _REFUSAL_STATUS = {Shortage: 409, policy.Refusal: 403, policy.Invalid: 400}
 # bigger one (up to dockerd's 4 MiB) is judged on the thread, where it blocks nobody.
 _AT_HAND_BODY = 48 << 10
 Leased = tuple[Lease, str] | Shortage | policy.Refusal | policy.Invalid
-
-
-OWNER_TTL = 10.0  # seconds an NSS answer is kept: a group change counts within this
-_owners: dict[tuple[int, int], tuple[float, policy.Owner]] = {}
-_clock = time.monotonic
-
-
-def owner_of(peer: Peer | None) -> policy.Owner:
-    """The user and groups behind a connection's uid, as this host's NSS knew them at
-    most `OWNER_TTL` ago (each answer reads /etc/passwd and /etc/group, or asks a
-    directory: a tenth of a millisecond of every GPU create, or more).  An answer NSS
-    gave only in part (a directory not answering) is not kept."""
-    if peer is None:
-        return policy.NOBODY
-    now = _clock()
-    known = _owners.get((peer.uid, peer.gid))
-    if known is not None and now < known[0]:
-        return known[1]
-    owner, whole = _lookup(peer)
-    if whole:
-        if len(_owners) >= 4096:  # users come and go: forget the ones not seen lately
-            for key in [k for k, (until, _) in _owners.items() if until <= now]:
-                del _owners[key]
-        _owners[(peer.uid, peer.gid)] = (now + OWNER_TTL, owner)
-    return owner
-
-
-def _lookup(peer: Peer) -> tuple[policy.Owner, bool]:
-    """The owner, and whether NSS answered every question about it."""
-    try:
-        user = pwd.getpwuid(peer.uid).pw_name
-    except KeyError:
-        return policy.Owner(peer.uid, str(peer.uid)), False
-    whole = True
-    try:
-        gids = os.getgrouplist(user, peer.gid)
-    except OSError:
-        gids, whole = [peer.gid], False
-    groups = []
-    for gid in gids:
-        try:
-            groups.append(grp.getgrgid(gid).gr_name)
-        except KeyError:
-            whole = False
-    return policy.Owner(peer.uid, user, tuple(groups)), whole
 
 
 def _resources_refusal(want: Resources, gpus: bool, spec: dict) -> str | None:

@@ -24,6 +24,7 @@ from typing import Protocol
 import httptools
 
 from allocator.core import errors
+from allocator.host.peers import Peer
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +65,6 @@ class Request:
     # Set when the client closes its side while the request is intercepted (a create
     # waiting for GPUs leaves the queue then), as Go's server cancels the request.
     gone: asyncio.Event | None = field(default=None, compare=False, repr=False)
-
-
-@dataclass(frozen=True)
-class Peer:
-    """SO_PEERCRED of the client connection: who asks, as the kernel says."""
-
-    pid: int
-    uid: int
-    gid: int
 
 
 @dataclass

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
-import struct
 from typing import TYPE_CHECKING
 
 import httptools
 
+from allocator.host import peers
 from shim.framing import (
     _CRLF2,
     _NO_BODY_STATUS,
@@ -114,7 +113,7 @@ class _Client(InterceptSide, UpstreamSide, asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.ct = transport  # type: ignore[assignment]
-        self.peer = _peer_of(transport)
+        self.peer = peers.of(transport.get_extra_info("socket"))
         self.proxy.conns.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -508,26 +507,11 @@ class _Client(InterceptSide, UpstreamSide, asyncio.Protocol):
             self.ct.abort() if abort else self.ct.close()
         if self.ut is not None:
             self.ut.abort() if abort else self.ut.close()
+        if self.peer is not None:
+            self.peer.close()
 
 
 def _method(buf: bytes) -> bytes:
     # After llhttp's upgrade exception get_method() is unavailable; the head parsed, so the
     # method is the first token of the request line.
     return buf.lstrip(b"\r\n").split(b" ", 1)[0]
-
-
-_CRED = struct.Struct("3i")
-
-
-def _peer_of(transport: asyncio.BaseTransport) -> Peer | None:
-    """The kernel's word on who connected (pid, uid, gid at connect time), once."""
-    sock = transport.get_extra_info("socket")
-    if sock is None or sock.family != socket.AF_UNIX:
-        return None
-    try:
-        pid, uid, gid = _CRED.unpack(
-            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size)
-        )
-    except OSError:
-        return None
-    return Peer(pid, uid, gid)

@@ -10,8 +10,12 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
+import resource
+import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -27,7 +31,7 @@ IMAGE = engine.BUSYBOX_TAG
 ALICE, BOB, GROUP = "ga11alice", "ga11bob", "ga11ml"
 UUIDS = [engine.sim_gpu_uuid(k) for k in range(4)]
 POLICY = {
-    "limits": {"default": {"gpus": 1}},
+    "limits": {"default": {"gpus": 1}, "users": {ALICE: {"gpus": 2}}},
     "pools": {"training": {"gpus": [0, 1], "groups": [GROUP]}, "open": {"gpus": [2, 3]}},
     "gpu_defaults": {"shm_size": "2g", "ulimits": {"memlock": -1}},
 }
@@ -214,14 +218,17 @@ def test_explain_answers_each_case_with_its_exit_code(stack):
     assert text.returncode == 2 and "not enough free GPUs" in text.stdout
 
 
-def as_peer(user: str, sock: str, target: str) -> tuple[int, dict]:
+def as_peer(user: str, sock: str, target: str, cgroups: Sequence[Path] = ()) -> tuple[int, dict]:
     """GET ``target`` on ``sock`` from a process running as ``user`` (forked, not exec'd:
-    the venv's interpreter may be one only root can run)."""
+    the venv's interpreter may be one only root can run), first moved into ``cgroups``
+    (their directories), as root may."""
     pw = pwd.getpwnam(user)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: become the user, ask, report, leave
         try:
+            for where in cgroups:
+                (where / "cgroup.procs").write_text(str(os.getpid()))
             os.setgid(pw.pw_gid)
             os.setuid(pw.pw_uid)
             code, body = unixhttp.request(sock, "GET", target, timeout=60)
@@ -253,3 +260,82 @@ def test_explain_asks_the_shim_when_the_state_cannot_be_read(stack, monkeypatch,
     assert cli.main(["explain", "--config", str(stack.config_path), "--gpus", "1", "--json"]) == 0
     answer = json.loads(capsys.readouterr().out)
     assert answer["verdict"] == "fits" and answer["user"] == "root"  # whoever asked the shim
+
+
+# Inside a container: a busybox with the host's docker CLI, the libraries it loads and the
+# shim socket bound in, as a user might bind them into a dev container.
+INNER_SOCK = "/run/gpu-alloc.sock"
+
+
+def client(stack: engine.Stack) -> list[str]:
+    """``docker run`` arguments for a container such a client runs in."""
+    cli_path = shutil.which("docker") or "/usr/bin/docker"
+    ldd = subprocess.run(["ldd", cli_path], capture_output=True, text=True).stdout
+    binds = [f"{cli_path}:/bin/docker:ro", f"{stack.shim_sock}:{INNER_SOCK}"]
+    binds += [f"{lib}:{lib}:ro" for lib in re.findall(r"(/\S+) \(0x", ldd)]
+    # The policy's memlock=-1 is more than this host lets runc set: keep its own limit.
+    memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    flags = ["--ulimit", f"memlock={memlock}", *(a for b in binds for a in ("-v", b))]
+    return [*flags, IMAGE, "sleep", "300"]
+
+
+def inside(stack: engine.Stack, container: str, uid: str, *args: str):
+    """The docker CLI run as ``uid`` inside ``container``, against the shim."""
+    return engine.docker_cli(
+        stack.engine_sock, "exec", "-u", uid, "-e", "DOCKER_CONFIG=/tmp", container,
+        "docker", "-H", f"unix://{INNER_SOCK}", *args,
+    )  # fmt: skip
+
+
+def run_client(stack: engine.Stack, user: str, name: str, *flags: str) -> None:
+    made = as_user(stack, user, "run", "-d", "--name", name, *flags, *client(stack))
+    assert made.returncode == 0, made.stderr + stack.logs()
+
+
+def test_a_client_inside_alices_container_is_alice_whatever_uid_it_runs_as(stack):
+    """Charged to alice, under her limit; and what it makes is hers again."""
+    run_client(stack, ALICE, "alices", "--gpus", "1")
+    made = inside(stack, "alices", "0", "run", "-d", "--name", "nested", "--gpus", "1",
+                  *client(stack))  # fmt: skip
+    assert made.returncode == 0, made.stderr + stack.logs()
+    labels = engine.engine_api(stack.engine_sock).inspect_container("nested")["Config"]["Labels"]
+    assert labels["io.gpu-alloc.owner"] == f"{pwd.getpwnam(ALICE).pw_uid}:{ALICE}"
+    bob = str(pwd.getpwnam(BOB).pw_uid)
+    for uid in ("0", bob, "4321"):  # root (exempt), another user, a fresh uid
+        inner = inside(stack, "nested", uid, "create", "--gpus", "1", IMAGE, "true")
+        assert inner.returncode != 0, f"uid {uid}: created"
+        assert f"{ALICE} holds 2 of 2 GPUs allowed (policy.limits.users.{ALICE})" in inner.stderr
+
+
+def test_a_client_inside_a_container_gpu_alloc_did_not_make_is_unknown(stack):
+    run_client(stack, ALICE, "plain")  # no GPU: no lease, no owner label
+    made = inside(stack, "plain", "0", "create", "--gpus", "1", "--name", "inner", IMAGE, "true")
+    assert made.returncode == 0, made.stderr + stack.logs()
+    labels = engine.engine_api(stack.engine_sock).inspect_container("inner")["Config"]["Labels"]
+    assert labels["io.gpu-alloc.owner"] == ":unknown"
+    again = inside(stack, "plain", "0", "create", "--gpus", "1", IMAGE, "true")
+    assert "unknown holds 1 of 1 GPU allowed (policy.limits.default)" in again.stderr
+
+
+def cgroup_dirs(pid: int) -> list[Path]:
+    """The directories of each hierarchy process ``pid`` is in (cgroup v1 and v2)."""
+    top = Path("/sys/fs/cgroup")
+    out = []
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        name = controllers.removeprefix("name=") or (
+            "unified" if (top / "unified").is_dir() else ""
+        )
+        out.append(top / name / path.lstrip("/"))
+    return out
+
+
+def test_a_host_process_moved_into_alices_container_asks_as_alice(stack):
+    """The shim's own endpoints answer for the same person a create is charged to."""
+    run_client(stack, ALICE, "alices", "--gpus", "1")
+    pid = engine.engine_api(stack.engine_sock).inspect_container("alices")["State"]["Pid"]
+    route = explain_route("2", [])
+    code, answer = as_peer(BOB, str(stack.shim_sock), route, cgroup_dirs(pid))
+    assert code == 200 and answer["user"] == ALICE, answer
+    assert f"{ALICE} holds 1 of 2 GPUs allowed (policy.limits.users.{ALICE})" in answer["message"]
+    assert as_peer(BOB, str(stack.shim_sock), route)[1]["user"] == BOB  # from the host: bob

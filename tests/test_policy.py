@@ -310,21 +310,21 @@ def test_only_leases_stopped_past_the_duration_expire():
 def test_the_shim_asks_nss_about_a_uid_again_only_after_its_ttl(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from shim import create
-    from shim.framing import Peer
+    from allocator.core.owners import Asker
+    from allocator.host import owners
 
     asked: list[int] = []
     clock = [1000.0]
-    monkeypatch.setattr(create, "_owners", {})
+    monkeypatch.setattr(owners, "_named", {})
     monkeypatch.setattr(
-        create, "_lookup", lambda p: (asked.append(p.uid) or Owner(p.uid, "u"), True)
+        owners, "_lookup", lambda uid, gid, _: (asked.append(uid) or Owner(uid, "u"), True)
     )
-    monkeypatch.setattr(create, "_clock", lambda: clock[0])
-    peer = Peer(pid=1, uid=1001, gid=1001)
-    assert create.owner_of(peer) == create.owner_of(peer) == Owner(1001, "u")
+    monkeypatch.setattr(owners, "_clock", lambda: clock[0])
+    asker = Asker(1001, 1001)
+    assert owners.person(asker) == owners.person(asker) == Owner(1001, "u")
     assert asked == [1001]
-    clock[0] += create.OWNER_TTL
-    create.owner_of(peer)
+    clock[0] += owners.OWNER_TTL
+    owners.person(asker)
     assert asked == [1001, 1001]  # a group change counts within the TTL
 
 
@@ -333,17 +333,17 @@ def test_an_nss_answer_given_only_in_part_is_asked_again_at_once(
 ) -> None:
     """A directory that did not answer may have left groups out: limits and pools by
     group would follow the gap for the whole TTL."""
-    from shim import create
-    from shim.framing import Peer
+    from allocator.core.owners import Asker
+    from allocator.host import owners
 
     asked: list[int] = []
-    monkeypatch.setattr(create, "_owners", {})
+    monkeypatch.setattr(owners, "_named", {})
     monkeypatch.setattr(
-        create, "_lookup", lambda p: (asked.append(p.uid) or Owner(p.uid, str(p.uid)), False)
+        owners, "_lookup", lambda uid, gid, _: (asked.append(uid) or Owner(uid, str(uid)), False)
     )
-    peer = Peer(pid=1, uid=1002, gid=1002)
-    create.owner_of(peer)
-    create.owner_of(peer)
+    asker = Asker(1002, 1002)
+    owners.person(asker)
+    owners.person(asker)
     assert asked == [1002, 1002]
 
 

@@ -17,12 +17,12 @@ from typing import Any
 from allocator.core import labels
 from allocator.core.inventory import GPU, Inventory
 
-UNKNOWN = "unknown"  # the owner shown for adopted containers and creates with no peer
+UNKNOWN = "unknown"  # adopted containers, creates with no peer or none to name (core/owners.py)
 
 
 @dataclass(frozen=True)
 class Owner:
-    """Who asked: from the shim connection's peer credentials (SO_PEERCRED)."""
+    """Who asked: the person behind a shim connection (allocator/core/owners.py)."""
 
     uid: int | None
     user: str
@@ -332,6 +332,16 @@ def expired_text(ref: str, rules: Rules) -> str:
 
 def owner_label(owner: Owner) -> str:
     return f"{'' if owner.uid is None else owner.uid}:{owner.user}"
+
+
+def labelled_owner(given: Mapping[str, Any]) -> tuple[int | None, str] | None:
+    """(uid, user) of the container whose labels are ``given``, as gpu-alloc wrote them:
+    only on a container the shim made for a lease (a client's own label was stripped);
+    None where there is none.  ``unknown`` made it: uid None."""
+    uid, _, user = str(given.get(OWNER) or "").rpartition(":")
+    if not labels.lease_of(given) or not user:
+        return None
+    return (int(uid) if uid.isascii() and uid.isdigit() else None), user
 
 
 def user_of_label(value: str | None) -> str:
