@@ -77,6 +77,7 @@ class Waitline:
         self._events = events and alloc.engine is not None
         self._stopped = threading.Event()
         alloc.listeners.append(self.wake)
+        alloc.waiting = self.waiters
 
     # ---------------------------------------------------------------- waiting
 
@@ -124,6 +125,10 @@ class Waitline:
                 future.cancel()
             elif not handed and not future.cancelled() and future.exception() is None:
                 self._give_back(future.result()[0])
+
+    def waiters(self) -> list[queue.Waiter]:
+        """Who waits now, from any thread (`Allocator.kept`: what every lease leaves alone)."""
+        return [e.waiter for e in list(self._entries.values()) if not e.future.done()]
 
     def wake(self, reconcile: bool = False) -> None:
         """Serve the queue soon; safe from any thread (the allocator's listeners)."""
