@@ -157,6 +157,8 @@ class Allocator(Lineup, Reconciler):
         if refused is not None:
             return refused
         held = state.holders(self.inventory().uuids)
+        for uuid, keeper in self.kept(state, LeaseRequest(ask, "", owner, want)).items():
+            held.setdefault(uuid, keeper)
         picked = place(
             ask,
             inventory,

@@ -369,6 +369,16 @@ def test_explain_says_a_request_would_wait(tmp_path, fake) -> None:
     assert explain.explain(alloc, None, "5", [f"{policy.WAIT}=2m"])["verdict"] == "short"
 
 
+def test_explain_counts_the_gpus_the_line_keeps(tmp_path, fake) -> None:
+    alloc = make(tmp_path, fake)
+    cids = [hold(alloc, fake, BOB) for _ in range(GPUS)]
+    free(alloc, fake, cids[0])
+    assert isinstance(alloc.explain(one(1), CAROL, Wanted()), tuple)
+    alloc.waiting = lambda: [waiter(ALICE, 1, n=2)]
+    answer = alloc.explain(one(1), CAROL, Wanted())
+    assert isinstance(answer, Shortage) and "kept for alice's create" in answer.msg
+
+
 def test_the_queue_says_whom_their_own_limit_holds_back(tmp_path, fake) -> None:
     alloc = make(tmp_path, fake, limits={"users": {"alice": {"gpus": 1}}})
     hold(alloc, fake, ALICE)  # alice at her limit, three GPUs free
