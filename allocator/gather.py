@@ -25,6 +25,7 @@ from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.leases import Lease
 from allocator.core.placement import POLICIES
 from allocator.core.policy import Rules
+from allocator.core.queue import Waiter
 from allocator.core.reconcile import Report
 from allocator.core.verdicts import (
     Facts,
@@ -74,6 +75,9 @@ class Gatherer:
         self._topology: cpus.Topology | None = None
         # Called (from any thread) after a lease ends here: the shim's queue wakes up.
         self.listeners: list[Callable[[], None]] = []
+        # The creates waiting in line (the shim's Waitline sets it): what they keep, every
+        # lease leaves alone (allocator/lineup.py).
+        self.waiting: Callable[[], list[Waiter]] = list
 
     def record(self, kind: str, lease: Lease | None = None, **fields: object) -> None:
         """One audit line for a decision already applied (never under the ledger lock)."""

@@ -18,13 +18,13 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from allocator.core import compose, cpus, labels, policy, queue
+from allocator.core import compose, cpus, labels, policy
 from allocator.core.ask import Ask
 from allocator.core.inflight import Target
 from allocator.core.inventory import Inventory
 from allocator.core.leases import Claim, Holder, Lease, Phase, State, StateError, admission
 from allocator.core.outcomes import Bind, Forget, Unanswered
-from allocator.core.placement import Shortage, place, usable
+from allocator.core.placement import Shortage, place
 from allocator.core.policy import NOBODY, Invalid, Owner, Refusal, Wanted
 from allocator.core.verdicts import (
     ALLOW,
@@ -38,10 +38,10 @@ from allocator.core.verdicts import (
 )
 from allocator.host import ledger, metrics
 from allocator.host.engine import EngineError
+from allocator.lineup import Lineup
 from allocator.restarts import Restarts
 
 log = logging.getLogger("gpu-alloc")
-_KEPT = Holder(None, "", "kept for a create ahead in the queue", owner="the queue")
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class LeaseRequest:
     resources: cpus.Resources = cpus.NOTHING
 
 
-class Allocator(Restarts):
+class Allocator(Lineup, Restarts):
     # ------------------------------------------------------------ leases
 
     def lease(
@@ -160,6 +160,8 @@ class Allocator(Restarts):
         if refused is not None:
             return refused
         held = state.holders(self.inventory().uuids)
+        for uuid, keeper in self.kept(state, LeaseRequest(ask, "", owner, want)).items():
+            held.setdefault(uuid, keeper)
         picked = place(
             ask,
             inventory,
@@ -187,8 +189,9 @@ class Allocator(Restarts):
         """`_take` under the ledger lock, and its audit lines.  ``stopped``: container ->
         status, for the holders reconcile last listed not running (`Holder.stopped`)."""
         with self.ledger.transaction(grant=True) as state:
+            kept = self.kept(state, req)
             taken = self._take(
-                state, req, scope, topology, predecessor=predecessor, stopped=stopped
+                state, req, scope, topology, kept, predecessor=predecessor, stopped=stopped
             )
         if not isinstance(taken, tuple):
             return taken
@@ -205,14 +208,14 @@ class Allocator(Restarts):
         req: LeaseRequest,
         scope: tuple[Inventory, str | None],
         topology: cpus.Topology | None,
-        blocked: frozenset[str] = frozenset(),
+        kept: Mapping[str, Holder] | None = None,
         predecessor: tuple[str, str] | None = None,
         stopped: Mapping[str, str] | None = None,
     ) -> tuple[Lease, str, Lease | None] | Shortage | Refusal:
         """Place and record a pending lease in ``state`` (the caller holds the lock).
 
-        ``blocked`` GPUs are kept for a waiter ahead in the queue (`core.queue`): they
-        count as held; ``stopped`` holders are said to be (`_try_lease`).  Returns
+        ``kept`` GPUs are kept for a waiter ahead in the line (`Lineup.kept`): they
+        count as held, by that waiter; ``stopped`` holders are said to be (`_try_lease`).  Returns
         (lease, token, the predecessor's lease if it lent its GPUs).
         """
         ask, owner, want = req.ask, req.owner, req.want
@@ -221,8 +224,8 @@ class Allocator(Restarts):
         now = ledger.now()
         sick, mig = self.unhealthy(), self.config.policy.mig
         held = state.holders(self.inventory().uuids, stopped)
-        for uuid in blocked:
-            held.setdefault(uuid, _KEPT)
+        for uuid, keeper in (kept or {}).items():
+            held.setdefault(uuid, keeper)
         old = state.lease_of(predecessor[0]) if predecessor else None
         # Only the owner's own predecessor lends its GPUs (leases from before owners
         # were recorded have none, and may).
@@ -270,44 +273,6 @@ class Allocator(Restarts):
         if old is not None and predecessor is not None:
             state.hand_over(old.id, lease.id, predecessor[1])
         return lease, token, old
-
-    def serve_waiters(
-        self, waiters: list[queue.Waiter]
-    ) -> list[tuple[queue.Waiter, tuple[Lease, str]]]:
-        """Grant what the queue allows now, in its order, under one ledger transaction.
-
-        Each ``waiter.ask`` is a `LeaseRequest`.  The placement and limits are
-        `_take`'s, so a waiter is granted exactly as a create arriving now would be,
-        minus the GPUs kept for waiters ahead of it (`core.queue.serve`).
-        """
-        if not waiters:
-            return []
-        rules, inventory = self.rules, self.inventory()
-        sick, mig = self.unhealthy(), self.config.policy.mig
-        with self.ledger.transaction() as state:
-            held = {w.owner: state.held_by(w.owner) for w in waiters}
-
-            def attempt(
-                w: queue.Waiter, blocked: frozenset[str]
-            ) -> queue.Placed | queue.Short | queue.OverLimit:
-                req: LeaseRequest = w.ask
-                scope = policy.eligible(inventory, req.want, req.owner, rules, req.ask.required)
-                if not isinstance(scope, tuple):
-                    return queue.OverLimit(scope.msg)
-                topology = self.cpu_topology() if req.resources.any else None
-                taken = self._take(state, req, scope, topology, blocked)
-                if isinstance(taken, tuple):
-                    return queue.Placed(taken[0].gpus, taken[:2])
-                if isinstance(taken, Refusal):
-                    return queue.OverLimit(taken.msg)
-                holders = state.holders(inventory.uuids)
-                return queue.Short(usable(req.ask, scope[0], holders, sick, mig))
-
-            granted = queue.serve(waiters, held, attempt)
-        for _, placed in granted:
-            metrics.request("granted")
-            self.record("grant", placed.result[0], reason="served from the queue")
-        return [(w, placed.result) for w, placed in granted]
 
     def _compose_predecessor(self, name: str, given: dict[str, str]) -> tuple[str, str] | None:
         """(id, current name) of the container this Compose create replaces, if any."""

@@ -6,7 +6,10 @@ removal, prune or named create is; a change is put in flight before its own verd
 once no start it could redirect is.  Each leaves when its AuthZRes arrives (`end`,
 before that is answered: a worker killed after answering would leave the entry behind
 until it expires, refusing that container's removal with "retry"), or when its verdict
-is a refusal.
+is a refusal.  A change waits for a restart of a running container only until dockerd
+has signalled that container since the restart began (a ``kill`` event): dockerd had
+looked the restart's reference up by then, so the rest of its stop timeout holds off no
+prune or removal.
 
 A start whose reference could move by something no call announces is refused before
 that (`inflight.refusal`).  Between the start's inspect and its entry a change may have
@@ -19,17 +22,20 @@ looked it up.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from allocator.core import inflight
 from allocator.core import verdicts as decide
-from allocator.core.inflight import Start, Target
+from allocator.core.inflight import Entry, Start, Target
 from allocator.core.routes import Check, Route, RouteError, classify
+from allocator.host.engine import EngineError
 from allocator.host.inflight import Registry, runtime_dir
 from allocator.service import Allocator
 
 T = TypeVar("T")
+ASK_EVERY = 0.1  # seconds between asking the Engine whether a restart was looked up
 
 
 class InFlight:
@@ -64,7 +70,7 @@ class InFlight:
         change = inflight.hold_of(route, uri)
         if change is None:
             return verdict()
-        why, _ = self.registry.begin(key, change)
+        why, _ = self.registry.begin(key, change, looked_up=self._looked_up())
         if why is not None:
             return decide.Deny(why)
         decision = self._or_end(key, verdict)
@@ -106,6 +112,27 @@ class InFlight:
             if named:
                 return inflight.named_like_id_text(start, named[0]["Id"])
         return None
+
+    def _looked_up(self) -> Callable[[Entry], bool]:
+        """Whether dockerd has looked up the reference of a restart in the way: its
+        container's kill event since the restart began says so (`inflight.signalled`).
+        Asked of the Engine at most every `ASK_EVERY` seconds a restart, while waiting."""
+        engine = self.alloc.engine
+        assert engine is not None
+        asked: dict[Entry, float] = {}
+
+        def looked_up(entry: Entry) -> bool:
+            target = inflight.signalled(entry.hold)
+            now = time.monotonic()
+            if target is None or now - asked.get(entry, -ASK_EVERY) < ASK_EVERY:
+                return False
+            asked[entry] = now
+            try:
+                return engine.signalled(target.id, entry.began)
+            except EngineError:
+                return False  # no word from the Engine: the restart holds the call off
+
+        return looked_up
 
     def _or_end(self, key: str, step: Callable[[], T]) -> T:
         try:

@@ -25,10 +25,11 @@ import httptools
 
 from allocator.core import errors
 from allocator.host.peers import Peer
+from shim.headlimit import MAX_REQUEST_HEAD
 
 log = logging.getLogger(__name__)
 
-MAX_HEAD = 64 * 1024  # Go's default MaxHeaderBytes is 1 MiB; Docker's clients send < 4 KiB.
+MAX_HEAD = 64 * 1024  # the Engine's response heads; requests: shim/headlimit.py
 MAX_BODY = 16 * 1024 * 1024  # cap for intercepted request bodies and forwarded responses
 READ_AHEAD = 256 * 1024  # client bytes kept while a response streams (pipelining)
 FORWARD_TIMEOUT = 120.0
@@ -333,7 +334,10 @@ _QUICK_CHUNK = re.compile(rb"([0-9a-fA-F]{1,8})\r\n")
 
 
 def quick_request(data: bytes) -> tuple[str, str] | None:
-    """(method, target) when `data` is exactly one bodiless keep-alive HTTP/1.1 request head."""
+    """(method, target) when `data` is exactly one bodiless keep-alive HTTP/1.1 request head
+    within dockerd's limit."""
+    if len(data) > MAX_REQUEST_HEAD:
+        return None
     head = _QUICK_HEAD.fullmatch(data)
     if head is None:
         return None

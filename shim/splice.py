@@ -45,6 +45,7 @@ from shim.framing import (
     quick_request,
     quick_response,
 )
+from shim.headlimit import HeadTooLarge, request_head_end
 from shim.intercept import InterceptSide
 from shim.upstream import (
     _P_AHEAD,
@@ -203,6 +204,8 @@ class _Client(InterceptSide, UpstreamSide, asyncio.Protocol):
             self._advance()
         except _BadMessage as e:
             self.reply_error(400, f"bad request: {e}")
+        except HeadTooLarge as e:
+            self.reply_error(431, str(e))
         except Exception:
             log.exception("proxy error")
             self.close(abort=True)
@@ -228,12 +231,10 @@ class _Client(InterceptSide, UpstreamSide, asyncio.Protocol):
                     if self.client_eof and not self.awaiting:
                         self.close()
                     return
-                end = buf.find(_CRLF2)
-                if end < 0:
-                    if len(buf) > MAX_HEAD:
-                        self.reply_error(431, "request header section too large")
+                end = request_head_end(buf)
+                if not end:
                     return
-                self._request(buf, end + 4)
+                self._request(buf, end)
             elif rq == _RQ_COLLECT:
                 if not buf:
                     return

@@ -71,6 +71,7 @@ class Waitline:
         self._kick: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         alloc.listeners.append(self.wake)
+        alloc.waiting = self.waiters
 
     # ---------------------------------------------------------------- waiting
 
@@ -118,6 +119,10 @@ class Waitline:
                 future.cancel()
             elif not handed and not future.cancelled() and future.exception() is None:
                 self._give_back(future.result()[0])
+
+    def waiters(self) -> list[queue.Waiter]:
+        """Who waits now, from any thread (`Allocator.kept`: what every lease leaves alone)."""
+        return [e.waiter for e in list(self._entries.values()) if not e.future.done()]
 
     def wake(self) -> None:
         """Serve the queue soon; safe from any thread (the allocator's listeners)."""

@@ -239,3 +239,35 @@ def test_activation_clears_what_a_previous_dockerd_left_in_flight(tmp_path):
     assert registry.begin("k1", Start("start", "job", None))[0] is None
     registry.clear()
     assert registry.read().entries == ()
+
+
+RUNNING = Target(CID, "db", status="running")
+LOOKED_UP_SHOWN = {
+    "a restart of a running container": (Start("restart", "db", RUNNING), True),
+    "a restart of a stopped container": (Start("restart", "db", Target(CID, "db")), False),
+    "a start": (Start("start", "db", RUNNING), False),
+    "a restart of nothing": (Start("restart", "db", None), False),
+    "a change": (Change("remove", "db"), False),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("hold", "shown"), LOOKED_UP_SHOWN.values(), ids=LOOKED_UP_SHOWN.keys())
+def test_only_a_restart_of_a_running_container_shows_its_look_up_by_a_signal(hold, shown) -> None:
+    assert (inflight.signalled(hold) is not None) is shown
+
+
+def test_a_restart_dockerd_has_looked_up_holds_nothing_off(tmp_path) -> None:
+    registry = Registry(tmp_path)
+    registry.begin("s", Start("restart", "db", RUNNING), wait=0)
+    asked: list[float] = []
+
+    def looked_up(entry: Entry) -> bool:
+        asked.append(entry.began)
+        return len(asked) > 1  # the kill event shows up at the second look
+
+    why, _ = registry.begin("r", Change("remove", "db"), wait=0.5, looked_up=looked_up)
+    assert why is None
+    assert asked and asked[0] <= time.time()
+    assert {e.key for e in registry.read().entries} == {"s", "r"}
+    why, _ = registry.begin("p", Change("prune"), wait=0.1, looked_up=lambda e: False)
+    assert why is not None and "a restart of db is in progress" in why

@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -287,3 +288,73 @@ def test_a_rename_swap_race_on_the_real_socket_never_starts_the_other_container(
 
 def running(api, cid: str) -> bool:
     return api.inspect_container(cid)["State"]["Running"]
+
+
+# A process that ignores SIGTERM: stopping it takes the whole stop timeout.
+SLOW_STOP = ["sh", "-c", "trap '' TERM; sleep 1000"]
+CHANGES = {
+    "container prune": ["container", "prune", "-f"],
+    "system prune": ["system", "prune", "-f"],
+    "rm -f by name": ["rm", "-f", "db"],
+    "rm -f by id prefix": ["rm", "-f", "{prefix}"],
+}
+
+
+def slow_db(api) -> str:
+    hc = api.create_host_config(network_mode="none")
+    db = api.create_container(IMAGE, SLOW_STOP, name="db", host_config=hc)["Id"]
+    api.start(db)
+    return db
+
+
+def signalled(api, cid: str, since: float) -> bool:
+    filters = {"container": [cid], "event": ["kill"]}
+    return any(api.events(since=since, until=time.time(), filters=filters))
+
+
+@pytest.mark.parametrize("change", CHANGES.values(), ids=CHANGES.keys())
+def test_a_slow_restart_holds_off_no_prune_or_removal(stack, change):
+    """`docker restart db` waits out db's stop timeout, but dockerd looked 'db' up before it
+    signalled db: from then on nothing can redirect it, so prunes and removals go on."""
+    api = engine.engine_api(stack.engine_sock)
+    db = slow_db(api)
+    stale = api.create_container(IMAGE, ["true"], name="stale")["Id"]  # what a prune removes
+    began = time.time()
+    restart = subprocess.Popen(
+        ["docker", "-H", f"unix://{stack.engine_sock}", "restart", "-t", "5", "db"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while not signalled(api, db, began):  # the restart has sent db its SIGTERM
+            assert time.time() - began < 5
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        args = [a.format(prefix=db[:12]) for a in change]
+        out = engine.docker_cli(stack.engine_sock, *args)
+        assert out.returncode == 0, out.stderr
+        assert time.monotonic() - t0 < inflight.WAIT  # it never waited for the restart
+        removed = {c["Id"] for c in api.containers(all=True)}.isdisjoint
+        if "prune" in change:
+            assert restart.poll() is None  # the restart is still in flight
+            assert removed([stale])
+            assert restart.wait(15) == 0, restart.stderr.read()  # db restarts as asked
+            assert running(api, db)
+        else:
+            assert removed([db])
+    finally:
+        restart.kill()
+        restart.wait()
+
+
+def test_a_restart_of_a_running_container_dockerd_has_not_signalled_still_holds_a_prune(
+    stack, plugin
+):
+    """Running is not enough: until dockerd signals it, its reference may not be looked up
+    yet, and the container could exit and be pruned before it is."""
+    api = engine.engine_api(stack.engine_sock)
+    slow_db(api)
+    with plugin.allowed("POST", "/v1.41/containers/db/restart"):
+        refused(api.prune_containers, match="a restart of db is in progress")
+        refused(api.remove_container, "db", force=True, match="a restart of db is in progress")

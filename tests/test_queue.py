@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator.core.queue import OverLimit, Placed, Short, Waiter, order, serve
+from allocator.core.queue import OverLimit, Placed, Short, Waiter, ahead_of, kept, order, serve
 
 GPUS = tuple(f"GPU-{i}" for i in range(8))
 
@@ -90,3 +90,27 @@ def test_no_gpu_is_granted_twice_and_the_first_waiter_that_fits_is_never_skipped
     assert len(taken) == len(set(taken)) and set(taken) <= free
     # With one pool, service is strictly in order: the granted are a prefix of the queue.
     assert [w.id for w, _ in granted] == [w.id for w in waiters[: len(granted)]]
+
+
+def test_a_create_arriving_now_takes_its_place_in_the_order() -> None:
+    a = waiter("a", arrived=1)
+    b = waiter("b", arrived=2, priority=5)
+    now = waiter("now", arrived=3)
+    assert [w.id for w in ahead_of(now, [a, b], {})] == ["b", "a"]
+    assert ahead_of(now, [a, b], {"a": 1, "b": 1}) == [b]  # holding fewer, it goes before a
+    assert ahead_of(waiter("vip", arrived=3, priority=9), [a, b], {}) == []
+
+
+def test_waiters_ahead_keep_what_they_could_use_or_would_be_given() -> None:
+    head = waiter("big", arrived=1, gpus=4)
+    fits = waiter("fits", arrived=2, gpus=1)
+    limited = waiter("limited", arrived=3)
+    free = {"GPU-0", "GPU-1", "GPU-6", "GPU-7"}
+    usable = {"big": {"GPU-0", "GPU-1", "GPU-2", "GPU-3"}, "fits": {"GPU-6", "GPU-7"}}
+    tried = pool(free, usable)
+
+    def attempt(w: Waiter, blocked: frozenset[str]) -> Placed | Short | OverLimit:
+        return OverLimit("at its limit") if w is limited else tried(w, blocked)
+
+    keeps = kept([head, fits, limited], attempt)
+    assert keeps == {"GPU-0": head, "GPU-1": head, "GPU-6": fits}  # GPU-7 stays free

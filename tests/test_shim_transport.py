@@ -541,3 +541,51 @@ def test_docker_py_sdk_run(shim: tuple[str, Recorder]) -> None:
         assert len(rec.seen) == 1
     finally:
         client.close()
+
+
+def _long_get(size: int) -> bytes:
+    """A GET head of exactly `size` bytes, most of it one long query value."""
+    pre, post = b"GET /v1.41/containers/json?pad=", b" HTTP/1.1\r\nHost: docker\r\n\r\n"
+    return pre + b"a" * (size - len(pre) - len(post)) + post
+
+
+def _exchange(sock: str, head: bytes, piece: int) -> tuple[bytes, dict[str, str], bytes]:
+    """Send `head` in writes of `piece` bytes, each one sent before the next is written; a
+    server may answer and close before the last one (as Go does past its limit)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(sock)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for at in range(0, len(head), piece):
+                s.sendall(head[at : at + piece])
+                if piece < len(head):
+                    time.sleep(0.001)  # separate reads on the shim's side
+        return asyncio.run(_read_one(s))
+
+
+async def _read_one(s: socket.socket) -> tuple[bytes, dict[str, str], bytes]:
+    reader, writer = await asyncio.open_unix_connection(sock=s.dup())
+    try:
+        return await asyncio.wait_for(read_response(reader), 10)
+    finally:
+        writer.close()
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("piece", [1 << 21, 4096], ids=["one-write", "many-writes"])
+def test_request_heads_up_to_dockerds_limit_pass_and_longer_get_431(
+    shim: tuple[str, Recorder], bare_engine: engine.Dockerd, piece: int
+) -> None:
+    sock, _ = shim
+    limit = (1 << 20) + 4096  # Go's DefaultMaxHeaderBytes plus net/http's bufio slack
+    for size in (900 << 10, limit):  # a legacy build's --build-arg values go in the query
+        status, _, body = _exchange(sock, _long_get(size), piece)
+        assert status == b"HTTP/1.1 200 OK", (size, body[:200])
+        assert json.loads(body) == []
+    # dockerd itself draws the line there, whatever the reads
+    assert _exchange(bare_engine.sock, _long_get(limit), piece)[0] == b"HTTP/1.1 200 OK"
+    engine_says = _exchange(bare_engine.sock, _long_get(limit + 1), piece)[0]
+    assert engine_says == b"HTTP/1.1 431 Request Header Fields Too Large"
+    status, headers, body = _exchange(sock, _long_get(limit + 1), piece)
+    assert status == b"HTTP/1.1 431 Request Header Fields Too Large"
+    assert headers["connection"] == "close"
+    assert "Go's MaxHeaderBytes" in json.loads(body)["message"]

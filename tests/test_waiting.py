@@ -121,6 +121,73 @@ def test_a_larger_waiter_ahead_keeps_the_gpus_it_could_use(tmp_path, fake) -> No
     assert [w.id for w, _ in alloc.serve_waiters([big, small])] == ["w1"]
 
 
+def named(index: int) -> Ask:
+    """``--gpus device=INDEX``, as the shim resolves it: that GPU by UUID."""
+    return Ask(required=(sim.sim_gpu_uuid(index),), count=0, every=False, caps=("gpu",))
+
+
+def every() -> Ask:
+    return Ask(required=(), count=0, every=True, caps=("gpu",))
+
+
+def test_a_create_behind_the_line_may_not_take_what_a_waiter_keeps(tmp_path, fake) -> None:
+    alloc = make(tmp_path, fake)
+    cids = [hold(alloc, fake, BOB) for _ in range(GPUS)]
+    free(alloc, fake, cids[0])
+    (spare,) = set(sim.sim_gpu_uuid(i) for i in range(GPUS)) - set(live_gpus(alloc))
+    big = waiter(ALICE, 1, n=2)
+    alloc.waiting = lambda: [big]
+    for ask in (one(1), named(sim_index(spare))):  # --gpus 1, and --gpus device=N
+        got = alloc.lease(ask, "late", None, CAROL)
+        assert isinstance(got, Shortage), got
+        assert "kept for alice's create 'w1' waiting in line for 2 GPUs" in got.msg
+        assert "wait in line too (--label io.gpu-alloc.wait=30m" in got.msg
+    assert spare not in live_gpus(alloc)
+    free(alloc, fake, cids[1])
+    ((w, (lease, _)),) = alloc.serve_waiters([big])  # the waiter does get them
+    assert w is big and spare in lease.gpus and len(lease.gpus) == 2
+
+
+def test_a_stream_of_small_creates_never_starves_a_waiter_for_every_gpu(tmp_path, fake) -> None:
+    alloc = make(tmp_path, fake)
+    cid = hold(alloc, fake, BOB)
+    whole = Waiter("w1", "alice", 0, 1, 0, LeaseRequest(every(), "all", ALICE, Wanted()))
+    alloc.waiting = lambda: [whole]
+    for _ in range(GPUS):
+        got = alloc.lease(one(1), "small", None, CAROL)
+        assert isinstance(got, Shortage) and "waiting in line for all GPUs" in got.msg, got
+    free(alloc, fake, cid)
+    ((_, (lease, _)),) = alloc.serve_waiters([whole])
+    assert len(lease.gpus) == GPUS
+
+
+def test_a_waiter_that_fits_now_keeps_only_what_it_will_be_given(tmp_path, fake) -> None:
+    """It is served at the queue's next wake-up; the rest stays free for anyone."""
+    alloc = make(tmp_path, fake)
+    hold(alloc, fake, BOB, 2)
+    first = waiter(ALICE, 1, n=1)
+    alloc.waiting = lambda: [first]
+    got = alloc.lease(one(1), "late", None, CAROL)
+    assert isinstance(got, tuple), got
+    ((_, (lease, _)),) = alloc.serve_waiters([first])
+    assert not set(lease.gpus) & set(got[0].gpus)
+
+
+def test_a_create_ahead_of_the_waiters_takes_what_it_likes(tmp_path, fake) -> None:
+    """Higher priority (or fewer GPUs held) places a create before the waiters: it
+    delays nobody ahead of it."""
+    alloc = make(tmp_path, fake, priority={"users": {"carol": 10}})
+    cids = [hold(alloc, fake, BOB) for _ in range(GPUS)]
+    free(alloc, fake, cids[0])
+    big = waiter(ALICE, 1, n=2)
+    alloc.waiting = lambda: [big]
+    assert isinstance(alloc.lease(one(1), "vip", None, CAROL), tuple)
+
+
+def sim_index(uuid: str) -> int:
+    return next(i for i in range(GPUS) if sim.sim_gpu_uuid(i) == uuid)
+
+
 def test_a_waiter_at_its_limit_waits_without_blocking_others(tmp_path, fake) -> None:
     alloc = make(tmp_path, fake, limits={"users": {"alice": {"gpus": 1}}})
     hold(alloc, fake, ALICE)
@@ -300,6 +367,16 @@ def test_explain_says_a_request_would_wait(tmp_path, fake) -> None:
     assert waits["message"].startswith("would wait in line up to 2m")
     assert explain.explain(alloc, None, "1", [])["verdict"] == "short"
     assert explain.explain(alloc, None, "5", [f"{policy.WAIT}=2m"])["verdict"] == "short"
+
+
+def test_explain_counts_the_gpus_the_line_keeps(tmp_path, fake) -> None:
+    alloc = make(tmp_path, fake)
+    cids = [hold(alloc, fake, BOB) for _ in range(GPUS)]
+    free(alloc, fake, cids[0])
+    assert isinstance(alloc.explain(one(1), CAROL, Wanted()), tuple)
+    alloc.waiting = lambda: [waiter(ALICE, 1, n=2)]
+    answer = alloc.explain(one(1), CAROL, Wanted())
+    assert isinstance(answer, Shortage) and "kept for alice's create" in answer.msg
 
 
 def test_the_queue_says_whom_their_own_limit_holds_back(tmp_path, fake) -> None:

@@ -144,3 +144,34 @@ def test_more_gpus_than_the_host_has_are_refused_at_once(stack) -> None:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode != 0 and "has only 2" in err, err
     assert time.monotonic() - started < 5
+
+
+def free_index(stack: engine.Stack) -> int:
+    """The index of the one GPU no lease holds."""
+    leased = {g for le in Ledger(stack.state_dir).read().leases.values() for g in le.gpus}
+    (index,) = [i for i in range(2) if engine.sim_gpu_uuid(i) not in leased]
+    return index
+
+
+@pytest.mark.parametrize("asks", ["2", "all"])
+def test_gpus_kept_for_a_waiter_go_to_it_not_to_creates_behind_it(stack, asks) -> None:
+    """A waiter short of GPUs keeps the free one it could use: plain `docker run --gpus 1`
+    or `--gpus device=N` behind it in line may not take it, and it gets it once a second
+    GPU is freed."""
+    docker(stack, "create", "--name", "held", "--gpus", "1", IMAGE, "true")
+    spare = free_index(stack)
+    proc = waiting_create(stack, MID, "w-big", gpus=asks)
+    until("the waiter in the queue", lambda: [r["owner"] for r in queue(stack)] == [MID])
+    wanted = "all GPUs" if asks == "all" else "2 GPUs"
+    for gpus in ("1", "1", f"device={spare}"):  # a stream of small creates, then by name
+        late = docker(stack, "create", "--gpus", gpus, IMAGE, "true", user=LOW)
+        assert late.returncode != 0, late.stdout
+        assert f"kept for {MID}'s create 'w-big' waiting in line for {wanted}" in late.stderr
+        assert "wait in line too (--label io.gpu-alloc.wait=30m" in late.stderr
+    assert free_index(stack) == spare  # still free, for the waiter
+    assert docker(stack, "rm", "-f", "held").returncode == 0
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    (lease,) = Ledger(stack.state_dir).read().leases.values()
+    assert (lease.owner, len(lease.gpus)) == (MID, 2)
+    docker(stack, "rm", "-f", "w-big")

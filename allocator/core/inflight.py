@@ -31,6 +31,13 @@ names a ``--rm`` container that may exit, other than by its full id or a name th
 cannot be a prefix), and a start by full id of such a container is checked for a
 container named like that id (the plugin does that look-up).
 
+A restart of a running container can stay in flight for its whole stop timeout (a
+process that ignores SIGTERM: 10 s).  Its reference was looked up long before: dockerd
+signals the container only after looking it up, so a ``kill`` event of that container
+since the restart began (`signalled`) says nothing can redirect it any more, and it
+holds off no prune, removal, rename or create from then on (``looked_up`` in
+`Board.blocker`).  Without that event it holds them off as any start does.
+
 Why not judge in the response phase (which container did start?): by then it has
 run, GPUs and all; AuthZReq and AuthZRes carry no request id, arrive at any of the
 plugin's workers, and a rename back can come before AuthZRes.  Announcing the calls is
@@ -43,7 +50,7 @@ plugin/inflight.py applies it.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_plus
@@ -177,6 +184,15 @@ def clash(a: Hold, b: Hold) -> bool:
     return _CLASHES[change.kind](start, change)
 
 
+def signalled(hold: Hold) -> Target | None:
+    """The container whose ``kill`` event, once a restart began, shows that dockerd has
+    looked the restart's reference up: a restart of a container that was running when it
+    was judged signals it to stop, which dockerd does only on the container it found."""
+    if isinstance(hold, Start) and hold.verb == "restart" and hold.target is not None:
+        return hold.target if hold.target.status == "running" else None
+    return None
+
+
 def clash_text(new: Hold, old: Hold) -> str:
     """The refusal of ``new`` while ``old`` is in flight."""
     if isinstance(new, Start):
@@ -276,6 +292,10 @@ class Entry:
     expires: float
     pid: int = 0  # the plugin worker that put it in flight: its death ends the entry
 
+    @property
+    def began(self) -> float:
+        return self.expires - TTL
+
 
 @dataclass(frozen=True)
 class Board:
@@ -285,9 +305,17 @@ class Board:
     generation: int = 0
     entries: tuple[Entry, ...] = ()
 
-    def blocker(self, hold: Hold, now: float) -> Entry | None:
-        """The first live entry ``hold`` conflicts with."""
-        return next((e for e in self.entries if e.expires > now and clash(hold, e.hold)), None)
+    def blocker(self, hold: Hold, now: float, looked_up: Collection[Entry] = ()) -> Entry | None:
+        """The first live entry ``hold`` conflicts with, but for the starts dockerd has
+        already looked up (``looked_up``: nothing can redirect those)."""
+        return next(
+            (
+                e
+                for e in self.entries
+                if e.expires > now and clash(hold, e.hold) and e not in looked_up
+            ),
+            None,
+        )
 
     def keeping(self, alive: Callable[[int], bool]) -> Board:
         """Without the entries of workers no longer alive (a worker killed between a

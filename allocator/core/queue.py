@@ -14,6 +14,10 @@ Rules
 3. A waiter held back by its owner's limit blocks nothing: its GPUs would not go
    to it anyway.
 
+4. Rule 2 holds for every lease, not only the queue's own serving: a create arriving
+   now, waiting or not, takes its place in the order (it arrived last) and may not take
+   what the waiters ahead of it keep (`kept`).
+
 Theory of operation
 -------------------
 `serve` walks the waiters in order and asks ``attempt(waiter, blocked)`` to place
@@ -28,6 +32,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from allocator.core.leases import Holder
 
 
 @dataclass(frozen=True)
@@ -89,3 +95,46 @@ def serve(
         else:
             break
     return granted
+
+
+def ahead_of(newcomer: Waiter, waiters: Iterable[Waiter], held: Mapping[str, int]) -> list[Waiter]:
+    """The waiters served before ``newcomer`` would be, were it in line now."""
+    ranked = order([*waiters, newcomer], held)
+    return ranked[: ranked.index(newcomer)]
+
+
+def kept(ahead: Iterable[Waiter], attempt: Attempt) -> dict[str, Waiter]:
+    """GPU -> the waiter that keeps it from a create behind ``ahead`` (rule 4).
+
+    Walking ``ahead`` in order, each waiter keeps the GPUs it would be given now (the
+    queue serves it at its next wake-up), or, short of GPUs, every free one it could use;
+    one over its limit keeps nothing.  ``attempt`` must grant nothing: it only tries.
+    """
+    keeps: dict[str, Waiter] = {}
+    for waiter in ahead:
+        outcome = attempt(waiter, frozenset(keeps))
+        if isinstance(outcome, Placed):
+            gpus: Iterable[str] = outcome.gpus
+        elif isinstance(outcome, Short):
+            gpus = outcome.usable
+        else:
+            continue
+        for uuid in gpus:
+            keeps.setdefault(uuid, waiter)
+    return keeps
+
+
+@dataclass(frozen=True)
+class Kept(Holder):
+    """A GPU the line keeps for a waiter: a refusal names who waits, for how many."""
+
+    def describe(self, now: float | None = None) -> str:
+        return self.why
+
+
+def keeper(waiter: Waiter, name: str) -> Kept:
+    """What holds a GPU kept for ``waiter`` (its create is called ``name``)."""
+    who = waiter.owner or "someone"
+    what = f"'{name}' " if name else ""
+    gpus = f"{waiter.gpus} GPU{'s' * (waiter.gpus != 1)}" if waiter.gpus > 0 else "all GPUs"
+    return Kept(None, name, f"kept for {who}'s create {what}waiting in line for {gpus}", owner=who)

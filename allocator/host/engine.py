@@ -13,6 +13,7 @@ import http.client
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -125,18 +126,32 @@ class Engine:
         """Container ``destroy`` events (the waiting line's wake-up)."""
         return self.events({"type": ["container"], "event": ["destroy"]})
 
-    def events(self, filters: dict[str, list[str]], since: int | None = None) -> Iterator[dict]:
+    def signalled(self, container: str, since: float) -> bool:
+        """Whether dockerd sent ``container`` a signal (a ``kill`` event) since ``since``
+        (Unix seconds), among the events it still holds; asked up to now, so it returns
+        at once."""
+        filters = {"type": ["container"], "container": [container], "event": ["kill"]}
+        return any(True for _ in self.events(filters, since, until=time.time()))
+
+    def events(
+        self,
+        filters: dict[str, list[str]],
+        since: float | None = None,
+        until: float | None = None,
+    ) -> Iterator[dict]:
         """GET /events for ``filters``, on a connection of its own.
 
         The stream has no deadline (it waits for events by design), so it never shares
         the connection whose calls must not hang; it ends when the Engine goes away.  The
         request is made and answered 200 before this returns (a refusal, by an
         authorization plugin say, is an `EngineError`): a stream in hand is one the Engine
-        took.  ``since`` (Unix seconds) replays the events the Engine still holds from then.
+        took.  ``since`` (Unix seconds) replays the events the Engine still holds from then;
+        with ``until``, the stream ends there.
         """
         query = {"filters": json.dumps(filters)}
-        if since is not None:
-            query["since"] = str(since)
+        for name, at in (("since", since), ("until", until)):
+            if at is not None:
+                query[name] = f"{at:.6f}" if isinstance(at, float) else str(at)
         try:
             got = unixhttp.lines(self.socket, "/events?" + urlencode(query), self.timeout)
         except OSError as e:

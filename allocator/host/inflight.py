@@ -32,7 +32,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from allocator.core import inflight
@@ -80,19 +80,35 @@ class Registry:
         board = self.read()
         return -1 if board is None else board.generation
 
-    def begin(self, key: str, hold: Hold, wait: float = inflight.WAIT) -> tuple[str | None, int]:
+    def begin(
+        self,
+        key: str,
+        hold: Hold,
+        wait: float = inflight.WAIT,
+        looked_up: Callable[[Entry], bool] | None = None,
+    ) -> tuple[str | None, int]:
         """Put ``hold`` in flight, once nothing it conflicts with is.
 
-        Returns (why it is refused, or None; the generation just before it was added).
+        ``looked_up`` asks, without the lock, whether dockerd has already looked up the
+        reference of a restart in the way (`inflight.signalled`); such a restart no longer
+        holds ``hold`` off.  Returns (why it is refused, or None; the generation just
+        before it was added).
         """
         deadline = time.monotonic() + wait
+        done: set[Entry] = set()
         while True:
             now = time.time()
             hint = self.read()
-            if hint is None or hint.blocker(hold, now) is None or time.monotonic() >= deadline:
+            if hint is not None and looked_up is not None:
+                done.update(e for e in _waited_on(hint, hold, now, done) if looked_up(e))
+            if (
+                hint is None
+                or hint.blocker(hold, now, done) is None
+                or time.monotonic() >= deadline
+            ):
                 with self._locked() as fd:
                     board = _board(fd)
-                    blocker = board.blocker(hold, now)
+                    blocker = board.blocker(hold, now, done)
                     if blocker is None:
                         entry = Entry(key, hold, now + inflight.TTL, os.getpid())
                         _write(fd, board.with_entry(entry, now))
@@ -183,6 +199,18 @@ def _board(fd: int) -> Board:
     except (OSError, ValueError):
         return Board()
     return board.keeping(_alive)
+
+
+def _waited_on(board: Board, hold: Hold, now: float, done: set[Entry]) -> list[Entry]:
+    """The restarts in the way whose look-up dockerd may have shown since (a kill event)."""
+    return [
+        e
+        for e in board.entries
+        if e not in done
+        and e.expires > now
+        and inflight.signalled(e.hold) is not None
+        and inflight.clash(hold, e.hold)
+    ]
 
 
 def _alive(pid: int) -> bool:

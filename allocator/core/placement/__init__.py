@@ -15,6 +15,7 @@ from allocator.core.ask import Ask
 from allocator.core.inventory import GPU, Inventory
 from allocator.core.leases import Holder
 from allocator.core.placement import best_effort, first_fit, numa
+from allocator.core.queue import Kept
 
 Policy = Callable[[Sequence[GPU], Sequence[GPU], int], list[GPU] | None]
 
@@ -213,6 +214,7 @@ def _shortage_text(
             f"{'in ' + where if where else 'on this host'} are. {instead[0].upper()}"
             f"{instead[1:]}, or wait for these; 'gpu-alloc status' shows who holds what"
             + _stopped_hint([h for k, h in stopped.items() if k in shown])
+            + _kept_hint([held.get(g.uuid) for g in taken])
         )
     holders = "; ".join(f"{_named(gs)}: {text}" for gs, text in by_holder.values())
     return (
@@ -220,7 +222,20 @@ def _shortage_text(
         f"{len(units)} free {'in ' + where if where else 'on this host'}"
         + (f" ({holders})" if holders else "")
         + ". Remove a container that holds GPUs, or ask for fewer; 'gpu-alloc status' "
-        "shows who holds what" + _stopped_hint(list(stopped.values()))
+        "shows who holds what"
+        + _stopped_hint(list(stopped.values()))
+        + _kept_hint([held.get(g.uuid) for g in units if g not in free])
+    )
+
+
+def _kept_hint(holders: Sequence[Holder | None]) -> str:
+    """Said once: GPUs the line keeps go to its waiters first, whoever asks meanwhile."""
+    if not any(isinstance(h, Kept) for h in holders):
+        return ""
+    return (
+        ". GPUs kept for a create waiting in line go to it first: to be served after it, "
+        "wait in line too (--label io.gpu-alloc.wait=30m, or the operator's "
+        "policy.wait.default)"
     )
 
 
