@@ -212,13 +212,30 @@ def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
     return found
 
 
+def grafana() -> dict[str, Any]:
+    path = Path(__file__).parent.parent / "deploy/monitoring/grafana-dashboard.json"
+    return json.loads(path.read_text())
+
+
 def grafana_metrics() -> set[str]:
     """Every metric the shipped Grafana dashboard queries."""
-    dash = json.loads(
-        (Path(__file__).parent.parent / "deploy/monitoring/grafana-dashboard.json").read_text()
-    )
-    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs = [t["expr"] for p in grafana()["panels"] for t in p["targets"]]
     return {m for e in exprs for m in re.findall(r"gpu_alloc_\w+", e)}
+
+
+def test_the_grafana_dashboard_picks_a_host_and_shows_the_line_and_health() -> None:
+    dash = grafana()
+    [host] = [v for v in dash["templating"]["list"] if v["name"] == "host"]
+    assert "label_values(gpu_alloc_inventory_readable, host)" in json.dumps(host["query"])
+    for p in dash["panels"]:
+        for t in p["targets"]:
+            for use in re.findall(r"gpu_alloc_\w+(?:\{[^}]*\})?", t["expr"]):
+                assert 'host=~"$host"' in use, (p["title"], use)
+    queried = grafana_metrics()
+    assert {"gpu_alloc_queue_length", "gpu_alloc_wait_seconds_bucket"} <= queried
+    assert "gpu_alloc_inventory_readable" in queried
+    assert any('state=~"unhealthy|departed"' in t["expr"] for p in dash["panels"]
+               for t in p["targets"])  # fmt: skip
 
 
 def test_a_scrape_joins_gpu_use_with_owners_and_sums_every_processs_counters(
