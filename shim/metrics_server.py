@@ -28,6 +28,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from allocator.core.gpu_states import STATES
 from allocator.core.inventory import InventoryError
 from allocator.host import metrics
 from allocator.ops import gpus
@@ -102,7 +103,7 @@ def gpu_families(snap: dict[str, Any]) -> tuple[GaugeMetricFamily, ...]:
         gpu = [g["uuid"], "" if g["index"] is None else str(g["index"])]
         if g["index"] is not None:
             info.add_metric([*gpu, g["model"]], 1)
-        for s in gpus.STATES:
+        for s in STATES:
             state.add_metric([*gpu, s], 1 if g["state"] == s else 0)
         leased.add_metric(gpu, 1 if g["holder"] else 0)
         if g["holder"]:

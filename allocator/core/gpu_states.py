@@ -88,7 +88,7 @@ def states(
     (present or not).  ``health``: the health that placement uses (empty when the
     operator turned it off); a slice's health is its parent's.  ``containers``:
     container id -> its state, for the holders the Engine listed."""
-    listed = dict(containers or {})
+    listed = containers or {}
     out: list[GpuState] = []
     present: set[str] = set()
     for g in gpus:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from allocator.core import compose, labels, policy
-from allocator.core.gpu_states import STATES, Activity, GpuState, states
+from allocator.core.gpu_states import Activity, GpuState, states
 from allocator.core.health import Health
 from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.leases import Lease, State, StateError
@@ -28,7 +28,6 @@ from allocator.host.engine import EngineError
 from allocator.service import Allocator
 
 GPUS_PATH = "/gpu-alloc/v1/gpus"  # on the shim socket, next to /gpu-alloc/v1/status
-__all__ = ["STATES", "LiveView", "Reading"]
 
 
 @dataclass(frozen=True)
@@ -41,9 +40,6 @@ class Reading:
     gpus: list[GpuState]  # every GPU and MIG slice, then the departed ones
     use: dict[str, Usage]
     containers: dict[str, dict[str, Any]]  # the holders' containers as the Engine lists them
-
-    def of(self, uuid: str) -> GpuState | None:
-        return next((s for s in self.gpus if s.uuid == uuid), None)
 
 
 class LiveView:
