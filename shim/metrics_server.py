@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 
 from allocator.core.gpu_states import STATES
 from allocator.core.inventory import InventoryError
+from allocator.core.leases import StateError
 from allocator.host import metrics
 from allocator.ops import gpus
 
@@ -158,9 +159,12 @@ def serve(listen: str, live: gpus.LiveView, line: Queue | None = None) -> Thread
                     self._send(200, "text/html; charset=utf-8", page)
                 else:
                     self._send(404, "text/plain", b"not found: try /, /metrics or /api/gpus\n")
-            except Exception as e:  # one bad scrape must not stop the listener
+            except (InventoryError, StateError) as e:  # said on the page; no traceback
+                log.warning("metrics: %s: %s", path, e)
+                self._send(503, "text/plain", f"gpu-alloc: {e}\n".encode())
+            except Exception as e:  # one bad request must not stop the listener
                 log.exception("metrics: %s failed", path)
-                self._send(503, "text/plain", f"gpu-alloc metrics: {e}\n".encode())
+                self._send(503, "text/plain", f"gpu-alloc: {e}\n".encode())
 
         def _send(self, code: int, kind: str, body: bytes) -> None:
             self.send_response(code)

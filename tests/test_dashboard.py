@@ -107,6 +107,21 @@ def test_an_unhealthy_gpu_is_marked_on_the_page_with_the_line_and_the_pools(worl
     assert "<td>small</td><td>2</td><td>0</td><td>1</td>" in dom
 
 
+def test_the_page_says_why_when_the_gpu_list_cannot_be_read(world) -> None:
+    alloc, gpus_file = world
+    gpus_file.unlink()
+    port = free_port()
+    server = metrics_server.serve(f"127.0.0.1:{port}", gpus.LiveView(alloc))
+    try:
+        dom = chromium("--dump-dom", f"http://127.0.0.1:{port}/")
+    finally:
+        server.shutdown()
+        server.server_close()
+    [shown] = re.findall(r'<div id="error">([^<]*)</div>', dom)
+    assert shown.startswith(f"gpu-alloc: {gpus_file}: cannot read simulated GPUs")
+    assert 'class="tile' not in dom
+
+
 def test_a_screenshot_renders(world, tmp_path: Path) -> None:
     alloc, _ = world
     port = free_port()
