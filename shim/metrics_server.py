@@ -3,7 +3,13 @@
 ``/metrics``: the counters every process wrote under ``PROMETHEUS_MULTIPROC_DIR``
 (the plugin's workers and this shim), summed by prometheus-client's
 `MultiProcessCollector`, plus per-GPU gauges computed at scrape time from the
-live view (one series per GPU and holder, so cardinality is bounded by the host).
+live view.  Numeric per-GPU families carry the GPU's labels only (``uuid``,
+``index``), so a series lives as long as its GPU; who holds a GPU is the info
+family ``gpu_alloc_gpu_holder_info`` (value 1, the kube-state-metrics
+convention), one series per GPU and holder.  The scrape always answers 200: a
+GPU list or state file that cannot be read is the gauge
+``gpu_alloc_inventory_readable`` (or ``gpu_alloc_state_readable``) at 0, and
+the reason goes to the log.
 ``/``: the dashboard page; ``/api/gpus``: the JSON it refreshes from.
 """
 
@@ -12,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
@@ -22,65 +28,100 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from allocator.core.gpu_states import STATES
+from allocator.core.inventory import InventoryError
+from allocator.core.leases import StateError
 from allocator.host import metrics
 from allocator.host.config import ConfigError
 from allocator.ops import gpus
 
 log = logging.getLogger("gpu-alloc.metrics")
 _PAGE = resources.files("allocator.ops").joinpath("dashboard.html")
+GPU = ["uuid", "index"]
+HOLDER = [*GPU, "owner", "container", "lease", "compose_project"]
+Queue = Callable[[], list[dict[str, Any]]]
 
 
 class GpuCollector(Collector):
     def __init__(self, live: gpus.LiveView) -> None:
         self.live = live
+        self._failing = ""  # the reason last logged, so a lasting fault is logged once
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        snap = self.live.snapshot()
-        held = ["uuid", "index", "owner", "container"]
-        info = GaugeMetricFamily(
-            "gpu_alloc_gpu_info", "GPU model", labels=["uuid", "index", "model"]
+        inventory = GaugeMetricFamily(
+            "gpu_alloc_inventory_readable", "1 when the GPU inventory could be read"
         )
-        state = GaugeMetricFamily(
-            "gpu_alloc_gpu_state",
-            "1 for the GPU's current state",
-            labels=["uuid", "index", "state"],
+        ledger = GaugeMetricFamily(
+            "gpu_alloc_state_readable", "1 when the lease state and health could be read"
         )
-        leased = GaugeMetricFamily(
-            "gpu_alloc_gpu_leased",
-            "1 per held GPU, by holder",
-            labels=["uuid", "index", "owner", "container", "compose_project"],
-        )
-        util = GaugeMetricFamily(
-            "gpu_alloc_gpu_utilization_ratio", "GPU utilisation 0..1", labels=held
-        )
-        used = GaugeMetricFamily("gpu_alloc_gpu_memory_used_bytes", "GPU memory used", labels=held)
-        total = GaugeMetricFamily("gpu_alloc_gpu_memory_total_bytes", "GPU memory", labels=held)
-        idle = GaugeMetricFamily(
-            "gpu_alloc_gpu_idle",
-            "1 when a leased GPU was unused for policy.idle_after",
-            labels=held,
-        )
-        for g in snap["gpus"]:
-            uuid, index = g["uuid"], str(g["index"])
-            owner = g["owner"] or ""
-            container = _container(g)
-            info.add_metric([uuid, index, g["model"]], 1)
-            for s in gpus.STATES:
-                state.add_metric([uuid, index, s], 1 if g["state"] == s else 0)
-            who = [uuid, index, owner, container]
-            if g["state"] == "leased":
-                leased.add_metric([*who, g["compose_project"] or ""], 1)
-                idle.add_metric(who, 1 if g["idle"] else 0)
-            if g["utilization"] is not None:
-                util.add_metric(who, g["utilization"])
-            if g["memory_used_bytes"] is not None:
-                used.add_metric(who, g["memory_used_bytes"])
-            if g["memory_total_bytes"]:
-                total.add_metric(who, g["memory_total_bytes"])
-        for uuid in snap["departed"]:
-            for s in gpus.STATES:
-                state.add_metric([uuid, "", s], 1 if s == "departed" else 0)
-        yield from (info, state, leased, util, used, total, idle)
+        try:
+            snap = self.live.snapshot()
+        except InventoryError as e:
+            self._failed(f"cannot read the GPU inventory: {e}")
+            inventory.add_metric([], 0)
+            yield inventory
+            return
+        except Exception as e:  # the ledger or health file: still answer, with the gauge
+            self._failed(f"cannot read the GPU state: {e}")
+            inventory.add_metric([], 1)
+            ledger.add_metric([], 0)
+            yield from (inventory, ledger)
+            return
+        if self._failing:
+            log.info("metrics: the GPUs read again")
+            self._failing = ""
+        inventory.add_metric([], 1)
+        ledger.add_metric([], 1)
+        yield from (inventory, ledger, *gpu_families(snap))
+
+    def _failed(self, why: str) -> None:
+        if why != self._failing:
+            log.warning("metrics: %s; /metrics answers without per-GPU series", why)
+        self._failing = why
+
+
+def gpu_families(snap: dict[str, Any]) -> tuple[GaugeMetricFamily, ...]:
+    """The per-GPU families of one live snapshot (departed GPUs have an empty index)."""
+    info = GaugeMetricFamily("gpu_alloc_gpu_info", "GPU model", labels=[*GPU, "model"])
+    state = GaugeMetricFamily(
+        "gpu_alloc_gpu_state", "1 for the GPU's current state", labels=[*GPU, "state"]
+    )
+    holder = GaugeMetricFamily(
+        "gpu_alloc_gpu_holder_info", "1 per held GPU: who holds it", labels=HOLDER
+    )
+    leased = GaugeMetricFamily(
+        "gpu_alloc_gpu_leased", "1 while a lease or claim holds the GPU", labels=GPU
+    )
+    running = GaugeMetricFamily(
+        "gpu_alloc_gpu_holder_running", "1 while the GPU's holder container runs", labels=GPU
+    )
+    util = GaugeMetricFamily("gpu_alloc_gpu_utilization_ratio", "GPU utilisation 0..1", labels=GPU)
+    used = GaugeMetricFamily("gpu_alloc_gpu_memory_used_bytes", "GPU memory used", labels=GPU)
+    total = GaugeMetricFamily("gpu_alloc_gpu_memory_total_bytes", "GPU memory", labels=GPU)
+    idle = GaugeMetricFamily(
+        "gpu_alloc_gpu_idle", "1 when a leased GPU was unused for policy.idle_after", labels=GPU
+    )
+    for g in [*snap["gpus"], *snap["departed"]]:
+        gpu = [g["uuid"], "" if g["index"] is None else str(g["index"])]
+        if g["index"] is not None:
+            info.add_metric([*gpu, g["model"]], 1)
+        for s in STATES:
+            state.add_metric([*gpu, s], 1 if g["state"] == s else 0)
+        leased.add_metric(gpu, 1 if g["holder"] else 0)
+        if g["holder"]:
+            lease = g["holder"].get("lease") or ""
+            holder.add_metric([*gpu, g["owner"] or "", _container(g), lease,
+                               g["compose_project"] or ""], 1)  # fmt: skip
+            if g["container_state"] is not None:  # None: the Engine did not list it
+                running.add_metric(gpu, 1 if g["container_state"] == "running" else 0)
+            idle.add_metric(gpu, 1 if g["idle"] else 0)
+        if g["utilization"] is not None:
+            util.add_metric(gpu, g["utilization"])
+        if g["memory_used_bytes"] is not None:
+            used.add_metric(gpu, g["memory_used_bytes"])
+        if g["memory_total_bytes"]:
+            total.add_metric(gpu, g["memory_total_bytes"])
+    return (info, state, holder, leased, running, util, used, total, idle)
 
 
 def _container(g: dict[str, Any]) -> str:
@@ -96,8 +137,10 @@ def registry(live: gpus.LiveView) -> CollectorRegistry:
     return reg
 
 
-def serve(listen: str, live: gpus.LiveView) -> ThreadingHTTPServer:
-    """Start the listener in a daemon thread; returns the server (``.shutdown()`` stops it)."""
+def serve(listen: str, live: gpus.LiveView, line: Queue | None = None) -> ThreadingHTTPServer:
+    """Start the listener in a daemon thread; returns the server (``.shutdown()`` stops it).
+
+    ``line``: the creates waiting for GPUs, in serving order, for the dashboard."""
     host, _, port = listen.rpartition(":")
     reg = registry(live)
     page = _PAGE.read_bytes()
@@ -109,15 +152,20 @@ def serve(listen: str, live: gpus.LiveView) -> ThreadingHTTPServer:
                 if path == "/metrics":
                     self._send(200, "text/plain; version=0.0.4", generate_latest(reg))
                 elif path == "/api/gpus":
-                    body = gpus.render_json(live.snapshot()).encode()
+                    snap = live.snapshot()
+                    snap["queue"] = None if line is None else line()
+                    body = gpus.render_json(snap).encode()
                     self._send(200, "application/json", body)
                 elif path == "/":
                     self._send(200, "text/html; charset=utf-8", page)
                 else:
                     self._send(404, "text/plain", b"not found: try /, /metrics or /api/gpus\n")
-            except Exception as e:  # one bad scrape must not stop the listener
+            except (InventoryError, StateError) as e:  # said on the page; no traceback
+                log.warning("metrics: %s: %s", path, e)
+                self._send(503, "text/plain", f"gpu-alloc: {e}\n".encode())
+            except Exception as e:  # one bad request must not stop the listener
                 log.exception("metrics: %s failed", path)
-                self._send(503, "text/plain", f"gpu-alloc metrics: {e}\n".encode())
+                self._send(503, "text/plain", f"gpu-alloc: {e}\n".encode())
 
         def _send(self, code: int, kind: str, body: bytes) -> None:
             self.send_response(code)

@@ -14,6 +14,7 @@ from allocator.ops.gpus import LiveView
 from allocator.service import Allocator
 from shim import metrics_server, server
 from shim.create import CreateInterceptor
+from shim.waitline import Waitline
 
 log = logging.getLogger("gpu-alloc.shim")
 EXPIRY_CHECK_MAX = 60.0  # seconds between release_stopped_after checks, at most
@@ -30,12 +31,17 @@ def serve(config: Config, allocator: Allocator, claim: listener.Claim | None = N
     threading.Thread(
         target=metrics_server.sample_forever, args=(live, every, stop), daemon=True
     ).start()
-    metrics = metrics_server.serve(config.metrics.listen, live) if config.metrics.listen else None
+    line = Waitline(allocator)
+    metrics = (
+        metrics_server.serve(config.metrics.listen, live, line.snapshot)
+        if config.metrics.listen
+        else None
+    )
     try:
         server.run(
             config.shim.socket,
             config.engine.socket,
-            CreateInterceptor(allocator, live),
+            CreateInterceptor(allocator, live, line),
             mode=config.shim.mode,
             group=config.shim.group,
             forward_timeout=config.shim.create_timeout,

@@ -1,8 +1,9 @@
 """Regenerate docs/dashboard.png: `.venv/bin/python -m tests.dashboard_screenshot`.
 
-Four simulated H100s: alice computes, bob's notebook has idled for hours, carol's
-sweep runs, one GPU is free.  The page is the real dashboard served by the real
-listener; only the GPUs and the Engine are stand-ins.
+Six simulated H100s in two pools: alice computes, bob's notebook has idled for
+hours, carol's sweep runs, one GPU took an Xid 79 and one is free; dave waits in
+line.  The page is the real dashboard served by the real listener; only the GPUs,
+the Engine and the line are stand-ins.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 import yaml
 
 from allocator.core.ask import Ask
+from allocator.core.health import XID, GpuEvent, HealthPolicy, observe
+from allocator.core.policy import Pool, Rules
 from allocator.host import usage
 from allocator.host.config import Config
 from allocator.ops import gpus
@@ -24,7 +27,7 @@ from allocator.service import Allocator
 from shim import metrics_server
 from tests.test_observe import FakeEngine, free_port
 
-UUIDS = [f"GPU-{i:08x}-1111-2222-3333-444444444444" for i in range(4)]
+UUIDS = [f"GPU-{i:08x}-1111-2222-3333-444444444444" for i in range(6)]
 USE = [
     {"utilization": 0.92, "memory_used_mib": 61440, "temperature_c": 71, "power_w": 612,
      "processes": [{"pid": 11}]},
@@ -32,7 +35,14 @@ USE = [
     {"utilization": 0.35, "memory_used_mib": 20480, "temperature_c": 52, "power_w": 280,
      "processes": [{"pid": 12}]},
     {"utilization": 0.0, "memory_used_mib": 0, "temperature_c": 31, "power_w": 62},
+    {"utilization": 0.0, "memory_used_mib": 0, "temperature_c": 33, "power_w": 64},
+    {"utilization": 0.0, "memory_used_mib": 0, "temperature_c": 30, "power_w": 60},
 ]  # fmt: skip
+SICK = 3  # the GPU an Xid 79 took out
+POOLS = {"training": Pool((0, 1, 2, 3)), "interactive": Pool((4, 5))}
+LINE = [{"position": 1, "owner": "dave", "name": "pretrain", "gpus": 4, "all": False,
+         "pool": "training", "priority": 0, "since": 0, "waited_s": 1260,
+         "held_back_by": None}]  # fmt: skip
 HOLDERS = [("a" * 64, "alice", "llm-finetune", 7200), ("b" * 64, "bob", "notebook", 3 * 3600),
            ("c" * 64, "carol", "eval-sweep", 600)]  # fmt: skip
 
@@ -50,6 +60,10 @@ def main(out: str) -> None:
                 "usage": USE[i]} for i, u in enumerate(UUIDS)]  # fmt: skip
     (d / "gpus.yaml").write_text(yaml.safe_dump(entries))
     alloc = Allocator(Config(state_dir=str(d / "state"), gpus=str(d / "gpus.yaml")))
+    alloc._rules = Rules(pools=POOLS)
+    with alloc.health.transaction() as box:
+        xid = GpuEvent(UUIDS[SICK], XID, time.time() - 1800, 79)
+        box[0] = observe(box[0], [xid], HealthPolicy())
     for (cid, _, name, age), uuid in zip(HOLDERS, UUIDS, strict=False):
         lease, _ = alloc.lease(Ask((uuid,), 0, False, ("gpu",)), name)
         alloc.bind(lease.id, cid)
@@ -58,11 +72,11 @@ def main(out: str) -> None:
     alloc.engine = NamedEngine({c: owner for c, owner, _, _ in HOLDERS})  # type: ignore[assignment]
     usage.container_of = lambda pid, proc="/proc": {11: "a" * 64, 12: "c" * 64}.get(pid)
     port = free_port()
-    server = metrics_server.serve(f"127.0.0.1:{port}", gpus.LiveView(alloc))
+    server = metrics_server.serve(f"127.0.0.1:{port}", gpus.LiveView(alloc), lambda: LINE)
     try:
         subprocess.run(
             ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-             "--virtual-time-budget=4000", "--window-size=1180,470", f"--screenshot={out}",
+             "--virtual-time-budget=4000", "--window-size=1180,760", f"--screenshot={out}",
              f"http://127.0.0.1:{port}/"],
             check=True, capture_output=True,
         )  # fmt: skip

@@ -10,10 +10,19 @@ from pathlib import Path
 import pytest
 
 from allocator.core.ask import Ask
+from allocator.core.policy import Pool, Rules
 from allocator.ops import gpus
 from allocator.service import Allocator
 from shim import metrics_server
-from tests.test_observe import CID, FakeEngine, free_port, world, write_gpus
+from tests.test_observe import (
+    CID,
+    UUIDS,
+    FakeEngine,
+    free_port,
+    mark_unhealthy,
+    world,
+    write_gpus,
+)
 
 __all__ = ["world"]  # the fixture, shared with the live-view tests
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -69,7 +78,48 @@ def test_the_page_shows_every_gpu_and_its_holder_and_follows_a_new_lease(world) 
     assert "owner: alice" in dom and "container: train" in dom
     assert "owner: bob" in dom  # the lease taken after the first refresh
     assert "80%" in dom and "40.0 / 80.0 GiB" in dom
-    assert "2 in use" in dom
+    assert "1 free, 2 leased" in dom
+
+
+def test_an_unhealthy_gpu_is_marked_on_the_page_with_the_line_and_the_pools(world) -> None:
+    alloc, _ = world
+    for index in (0, 2):  # GPU 0 is alice's, GPU 2 is free: both turn unhealthy
+        mark_unhealthy(alloc, UUIDS[index])
+    alloc._rules = Rules(pools={"big": Pool((0, 1)), "small": Pool((2,))})  # as configured
+    waiting = [{"position": 1, "owner": "carol", "name": "sweep", "gpus": 2, "all": False,
+                "pool": "big", "priority": 0, "since": 0, "waited_s": 95,
+                "held_back_by": None}]  # fmt: skip
+    port = free_port()
+    server = metrics_server.serve(f"127.0.0.1:{port}", gpus.LiveView(alloc), lambda: waiting)
+    try:
+        dom = chromium("--dump-dom", f"http://127.0.0.1:{port}/")
+    finally:
+        server.shutdown()
+        server.server_close()
+    tiles = re.findall(r'<div class="tile (\w+)" data-uuid="([^"]+)" data-state="(\w+)"', dom)
+    assert tiles == [("unhealthy", UUIDS[0], "unhealthy"), ("free", UUIDS[1], "free"),
+                     ("unhealthy", UUIDS[2], "unhealthy")]  # fmt: skip
+    assert dom.count("never granted: Xid 79 at") == 2
+    assert "owner: alice" in dom  # the holder of an unhealthy GPU stays visible
+    assert "3 GPUs: 1 free, 0 leased, 2 unhealthy or gone, 1 waiting" in dom
+    assert "<td>carol</td><td>sweep</td><td>2</td><td>big</td><td>95s</td>" in dom
+    assert "<td>big</td><td>0,1</td><td>1</td><td>1</td>" in dom
+    assert "<td>small</td><td>2</td><td>0</td><td>1</td>" in dom
+
+
+def test_the_page_says_why_when_the_gpu_list_cannot_be_read(world) -> None:
+    alloc, gpus_file = world
+    gpus_file.unlink()
+    port = free_port()
+    server = metrics_server.serve(f"127.0.0.1:{port}", gpus.LiveView(alloc))
+    try:
+        dom = chromium("--dump-dom", f"http://127.0.0.1:{port}/")
+    finally:
+        server.shutdown()
+        server.server_close()
+    [shown] = re.findall(r'<div id="error">([^<]*)</div>', dom)
+    assert shown.startswith(f"gpu-alloc: {gpus_file}: cannot read simulated GPUs")
+    assert 'class="tile' not in dom
 
 
 def test_a_screenshot_renders(world, tmp_path: Path) -> None:

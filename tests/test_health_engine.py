@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests import engine
 from tests.faults import IMAGE, gpu_alloc, shim, status
+from tests.test_observe import free_port
 
 pytestmark = pytest.mark.engine
 PERIOD = 0.2
@@ -20,9 +23,14 @@ RECHECK = 15.0
 UUIDS = [engine.sim_gpu_uuid(k) for k in range(4)]
 
 
+PORT = free_port()
+
+
 def make_stack() -> engine.Stack:
     health = {"period": PERIOD, "recheck_after": RECHECK}
-    return engine.Stack(gpus=4, extra={"health": health})
+    return engine.Stack(
+        gpus=4, extra={"health": health, "metrics": {"listen": f"127.0.0.1:{PORT}"}}
+    )
 
 
 def inject(stack: engine.Stack, index: int, **event: Any) -> None:
@@ -92,3 +100,34 @@ def test_the_probe_brings_a_free_gpu_back_after_recheck_after(stack: engine.Stac
     assert run(stack, "device=2").returncode != 0
     wait_for(stack, 2, healthy=True, within=RECHECK + 5)
     assert run(stack, "device=2").returncode == 0
+
+
+def test_a_held_gpu_that_turns_unhealthy_is_unhealthy_and_held_in_every_view(
+    stack: engine.Stack,
+) -> None:
+    held = shim(stack, "run", "-d", "--gpus", "device=3", "--name", "held", IMAGE, "sleep", "300")
+    assert held.returncode == 0, held.stderr
+    inject(stack, 3, xid=79)
+    wait_for(stack, 3, healthy=False, within=PERIOD + 3)
+
+    row = health_of(stack, 3)  # status --json
+    assert (row["state"], row["free"], row["container_state"]) == ("unhealthy", False, "running")
+    assert row["holder"]["name"] == "held"
+    live = json.loads(gpu_alloc(stack, "gpus", "--json").stdout)["gpus"][3]
+    assert (live["state"], live["healthy"], live["container_name"]) == ("unhealthy", False, "held")
+    assert "Xid 79 at" in live["health"]
+    table = gpu_alloc(stack, "gpus").stdout.splitlines()
+    assert "unhealthy (held)" in table[4] and "held" in table[4].split()[-1]
+    dashboard = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{PORT}/api/gpus").read())
+    assert dashboard["gpus"][3]["state"] == "unhealthy"
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics").read().decode()
+    found = {f.name: f for f in text_string_to_metric_families(text)}
+    states = {(s.labels["index"], s.labels["state"]) for s in found["gpu_alloc_gpu_state"].samples
+              if s.value == 1}  # fmt: skip
+    assert ("3", "unhealthy") in states and ("3", "free") not in states
+    holders = [s.labels for s in found["gpu_alloc_gpu_holder_info"].samples]
+    assert [h["container"] for h in holders if h["index"] == "3"] == ["held"]
+
+    assert shim(stack, "rm", "-f", "held").returncode == 0
+    assert gpu_alloc(stack, "health", "clear", "3").returncode == 0

@@ -18,6 +18,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from allocator.core.ask import Ask
+from allocator.core.health import XID, GpuEvent, HealthPolicy, observe
 from allocator.core.usage import container_of_cgroup, idle_since
 from allocator.host import ledger, metrics, usage
 from allocator.host.config import Config, ConfigError, PolicyConfig
@@ -211,13 +212,30 @@ def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
     return found
 
 
+def grafana() -> dict[str, Any]:
+    path = Path(__file__).parent.parent / "deploy/monitoring/grafana-dashboard.json"
+    return json.loads(path.read_text())
+
+
 def grafana_metrics() -> set[str]:
     """Every metric the shipped Grafana dashboard queries."""
-    dash = json.loads(
-        (Path(__file__).parent.parent / "deploy/monitoring/grafana-dashboard.json").read_text()
-    )
-    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs = [t["expr"] for p in grafana()["panels"] for t in p["targets"]]
     return {m for e in exprs for m in re.findall(r"gpu_alloc_\w+", e)}
+
+
+def test_the_grafana_dashboard_picks_a_host_and_shows_the_line_and_health() -> None:
+    dash = grafana()
+    [host] = [v for v in dash["templating"]["list"] if v["name"] == "host"]
+    assert "label_values(gpu_alloc_inventory_readable, host)" in json.dumps(host["query"])
+    for p in dash["panels"]:
+        for t in p["targets"]:
+            for use in re.findall(r"gpu_alloc_\w+(?:\{[^}]*\})?", t["expr"]):
+                assert 'host=~"$host"' in use, (p["title"], use)
+    queried = grafana_metrics()
+    assert {"gpu_alloc_queue_length", "gpu_alloc_wait_seconds_bucket"} <= queried
+    assert "gpu_alloc_inventory_readable" in queried
+    assert any('state=~"unhealthy|departed"' in t["expr"] for p in dash["panels"]
+               for t in p["targets"])  # fmt: skip
 
 
 def test_a_scrape_joins_gpu_use_with_owners_and_sums_every_processs_counters(
@@ -234,10 +252,14 @@ def test_a_scrape_joins_gpu_use_with_owners_and_sums_every_processs_counters(
     server = metrics_server.serve(f"127.0.0.1:{port}", gpus.LiveView(alloc))
     try:
         got = scrape(port)
-        who = {"uuid": UUIDS[0], "index": "0", "owner": "alice", "container": "train"}
-        assert got["gpu_alloc_gpu_leased"] == [({**who, "compose_project": "lab"}, 1.0)]
-        assert got["gpu_alloc_gpu_utilization_ratio"][0] == (who, 0.75)
-        assert (who, 2**30) in got["gpu_alloc_gpu_memory_used_bytes"]
+        gpu = {"uuid": UUIDS[0], "index": "0"}
+        [lease] = alloc.ledger.read().leases
+        who = {"owner": "alice", "container": "train", "lease": lease, "compose_project": "lab"}
+        assert got["gpu_alloc_gpu_holder_info"] == [({**gpu, **who}, 1.0)]
+        assert (gpu, 1.0) in got["gpu_alloc_gpu_leased"]
+        assert got["gpu_alloc_gpu_utilization_ratio"][0] == (gpu, 0.75)
+        assert (gpu, 2**30) in got["gpu_alloc_gpu_memory_used_bytes"]
+        assert got["gpu_alloc_inventory_readable"] == [({}, 1.0)]
         assert ({"uuid": UUIDS[0], "index": "0", "model": "NVIDIA H100"}, 1.0) in got[
             "gpu_alloc_gpu_info"
         ]
@@ -269,6 +291,98 @@ def test_status_marks_an_idle_lease(world, monkeypatch: pytest.MonkeyPatch) -> N
     assert [g["idle_since"] is not None for g in snap["gpus"]] == [True, False, False]
     holder_row = status.render_table(snap).splitlines()[1]
     assert holder_row.startswith("0 ") and "(idle)" in holder_row
+
+
+def families(port: int) -> dict[str, Any]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def serving(alloc: Allocator) -> tuple[int, Any]:
+    port = free_port()
+    return port, metrics_server.serve(f"127.0.0.1:{port}", gpus.LiveView(alloc))
+
+
+def test_numeric_gpu_series_are_labelled_by_gpu_only_and_the_holder_is_an_info_family(
+    world: tuple[Allocator, Path],
+) -> None:
+    alloc, gpus_file = world
+    write_gpus(gpus_file, {0: {"utilization": 0.5, "memory_used_mib": 10}, 1: {"utilization": 0}})
+    port, server = serving(alloc)
+    try:
+        found = families(port)
+        gpu_families = {n: f for n, f in found.items() if n.startswith("gpu_alloc_gpu_")}
+        numeric = {n for n, f in gpu_families.items() if not n.endswith("_info")}
+        assert {"gpu_alloc_gpu_memory_total_bytes", "gpu_alloc_gpu_utilization_ratio",
+                "gpu_alloc_gpu_idle", "gpu_alloc_gpu_leased"} <= numeric  # fmt: skip
+        for name in numeric:
+            for sample in gpu_families[name].samples:
+                assert not {"owner", "container", "lease"} & set(sample.labels), (name, sample)
+        totals = [s.labels for s in found["gpu_alloc_gpu_memory_total_bytes"].samples]
+        assert totals == [{"uuid": u, "index": str(i)} for i, u in enumerate(UUIDS)]
+        [held] = found["gpu_alloc_gpu_holder_info"].samples
+        assert (held.labels["owner"], held.labels["container"], held.value) == ("alice", "train", 1)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def mark_unhealthy(alloc: Allocator, uuid: str) -> None:
+    """What the watcher does on a critical Xid."""
+    with alloc.health.transaction() as box:
+        box[0] = observe(box[0], [GpuEvent(uuid, XID, time.time(), 79)], HealthPolicy())
+
+
+def test_an_unhealthy_gpu_is_unhealthy_in_the_metrics_the_gpus_table_and_its_json(
+    world: tuple[Allocator, Path],
+) -> None:
+    alloc, _ = world
+    for index in (0, 2):  # GPU 0 is leased, GPU 2 free: both stay out of placement
+        mark_unhealthy(alloc, UUIDS[index])
+    snap = gpus.LiveView(alloc).snapshot()
+    assert [(g["state"], g["healthy"]) for g in snap["gpus"]] == [
+        ("unhealthy", False),
+        ("free", True),
+        ("unhealthy", False),
+    ]
+    assert snap["gpus"][0]["owner"] == "alice"  # the holder is still shown
+    table = gpus.render_table(snap).splitlines()
+    assert "unhealthy (held)" in table[1] and "alice" in table[1]
+    assert "unhealthy" in table[3] and "free" not in table[3]
+    assert "GPU 2 unhealthy (Xid 79 at" in table[-1]
+    port, server = serving(alloc)
+    try:
+        states = {
+            (s.labels["index"], s.labels["state"]): s.value
+            for s in families(port)["gpu_alloc_gpu_state"].samples
+        }
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert states[("0", "unhealthy")] == states[("2", "unhealthy")] == 1
+    assert states[("2", "free")] == states[("0", "leased")] == 0
+    assert status.snapshot(alloc)["gpus"][2]["state"] == "unhealthy"
+
+
+def test_metrics_answer_200_with_the_gauge_at_0_while_the_gpu_list_is_unreadable(
+    world: tuple[Allocator, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    alloc, gpus_file = world
+    gpus_file.unlink()
+    port, server = serving(alloc)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            assert r.status == 200
+            text = r.read().decode()
+        found = {f.name: f for f in text_string_to_metric_families(text)}
+        assert [s.value for s in found["gpu_alloc_inventory_readable"].samples] == [0]
+        assert "Traceback" not in text and "gpu_alloc_gpu_state" not in found
+        assert "cannot read the GPU inventory" in caplog.text
+        write_gpus(gpus_file, {})
+        assert [s.value for s in families(port)["gpu_alloc_inventory_readable"].samples] == [1]
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_metrics_port_in_use_is_a_config_error_naming_the_key(world) -> None:

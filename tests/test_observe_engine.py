@@ -87,9 +87,11 @@ def test_gpu_use_processes_metrics_idle_and_history_on_a_real_engine(stack: engi
     assert denied.returncode != 0 and "gpu-alloc" in denied.stderr
     got = scrape()
     index = str(next(g["index"] for g in cli(stack, "gpus")["gpus"] if g["uuid"] == uuid))
-    who = {"uuid": uuid, "index": index, "owner": "root", "container": "train"}
-    assert ({**who, "compose_project": ""}, 1.0) in got["gpu_alloc_gpu_leased"]
-    assert (who, 0.6) in got["gpu_alloc_gpu_utilization_ratio"]
+    gpu = {"uuid": uuid, "index": index}
+    [holder] = [lab for lab, _ in got["gpu_alloc_gpu_holder_info"] if lab["uuid"] == uuid]
+    assert (holder["owner"], holder["container"]) == ("root", "train") and holder["lease"]
+    assert (gpu, 0.6) in got["gpu_alloc_gpu_utilization_ratio"]
+    assert (gpu, 1.0) in got["gpu_alloc_gpu_holder_running"]
     denials = dict((lab["field"], v) for lab, v in got["gpu_alloc_denials_total"])
     assert denials.get("HostConfig.DeviceRequests", 0) >= 1, got["gpu_alloc_denials_total"]
     outcomes = {lab["outcome"]: v for lab, v in got["gpu_alloc_requests_total"]}

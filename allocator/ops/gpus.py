@@ -2,8 +2,11 @@
 
 One `LiveView` per process: it caches the labels of the containers it has seen
 (a container's labels never change), so a scrape every few seconds costs one
-Engine inspect per container lifetime, not one per scrape.  The same rows feed
-the CLI, ``GET /gpu-alloc/v1/gpus``, the Prometheus collector and the dashboard.
+Engine inspect per container lifetime, not one per scrape, and one listing of
+the holders' containers for their states.  `LiveView.read` gathers the facts and
+asks `gpu_states.states` what each GPU is; the same reading feeds the CLI,
+``GET /gpu-alloc/v1/gpus``, ``gpu-alloc status``, the Prometheus collector and
+the dashboard, so they never disagree.
 """
 
 from __future__ import annotations
@@ -11,18 +14,32 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+from dataclasses import dataclass
 from typing import Any
 
-from allocator.core import compose, policy
-from allocator.core.inventory import InventoryError
+from allocator.core import compose, labels, policy
+from allocator.core.gpu_states import Activity, GpuState, states
+from allocator.core.health import Health
+from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.leases import Lease, State, StateError
-from allocator.core.usage import Usage, idle_since
+from allocator.core.usage import Usage
 from allocator.host import ledger, unixhttp, usage
 from allocator.host.engine import EngineError
 from allocator.service import Allocator
 
 GPUS_PATH = "/gpu-alloc/v1/gpus"  # on the shim socket, next to /gpu-alloc/v1/status
-STATES = ("free", "leased", "busy", "departed", "unhealthy")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One look at the host: the facts, and each GPU's state derived from them."""
+
+    now: float
+    inventory: Inventory
+    ledger: State
+    gpus: list[GpuState]  # every GPU and MIG slice, then the departed ones
+    use: dict[str, Usage]
+    containers: dict[str, dict[str, Any]]  # the holders' containers as the Engine lists them
 
 
 class LiveView:
@@ -32,7 +49,7 @@ class LiveView:
         self._labels: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
 
-    def snapshot(self, now: float | None = None) -> dict[str, Any]:
+    def read(self, now: float | None = None) -> Reading:
         now = ledger.now() if now is None else now
         inventory = self.alloc.inventory()
         state = self.alloc.ledger.read()
@@ -41,39 +58,67 @@ class LiveView:
         except InventoryError:
             use = {}
         idle_after = self.alloc.config.policy.idle_after
-        seen = self.activity.observe(
-            {u for u, x in use.items() if x.active}, now, min(60.0, idle_after / 4)
-        )
+        active = frozenset(u for u, x in use.items() if x.active)
+        seen = self.activity.observe(set(active), now, min(60.0, idle_after / 4))
         holders = state.holders(inventory.uuids)
-        rows = []
-        for g in inventory.gpus:
-            u = use.get(g.uuid, Usage())
-            holder = holders.get(g.uuid)
-            lease = state.leases.get(holder.lease) if holder and holder.lease else None
-            since = (
-                idle_since(lease.created, seen.get(g.uuid), u.active, now, idle_after)
-                if lease
-                else None
-            )
-            container = holder.container if holder else None
-            rows.append(
-                {
-                    "uuid": g.uuid,
-                    "index": g.index,
-                    "model": g.name,
-                    **u.to_dict(),
-                    "memory_total_bytes": u.memory_total_bytes or g.memory_mib * 1024 * 1024,
-                    "state": "leased" if holder else "busy" if g.busy else "free",
-                    "holder": holder.to_dict() if holder else None,
-                    **self._who(container, lease),
-                    "lease_age_s": None if lease is None else max(0.0, now - lease.created),
-                    "idle": since is not None,
-                    "idle_since": since,
-                    "processes": [self._process(p, state) for p in u.processes],
-                }
-            )
-        departed = sorted(state.named_gpus() - inventory.uuids)
-        return {"time": now, "idle_after": idle_after, "gpus": rows, "departed": departed}
+        listed = self._containers(sorted({h.container for h in holders.values() if h.container}))
+        health = Health() if self.alloc.config.health.disabled else self.alloc.health.read()
+        found = states(
+            (*inventory.gpus, *inventory.migs),
+            holders,
+            health,
+            Activity(now, idle_after, active, seen),
+            {cid: str(c.get("State") or "") for cid, c in listed.items()},
+        )
+        return Reading(now, inventory, state, found, use, listed)
+
+    def snapshot(self, now: float | None = None) -> dict[str, Any]:
+        got = self.read(now)
+        pools = {name: list(p.gpus) for name, p in sorted(self.alloc.rules.pools.items())}
+        rows = [self._row(s, got, pools) for s in got.gpus if s.gpu and not s.gpu.is_slice]
+        departed = [self._row(s, got, pools) for s in got.gpus if s.gpu is None]
+        return {
+            "time": got.now,
+            "idle_after": self.alloc.config.policy.idle_after,
+            "gpus": rows,
+            "departed": departed,
+            "pools": pools,
+        }
+
+    def _row(self, s: GpuState, got: Reading, pools: dict[str, list[int]]) -> dict[str, Any]:
+        g, holder = s.gpu, s.holder
+        u = got.use.get(s.uuid, Usage())
+        lease = got.ledger.leases.get(holder.lease) if holder and holder.lease else None
+        return {
+            "uuid": s.uuid,
+            "index": None if g is None else g.index,
+            "model": "" if g is None else g.name,
+            **u.to_dict(),
+            "memory_total_bytes": u.memory_total_bytes or (g.memory_mib if g else 0) * 2**20,
+            "state": s.state,
+            "healthy": s.health.healthy,
+            "health": s.health.reason() or None,
+            "holder": holder.to_dict() if holder else None,
+            "container_state": s.container_state,
+            **self._who(holder.container if holder else None, lease, holder.name if holder else ""),
+            "lease_age_s": None if lease is None else max(0.0, got.now - lease.created),
+            "idle": s.idle_since is not None,
+            "idle_since": s.idle_since,
+            "pools": [n for n, idx in pools.items() if g is not None and g.index in idx],
+            "processes": [self._process(p, got.ledger) for p in u.processes],
+        }
+
+    def _containers(self, ids: list[str]) -> dict[str, dict[str, Any]]:
+        """Each holder container as the Engine lists it now (name after a rename, state)."""
+        if self.alloc.engine is None:
+            return {}
+        try:
+            listed = self.alloc.engine.containers(label=labels.LEASE)
+            if ids:
+                listed += self.alloc.engine.containers(ids=ids)
+        except EngineError:
+            return {}  # the ledger's names and no state: still worth showing
+        return {c["Id"]: c for c in listed}
 
     def _process(self, p: Any, state: State) -> dict[str, Any]:
         cid = usage.container_of(p.pid)
@@ -139,15 +184,26 @@ def _gib(v: int | None) -> str:
     return "-" if v is None else f"{v / 2**30:.1f}"
 
 
+def describe(g: dict[str, Any]) -> str:
+    """The STATE column: the state, then whether it is still held, idle or stopped."""
+    extra = []
+    if g["state"] in ("unhealthy", "departed") and g["holder"]:
+        extra.append("held")
+    if g["holder"] and g.get("container_state") not in (None, "running"):
+        extra.append(g["container_state"])
+    if g["idle"]:
+        extra.append("idle")
+    return g["state"] + (f" ({', '.join(extra)})" if extra else "")
+
+
 def render_table(snap: dict[str, Any]) -> str:
     rows = [("GPU", "MODEL", "STATE", "UTIL", "MEM GiB", "TEMP", "POWER", "OWNER", "CONTAINER")]
     for g in snap["gpus"]:
-        state = g["state"] + (" (idle)" if g["idle"] else "")
         rows.append(
             (
                 str(g["index"]),
                 g["model"],
-                state,
+                describe(g),
                 _pct(g["utilization"]),
                 f"{_gib(g['memory_used_bytes'])}/{_gib(g['memory_total_bytes'])}",
                 "-" if g["temperature_c"] is None else f"{g['temperature_c']:g}C",
@@ -161,6 +217,11 @@ def render_table(snap: dict[str, Any]) -> str:
             rows.append(("", f"  pid {p['pid']}", "", "", _gib(p["used_memory_bytes"]), "", "",
                          p["owner"] or "-", where))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    )
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    for g in snap["gpus"]:
+        if not g["healthy"]:
+            lines.append(f"GPU {g['index']} unhealthy ({g['health']}): never granted")
+    for g in snap.get("departed") or ():
+        who = g["container_name"] or ((g["holder"] or {}).get("container") or "")[:12]
+        lines.append(f"{g['uuid']} departed: no longer on this host, still held by '{who}'")
+    return "\n".join(lines)

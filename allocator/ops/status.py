@@ -9,32 +9,18 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from allocator.core import labels
 from allocator.core.cpus import format_list
-from allocator.core.health import Health
+from allocator.core.gpu_states import GpuState
+from allocator.core.health import GpuHealth
 from allocator.core.inventory import GPU
 from allocator.core.leases import StateError, ago
 from allocator.host import unixhttp
-from allocator.host.engine import EngineError
 from allocator.ops.gpus import LiveView
 from allocator.service import Allocator
 
 WIDTH = 100
 HOST = "host compute processes"
 MIG_MODE = "MIG mode: leased as its slices"
-
-
-def _listed(alloc: Allocator, ids: list[str]) -> dict[str, dict[str, Any]]:
-    """Each holder container as the Engine lists it now (name after a rename, state)."""
-    if alloc.engine is None:
-        return {}
-    try:
-        listed = alloc.engine.containers(label=labels.LEASE)
-        if ids:
-            listed += alloc.engine.containers(ids=ids)
-    except EngineError:
-        return {}  # the ledger's names and no state: still worth showing
-    return {c["Id"]: c for c in listed}
 
 
 def _state(c: dict[str, Any] | None) -> str:
@@ -48,14 +34,12 @@ def _state(c: dict[str, Any] | None) -> str:
 
 
 def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
-    inventory = alloc.inventory()
-    state = alloc.ledger.read()
-    present = [g.uuid for g in (*inventory.gpus, *inventory.migs)]
-    departed = sorted(state.named_gpus() - set(present))
-    held = state.holders({*present, *departed})
-    holder_of = {u: h.to_dict() | {"since": _rfc3339(h.since)} for u, h in held.items()}
+    got = (live or LiveView(alloc)).read()
+    inventory, state, engine = got.inventory, got.ledger, got.containers
     now = time.time()
-    engine = _listed(alloc, sorted({h.container for h in held.values() if h.container}))
+    read = {s.uuid: s for s in got.gpus}
+    held = {s.uuid: s.holder for s in got.gpus if s.holder is not None}
+    holder_of = {u: h.to_dict() | {"since": _rfc3339(h.since)} for u, h in held.items()}
     holders: dict[tuple[Any, ...], dict[str, Any]] = {}
     index = {g.uuid: g.index for g in inventory.gpus}
     slice_of = {m.uuid: f"{m.index}:{m.mig_index}" for m in inventory.migs}
@@ -76,9 +60,11 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
                 "pool": h.pool,
                 "lease": h.lease,
                 "why": h.why,
+                "idle": False,
             },
         )
         row["uuids"].append(uuid)
+        row["idle"] = row["idle"] or read[uuid].idle_since is not None
         if uuid in index:
             row["gpus"].append(index[uuid])
         elif uuid in slice_of:
@@ -87,25 +73,26 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
         c = engine.get(h.get("container") or "")
         if c and c.get("Names"):
             h["name"] = c["Names"][0].lstrip("/")
-    idle = {g["uuid"]: g["idle_since"] for g in (live or LiveView(alloc)).snapshot()["gpus"]}
-    for row in holders.values():
-        row["idle"] = any(idle.get(u) is not None for u in row["uuids"])
-    health = alloc.health.read()
 
-    def row(g: GPU, unit: str) -> dict[str, Any]:
-        """``unit``: the GPU whose health counts (a slice's is its parent's)."""
+    def row(s: GpuState, g: GPU) -> dict[str, Any]:
         holder = holder_of.get(g.uuid)
         if holder is None and g.busy:
             holder = {"container": None, "name": None, "why": HOST}
         if holder is None and g.mig_mode:
             holder = {"container": None, "name": None, "why": MIG_MODE}
-        since = idle.get(g.uuid)
-        free = holder is None and health.of(unit).healthy  # free: grantable now
-        got = {**g.to_dict(), "free": free, "holder": holder, "idle_since": since}
-        return got | _health(health, unit)
+        return {
+            **g.to_dict(),
+            "free": s.free,  # grantable now
+            "state": s.state,
+            "container_state": s.container_state,
+            "holder": holder,
+            "idle_since": s.idle_since,
+            **_health(s.health),
+        }
 
-    gpus = [row(g, g.uuid) for g in inventory.gpus]
-    migs = [row(m, m.parent) for m in inventory.migs]
+    gpus = [row(s, s.gpu) for s in got.gpus if s.gpu is not None and not s.gpu.is_slice]
+    migs = [row(s, s.gpu) for s in got.gpus if s.gpu is not None and s.gpu.is_slice]
+    departed = [s.uuid for s in got.gpus if s.gpu is None]
     return {
         "gpus": gpus,
         "migs": migs,
@@ -121,14 +108,15 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
             | {"cpus": list(c.cpus), "mems": list(c.mems)}
             for c in state.claims.values()
         ],
-        "departed": [{"uuid": uuid, "holder": holder_of[uuid]} for uuid in departed],
+        "departed": [
+            {"uuid": uuid, "state": "departed", "holder": holder_of[uuid]} for uuid in departed
+        ],
         "free": sum(1 for g in gpus if g["free"]),
         "total": len(gpus),
     }
 
 
-def _health(health: Health, uuid: str) -> dict[str, Any]:
-    h = health.of(uuid)
+def _health(h: GpuHealth) -> dict[str, Any]:
     event = None if h.event is None else asdict(h.event) | {"what": h.event.describe()}
     return {"healthy": h.healthy, "health_event": event, "single_bit_ecc": h.single_bit}
 
