@@ -20,7 +20,7 @@ from allocator.core import verdicts as decide
 from allocator.core.inventory import GPU, Inventory
 from allocator.host import config as configmod
 from allocator.host.config import ConfigError
-from allocator.ops import cli, doctor
+from allocator.ops import cli, doctor, explain
 from tests import engine
 from tests.enforcement_cases import body, request
 from tests.test_enforcement import CREATE_URI, DEVDIR, World, make_nodes
@@ -196,3 +196,9 @@ def test_policy_privileged_takes_refuse_or_lease_all(tmp_path):
     assert configmod.parse("policy: {privileged: lease-all}").policy.rules.privileged == "lease-all"
     with pytest.raises(ConfigError, match=r"policy\.privileged': must be one of refuse, lease-all"):
         configmod.parse("policy: {privileged: allow}")
+
+
+def test_explain_refuses_a_mistyped_label_as_the_shim_would(world: World):
+    answer = explain.explain(world.alloc, "root", "1", ["io.gpu-alloc.requst.model=A100"])
+    assert answer["code"] == explain.INVALID
+    assert "label io.gpu-alloc.requst.model is not a gpu-alloc label" in answer["message"]
