@@ -24,7 +24,7 @@ from allocator.core.facts import HostFacts
 from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.leases import Lease
 from allocator.core.placement import POLICIES
-from allocator.core.policy import Rules
+from allocator.core.policy import Rules, missing_pool_gpus
 from allocator.core.queue import Waiter
 from allocator.core.reconcile import Report
 from allocator.core.verdicts import (
@@ -42,6 +42,7 @@ from allocator.host.inventory import load as load_inventory
 from allocator.host.ledger import Ledger
 
 INVENTORY_MAX_AGE = 10.0
+POLICY_CHECK_EVERY = 2.0  # seconds between the running services' looks at the config file
 log = logging.getLogger("gpu-alloc")
 ENGINE_VIEW_MAX_AGE = 30.0
 ACTIVATED = "gpu-alloc.activated"  # touched when dockerd activates the plugin: a new dockerd
@@ -213,6 +214,7 @@ class Gatherer:
             inventory_error=missing,
             volume_of=self._volume if with_engine else None,
             shim_socket=self.config.shim.socket,
+            privileged_mode=self._rules.privileged,
         )
 
     def lazy_facts(self) -> Facts:
@@ -244,6 +246,7 @@ class Gatherer:
             inventory_error=missing,
             volume_of=_unasked if with_engine else None,
             shim_socket=self.config.shim.socket,
+            privileged_mode=self._rules.privileged,
         )
 
     def _volume(self, name: str) -> tuple[str, dict[str, str]] | None:
@@ -267,13 +270,37 @@ class Gatherer:
     def rules(self) -> Rules:
         """The policy's limits, pools and defaults as the config file says now.
 
-        The file is re-read when it changes (one stat per create, never on the fast
-        path) or on `reload_policy` (SIGHUP); a bad new file keeps the policy in force.
+        The file is re-read when it changes (one stat, on the paths that lease GPUs) or on
+        `reload_policy` (SIGHUP); a bad new file keeps the policy in force.
         """
+        self.refresh_policy()
+        return self._rules
+
+    @property
+    def rules_in_force(self) -> Rules:
+        """The policy as last read, without a look at the file: for a call that may touch
+        no GPU.  `watch_policy` keeps it within seconds of the file."""
+        return self._rules
+
+    def refresh_policy(self) -> None:
+        """Re-read the policy if its file changed (its inode, mtime or size)."""
         stamp = self._config_stamp()
         if stamp != self._rules_stamp:
             self.reload_policy(stamp)
-        return self._rules
+
+    def watch_policy(self, every: float = POLICY_CHECK_EVERY) -> None:
+        """Look at the config file every ``every`` seconds from a thread of its own, so an
+        edit is in force (or its error logged) within seconds, with no request asking."""
+
+        def watch() -> None:
+            while True:
+                time.sleep(every)
+                try:
+                    self.refresh_policy()
+                except Exception:  # a thread that died would stop every later reload
+                    log.exception("policy not checked")
+
+        threading.Thread(target=watch, name="policy-watch", daemon=True).start()
 
     def reload_policy(self, stamp: object = None) -> None:
         stamp = stamp or self._config_stamp()
@@ -281,12 +308,22 @@ class Gatherer:
             self._rules_stamp = stamp
             try:
                 new = configmod.load(self.config.source).policy.rules
+                self._check_pools(new)
             except ConfigError as e:
                 log.error("policy not reloaded, the one in force stays: %s", e)
                 return
             if new != self._rules:
                 log.info("policy reloaded from %s", self.config.source)
                 self._rules = new
+
+    def _check_pools(self, rules: Rules) -> None:
+        """A pool naming a GPU the host lacks is a `ConfigError`; with no inventory to read
+        there is nothing to check against (a GPU create is refused then anyway)."""
+        try:
+            inventory = self.inventory()
+        except InventoryError:
+            return
+        check_pools(self.config.source, rules, inventory)
 
     def _config_stamp(self) -> object:
         if self.config.source.startswith("<"):
@@ -296,6 +333,13 @@ class Gatherer:
     def unhealthy(self) -> dict[str, str]:
         """UUID -> its event; nothing when the operator turned health off."""
         return {} if self.config.health.disabled else self.health.read().unhealthy()
+
+
+def check_pools(source: str, rules: Rules, inventory: Inventory) -> None:
+    """`ConfigError`, naming the file and the key, for a pool naming a GPU the host lacks."""
+    bad = missing_pool_gpus(rules, inventory)
+    if bad is not None:
+        raise ConfigError(f"{source}: key '{bad[0]}': {bad[1]}")
 
 
 class _LazyFacts:

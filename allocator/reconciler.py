@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 
-from allocator.core import access, labels, policy, restarts
+from allocator.core import access, labels, policy, privileged, restarts
 from allocator.core.leases import Claim, Lease, Phase, State
 from allocator.core.reconcile import STOPPED, Report, apply
 from allocator.core.verdicts import (
@@ -194,6 +194,8 @@ class Reconciler(Gatherer):
             return False
         inventory = facts.require_inventory()
         grants = access.of_container(info, facts.engine, inventory, facts.host, facts.volume_of)
+        if privileged.admitted(grants, inventory, lease.gpus):  # policy.privileged: lease-all
+            return True
         return grants.pinned and grants.gpus(inventory) == frozenset(lease.gpus)
 
     def _claim_of(self, cid: str, facts: Facts) -> Claim | None:

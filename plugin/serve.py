@@ -33,9 +33,11 @@ class _Server(BaseApplication):
             self.cfg.set(key, value)
 
     def load(self):
-        from plugin.app import create_app
+        from plugin.app import DISPATCHER, create_app
 
-        return create_app(self.gpu_config)
+        app = create_app(self.gpu_config)
+        app.extensions[DISPATCHER].alloc.watch_policy()  # in each worker, after its fork
+        return app
 
 
 def options(config: Config) -> dict[str, Any]:

@@ -150,7 +150,7 @@ class CreateInterceptor:
         if isinstance(resources, str):
             return error(400, f"gpu-alloc refused the container create: {resources}")
         wait = policy.wait_of(
-            given_labels if isinstance(given_labels, dict) else None, self.alloc.rules
+            given_labels if isinstance(given_labels, dict) else None, self.alloc.rules_in_force
         )
         if isinstance(wait, policy.Invalid):
             return error(400, wait.msg)

@@ -21,8 +21,9 @@ EXPIRY_CHECK_MAX = 60.0  # seconds between release_stopped_after checks, at most
 
 
 def serve(config: Config, allocator: Allocator, claim: listener.Claim | None = None) -> None:
-    # SIGHUP re-reads the policy now; a changed file is picked up at the next create anyway.
+    # SIGHUP re-reads the policy now; a changed file is picked up within seconds anyway.
     signal.signal(signal.SIGHUP, lambda *_: allocator.reload_policy())
+    allocator.watch_policy()
     threading.Thread(target=_expire, args=(allocator,), name="expire", daemon=True).start()
     live = LiveView(allocator)
     stop = threading.Event()

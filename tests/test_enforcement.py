@@ -42,10 +42,10 @@ CREATE_URI = "/v1.41/containers/create?name=job"
 class World:
     """A config, 4 simulated GPUs, an empty ledger, the plugin app and the interceptor."""
 
-    def __init__(self, root: Path, gpus: int = 4):
+    def __init__(self, root: Path, gpus: int = 4, policy: dict | None = None):
         engine.write_sim_gpus(root / "gpus.yaml", gpus)
         cfg = {"state_dir": str(root / "state"), "gpus": str(root / "gpus.yaml"),
-               "engine": {"socket": str(root / "none.sock")}}  # fmt: skip
+               "engine": {"socket": str(root / "none.sock")}, "policy": policy or {}}  # fmt: skip
         (root / "config.yaml").write_text(yaml.safe_dump(cfg))
         self.config = configmod.load(str(root / "config.yaml"))
         self.alloc = Allocator(self.config)  # no Engine: ledger and inventory only
@@ -131,7 +131,7 @@ def test_the_shim_decides_each_create_as_the_table_says(world: World, case: Case
 
 
 def test_the_shim_strips_client_supplied_lease_labels(world: World):
-    forged = body(Labels={labels.LEASE: "abc.def", "io.gpu-alloc.other": "x", "app": "y"})
+    forged = body(Labels={labels.LEASE: "abc.def", labels.OWNER: "0:root", "app": "y"})
     assert world.via_shim(forged).status == 201
     assert json.loads(world.forwarded[-1].body)["Labels"] == {"app": "y"}
 

@@ -214,6 +214,15 @@ def test_reconcile_binds_a_pending_lease_to_the_container_that_carries_it(alloc,
     assert alloc.ledger.read().leases[lease.id].container == cid
 
 
+def test_reconcile_binds_a_privileged_containers_lease_of_every_gpu(alloc, fake) -> None:
+    """policy.privileged: lease-all: privileged mode is never pinned, the lease is the host."""
+    got = alloc.lease(Ask((), 0, True, ("gpu",)), "dind")
+    assert not isinstance(got, Shortage), got
+    cid = fake.add("dind", lease=labels.lease_label(got[0].id))
+    fake.by_id[cid]["HostConfig"]["Privileged"] = True
+    assert alloc.reconcile().bound == [got[0].id]
+
+
 def test_a_copied_label_without_the_gpus_binds_nothing(alloc, fake) -> None:
     """`docker commit` copies labels: a container must hold the lease's GPUs to get it."""
     lease, _ = leased(alloc)

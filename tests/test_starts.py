@@ -111,7 +111,15 @@ def test_another_containers_lease_covers_nothing():
 
 def test_unpinned_access_is_refused_even_with_a_lease():
     own = state_of(leased(*UUIDS))
-    assert "every GPU" in judge(inspect(Privileged=True), own)
+    assert "every GPU" in judge(inspect(DeviceCgroupRules=["c 195:* rwm"]), own)
+    assert "every GPU" in judge(inspect(Privileged=True), state_of(leased(*UUIDS[:3])))
+
+
+def test_a_privileged_container_starts_while_its_lease_holds_every_gpu():
+    # policy.privileged: lease-all leased it the whole host at create
+    assert judge(inspect(Privileged=True), state_of(leased(*UUIDS))) is None
+    both = inspect(Privileged=True, DeviceCgroupRules=["c 195:* rwm"])
+    assert "every GPU" in judge(both, state_of(leased(*UUIDS)))  # other unpinned access: no
 
 
 def test_no_gpu_starts_even_when_the_ledger_is_unreadable():

@@ -12,6 +12,7 @@ headers): it is never stored on the container, so nobody reads it back with
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +28,25 @@ REQUEST_TOPOLOGY = PREFIX + "request.topology"
 TOPOLOGIES = ("prefer", "strict")
 MIG_REQUEST = PREFIX + "request.mig"  # a client's ask: count MIG slices of this profile
 PLACED = PREFIX + "placed"  # which of HostConfig's cores and memory gpu-alloc leased it
+POOL = PREFIX + "pool"  # a client's ask, and gpu-alloc's record of the pool leased from
+MODEL = PREFIX + "request.model"
+MIN_MEMORY = PREFIX + "request.min-memory"
+OWNER = PREFIX + "owner"  # set by gpu-alloc only: "<uid>:<user>"
+WAIT = PREFIX + "wait"  # a client's ask: wait this long for GPUs instead of a 409
+# The labels a client may set to ask gpu-alloc for something, and the ones gpu-alloc sets
+# itself (a client's own are stripped by the shim, and name no lease on the real socket).
+# Any other key under `PREFIX` is a typo that would be ignored: refused by name.
+REQUESTS = (
+    POOL,
+    MODEL,
+    MIN_MEMORY,
+    WAIT,
+    REQUEST_CPUS,
+    REQUEST_MEMORY,
+    REQUEST_TOPOLOGY,
+    MIG_REQUEST,
+)
+KNOWN = frozenset((*REQUESTS, LEASE, OWNER, PLACED))
 
 
 def placed_of(info: Mapping[str, Any]) -> dict[str, Any]:
@@ -87,6 +107,23 @@ def parse_lease_header(headers: Mapping[str, Any] | None) -> tuple[str, str]:
 def strip(labels: Mapping[str, Any] | None) -> dict[str, Any]:
     """The labels without any under gpu-alloc's prefix."""
     return {k: v for k, v in (labels or {}).items() if not k.startswith(PREFIX)}
+
+
+def unknown(labels: Mapping[str, Any] | None) -> str | None:
+    """Why a create's labels must be refused: a key under `PREFIX` gpu-alloc does not
+    know, in any case (label keys are case-sensitive in Docker, so ``IO.GPU-ALLOC.pool``
+    is not gpu-alloc's label, yet it can only be meant as one); None when all are known."""
+    for key in labels or {}:
+        if not key.lower().startswith(PREFIX) or key in KNOWN:
+            continue
+        asked = key.lower().removeprefix(PREFIX)  # the shared prefix would make all alike
+        close = difflib.get_close_matches(asked, [r.removeprefix(PREFIX) for r in REQUESTS], 1)
+        meant = f" (did you mean {PREFIX}{close[0]}?)" if close else ""
+        return (
+            f"label {key} is not a gpu-alloc label{meant}, and gpu-alloc would ignore it; "
+            f"label keys are case-sensitive. gpu-alloc's labels: {', '.join(REQUESTS)}"
+        )
+    return None
 
 
 def resources(labels: Mapping[str, Any] | None) -> Resources | str:

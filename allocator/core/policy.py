@@ -67,6 +67,7 @@ class Rules:
     group_priorities: Mapping[str, int] = field(default_factory=dict)
     wait_default: float | None = None  # policy.wait.default, seconds; None: creates never wait
     wait_max: float | None = None  # policy.wait.max: the most a label may ask
+    privileged: str = "refuse"  # policy.privileged: refuse, or lease-all (core/privileged.py)
 
 
 @dataclass(frozen=True)
@@ -106,12 +107,13 @@ class Wanted:
         return ", ".join(parts) if not parts or pool else "the GPUs with " + ", ".join(parts)
 
 
-POOL = labels.PREFIX + "pool"
-MODEL = labels.PREFIX + "request.model"
-MIN_MEMORY = labels.PREFIX + "request.min-memory"
-OWNER = labels.PREFIX + "owner"  # set by gpu-alloc only: "<uid>:<user>"
-WAIT = labels.PREFIX + "wait"  # a client's ask: wait this long for GPUs instead of a 409
-REQUEST_LABELS = (POOL, MODEL, MIN_MEMORY, WAIT)
+POOL, MODEL, MIN_MEMORY, OWNER, WAIT = (
+    labels.POOL,
+    labels.MODEL,
+    labels.MIN_MEMORY,
+    labels.OWNER,
+    labels.WAIT,
+)
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}
@@ -285,6 +287,22 @@ def eligible(
     if gpus is inventory.gpus and migs is inventory.migs:
         return inventory, pool_name  # nothing narrowed it: the same inventory, its caches kept
     return Inventory(tuple(gpus), inventory.cuda_driver_version, tuple(migs)), pool_name
+
+
+def missing_pool_gpus(rules: Rules, inventory: Inventory) -> tuple[str, str] | None:
+    """(dotted key, why) for a pool naming a GPU index the host lacks; None when every pool
+    lies on the host.  Such a pool would quietly place its requests on fewer GPUs than the
+    operator meant, or on none: a config error.  A MIG slice has its GPU's index."""
+    have = sorted({g.index for g in inventory.gpus})
+    for name, pool in rules.pools.items():
+        missing = sorted(set(pool.gpus) - set(have))
+        if missing:
+            return (
+                f"policy.pools.{name}.gpus",
+                f"GPU {', '.join(map(str, missing))} is not on this host, whose GPUs are "
+                f"{', '.join(map(str, have)) or 'none'} (nvidia-smi numbers them)",
+            )
+    return None
 
 
 def with_defaults(spec: dict[str, Any], rules: Rules) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from allocator.core import access, compose
+from allocator.core import access, compose, privileged
 from allocator.core.access import EngineView, HostFacts
 from allocator.core.inventory import Inventory
 from allocator.core.leases import Phase, State
@@ -73,7 +73,9 @@ def refusal(
             "Remove it, or remove its replacement first to get the GPUs back"
         )
     outside = sorted(grants.gpus(inventory) - set(lease.gpus))
-    if not grants.pinned or outside:
+    # policy.privileged: lease-all: a privileged container whose lease holds every GPU.
+    whole = privileged.admitted(grants, inventory, lease.gpus)
+    if (not grants.pinned or outside) and not whole:
         extra = ", ".join(outside) if grants.pinned else "every GPU"
         return (
             f"{what}: at start it reaches {extra} beyond its lease {lease.id} "

@@ -18,12 +18,13 @@ docker CLI prints ``Msg`` to the user as it is.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from allocator.core import access, fields, gojson, labels, mounts, restarts
+from allocator.core import access, fields, gojson, labels, mounts, privileged, restarts
 from allocator.core.access import EngineView, HostFacts, Refusal
 from allocator.core.ask import Ask, ask_of
+from allocator.core.createbody import decode_create
 from allocator.core.inflight import Target
 from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.routes import CLEARED, Check, Route, RouteError, classify
@@ -75,6 +76,7 @@ class Facts:
     inventory_error: str = ""  # why `inventory` is None
     volume_of: access.VolumeOf | None = None  # a named volume's driver and options
     shim_socket: str = DEFAULT_SHIM_SOCKET  # for the hint on the real socket
+    privileged_mode: str = privileged.REFUSE  # policy.privileged, as the shim leases by it
 
     @property
     def known_gpus(self) -> Inventory:
@@ -228,7 +230,8 @@ def _create(
     if grants.none:
         return ALLOW
     refused = grants.refused()
-    if refused:
+    lease_all = bool(lease[0]) and privileged.asked(grants)  # policy.privileged: lease-all
+    if refused and not lease_all:
         return Deny(_refusal_text(refused, context_hint(facts.shim_socket)), refused[0].field)
     lease_id, token = lease
     first = grants.grants[0]
@@ -237,6 +240,11 @@ def _create(
             "gpu-alloc refused the container create: it asks for GPUs without a gpu-alloc "
             f"lease ({first.describe()}); {context_hint(facts.shim_socket)}",
             first.field,
+        )
+    if lease_all:
+        every = privileged.leased(spec, grants, facts.known_gpus)
+        return (
+            Deny(every, privileged.FIELD) if isinstance(every, str) else NeedsLease(*lease, every)
         )
     if not grants.pinned:
         return Deny(
@@ -461,20 +469,6 @@ _CHECKS = {
 }
 
 
-def decode_create(body: bytes) -> dict[str, Any]:
-    """A create body as dockerd reads it, with the ambiguous old shapes refused."""
-    spec = gojson.decode(body, fields.CREATE_BODY)
-    if not isinstance(spec, dict):
-        raise gojson.BodyError("the create body must be a JSON object")
-    promoted = sorted(k for k in spec if k in fields.HOST_CONFIG and k not in fields.CONFIG)
-    if promoted:
-        raise gojson.BodyError(
-            f'top-level {", ".join(promoted)}: HostConfig fields outside "HostConfig" are '
-            'read differently by different Engine versions; put them inside "HostConfig"'
-        )
-    return spec
-
-
 # ------------------------------------------------------------------- shim side
 
 
@@ -483,7 +477,9 @@ def shim_ask(spec: Mapping[str, Any], facts: Facts) -> Ask | Deny:
     grants = grants_of_create(spec, facts)
     if isinstance(grants, Deny):
         return grants
-    refused = tuple(g for g in grants.refused() if not g.guarded)
+    lease_all = facts.privileged_mode == privileged.LEASE_ALL and privileged.asked(grants)
+    refused = tuple(g for g in grants.refused() if not g.guarded and not lease_all)
     if refused:
         return Deny(_refusal_text(refused, SHIM_INSTEAD), refused[0].field)
-    return ask_of(access.Access(tuple(g for g in grants.grants if g.leasable)))
+    ask = ask_of(access.Access(tuple(g for g in grants.grants if g.leasable)))
+    return replace(ask, required=(), count=0, every=True) if lease_all else ask

@@ -18,6 +18,8 @@ import yaml
 from allocator.core.cpus import parse_list
 from allocator.core.health import DEFAULT_IGNORED_XIDS, HealthPolicy
 from allocator.core.policy import Pool, Rules, Ulimit, parse_size
+from allocator.core.privileged import MODES as PRIVILEGED_MODES
+from allocator.core.privileged import REFUSE
 
 DEFAULT_PATH = "/etc/gpu-alloc/config.yaml"
 ENV_VAR = "GPU_ALLOC_CONFIG"
@@ -120,6 +122,7 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "release_stopped_after": (int, float, str, type(None)),
         "priority": dict,
         "wait": dict,
+        "privileged": str,
     },
     "metrics": {"listen": (str, type(None))},
     "health": {
@@ -138,6 +141,7 @@ _RULE_KEYS = (
     "release_stopped_after",
     "priority",
     "wait",
+    "privileged",
 )
 _SCALARS: dict[str, type] = {"state_dir": str, "gpus": str, "sysfs": str}
 
@@ -337,6 +341,9 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
         for k, n in (("soft", soft), ("hard", hard)):
             _check_type(path, f"{key}.{k}" if isinstance(value, dict) else key, n, int)
         ulimits.append(Ulimit(str(name), soft, hard))
+    privileged = policy.get("privileged", REFUSE)
+    if privileged not in PRIVILEGED_MODES:
+        raise _fail(path, "policy.privileged", f"must be one of {', '.join(PRIVILEGED_MODES)}")
     priority = _mapping(path, "policy.priority", policy.get("priority"), ("users", "groups"))
     wait = _mapping(path, "policy.wait", policy.get("wait"), ("default", "max"))
     return Rules(
@@ -361,6 +368,7 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
         group_priorities=_priorities(path, "policy.priority.groups", priority.get("groups")),
         wait_default=_duration(path, "policy.wait.default", wait.get("default")),
         wait_max=_duration(path, "policy.wait.max", wait.get("max")),
+        privileged=privileged,
     )
 
 

@@ -14,12 +14,14 @@ import os
 import sys
 from typing import Any
 
+from allocator import gather
 from allocator.core.access import EngineView
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
 from allocator.host import config as configmod
 from allocator.host.config import Config, ConfigError
 from allocator.host.engine import Engine, EngineError
+from allocator.host.inventory import load as load_inventory
 from allocator.service import Allocator
 
 EXIT_FAIL = 1
@@ -158,6 +160,17 @@ def _allocator(cfg: Config) -> Allocator:
     return Allocator(cfg, Engine(cfg.engine.socket, cfg.engine.timeout))
 
 
+def check_pools(cfg: Config) -> None:
+    """A pool naming a GPU the host lacks stops the service at start, as a config error.
+    An unreadable inventory leaves nothing to check against: GPU creates are refused then,
+    with that reason, and the rest goes on."""
+    try:
+        inventory = load_inventory(cfg.gpus)
+    except InventoryError:
+        return
+    gather.check_pools(cfg.source, cfg.policy.rules, inventory)
+
+
 def check_default_runtime(cfg: Config, info: dict[str, Any] | None = None) -> None:
     """Refuse to run where every container would get the toolkit (and so the image's ENV)."""
     if info is not None:
@@ -180,6 +193,7 @@ def check_default_runtime(cfg: Config, info: dict[str, Any] | None = None) -> No
 
 
 def cmd_plugin(cfg: Config, args: argparse.Namespace) -> int:
+    check_pools(cfg)
     check_default_runtime(cfg)
     from plugin.serve import serve
 
@@ -190,6 +204,7 @@ def cmd_plugin(cfg: Config, args: argparse.Namespace) -> int:
 def cmd_shim(cfg: Config, args: argparse.Namespace) -> int:
     from allocator.host import listener
 
+    check_pools(cfg)
     claim = listener.claim(cfg.shim.socket, "gpu-alloc shim")  # before touching the ledger
     try:
         alloc = _allocator(cfg)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from allocator.core.access import EngineView
 from allocator.core.leases import StateError
+from allocator.core.policy import missing_pool_gpus
 from allocator.host import dockerd, unixhttp
 from allocator.host import inventory as inventorymod
 from allocator.host.config import Config
@@ -57,6 +58,24 @@ def check_inventory(cfg: Config) -> Line:
     if not inv.gpus:
         return Line(FAIL, what, "no GPU found: check nvidia-smi")
     return Line(OK, what + (f"; busy with host processes: {', '.join(busy)}" if busy else ""))
+
+
+def check_pools(cfg: Config) -> Line:
+    """Pools against the GPUs the host has: a running shim and plugin refuse such a
+    policy at a reload and keep the one they had, so only their logs would tell."""
+    try:
+        inv = inventorymod.load(cfg.gpus)
+    except inventorymod.InventoryError as e:
+        return Line(WARN, f"policy pools: not checked: {e}")
+    bad = missing_pool_gpus(cfg.policy.rules, inv)
+    if bad is not None:
+        return Line(
+            FAIL,
+            f"policy pools: {bad[0]}: {bad[1]}; a running shim and plugin keep the policy "
+            "they had before this edit",
+            f"fix {bad[0]} in {cfg.source}",
+        )
+    return Line(OK, f"policy pools: {len(cfg.policy.rules.pools)} pool(s), on GPUs the host has")
 
 
 def check_toolkit(cfg: Config) -> Line:
@@ -304,6 +323,7 @@ def check_health(cfg: Config) -> Line:
 
 CHECKS: tuple[Callable[[Config], Line], ...] = (
     check_inventory,
+    check_pools,
     check_toolkit,
     check_engine,
     check_daemon_json,

@@ -16,6 +16,7 @@ import pwd
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+from allocator.core import labels as gpu_labels
 from allocator.core import verdicts as decide
 from allocator.core.leases import StateError, ago
 from allocator.core.placement import Shortage
@@ -96,6 +97,9 @@ def labels_of(pairs: list[str]) -> dict[str, str]:
         if not sep or not key:
             raise BadRequest(f"--label {pair!r}: expected KEY=VALUE")
         out[key] = value
+    unknown = gpu_labels.unknown(out)  # refused as the shim and the plugin refuse it
+    if unknown:
+        raise BadRequest(f"--label {unknown}")
     return out
 
 
