@@ -19,7 +19,8 @@ import docker.errors
 import pytest
 from docker.types import Mount
 
-from tests import engine
+from tests import clients, engine
+from tests.engine_root import selected
 from tests.faults import IMAGE
 
 pytestmark = pytest.mark.engine
@@ -172,6 +173,29 @@ def test_a_mount_of_a_link_to_the_state_directory_is_refused(stack, place, sock)
             match=f"bind mount of {link} exposes {stack.state_dir}")  # fmt: skip
 
 
+@pytest.mark.skipif(not selected().host, reason="the CLI's cwd is not dockerd's path there")
+def test_a_relative_mount_source_the_cli_makes_absolute_is_judged_by_its_link(stack, place):
+    here = place("/tmp")
+    os.symlink(stack.state_dir, f"{here}/link")
+    run = ["create", "--network", "none", "--mount", "type=bind,src=./link,dst=/x", IMAGE]
+    done = clients.docker_cli(stack.shim_sock, *run, "true", cwd=here)
+    assert done.returncode != 0
+    assert f"bind mount of {here}/link exposes {stack.state_dir}" in done.stderr
+
+
+@pytest.mark.skipif(selected().host, reason="the host's dockerd shares the host's paths")
+@pytest.mark.parametrize("sock", SOCKS)
+def test_a_link_that_only_dockerds_namespace_has_is_judged_by_what_dockerd_sees(stack, sock):
+    """dockerd's /run is a tmpfs of its own mount namespace: nothing of it is on the host."""
+    link = f"/run/ga-only-dockerd-{os.getpid()}"
+    inside(stack, link).symlink_to(stack.state_dir)
+    try:
+        assert not os.path.lexists(link)
+        refused(bind, api_on(stack, sock), link, match=f"exposes {stack.state_dir}")
+    finally:
+        inside(stack, link).unlink()
+
+
 @pytest.fixture
 def blind_stack():
     """A stack whose plugin and shim lack CAP_SYS_PTRACE: dockerd's root is unreadable."""
@@ -185,6 +209,5 @@ def test_without_dockerds_root_binds_are_refused_and_the_rest_works(blind_stack,
     api = api_on(blind_stack, sock)
     why = refused(bind, api, str(tmp_path), match=f"bind source {tmp_path} cannot be judged")
     assert "CAP_SYS_PTRACE" in why
-    hc = api.create_host_config(network_mode="none")
+    hc = api.create_host_config(mounts=[Mount("/x", "", type="tmpfs")], network_mode="none")
     api.remove_container(api.create_container(IMAGE, ["true"], host_config=hc)["Id"])
-    api.remove_container(bind(api, "named-volume")["Id"])
