@@ -60,7 +60,9 @@ class Gatherer:
         self.policy = POLICIES[config.policy.placement]
         # gpu-alloc's state and its plugin's socket, then (once asked) the Engine's own
         # paths.  The shim's socket is the users' way in and vets every call: not protected.
-        host = host or Host(engine=EngineRoot(config.engine.socket))  # paths as dockerd sees them
+        # Paths as dockerd sees them; without an Engine (tests, `gpu-alloc health`), as we do.
+        root = EngineRoot(config.engine.socket) if engine is not None else None
+        host = host or Host(engine=root)
         self.host = host.with_protected(config.state_dir, config.plugin.socket)
         self._inventory: tuple[object, Inventory | InventoryError] | None = None
         self._view: tuple[float, object, EngineView, Host] | None = None
