@@ -60,6 +60,7 @@ def unit_capabilities() -> list[str]:
 
 
 def sandboxed(stack: engine.Stack, without: str = "") -> engine.Stack:
+    """The stack's plugin and shim run as the units run them (``without`` one capability)."""
     keep = [str(stack.dir.resolve())]
     python = os.path.realpath(sys.base_prefix)
     if python.startswith(("/root/", "/home/")):
