@@ -197,6 +197,22 @@ def test_a_link_that_only_dockerds_namespace_has_is_judged_by_what_dockerd_sees(
         inside(stack, link).unlink()
 
 
+def test_a_dockerd_started_again_is_asked_under_its_new_pid(stack, place):
+    tmp = place("/tmp")
+    inside(stack, f"{tmp}/data").mkdir()
+    api = api_on(stack, "engine_sock")
+    api.remove_container(bind(api, f"{tmp}/data")["Id"])  # the plugin knows dockerd's pid now
+    before = stack.dockerd.proc.pid
+    stack.dockerd.stop(remove=False)
+    stack.dockerd = stack._new_dockerd().start()
+    assert stack.dockerd.proc.pid != before
+    inside(stack, f"{tmp}/link").symlink_to(stack.state_dir)
+    for sock in SOCKS:
+        api = api_on(stack, sock)
+        api.remove_container(bind(api, f"{tmp}/data")["Id"])
+        refused(bind, api, f"{tmp}/link", match=f"exposes {stack.state_dir}")
+
+
 @pytest.fixture
 def blind_stack():
     """A stack whose plugin and shim lack CAP_SYS_PTRACE: dockerd's root is unreadable."""
