@@ -88,7 +88,7 @@ def place(stack, tmp_path):
     made = []
 
     def make(top: str) -> str:
-        path = f"{top}/ga-paths-{os.getpid()}-{tmp_path.name}"[:80]
+        path = f"{top}/ga-paths-{os.getpid()}-{len(made)}-{tmp_path.name}"[:80]
         inside(stack, path).mkdir()
         made.append(path)
         return path
@@ -198,14 +198,14 @@ def test_a_link_that_only_dockerds_namespace_has_is_judged_by_what_dockerd_sees(
 
 
 def test_a_dockerd_started_again_is_asked_under_its_new_pid(stack, place):
-    tmp = place("/tmp")
-    inside(stack, f"{tmp}/data").mkdir()
     api = api_on(stack, "engine_sock")
-    api.remove_container(bind(api, f"{tmp}/data")["Id"])  # the plugin knows dockerd's pid now
+    api.remove_container(bind(api, place("/tmp"))["Id"])  # the plugin knows dockerd's pid now
     before = stack.dockerd.proc.pid
     stack.dockerd.stop(remove=False)
     stack.dockerd = stack._new_dockerd().start()
     assert stack.dockerd.proc.pid != before
+    tmp = place("/tmp")  # a root Engine's /tmp is its namespace's own: made again
+    inside(stack, f"{tmp}/data").mkdir()
     inside(stack, f"{tmp}/link").symlink_to(stack.state_dir)
     for sock in SOCKS:
         api = api_on(stack, sock)
