@@ -84,5 +84,5 @@ def test_an_unreadable_root_refuses_binds_and_devices_and_says_why(tmp_path):
 
 def test_no_dockerd_to_be_found_refuses_binds(tmp_path):
     (tmp_path / "proc").mkdir()
-    with pytest.raises(Unresolvable, match="no dockerd answers"):
+    with pytest.raises(Unresolvable, match="no dockerd process answers"):
         EngineRoot(str(tmp_path / "no.sock"), str(tmp_path / "proc")).resolve("/data")

@@ -34,7 +34,8 @@ class EngineRoot:
         started = _start_time(self.proc, pid) if pid else ""
         if not pid or not started:
             raise Unresolvable(
-                f"no dockerd answers on {self.socket}, so paths cannot be resolved as it "
+                f"no dockerd process answers on {self.socket} that this process can see (a "
+                "pid namespace of its own hides it), so paths cannot be resolved as it "
                 "resolves them"
             )
         self._known = (pid, started)
