@@ -17,7 +17,7 @@ from allocator.core.facts import Unresolvable
 MAX_HOPS = 40  # Linux's MAXSYMLINKS: more links than this fail with ELOOP in dockerd too
 
 # A path inside the root -> the link's target, or None when it is no link (or missing).
-ReadLink = Callable[[str], "str | None"]
+ReadLink = Callable[[str], str | None]
 
 
 def resolve(path: str, readlink: ReadLink, cwd: str = "/", max_hops: int = MAX_HOPS) -> str:
