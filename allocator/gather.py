@@ -36,6 +36,7 @@ from allocator.host import ledger
 from allocator.host.audit import AuditLog
 from allocator.host.config import Config, ConfigError
 from allocator.host.engine import Engine
+from allocator.host.engineroot import EngineRoot
 from allocator.host.filesystem import Host, engine_paths
 from allocator.host.health import HealthFile
 from allocator.host.inventory import load as load_inventory
@@ -61,7 +62,10 @@ class Gatherer:
         self.policy = POLICIES[config.policy.placement]
         # gpu-alloc's state and its plugin's socket, then (once asked) the Engine's own
         # paths.  The shim's socket is the users' way in and vets every call: not protected.
-        self.host = (host or Host()).with_protected(config.state_dir, config.plugin.socket)
+        # Paths as dockerd sees them; without an Engine (tests, `gpu-alloc health`), as we do.
+        root = EngineRoot(config.engine.socket) if engine is not None else None
+        host = host or Host(engine=root)
+        self.host = host.with_protected(config.state_dir, config.plugin.socket)
         self._inventory: tuple[object, Inventory | InventoryError] | None = None
         self._view: tuple[float, object, EngineView, Host] | None = None
         self._no_gpu: set[str] = set()  # containers inspected and found without GPUs

@@ -4,7 +4,9 @@
 # Usage: sudo deploy/install.sh [options]
 #   --prefix DIR        install root (default /opt/gpu-alloc; the venv is DIR/venv)
 #   --source DIR        the gpu-alloc checkout to install (default: the one this script is in)
-#   --python PY         interpreter for the venv (default python3; needs >= 3.11)
+#   --python PY         interpreter for the venv, 3.11 or newer, not under /root or /home
+#                       (the units' ProtectHome= hides those); default /usr/bin/python3
+#                       when it is 3.11+, else the newest /usr/bin/python3.X
 #   --skip-venv         do not create or update the venv (it must already exist to start)
 #   --venv-from DIR     use the existing venv DIR instead of PREFIX/venv
 #   --daemon-json FILE  dockerd's config file (default /etc/docker/daemon.json)
@@ -27,7 +29,7 @@ set -euo pipefail
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SOURCE=$(dirname "$SCRIPT_DIR")
 PREFIX=/opt/gpu-alloc
-PYTHON=python3
+PYTHON=""
 VENV_MODE=create
 VENV=""
 DAEMON_JSON=/etc/docker/daemon.json
@@ -74,9 +76,53 @@ for path in "$PREFIX" "$VENV"; do
     [[ $path =~ ^/[A-Za-z0-9._/+-]*$ ]] || die "'$path' must be an absolute path of plain characters"
 done
 [[ -z $DESTDIR || $DESTDIR == /* ]] || die "DESTDIR must be absolute, got '$DESTDIR'"
+
+# The units run with ProtectHome=yes: nothing they run may live under /root or /home.
+under_home() { [[ $1 =~ ^/(root|home)(/|$) ]]; }
+is_311() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; }
+system_python() {
+    local py
+    for py in /usr/bin/python3 /usr/{,local/}bin/python3.{14,13,12,11}; do
+        [[ -x $py ]] && is_311 "$py" && { echo "$py"; return 0; }
+    done
+    return 1
+}
+# die unless the interpreter PY (named by WHAT) and the installation it runs from lie
+# outside /root and /home.
+check_python() {
+    local py=$1 what=$2 dirs dir
+    dirs=$("$py" -c 'import os, sys
+print(os.path.realpath(sys.executable)); print(os.path.realpath(sys.base_prefix))') ||
+        die "$what $py does not run"
+    while read -r dir; do
+        if under_home "$dir"; then
+            die "$what $py runs from $dir, and the units' ProtectHome=yes hides /root and" \
+                "/home from gpu-alloc; use a system interpreter (3.11 or newer), e.g." \
+                "--python ${DEFAULT_PYTHON:-/usr/bin/python3}"
+        fi
+    done <<<"$dirs"
+}
+DEFAULT_PYTHON=$(system_python) || DEFAULT_PYTHON=""
+for path in "$PREFIX" "$VENV"; do
+    ! under_home "$path" || die "'$path' is under /root or /home, which ProtectHome=yes hides"
+done
+case $VENV_MODE in
+create)
+    PYTHON=${PYTHON:-$DEFAULT_PYTHON}
+    [[ -n $PYTHON ]] || die "no system Python 3.11 or newer in /usr/bin or /usr/local/bin:" \
+        "install one (apt install python3) and pass it with --python"
+    is_311 "$PYTHON" || die "$PYTHON is not Python 3.11 or newer"
+    check_python "$PYTHON" --python
+    ;;
+*)
+    if [[ -x $DESTDIR$VENV/bin/python ]]; then
+        check_python "$DESTDIR$VENV/bin/python" "the venv's"
+    fi
+    ;;
+esac
 SOURCE=$(cd "$SOURCE" && pwd) || die "--source: no such directory"
 HELPER=(python3 "$SCRIPT_DIR/daemon_json.py")
-command -v python3 >/dev/null || HELPER=("$PYTHON" "$SCRIPT_DIR/daemon_json.py")
+command -v python3 >/dev/null || HELPER=("${PYTHON:-$DEFAULT_PYTHON}" "${HELPER[1]}")
 DJ=$DESTDIR$DAEMON_JSON
 
 # ------------------------------------------------------------------------------------
@@ -143,8 +189,6 @@ changed=0
 say "venv: $VENV"
 case $VENV_MODE in
 create)
-    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
-        die "$PYTHON is older than Python 3.11"
     if [[ ! -x $DESTDIR$VENV/bin/python ]]; then
         act "$PYTHON" -m venv "$DESTDIR$VENV"
     fi

@@ -56,10 +56,12 @@ def docker_cli(
     input: str | bytes | None = None,
     timeout: float = 120,
     user: str | None = None,
+    cwd: str | None = None,
 ) -> subprocess.CompletedProcess:
     """Run the `docker` CLI against `sock`; text output; never raises on a non-zero exit.
 
-    ``user`` runs it as that (non-root) user, as a person on a shared host would.
+    ``user`` runs it as that (non-root) user, as a person on a shared host would; ``cwd``
+    is where it runs (the CLI makes a relative ``--mount`` source absolute from there).
     """
     full_env = _client_env(sock, env)
     if user is not None:
@@ -75,6 +77,7 @@ def docker_cli(
             timeout=timeout,
             check=False,
             user=user,
+            cwd=cwd,
         )
     finally:
         shutil.rmtree(full_env["DOCKER_CONFIG"], ignore_errors=True)

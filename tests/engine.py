@@ -497,6 +497,8 @@ class Stack:
         self.plugin: subprocess.Popen | None = None
         self.shim: subprocess.Popen | None = None
         self.dockerd: Dockerd | None = None
+        # Put before the plugin's and the shim's command: a sandbox to run them in.
+        self.launcher: list[str] = []
 
     def write_config(self) -> Path:
         if self.sim is None:
@@ -523,7 +525,8 @@ class Stack:
     def _serve(self, role: str, sock: str) -> subprocess.Popen:
         log = self.dir / f"{role}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
-        proc = _spawn([*gpu_alloc_command(), "--config", str(self.config_path), role], log, env)
+        argv = [*self.launcher, *gpu_alloc_command(), "--config", str(self.config_path), role]
+        proc = _spawn(argv, log, env)
         wait_until(lambda: can_connect(sock), f"gpu-alloc {role}", proc, log, START_TIMEOUT)
         return proc
 

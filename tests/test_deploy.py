@@ -327,6 +327,48 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     assert proc.stderr.strip() == "", proc.stderr
 
 
+def fake_python(tmp_path: Path, runs_from: str) -> Path:
+    """An interpreter of 3.11+ that says it runs from ``runs_from`` (a pyenv under /root)."""
+    py = tmp_path / "bin" / "python3"
+    py.parent.mkdir(parents=True)
+    py.write_text(f"#!/bin/sh\nprintf '%s\\n' {runs_from}/bin/python3.11 {runs_from}\n")
+    py.chmod(0o755)
+    return py
+
+
+def test_an_interpreter_under_root_is_refused_naming_a_system_one(tmp_path: Path) -> None:
+    py = fake_python(tmp_path, "/root/.pyenv/versions/3.11.7")
+    proc = run(INSTALL, tmp_path / "root", "--no-restart", "--python", str(py), check=False)
+    assert proc.returncode == 1
+    assert f"--python {py} runs from /root/.pyenv/versions/3.11.7/bin/python3.11" in proc.stderr
+    assert "ProtectHome=yes hides /root and /home" in proc.stderr
+    assert "use a system interpreter (3.11 or newer), e.g. --python /usr/" in proc.stderr
+    assert not (tmp_path / "root").exists()
+
+
+def test_a_venv_under_home_is_refused(tmp_path: Path) -> None:
+    proc = install(tmp_path, "--venv-from", "/home/alice/venv", check=False)
+    assert proc.returncode == 1
+    assert "'/home/alice/venv' is under /root or /home" in proc.stderr
+
+
+def test_the_default_interpreter_is_the_systems_not_the_first_on_path(tmp_path: Path) -> None:
+    if subprocess.run(
+        ["/usr/bin/python3", "-c", "import sys; sys.exit(sys.version_info < (3, 11))"]
+    ).returncode:
+        pytest.skip("/usr/bin/python3 is older than 3.11 here")
+    fake_python(tmp_path / "path", "/root/.pyenv/versions/3.11.7")
+    env = {
+        **os.environ,
+        "DESTDIR": str(tmp_path / "root"),
+        "PATH": f"{tmp_path}/path/bin:/usr/bin:/bin",
+    }
+    proc = subprocess.run(["bash", str(INSTALL), "--no-restart", "--dry-run"], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert f"+ /usr/bin/python3 -m venv {tmp_path}/root{PREFIX}/venv" in proc.stdout
+
+
 # ---------------------------------------------------------------------------------------------
 # uninstall.sh
 

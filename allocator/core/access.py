@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from allocator.core import gonum, mounts
-from allocator.core.facts import EngineView, HostFacts, Node
+from allocator.core.facts import EngineView, HostFacts, Node, Unresolvable
 from allocator.core.grants import Access, Demand, Grant, Refusal
 from allocator.core.inventory import Inventory
 from allocator.core.mounts import exposure, go_clean, within
@@ -283,7 +283,11 @@ def _devices(ctx: _Ctx) -> None:
         if not path.startswith("/"):
             ctx.refuse(fld, f"PathOnHost '{path}' is not an absolute path")
             continue
-        real = ctx.host.resolve(path)
+        try:
+            real = ctx.host.resolve(path)
+        except Unresolvable as e:
+            ctx.refuse(fld, f"PathOnHost {path} cannot be judged: {e}")
+            continue
         if ctx.strict and real != posixpath.normpath(path):
             raise Refusal(
                 f"{fld}: PathOnHost {path} is a link to {real}; name the device node itself"
@@ -443,7 +447,11 @@ def _mount(ctx: _Ctx, fld: str, src: str, dst: str, read_only: bool = False) -> 
         ctx.add(fld, f"mount at {dst} selects GPUs through the toolkit's volume list", None)
     if not src:
         return
-    real = ctx.host.resolve(src)
+    try:
+        real = ctx.host.resolve(src)
+    except Unresolvable as e:
+        ctx.refuse(fld, f"bind source {src} cannot be judged: {e}")
+        return
     exposed = exposure(ctx.host, real, read_only)
     if exposed:
         ctx.add(fld, f"bind mount of {src} exposes {exposed}", None)

@@ -103,9 +103,14 @@ class Node:
     minor: int = 0
 
 
+class Unresolvable(Exception):
+    """A path that cannot be resolved as dockerd would (its root unreadable, a link loop):
+    a bind or device path through it is refused."""
+
+
 class HostFacts(Protocol):
     """The filesystem questions access asks; allocator.host.filesystem answers them for
-    this host, tests answer them from tables."""
+    this host, tests answer them from tables.  ``resolve`` raises `Unresolvable`."""
 
     protected: tuple[str, ...]
 

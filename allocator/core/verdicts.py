@@ -25,6 +25,7 @@ from allocator.core import access, fields, gojson, labels, mounts, privileged, r
 from allocator.core.access import EngineView, HostFacts, Refusal
 from allocator.core.ask import Ask, ask_of
 from allocator.core.createbody import decode_create
+from allocator.core.facts import Unresolvable
 from allocator.core.inflight import Target
 from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.routes import CLEARED, Check, Route, RouteError, classify
@@ -438,7 +439,10 @@ def _exposes(host: HostFacts, path: str, read_only: bool = False) -> str:
     """What a bind of ``path`` exposes, in words; empty when nothing."""
     if not path.startswith("/"):
         return ""
-    real = host.resolve(path)
+    try:
+        real = host.resolve(path)
+    except Unresolvable as e:
+        return f"{path} cannot be judged: {e}"
     exposed = mounts.exposure(host, real, read_only)
     if exposed:
         return f"a bind of {path} exposes {exposed}"

@@ -42,6 +42,12 @@ def config_file(engine_socket: str, proc: str = "/proc") -> tuple[str, Path] | N
     return named, Path(proc) / str(pid) / "root" / named.lstrip("/")
 
 
+def serving(engine_socket: str, proc: str = "/proc") -> int | None:
+    """The process whose filesystem view is the Engine's: the dockerd behind the socket,
+    else (a socket systemd holds, a test's stand-in Engine) the socket's own peer."""
+    return _dockerd(engine_socket, proc) or _peer(engine_socket)
+
+
 def _dockerd(engine_socket: str, proc: str) -> int | None:
     pid = _peer(engine_socket)
     if pid is not None and _comm(proc, pid) == "dockerd":

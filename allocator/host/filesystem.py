@@ -1,7 +1,8 @@
 """This host's answers to the filesystem questions effective access asks.
 
 The core (allocator.core.access) decides from `Node`s and resolved paths; this
-is the one place that stats, resolves and walks for it.
+is the one place that stats, resolves and walks for it, in dockerd's mount namespace
+(allocator.host.engineroot) wherever one is given.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from allocator.core.access import DRM_MAJOR, Node
+from allocator.core.facts import Unresolvable
 from allocator.core.mounts import Mount
+from allocator.host.engineroot import EngineRoot
 
 DEFAULT_PROTECTED = (
     "/dev",
@@ -30,26 +33,34 @@ DEFAULT_PROTECTED = (
 
 @dataclass(frozen=True)
 class Host:
-    """Filesystem facts of this host; ``protected`` are the paths no bind may reach."""
+    """Filesystem facts of this host; ``protected`` are the paths no bind may reach.
+
+    Paths are asked of ``engine``, dockerd's root, when given (gpu-alloc's services
+    always give it); without one, of this process's own namespace.
+    """
 
     protected: tuple[str, ...] = DEFAULT_PROTECTED
     sysfs: str = "/sys"
     proc_devices: str = "/proc/devices"
     mountinfo: str = "/proc/self/mountinfo"
+    engine: EngineRoot | None = None
 
     def resolve(self, path: str) -> str:
-        return os.path.realpath(path)
+        return self.engine.resolve(path) if self.engine else os.path.realpath(path)
 
     def node(self, path: str) -> Node | None:
         try:
-            st = os.stat(path)
-        except OSError:
+            st = self.engine.lstat(path) if self.engine else os.stat(path)
+        except (OSError, Unresolvable):
             return None
         if stat.S_ISCHR(st.st_mode):
             return Node("chr", os.major(st.st_rdev), os.minor(st.st_rdev))
         return Node("dir" if stat.S_ISDIR(st.st_mode) else "other")
 
     def walk(self, top: str) -> Iterable[str]:
+        if self.engine:
+            yield from self.engine.walk(top)
+            return
         for root, _dirs, files in os.walk(top):
             for f in files:
                 yield os.path.join(root, f)
@@ -65,11 +76,12 @@ class Host:
         return _dynamic_majors(self.proc_devices)
 
     def mounts(self) -> Iterable[Mount]:
-        """This process's mount table (fields 5 and the type after ``-`` of mountinfo)."""
+        """The mount table (fields 5 and the type after ``-`` of mountinfo), dockerd's
+        where given."""
         try:
-            with open(self.mountinfo) as f:
+            with open(self.engine.mountinfo() if self.engine else self.mountinfo) as f:
                 lines = f.read().splitlines()
-        except OSError:
+        except (OSError, Unresolvable):
             return ()
         table = []
         for line in lines:

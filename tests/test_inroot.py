@@ -1,0 +1,65 @@
+"""Paths resolved inside another process's root, as dockerd resolves them in its own."""
+
+from __future__ import annotations
+
+import pytest
+
+from allocator.core import inroot
+from allocator.core.facts import Unresolvable
+
+
+def links(table: dict[str, str]):
+    return table.get
+
+
+def test_an_absolute_link_starts_again_at_the_root_not_at_ours():
+    readlink = links({"/home/u/link": "/var/lib/gpu-alloc"})
+    assert inroot.resolve("/home/u/link/state.json", readlink) == "/var/lib/gpu-alloc/state.json"
+
+
+def test_a_relative_link_is_read_from_its_own_directory():
+    readlink = links({"/tmp/a/link": "../b/c"})
+    assert inroot.resolve("/tmp/a/link/d", readlink) == "/tmp/b/c/d"
+
+
+def test_dot_dot_at_the_root_stays_at_the_root():
+    assert inroot.resolve("/../../etc/../../dev", links({})) == "/dev"
+    readlink = links({"/x": "../../../../var/lib/docker"})
+    assert inroot.resolve("/x", readlink) == "/var/lib/docker"
+
+
+def test_dot_dot_after_a_link_climbs_from_its_target():
+    readlink = links({"/tmp/link": "/var/lib/gpu-alloc/sub"})
+    assert inroot.resolve("/tmp/link/..", readlink) == "/var/lib/gpu-alloc"
+
+
+def test_a_chain_of_links_is_followed_to_its_end():
+    chain = {f"/tmp/l{i}": f"/tmp/l{i + 1}" for i in range(30)}
+    chain["/tmp/l30"] = "/run/docker"
+    assert inroot.resolve("/tmp/l0", links(chain)) == "/run/docker"
+
+
+def test_a_relative_path_starts_at_dockerds_working_directory():
+    assert inroot.resolve("data/../dev", links({}), cwd="/srv") == "/srv/dev"
+    assert inroot.resolve("link", links({"/srv/link": "/dev"}), cwd="/srv") == "/dev"
+
+
+def test_what_does_not_exist_is_kept_as_spelled():
+    assert inroot.resolve("/nowhere/./x//y", links({})) == "/nowhere/x/y"
+
+
+@pytest.mark.parametrize(
+    "table",
+    [{"/a": "/a"}, {"/a": "/b", "/b": "/a"}, {"/a": "a/x"}],
+    ids=["self", "pair", "growing"],
+)
+def test_a_link_loop_cannot_be_resolved(table):
+    with pytest.raises(Unresolvable, match="more than 40 links"):
+        inroot.resolve("/a", links(table))
+
+
+def test_forty_links_resolve_and_forty_one_do_not():
+    chain = {f"/l{i}": f"/l{i + 1}" for i in range(41)}
+    assert inroot.resolve("/l1", links(chain)) == "/l41"
+    with pytest.raises(Unresolvable):
+        inroot.resolve("/l0", links(chain))
