@@ -114,6 +114,24 @@ def test_the_installer_leaves_both_units_running_and_dockerd_using_the_plugin(ho
     assert host.sh("readlink /usr/local/bin/gpu-alloc").stdout.strip() == f"{VENV}/bin/gpu-alloc"
 
 
+def test_systemd_applies_the_units_sandbox(host) -> None:
+    """Each service runs in a mount namespace of its own (PrivateTmp=, ProtectHome=,
+    ProtectSystem=) with only the three capabilities its unit names."""
+    host.sh("mkdir -p /home/alice && touch /home/alice/probe /tmp/probe")
+    for unit in ("gpu-alloc-plugin", "gpu-alloc-shim"):
+        pid = host.sh(f"for i in $(seq 50); do p=$(systemctl show -p MainPID --value {unit});"
+                      f" [ \"$(cat /proc/$p/comm)\" = gpu-alloc ] && break; sleep 0.1; done;"
+                      " echo $p").stdout.strip()  # fmt: skip
+        ns = host.sh(f"readlink /proc/{pid}/ns/mnt /proc/1/ns/mnt").stdout.split()
+        assert ns[0] != ns[1], unit
+        caps = host.sh(f"grep CapBnd /proc/{pid}/status").stdout.split()[1]
+        assert int(caps, 16) == 0b1011, unit  # CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER
+        seen = host.sh(f"nsenter -t {pid} -m sh -c 'ls /home/alice/probe /tmp/probe;"
+                       " touch /usr/probe'", check=False).stderr  # fmt: skip
+        assert seen.count("No such file or directory") == 2, seen
+        assert "Read-only file system" in seen, seen
+
+
 def test_a_gpu_run_through_the_context_the_installer_names(host) -> None:
     create = next(ln.strip() for ln in host.sh(f"cat {INSTALL_LOG}").stdout.splitlines()
                   if ln.strip().startswith("docker context create gpu-alloc"))  # fmt: skip
