@@ -295,18 +295,25 @@ def cgroup_dirs(name: str) -> list[Path]:
 def remove_cgroups(name: str) -> None:
     """Kill what is left in the /NAME cgroups (containers of a dead dockerd), remove them."""
     for top in cgroup_dirs(name):
-        dirs = sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda p: -len(p.parts))
-        for d in [*dirs, top]:
-            with contextlib.suppress(OSError, ValueError):
-                for pid in (d / "cgroup.procs").read_text().split():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid), 9)
-        for d in [*dirs, top]:
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.1)
+        remove_cgroup_tree(top)
+
+
+def remove_cgroup_tree(top: Path) -> None:
+    """Kill every process in the cgroup `top` and below, then remove the folders, depth first."""
+    if not top.is_dir():
+        return
+    dirs = sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda p: -len(p.parts))
+    for d in [*dirs, top]:
+        with contextlib.suppress(OSError, ValueError):
+            for pid in (d / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), 9)
+    for d in [*dirs, top]:
+        for _ in range(50):
+            try:
+                d.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.1)

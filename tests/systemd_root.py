@@ -130,7 +130,10 @@ class Machine:
         dirs = []
         for line in Path("/proc/self/cgroup").read_text().splitlines():
             _, ctrl, path = line.split(":", 2)
-            top = Path("/sys/fs/cgroup") / (ctrl.removeprefix("name=") or "unified")
+            base = Path("/sys/fs/cgroup")
+            # cgroup v2 ("0::PATH"): beside v1 at unified/, or alone at the top.
+            top = base / (ctrl.removeprefix("name=") or "unified")
+            top = base if not ctrl and not top.is_dir() else top
             if not top.is_dir():
                 continue
             d = top / path.lstrip("/") / f"ga-nspawn-{self.name}"
@@ -143,30 +146,14 @@ class Machine:
 
     def _remove_cgroups(self) -> None:
         for top in self.cgroups:
-            if not top.is_dir():
-                continue
-            dirs = sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda p: -len(p.parts))
-            for d in [*dirs, top]:
-                with contextlib.suppress(OSError, ValueError):
-                    for pid in (d / "cgroup.procs").read_text().split():
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(int(pid), 9)
-            for d in [*dirs, top]:
-                for _ in range(50):
-                    try:
-                        d.rmdir()
-                        break
-                    except FileNotFoundError:
-                        break
-                    except OSError:
-                        time.sleep(0.1)
+            engine_root.remove_cgroup_tree(top)
         self.cgroups = []
 
     # -- life -------------------------------------------------------------------------------
     def boot(self) -> Machine:
         self.mount()
         self.cgroups = self._own_cgroups()
-        join = " && ".join(f"echo $$ > {d}/cgroup.procs" for d in self.cgroups)
+        join = "".join(f"echo $$ > {d}/cgroup.procs && " for d in self.cgroups)
         argv = [
             "systemd-nspawn", "-D", str(self.root), "--boot", f"--machine={self.name}",
             "--register=no", "--keep-unit", "--private-network",
@@ -177,7 +164,7 @@ class Machine:
         ]  # fmt: skip
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                ["bash", "-c", f'{join} && exec "$@"', "nspawn", *argv],
+                ["bash", "-c", f'{join}exec "$@"', "nspawn", *argv],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )  # fmt: skip
         self.leader = self._find_leader()
