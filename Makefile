@@ -21,7 +21,9 @@ $(STAMP): pyproject.toml
 
 # The real-Engine tests need Debian's dockerd 20.10, docker-compose 1.29 and a static busybox;
 # the deploy tests lint the shell scripts with shellcheck; the dashboard test runs headless
-# chromium; debootstrap builds the roots of the newer Engines (26, 28: tests/engine_root.py).
+# chromium; debootstrap builds the roots of the newer Engines (26, 28: tests/engine_root.py)
+# and the install tier's bookworm root, which systemd-container's systemd-nspawn boots
+# (tests/systemd_root.py).
 # policy-rc.d keeps apt from starting the host's own docker/containerd services: the tests run
 # private engines and must not get a docker0 bridge or iptables rules as a side effect.
 deps:
@@ -31,6 +33,7 @@ deps:
 	command -v shellcheck >/dev/null || need="$$need shellcheck"; \
 	command -v chromium >/dev/null || need="$$need chromium"; \
 	command -v debootstrap >/dev/null || need="$$need debootstrap"; \
+	command -v systemd-nspawn >/dev/null || need="$$need systemd-container"; \
 	dpkg-query -W -f='$${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' \
 		|| need="$$need busybox-static"; \
 	if [ -z "$$need" ]; then exit 0; fi; \

@@ -9,6 +9,9 @@
 #                       when it is 3.11+, else the newest /usr/bin/python3.X
 #   --skip-venv         do not create or update the venv (it must already exist to start)
 #   --venv-from DIR     use the existing venv DIR instead of PREFIX/venv
+#   --wheels DIR        build the venv offline from the wheels in DIR (pip --no-index
+#                       --find-links DIR): gpu-alloc's own and its dependencies', made
+#                       where PyPI is reachable with `pip wheel -w DIR /path/to/gpu-alloc`
 #   --daemon-json FILE  dockerd's config file (default /etc/docker/daemon.json)
 #   --no-restart        write and enable everything, but start and restart nothing
 #   --reload            apply daemon.json with `systemctl reload docker` (SIGHUP: dockerd
@@ -32,6 +35,7 @@ PREFIX=/opt/gpu-alloc
 PYTHON=""
 VENV_MODE=create
 VENV=""
+WHEELS=""
 DAEMON_JSON=/etc/docker/daemon.json
 DRY_RUN=0
 NO_RESTART=0
@@ -59,6 +63,7 @@ while (($#)); do
     --python) PYTHON=${2:?--python needs an interpreter}; shift ;;
     --skip-venv) VENV_MODE=skip ;;
     --venv-from) VENV_MODE=from; VENV=${2:?--venv-from needs a directory}; shift ;;
+    --wheels) WHEELS=${2:?--wheels needs a directory}; shift ;;
     --daemon-json) DAEMON_JSON=${2:?--daemon-json needs a file}; shift ;;
     --no-restart) NO_RESTART=1 ;;
     --reload) RELOAD=1 ;;
@@ -120,6 +125,11 @@ create)
     fi
     ;;
 esac
+if [[ -n $WHEELS ]]; then
+    WHEELS=$(cd "$WHEELS" && pwd) || die "--wheels: no such directory"
+    compgen -G "$WHEELS/gpu_alloc-*.whl" >/dev/null ||
+        die "--wheels: no gpu_alloc-*.whl in $WHEELS (make them with: pip wheel -w $WHEELS $SOURCE)"
+fi
 SOURCE=$(cd "$SOURCE" && pwd) || die "--source: no such directory"
 HELPER=(python3 "$SCRIPT_DIR/daemon_json.py")
 command -v python3 >/dev/null || HELPER=("${PYTHON:-$DEFAULT_PYTHON}" "${HELPER[1]}")
@@ -192,7 +202,15 @@ create)
     if [[ ! -x $DESTDIR$VENV/bin/python ]]; then
         act "$PYTHON" -m venv "$DESTDIR$VENV"
     fi
-    act "$DESTDIR$VENV/bin/pip" install --quiet --disable-pip-version-check "$SOURCE"
+    pip=("$DESTDIR$VENV/bin/pip" install --quiet --disable-pip-version-check)
+    if [[ -z $WHEELS ]]; then
+        act "${pip[@]}" "$SOURCE"
+    else
+        pip+=(--no-index --find-links "$WHEELS")
+        act "${pip[@]}" gpu-alloc
+        # The same version number may hold other code: put this wheel's in place.
+        act "${pip[@]}" --force-reinstall --no-deps gpu-alloc
+    fi
     changed=1
     ;;
 skip) note "--skip-venv: left as it is" ;;

@@ -95,7 +95,7 @@ def selected() -> Engine:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     """An exclusive flock: two pytest processes never build the same root at once."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
@@ -112,24 +112,23 @@ def ensure_root(engine: Engine) -> Path:
     assert root is not None and engine.suite is not None, "the host Engine has no root"
     if (root / STAMP).exists():
         return root
-    with _locked(CACHE / f"{engine.suite}.lock"):
+    with locked(CACHE / f"{engine.suite}.lock"):
         if (root / STAMP).exists():  # another process built it while we waited
             return root
         _build(engine, root)
     return root
 
 
-def _build(engine: Engine, root: Path) -> None:
+def debootstrap(suite: str, packages: Sequence[str], partial: Path, log: Path) -> None:
+    """Build `partial` from scratch with debootstrap (`log` gets its output); on failure
+    remove it and raise `ArchiveUnavailable` when the archive is at fault, else `RootError`."""
     if shutil.which("debootstrap") is None:
         raise RootError("debootstrap is not installed (make deps)")
-    partial = root.with_name(root.name + ".partial")
-    log = root.with_name(root.name + ".log")
     shutil.rmtree(partial, ignore_errors=True)
     argv = [
-        "debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
-        engine.suite or "", str(partial), MIRROR,
+        "debootstrap", "--variant=minbase", f"--include={','.join(packages)}",
+        suite, str(partial), MIRROR,
     ]  # fmt: skip
-    started = time.monotonic()
     with open(log, "w") as out:
         out.write("$ " + " ".join(argv) + "\n")
         out.flush()
@@ -139,15 +138,23 @@ def _build(engine: Engine, root: Path) -> None:
             rc = done.returncode
         except subprocess.TimeoutExpired:
             rc = -1
+    if rc == 0:
+        return
     text = log.read_text(errors="replace")
-    if rc != 0:
-        shutil.rmtree(partial, ignore_errors=True)
-        tail = "\n".join(text.splitlines()[-15:])
-        if rc == -1 or ARCHIVE_ERRORS.search(text):
-            raise ArchiveUnavailable(
-                f"debootstrap {engine.suite} failed on the archive ({MIRROR}); log {log}:\n{tail}"
-            )
-        raise RootError(f"debootstrap {engine.suite} failed (status {rc}); log {log}:\n{tail}")
+    shutil.rmtree(partial, ignore_errors=True)
+    tail = "\n".join(text.splitlines()[-15:])
+    if rc == -1 or ARCHIVE_ERRORS.search(text):
+        raise ArchiveUnavailable(
+            f"debootstrap {suite} failed on the archive ({MIRROR}); log {log}:\n{tail}"
+        )
+    raise RootError(f"debootstrap {suite} failed (status {rc}); log {log}:\n{tail}")
+
+
+def _build(engine: Engine, root: Path) -> None:
+    assert engine.suite is not None
+    partial = root.with_name(root.name + ".partial")
+    started = time.monotonic()
+    debootstrap(engine.suite, PACKAGES, partial, root.with_name(root.name + ".log"))
     versions = package_versions(partial)
     dockerd = dockerd_version(partial)
     if not dockerd.startswith(f"Docker version {engine.version}"):
@@ -288,18 +295,25 @@ def cgroup_dirs(name: str) -> list[Path]:
 def remove_cgroups(name: str) -> None:
     """Kill what is left in the /NAME cgroups (containers of a dead dockerd), remove them."""
     for top in cgroup_dirs(name):
-        dirs = sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda p: -len(p.parts))
-        for d in [*dirs, top]:
-            with contextlib.suppress(OSError, ValueError):
-                for pid in (d / "cgroup.procs").read_text().split():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid), 9)
-        for d in [*dirs, top]:
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.1)
+        remove_cgroup_tree(top)
+
+
+def remove_cgroup_tree(top: Path) -> None:
+    """Kill every process in the cgroup `top` and below, then remove the folders, depth first."""
+    if not top.is_dir():
+        return
+    dirs = sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda p: -len(p.parts))
+    for d in [*dirs, top]:
+        with contextlib.suppress(OSError, ValueError):
+            for pid in (d / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), 9)
+    for d in [*dirs, top]:
+        for _ in range(50):
+            try:
+                d.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.1)

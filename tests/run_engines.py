@@ -41,6 +41,8 @@ ENGINE_SUITES = (
     "tests/test_compose.py",
     "tests/test_cuda.py",  # image events (tag, rmi) keep the shim's image configs true
 )
+# The install tier (a booted systemd root) runs beside the whole suite, not inside it.
+INSTALL_TIER = "tests/test_installed.py"
 ARCHIVE_BANNER = engine_root.ARCHIVE_BANNER
 # pytest's last line: "2 failed, 915 passed in 758.76s (0:12:38)", framed by "=" without -q.
 SUMMARY = re.compile(r"^=*\s*(\d+ \w+.*?) in ([0-9.]+)s(?: \([0-9:]+\))?\s*=*$")
@@ -53,6 +55,8 @@ COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|desele
 class Part:
     engine: str
     paths: tuple[str, ...]  # empty: the whole suite
+    tier: str = ""  # a tier of its own ("install"), not the Engine's suites
+    ignore: tuple[str, ...] = ()  # what the whole suite leaves to another part
     proc: subprocess.Popen | None = None
     log: Path | None = None
     started: float = 0.0
@@ -63,15 +67,21 @@ class Part:
     archive: str = ""
 
     @property
+    def key(self) -> str:
+        """Distinct per part: its log's and its basetemp's name."""
+        return f"{self.engine}-{self.tier}" if self.tier else self.engine
+
+    @property
     def title(self) -> str:
         what = "whole suite" if not self.paths else "Engine-facing suites"
-        return f"engine {self.engine}: {what}"
+        return f"engine {self.engine}: {f'{self.tier} tier' if self.tier else what}"
 
 
 def start(part: Part, tmp: Path, extra: list[str]) -> None:
-    part.log = tmp / f"engine-{part.engine}.log"
+    part.log = tmp / f"engine-{part.key}.log"
     argv = [sys.executable, "-m", "pytest", "-q", f"--engine={part.engine}",
-            f"--basetemp={tmp / ('pt-' + part.engine)}", *part.paths, *extra]  # fmt: skip
+            f"--basetemp={tmp / ('pt-' + part.key)}", *part.paths,
+            *(f"--ignore={path}" for path in part.ignore), *extra]  # fmt: skip
     if part.paths:  # the whole-suite part keeps pytest's cache (--lf); the others do not race it
         argv[3:3] = ["-p", "no:cacheprovider"]
     env = {**os.environ, "GA_ENGINE": part.engine}
@@ -164,8 +174,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.engines.split(",") if n.strip()]
     whole = not args.engine_suites_only
+    return run(plan(names, whole), args.pytest_args)
+
+
+def plan(names: list[str], whole: bool) -> list[Part]:
+    """The parts: the whole suite on the first Engine (the install tier beside it, in a part
+    of its own), the Engine-facing suites on the others."""
     parts = [Part(n, () if i == 0 and whole else ENGINE_SUITES) for i, n in enumerate(names)]
-    return run(parts, args.pytest_args)
+    if whole and names:
+        parts[0].ignore = (INSTALL_TIER,)
+        parts.insert(1, Part(names[0], (INSTALL_TIER,), tier="install"))
+    return parts
 
 
 if __name__ == "__main__":

@@ -25,3 +25,16 @@ def test_the_total_adds_every_part_and_a_dead_part_counts_as_an_error() -> None:
     assert "1 failed, 15 passed, 2 skipped in 12.00s (engines 20.10, 26)" in line
     dead = Part("28", ("t.py",), rc=2)
     assert "1 errors, 5 passed" in run_engines.total_line([b, dead], 1.0)
+
+
+def test_the_install_tier_runs_beside_the_whole_suite_not_inside_it() -> None:
+    parts = run_engines.plan(["20.10", "26"], whole=True)
+    assert [(p.engine, p.paths, p.ignore) for p in parts] == [
+        ("20.10", (), ("tests/test_installed.py",)),
+        ("20.10", ("tests/test_installed.py",), ()),
+        ("26", run_engines.ENGINE_SUITES, ()),
+    ]
+    assert len({p.key for p in parts}) == 3  # each its own log and basetemp
+    assert parts[1].title == "engine 20.10: install tier"
+    only = run_engines.plan(["20.10", "26"], whole=False)
+    assert all(p.paths == run_engines.ENGINE_SUITES and not p.ignore for p in only)
