@@ -18,7 +18,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from allocator.core import compose, cpus, labels, policy, queue, starts
+from allocator.core import compose, cpus, labels, plugins, policy, queue, starts
 from allocator.core.ask import Ask
 from allocator.core.inflight import Target
 from allocator.core.inventory import Inventory
@@ -343,6 +343,9 @@ class Allocator(Reconciler):
             return AllowStart(Target.of(info)) if why is None else Deny(why)
         if isinstance(decision, UpdateCheck):
             why = self.update_refusal(decision.ref, decision.fields)
+            return ALLOW if why is None else Deny(why)
+        if isinstance(decision, plugins.PluginCheck):  # no Engine: no managed plugin
+            why = plugins.refusal(decision, self.engine.plugins() if self.engine else [])
             return ALLOW if why is None else Deny(why)
         return decision
 

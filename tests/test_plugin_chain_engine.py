@@ -1,0 +1,182 @@
+"""The authorization chain is not the users' to change, on a real dockerd.
+
+dockerd looks an authorization plugin's name up among its managed plugins first, at
+every start and reload: a plugin installed under that name would answer instead of
+gpu-alloc, and gpu-alloc's own managed plugin disabled or removed would leave nothing
+guarding the GPUs.  The stack's dockerd holds three managed plugins, made on a bare
+Engine on its data root before gpu-alloc's plugin vets anything (`docker plugin create`
+is refused through gpu-alloc): an authz one, a second authz one that daemon.json names
+as an authorization plugin (gpu-alloc's own, as the managed-plugin install has it), and
+a volume plugin.  No registry is needed: a refusal comes before dockerd fetches anything,
+and a pull that is let through fails on the unreachable registry instead.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import pytest
+
+from tests import engine
+
+pytestmark = pytest.mark.engine
+
+NOWHERE = "127.0.0.1:9/impostor:latest"  # nothing listens: dockerd's pull fails at once
+OWN = "ga-own"  # daemon.json's authorization plugin, a managed one
+
+
+def plugin_tar(name: str, types: list[str]) -> bytes:
+    """`docker plugin create`'s context: config.json and a busybox rootfs (with its own
+    name in it: dockerd stores each layer once)."""
+    config = {
+        "Description": "a gpu-alloc test plugin",
+        "Documentation": "tests/test_plugin_chain_engine.py",
+        "Interface": {"Types": types, "Socket": "p.sock"},
+        "Entrypoint": ["/bin/sleep", "1000"],
+        "Network": {"Type": "none"},
+        "Env": [{"Name": "DEBUG", "Description": "", "Settable": ["value"], "Value": "0"}],
+    }
+    out = io.BytesIO()
+    with (
+        tarfile.open(fileobj=out, mode="w") as tar,
+        tarfile.open(fileobj=io.BytesIO(engine.busybox_rootfs_tar())) as rootfs,
+    ):
+        for path, text in (("config.json", json.dumps(config)), ("rootfs/name", name)):
+            info = tarfile.TarInfo(path)
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+        for member in rootfs.getmembers():
+            content = rootfs.extractfile(member) if member.isfile() else None
+            member.name = f"rootfs/{member.name}"
+            tar.addfile(member, content)
+    return out.getvalue()
+
+
+PLUGINS = {
+    "ga-authz": ["docker.authz/1.0"],
+    OWN: ["docker.authz/1.0"],
+    "ga-volume": ["docker.volumedriver/1.0"],
+}
+
+
+class SeededStack(engine.Stack):
+    def _new_dockerd(self) -> engine.Dockerd:
+        with engine.Dockerd(self.engine_dir) as bare:
+            api = engine.engine_api(bare.sock)
+            for name, types in PLUGINS.items():
+                answer = api.post(
+                    api._url("/plugins/create"),
+                    params={"name": name},
+                    data=plugin_tar(name, types),
+                    headers={"Content-Type": "application/x-tar"},
+                )
+                assert answer.status_code == 204, answer.text
+            api.close()
+        return super()._new_dockerd()
+
+    def start(self) -> SeededStack:
+        super().start()
+        # daemon.json names gpu-alloc's own managed plugin for dockerd's next reload
+        # (the flag names the test's spec-file plugin, so dockerd is not reloaded here).
+        (self.engine_dir / "daemon.json").write_text(
+            json.dumps({"authorization-plugins": [self.plugin_name, OWN]})
+        )
+        return self
+
+
+def make_stack() -> engine.Stack:
+    return SeededStack(gpus=1)
+
+
+@pytest.fixture(params=["engine", "shim"])
+def api(request, stack):
+    client = engine.engine_api(getattr(stack, f"{request.param}_sock"))
+    yield client
+    client.close()
+
+
+def call(api, method: str, path: str, body: object = None, **params: str):
+    return api.request(
+        method, api._url(path), params=params, data=None if body is None else json.dumps(body),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+
+
+def plugin_id(stack, name: str) -> str:
+    listed = call(engine.engine_api(stack.engine_sock), "GET", "/plugins").json()
+    return next(p["Id"] for p in listed if p["Name"] == f"{name}:latest")
+
+
+def assert_refused(answer, *words: str) -> None:
+    message = answer.json().get("message", "")
+    assert answer.status_code == 403, (answer.status_code, answer.text)
+    assert "gpu-alloc refused" in message and all(w in message for w in words), message
+
+
+def assert_not_refused(answer) -> None:
+    assert answer.status_code != 403, answer.text
+    assert "gpu-alloc" not in answer.text
+
+
+@pytest.mark.parametrize(
+    "alias",
+    ["{name}", "{name}:latest", "docker.io/library/{name}", "{upper}", OWN, f"{OWN}:latest"],
+)
+def test_no_plugin_is_installed_under_an_authorization_plugins_name(api, stack, alias):
+    name = alias.format(name=stack.plugin_name, upper=stack.plugin_name.upper())
+    answer = call(api, "POST", "/plugins/pull", [], remote=NOWHERE, name=name)
+    assert_refused(answer, "looks its authorization plugin", "daemon.json")
+
+
+def test_a_pull_under_the_authorization_plugins_own_remote_name_is_refused(api, stack):
+    """Without ``name`` the plugin is named after the remote, as dockerd's router does."""
+    answer = call(api, "POST", "/plugins/pull", [], remote=f"{stack.plugin_name}:latest")
+    assert_refused(answer, "looks its authorization plugin")
+
+
+def test_a_plugin_under_another_tag_or_name_installs_as_before(api, stack):
+    for name in (f"{stack.plugin_name}:other", "ga-tools"):
+        assert_not_refused(call(api, "POST", "/plugins/pull", [], remote=NOWHERE, name=name))
+
+
+@pytest.mark.parametrize("ref", ["name", "id prefix", "id"])
+def test_no_authorization_plugin_is_enabled(api, stack, ref):
+    pid = plugin_id(stack, "ga-authz")
+    target = {"name": "ga-authz", "id prefix": pid[:10], "id": pid}[ref]
+    answer = call(api, "POST", f"/plugins/{target}/enable", timeout="1")
+    assert_refused(answer, "implements docker.authz/1.0", "daemon.json")
+
+
+@pytest.mark.parametrize("ref", ["name", "name:latest", "id prefix", "id"])
+@pytest.mark.parametrize(
+    ("method", "action", "body", "params"),
+    [
+        ("POST", "disable", None, {"force": "1"}),
+        ("DELETE", "", None, {"force": "1"}),
+        ("POST", "upgrade", [], {"remote": NOWHERE}),
+        ("POST", "set", ["DEBUG=1"], {}),
+    ],
+)
+def test_the_managed_authorization_plugin_stays_as_installed(
+    api, stack, ref, method, action, body, params
+):
+    pid = plugin_id(stack, OWN)
+    target = {"name": OWN, "name:latest": f"{OWN}:latest", "id prefix": pid[:6], "id": pid}[ref]
+    path = f"/plugins/{target}" + (f"/{action}" if action else "")
+    answer = call(api, method, path, body, **params)
+    assert_refused(answer, f"authorization plugin '{OWN}' dockerd consults", "daemon.json")
+    assert plugin_id(stack, OWN) == pid  # still there, under its name
+
+
+def test_volume_plugins_are_managed_as_before(stack):
+    """Enable, set, disable and remove of a plugin that is no authorization plugin reach
+    dockerd, which answers them itself (the test plugin never serves its socket)."""
+    api = engine.engine_api(stack.engine_sock)
+    assert call(api, "POST", "/plugins/ga-volume/set", ["DEBUG=1"]).status_code == 204
+    assert_not_refused(call(api, "POST", "/plugins/ga-volume/enable", timeout="1"))
+    assert_not_refused(call(api, "POST", "/plugins/ga-volume/disable"))
+    assert call(api, "DELETE", "/plugins/ga-volume", force="1").status_code == 200
+    listed = call(api, "GET", "/plugins").json()
+    assert "ga-volume:latest" not in [p["Name"] for p in listed]
