@@ -19,6 +19,8 @@ import tarfile
 
 import pytest
 
+from allocator.host import config
+from allocator.ops import doctor
 from tests import engine
 
 pytestmark = pytest.mark.engine
@@ -180,3 +182,20 @@ def test_volume_plugins_are_managed_as_before(stack):
     assert call(api, "DELETE", "/plugins/ga-volume", force="1").status_code == 200
     listed = call(api, "GET", "/plugins").json()
     assert "ga-volume:latest" not in [p["Name"] for p in listed]
+
+
+def test_doctor_names_a_managed_plugin_that_takes_a_spec_files_name(stack, tmp_path, monkeypatch):
+    (tmp_path / f"{OWN}.spec").write_text("unix:///run/gpu-alloc/plugin.sock\n")
+    monkeypatch.setattr(doctor, "SPEC_DIRS", (str(tmp_path),))
+    line = doctor.check_managed_plugins(config.load(str(stack.config_path)))
+    pid = plugin_id(stack, OWN)
+    assert line.status == doctor.FAIL
+    assert f"{OWN}:latest (id {pid[:12]}) takes the authorization plugin name '{OWN}'" in line.what
+    assert f"rm -rf {stack.engine_dir / 'root'}/plugins/{pid} && systemctl start" in line.fix
+
+
+def test_doctor_names_a_disabled_managed_authorization_plugin(stack):
+    line = doctor.check_managed_plugins(config.load(str(stack.config_path)))
+    assert line.status == doctor.FAIL
+    assert f"{OWN}:latest" in line.what and "disabled" in line.what
+    assert line.fix.startswith(f"docker plugin enable {OWN}:latest, or systemctl stop docker")
