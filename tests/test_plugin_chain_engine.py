@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
 import tarfile
 
 import pytest
@@ -22,6 +24,7 @@ import pytest
 from allocator.host import config
 from allocator.ops import doctor
 from tests import engine
+from tests.plugin_registry import PluginRegistry
 
 pytestmark = pytest.mark.engine
 
@@ -29,10 +32,8 @@ NOWHERE = "127.0.0.1:9/impostor:latest"  # nothing listens: dockerd's pull fails
 OWN = "ga-own"  # daemon.json's authorization plugin, a managed one
 
 
-def plugin_tar(name: str, types: list[str]) -> bytes:
-    """`docker plugin create`'s context: config.json and a busybox rootfs (with its own
-    name in it: dockerd stores each layer once)."""
-    config = {
+def plugin_config(types: list[str]) -> dict:
+    return {
         "Description": "a gpu-alloc test plugin",
         "Documentation": "tests/test_plugin_chain_engine.py",
         "Interface": {"Types": types, "Socket": "p.sock"},
@@ -40,17 +41,36 @@ def plugin_tar(name: str, types: list[str]) -> bytes:
         "Network": {"Type": "none"},
         "Env": [{"Name": "DEBUG", "Description": "", "Settable": ["value"], "Value": "0"}],
     }
+
+
+def rootfs(name: str) -> bytes:
+    """busybox with the plugin's own name in it: dockerd stores each layer once."""
     out = io.BytesIO()
     with (
         tarfile.open(fileobj=out, mode="w") as tar,
-        tarfile.open(fileobj=io.BytesIO(engine.busybox_rootfs_tar())) as rootfs,
+        tarfile.open(fileobj=io.BytesIO(engine.busybox_rootfs_tar())) as busybox,
     ):
-        for path, text in (("config.json", json.dumps(config)), ("rootfs/name", name)):
-            info = tarfile.TarInfo(path)
-            info.size = len(text.encode())
-            tar.addfile(info, io.BytesIO(text.encode()))
-        for member in rootfs.getmembers():
-            content = rootfs.extractfile(member) if member.isfile() else None
+        for member in busybox.getmembers():
+            tar.addfile(member, busybox.extractfile(member) if member.isfile() else None)
+        info = tarfile.TarInfo("name")
+        info.size = len(name)
+        tar.addfile(info, io.BytesIO(name.encode()))
+    return out.getvalue()
+
+
+def plugin_tar(name: str, types: list[str]) -> bytes:
+    """`docker plugin create`'s context: config.json and the rootfs under rootfs/."""
+    out = io.BytesIO()
+    with (
+        tarfile.open(fileobj=out, mode="w") as tar,
+        tarfile.open(fileobj=io.BytesIO(rootfs(name))) as files,
+    ):
+        data = json.dumps(plugin_config(types)).encode()
+        info = tarfile.TarInfo("config.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        for member in files.getmembers():
+            content = files.extractfile(member) if member.isfile() else None
             member.name = f"rootfs/{member.name}"
             tar.addfile(member, content)
     return out.getvalue()
@@ -106,6 +126,28 @@ def call(api, method: str, path: str, body: object = None, **params: str):
     )  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def registry():
+    served = PluginRegistry({
+        "impostor": (plugin_config(["docker.authz/1.0"]), rootfs("impostor")),
+        "tools": (plugin_config(["docker.volumedriver/1.0"]), rootfs("tools")),
+    })  # fmt: skip
+    yield served
+    served.close()
+
+
+def docker(sock: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """The docker CLI on ``sock``, with a config of its own (no user context)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    env.update(DOCKER_HOST=f"unix://{sock}", DOCKER_CONFIG=str(tmp_path / "docker-config"))
+    return subprocess.run(["docker", *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def listed(stack) -> dict[str, dict]:
+    plugins = call(engine.engine_api(stack.engine_sock), "GET", "/plugins").json()
+    return {p["Name"]: p for p in plugins}
+
+
 def plugin_id(stack, name: str) -> str:
     listed = call(engine.engine_api(stack.engine_sock), "GET", "/plugins").json()
     return next(p["Id"] for p in listed if p["Name"] == f"{name}:latest")
@@ -119,7 +161,7 @@ def assert_refused(answer, *words: str) -> None:
 
 def assert_not_refused(answer) -> None:
     assert answer.status_code != 403, answer.text
-    assert "gpu-alloc" not in answer.text
+    assert "gpu-alloc refused" not in answer.text
 
 
 @pytest.mark.parametrize(
@@ -130,6 +172,60 @@ def test_no_plugin_is_installed_under_an_authorization_plugins_name(api, stack, 
     name = alias.format(name=stack.plugin_name, upper=stack.plugin_name.upper())
     answer = call(api, "POST", "/plugins/pull", [], remote=NOWHERE, name=name)
     assert_refused(answer, "looks its authorization plugin", "daemon.json")
+
+
+@pytest.mark.parametrize("sock", ["engine_sock", "shim_sock"])
+@pytest.mark.parametrize("alias", ["{name}", "{name}:latest", OWN])
+def test_docker_plugin_install_under_the_authorization_plugins_name_is_refused(
+    stack, registry, tmp_path, sock, alias
+):
+    """The issue as reported: an allow-all authz plugin that asks for no device, installed
+    under the name dockerd consults for authorization."""
+    alias = alias.format(name=stack.plugin_name)
+    before = listed(stack)
+    out = docker(getattr(stack, sock), tmp_path, "plugin", "install", "--grant-all-permissions",
+                 "--alias", alias, f"{registry.address}/impostor")  # fmt: skip
+    assert out.returncode != 0
+    assert "gpu-alloc refused the plugin install as" in out.stderr, out.stderr
+    assert "--alias OTHER" in out.stderr and "daemon.json" in out.stderr
+    assert listed(stack) == before  # nothing pulled, nothing replaced
+
+
+@pytest.mark.parametrize("sock", ["engine_sock", "shim_sock"])
+def test_docker_plugin_install_of_an_authz_plugin_stops_at_its_enable(
+    stack, registry, tmp_path, sock
+):
+    """Under another tag of the authorization plugin's name, or any other name, the pull
+    is allowed and the enable refused: the plugin stays installed, disabled."""
+    for alias in (f"{stack.plugin_name}:other", "ga-other-authz"):
+        out = docker(getattr(stack, sock), tmp_path, "plugin", "install",
+                     "--grant-all-permissions", "--alias", alias,
+                     f"{registry.address}/impostor")  # fmt: skip
+        assert out.returncode != 0
+        assert "implements docker.authz/1.0" in out.stderr, out.stderr
+        name = alias if ":" in alias else f"{alias}:latest"
+        assert listed(stack)[name]["Enabled"] is False
+        assert docker(stack.engine_sock, tmp_path, "plugin", "rm", name).returncode == 0
+
+
+def test_docker_plugin_install_disable_of_an_authz_plugin_installs_it_disabled(
+    stack, registry, tmp_path
+):
+    out = docker(stack.shim_sock, tmp_path, "plugin", "install", "--grant-all-permissions",
+                 "--disable", "--alias", "ga-kept", f"{registry.address}/impostor")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert listed(stack)["ga-kept:latest"]["Enabled"] is False
+    assert docker(stack.engine_sock, tmp_path, "plugin", "rm", "ga-kept").returncode == 0
+
+
+def test_other_plugins_install_as_before(stack, registry, tmp_path):
+    out = docker(stack.shim_sock, tmp_path, "plugin", "install", "--grant-all-permissions",
+                 "--disable", f"{registry.address}/tools")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert (
+        docker(stack.engine_sock, tmp_path, "plugin", "rm", f"{registry.address}/tools").returncode
+        == 0
+    )
 
 
 def test_a_pull_under_the_authorization_plugins_own_remote_name_is_refused(api, stack):
