@@ -51,7 +51,7 @@ def verdict(
     route: Route,
     method: str,
     uri: str,
-    body: object,
+    body: Any,
     chain: tuple[str, ...],
     exposes: Callable[[str], str],
 ) -> str | PluginCheck | None:
@@ -61,7 +61,7 @@ def verdict(
     set); ``chain``: the configured authorization plugins; ``exposes(path)``: what a bind
     of ``path`` would expose, in words (empty: nothing)."""
     if route.check in (Check.PLUGIN_INSTALL, Check.PLUGIN_UPGRADE):
-        for p in body or ():  # type: ignore[attr-defined]
+        for p in body or ():
             name = str((p or {}).get("Name") or "")
             values = [str(v) for v in (p or {}).get("Value") or ()]
             if name in ("device", "devices", "allow-all-devices") or (
@@ -75,7 +75,7 @@ def verdict(
             return pull_refusal(uri, chain)
         return PluginCheck(route.name, "upgrade", chain)
     if route.check is Check.PLUGIN_SET:
-        for s in body or ():  # type: ignore[attr-defined]
+        for s in body or ():
             key, _, value = str(s).partition("=")
             if "device" in key.lower() or exposes(value):
                 return (
