@@ -144,13 +144,16 @@ def docker(sock: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
 
 
 def listed(stack) -> dict[str, dict]:
-    plugins = call(engine.engine_api(stack.engine_sock), "GET", "/plugins").json()
-    return {p["Name"]: p for p in plugins}
+    """The managed plugins by name, as dockerd keeps them (``name:tag``)."""
+    api = engine.engine_api(stack.engine_sock)
+    try:
+        return {p["Name"]: p for p in call(api, "GET", "/plugins").json()}
+    finally:
+        api.close()
 
 
 def plugin_id(stack, name: str) -> str:
-    listed = call(engine.engine_api(stack.engine_sock), "GET", "/plugins").json()
-    return next(p["Id"] for p in listed if p["Name"] == f"{name}:latest")
+    return listed(stack)[f"{name}:latest"]["Id"]
 
 
 def assert_refused(answer, *words: str) -> None:
