@@ -18,7 +18,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from allocator.core import compose, cpus, labels, policy
+from allocator.core import compose, cpus, labels, plugins, policy
 from allocator.core.ask import Ask
 from allocator.core.inflight import Target
 from allocator.core.inventory import Inventory
@@ -302,6 +302,9 @@ class Allocator(Lineup, Restarts):
             why = why or (
                 self.update_refusal(decision.ref, decision.fields) if decision.fields else None
             )
+            return ALLOW if why is None else Deny(why)
+        if isinstance(decision, plugins.PluginCheck):  # no Engine: no managed plugin
+            why = plugins.refusal(decision, self.engine.plugins() if self.engine else [])
             return ALLOW if why is None else Deny(why)
         return decision
 

@@ -47,6 +47,7 @@ def test_a_healthy_host_has_no_failures(stack, tmp_path):
         "NVIDIA Container Toolkit",
         "default runtime runc",
         "answers Plugin.Activate",
+        f"managed plugins: 0, none under an authorization plugin's name ({stack.plugin_name})",
         "answers /_ping",
         "docker context 'gpu-alloc'",
         f"[  ok] dockerd reads {stack.engine_dir / 'daemon.json'}, the engine.daemon_json",
@@ -110,7 +111,7 @@ def test_a_daemon_json_dockerd_does_not_read_is_a_warning_naming_the_one_it_does
 
 def test_doctor_lines_all_say_ok_warn_or_fail(stack, tmp_path):
     lines = [ln for ln in doctor(stack, tmp_path).stdout.splitlines() if ln.startswith("[")]
-    assert len(lines) == 11
+    assert len(lines) == 12
     assert all(ln[1:5].strip() in ("ok", "warn", "FAIL") for ln in lines), json.dumps(lines)
 
 

@@ -121,7 +121,8 @@ def test_the_installer_leaves_both_units_running_and_dockerd_using_the_plugin(ho
 
 def test_systemd_applies_the_units_sandbox(host) -> None:
     """Each service runs in a mount namespace of its own (PrivateTmp=, ProtectHome=,
-    ProtectSystem=) with only the three capabilities its unit names."""
+    ProtectSystem=) with only the four capabilities its unit names: CAP_SYS_PTRACE reads
+    dockerd's root, where bind sources are judged."""
     host.sh("mkdir -p /home/alice && touch /home/alice/probe /tmp/probe")
     for unit in ("gpu-alloc-plugin", "gpu-alloc-shim"):
         pid = host.sh(f"for i in $(seq 50); do p=$(systemctl show -p MainPID --value {unit});"
@@ -130,7 +131,8 @@ def test_systemd_applies_the_units_sandbox(host) -> None:
         ns = host.sh(f"readlink /proc/{pid}/ns/mnt /proc/1/ns/mnt").stdout.split()
         assert ns[0] != ns[1], unit
         caps = host.sh(f"grep CapBnd /proc/{pid}/status").stdout.split()[1]
-        assert int(caps, 16) == 0b1011, unit  # CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER
+        # CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_SYS_PTRACE
+        assert int(caps, 16) == 0b1011 | 1 << 19, unit
         seen = host.sh(f"nsenter -t {pid} -m sh -c 'ls /home/alice/probe /tmp/probe;"
                        " touch /usr/probe'", check=False).stderr  # fmt: skip
         assert seen.count("No such file or directory") == 2, seen

@@ -27,6 +27,8 @@ class EngineView:
     api_version: str = ""
     # The authorization plugins dockerd consults on every call (``Plugins.Authorization``).
     authz_plugins: tuple[str, ...] = ()
+    # Those daemon.json names for its next reload (``authorization-plugins``).
+    pending_authz: tuple[str, ...] = ()
 
     @classmethod
     def from_info(
@@ -63,13 +65,29 @@ class EngineView:
         default = self.default_runtime
         if pending.default_is_nvidia and not self.default_is_nvidia:
             default = pending.default_runtime
-        return replace(self, default_runtime=default, nvidia_runtimes=nvidia)
+        return replace(
+            self,
+            default_runtime=default,
+            nvidia_runtimes=nvidia,
+            pending_authz=pending.authz_plugins,
+        )
 
     @classmethod
     def from_daemon_json(cls, data: Mapping[str, Any]) -> EngineView:
+        authz = data.get("authorization-plugins")
         return cls.from_info(
-            {"DefaultRuntime": data.get("default-runtime"), "Runtimes": data.get("runtimes")}
+            {
+                "DefaultRuntime": data.get("default-runtime"),
+                "Runtimes": data.get("runtimes"),
+                "Plugins": {"Authorization": authz if isinstance(authz, list) else None},
+            }
         )
+
+    @property
+    def authz_chain(self) -> tuple[str, ...]:
+        """Every authorization plugin name dockerd consults now or after its next reload:
+        what it stores under those names must stay safe to act on."""
+        return tuple(dict.fromkeys((*self.authz_plugins, *self.pending_authz)))
 
     def is_nvidia(self, runtime: str) -> bool:
         return (runtime or self.default_runtime) in self.nvidia_runtimes

@@ -34,9 +34,12 @@ class Check(Enum):
     PRUNE = "prune"  # container prune: removals, as REMOVE
     EXEC = "exec"  # exec create: no privileged exec
     SERVICE = "service"  # swarm services: tasks never pass the plugin
-    PLUGIN_INSTALL = "plugin-install"  # plugin pull/upgrade: privileges in the body
+    PLUGIN_INSTALL = "plugin-install"  # plugin pull: privileges in the body, and its name
+    PLUGIN_UPGRADE = "plugin-upgrade"  # privileges, and not the authorization plugin's
     PLUGIN_CREATE = "plugin-create"  # a plugin from a tarball: nothing to vet
-    PLUGIN_SET = "plugin-set"  # plugin settings can name devices
+    PLUGIN_SET = "plugin-set"  # settings can name devices, or reconfigure the authz plugin
+    PLUGIN_ENABLE = "plugin-enable"  # no plugin implementing authz
+    PLUGIN_DISABLE = "plugin-disable"  # disable, remove: not the authorization plugin
     VOLUME_CREATE = "volume-create"  # a local volume can bind-mount any host path
     UNKNOWN = "unknown"  # a write we do not know: deny
 
@@ -85,10 +88,12 @@ _WRITES: tuple[tuple[str, str, Check], ...] = (
     ("DELETE", f"/networks/{_N}", Check.ALLOW),
     ("POST", "/plugins/(?:pull)", Check.PLUGIN_INSTALL),
     ("POST", "/plugins/create", Check.PLUGIN_CREATE),
-    ("POST", f"/plugins/{_N}/upgrade", Check.PLUGIN_INSTALL),
+    ("POST", f"/plugins/{_N}/upgrade", Check.PLUGIN_UPGRADE),
     ("POST", f"/plugins/{_N}/set", Check.PLUGIN_SET),
-    ("POST", f"/plugins/{_N}/(?:enable|disable|push)", Check.ALLOW),
-    ("DELETE", f"/plugins/{_N}", Check.ALLOW),
+    ("POST", f"/plugins/{_N}/enable", Check.PLUGIN_ENABLE),
+    ("POST", f"/plugins/{_N}/disable", Check.PLUGIN_DISABLE),
+    ("POST", f"/plugins/{_N}/push", Check.ALLOW),
+    ("DELETE", f"/plugins/{_N}", Check.PLUGIN_DISABLE),
     ("POST", "/services/create", Check.SERVICE),
     ("POST", f"/services/{_N}/update", Check.SERVICE),
     ("DELETE", f"/services/{_N}", Check.ALLOW),

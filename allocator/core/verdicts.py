@@ -17,17 +17,19 @@ docker CLI prints ``Msg`` to the user as it is.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from allocator.core import access, fields, gojson, labels, mounts, privileged, restarts
+from allocator.core import access, fields, gojson, labels, mounts, plugins, privileged, restarts
 from allocator.core.access import EngineView, HostFacts, Refusal
 from allocator.core.ask import Ask, ask_of
 from allocator.core.createbody import decode_create
 from allocator.core.facts import Unresolvable
 from allocator.core.inflight import Target
 from allocator.core.inventory import Inventory, InventoryError
+from allocator.core.plugins import PluginCheck
 from allocator.core.routes import CLEARED, Check, Route, RouteError, classify
 
 DEFAULT_SHIM_SOCKET = "/run/gpu-alloc/docker.sock"
@@ -136,7 +138,7 @@ class UpdateCheck:
     restart: str = ""
 
 
-Decision = Allow | Deny | NeedsLease | StartCheck | AllowStart | UpdateCheck
+Decision = Allow | Deny | NeedsLease | StartCheck | AllowStart | UpdateCheck | PluginCheck
 ALLOW = Allow()
 
 
@@ -370,39 +372,25 @@ def _plugin_create(
     )
 
 
-def _plugin_install(
-    route: Route, method: str, uri: str, body: bytes | None, facts: Facts
-) -> Decision:
-    privileges = _body_as(route, method, uri, body, fields.PLUGIN_PRIVILEGES_BODY, "plugin install")
-    if isinstance(privileges, Deny):
-        return privileges
-    privileges = privileges or []
-    for p in privileges:
-        name = str((p or {}).get("Name") or "")
-        values = [str(v) for v in (p or {}).get("Value") or ()]
-        if name in ("device", "devices", "allow-all-devices") or (
-            name == "mount" and any(_exposes(facts.host, v) for v in values)
-        ):
-            return Deny(
-                f"gpu-alloc refused the plugin install: it asks for the privilege '{name}' "
-                f"{values}, which can reach GPUs outside any lease"
-            )
-    return ALLOW
+_PLUGIN_BODIES = {
+    Check.PLUGIN_INSTALL: (fields.PLUGIN_PRIVILEGES_BODY, "plugin install"),
+    Check.PLUGIN_UPGRADE: (fields.PLUGIN_PRIVILEGES_BODY, "plugin upgrade"),
+    Check.PLUGIN_SET: (fields.PLUGIN_SET_BODY, "plugin settings"),
+}
 
 
-def _plugin_set(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
-    settings = _body_as(route, method, uri, body, fields.PLUGIN_SET_BODY, "plugin settings")
-    if isinstance(settings, Deny):
-        return settings
-    settings = settings or []
-    for s in settings:
-        key, _, value = str(s).partition("=")
-        if "device" in key.lower() or _exposes(facts.host, value):
-            return Deny(
-                f"gpu-alloc refused the plugin setting '{s}': it can give the plugin device "
-                "access outside any lease"
-            )
-    return ALLOW
+def _plugin(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
+    """Plugin installs, upgrades, settings, enables, disables and removals: the body (when
+    the route has one) decoded here, the verdict `plugins.verdict`'s."""
+    decoded: object = None
+    if route.check in _PLUGIN_BODIES:
+        schema, what = _PLUGIN_BODIES[route.check]
+        decoded = _body_as(route, method, uri, body, schema, what)
+        if isinstance(decoded, Deny):
+            return decoded
+    exposes = functools.partial(_exposes, facts.host)
+    found = plugins.verdict(route, method, uri, decoded, facts.engine.authz_chain, exposes)
+    return Deny(found) if isinstance(found, str) else found or ALLOW
 
 
 _VOLUME_BODY = fields.Struct(
@@ -465,9 +453,12 @@ _CHECKS = {
     Check.UPDATE: _update,
     Check.EXEC: _exec,
     Check.SERVICE: _service,
-    Check.PLUGIN_INSTALL: _plugin_install,
+    Check.PLUGIN_INSTALL: _plugin,
+    Check.PLUGIN_UPGRADE: _plugin,
+    Check.PLUGIN_ENABLE: _plugin,
+    Check.PLUGIN_DISABLE: _plugin,
     Check.PLUGIN_CREATE: _plugin_create,
-    Check.PLUGIN_SET: _plugin_set,
+    Check.PLUGIN_SET: _plugin,
     Check.VOLUME_CREATE: _volume_create,
     Check.UNKNOWN: _unknown,
 }

@@ -104,6 +104,17 @@ class Engine:
     def image(self, name: str) -> dict[str, Any] | None:
         return self._get(f"inspect image {name}", f"/images/{quote(name, safe='/:@')}/json")
 
+    def plugins(self) -> list[dict[str, Any]]:
+        """GET /plugins: the managed plugins, enabled or not, each with its config."""
+        try:
+            status, body = self._gets.get("/plugins")
+            data = json.loads(body) if status == 200 else None
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            raise EngineError(f"Engine at {self.socket}: GET /plugins: {_plain(e)}") from None
+        if not isinstance(data, list):
+            raise EngineError(f"Engine at {self.socket}: GET /plugins answered {status}")
+        return [p for p in data if isinstance(p, dict)]
+
     def _get(self, what: str, target: str) -> dict[str, Any] | None:
         """A GET without the SDK: the Engine's newest API (what "auto" picks too); None
         for 404, `EngineError` for any other failure."""

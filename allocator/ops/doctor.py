@@ -7,6 +7,7 @@ function from the config to a `Line`; the table `CHECKS` is the whole doctor.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import http.client
 import json
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from allocator.core import plugins
 from allocator.core.access import EngineView
 from allocator.core.leases import StateError
 from allocator.core.policy import missing_pool_gpus
@@ -179,6 +181,63 @@ def check_daemon_json(cfg: Config) -> Line:
     return Line(OK, f"{path}: names the {cfg.plugin.name} authorization plugin")
 
 
+# Where dockerd finds plugins that are no managed plugins (moby pkg/plugins/discovery.go).
+SOCKET_DIRS = ("/run/docker/plugins",)
+SPEC_DIRS = ("/etc/docker/plugins", "/usr/lib/docker/plugins")
+
+
+def check_managed_plugins(cfg: Config) -> Line:
+    """A managed plugin under a configured authorization plugin's name: dockerd consults
+    it, not a socket or spec file of that name, from its next reload (moby
+    plugin/store.go ``Get``), and a disabled one fails every call."""
+    engine = Engine(cfg.engine.socket, cfg.engine.timeout)
+    try:
+        info, listed = engine.info(), engine.plugins()
+    except EngineError as e:
+        return Line(WARN, f"managed plugins: not checked: {e}")
+    view = EngineView.from_info(info)
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads(Path(cfg.engine.daemon_json).read_text())
+        if isinstance(data, dict):  # the names dockerd takes at its next reload count too
+            view = view.with_pending(EngineView.from_daemon_json(data))
+    root = info.get("DockerRootDir") or "/var/lib/docker"
+    for name in view.authz_chain:
+        for p in plugins.resolves(name, listed):
+            what = f"managed plugin {p.get('Name')} (id {str(p.get('Id'))[:12]})"
+            fix = (
+                f"systemctl stop docker && rm -rf {root}/plugins/{p.get('Id')} && "
+                "systemctl start docker (gpu-alloc refuses removing it through the API)"
+            )
+            legacy = _legacy_plugin(name)
+            if legacy:
+                return Line(
+                    FAIL,
+                    f"{what} takes the authorization plugin name '{name}' from {legacy}: "
+                    "dockerd consults it instead from its next reload or restart",
+                    fix,
+                )
+            if not p.get("Enabled") or not plugins.is_authz(p):
+                return Line(
+                    FAIL,
+                    f"{what} is the authorization plugin '{name}' but is disabled or no "
+                    "authz plugin: dockerd fails every call from its next reload",
+                    f"docker plugin enable {p.get('Name')}, or {fix}",
+                )
+    names = ", ".join(view.authz_chain) or "none configured"
+    return Line(
+        OK, f"managed plugins: {len(listed)}, none under an authorization plugin's name ({names})"
+    )
+
+
+def _legacy_plugin(name: str) -> str:
+    """The socket or spec file dockerd would find ``name`` by, were no managed plugin so
+    named; empty when none."""
+    found = [os.path.join(d, f"{name}.sock") for d in SOCKET_DIRS]
+    found += [os.path.join(d, name, f"{name}.sock") for d in SOCKET_DIRS]
+    found += [os.path.join(d, f"{name}{ext}") for d in SPEC_DIRS for ext in (".spec", ".json")]
+    return next((f for f in found if os.path.exists(f)), "")
+
+
 def check_config_file(cfg: Config) -> Line:
     """Does gpu-alloc watch the daemon.json dockerd reads (see allocator/host/dockerd.py)?"""
     found = dockerd.config_file(cfg.engine.socket)
@@ -327,6 +386,7 @@ CHECKS: tuple[Callable[[Config], Line], ...] = (
     check_toolkit,
     check_engine,
     check_daemon_json,
+    check_managed_plugins,
     check_config_file,
     check_plugin,
     check_shim,

@@ -1,0 +1,180 @@
+"""Managed-plugin calls that would change the authorization chain dockerd consults.
+
+dockerd finds an authorization plugin by name among its *managed* plugins before any
+spec file (moby ``plugin/store.go`` ``Get``: a v2 plugin of that name wins, a disabled
+one is an error), at every start and reload.  So a managed plugin put under the name of
+a configured authorization plugin answers instead of it from the next reload on, and
+disabling, removing, upgrading or reconfiguring the managed plugin a configured name
+finds turns gpu-alloc off.  The authorization chain is the operator's (daemon.json),
+never a user's: such calls are refused here, and so is enabling any plugin that
+implements ``authz``.
+
+Names and references are read as dockerd reads them: a name is normalised
+(``gpu-alloc`` == ``docker.io/library/gpu-alloc:latest``, kept as ``gpu-alloc:latest``),
+and a reference is a full id, else a name, else a unique id prefix
+(``resolvePluginID``).  A reference is judged by every plugin it could name (by name
+or by id prefix), not only the one it names now, so no removal between the verdict and
+the Engine's act can point it elsewhere.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+from allocator.core.routes import Check, Route
+
+AUTHZ_TYPE = "docker.authz/1.0"
+_FULL_ID = re.compile(r"[a-f0-9]{64}\Z")
+OPERATOR = (
+    "the authorization plugins dockerd consults are the operator's to change: edit "
+    '"authorization-plugins" in daemon.json (or the host\'s gpu-alloc install) and '
+    "restart docker"
+)
+
+
+@dataclass(frozen=True)
+class PluginCheck:
+    """Allow ``action`` on plugin reference ``ref`` only if `refusal` finds nothing
+    against dockerd's managed plugins (``GET /plugins``).  ``chain``: the authorization
+    plugin names dockerd is configured with."""
+
+    ref: str
+    action: str  # enable, disable, remove, upgrade, set
+    chain: tuple[str, ...]
+
+
+def verdict(
+    route: Route,
+    method: str,
+    uri: str,
+    body: Any,
+    chain: tuple[str, ...],
+    exposes: Callable[[str], str],
+) -> str | PluginCheck | None:
+    """A refusal's text, a `PluginCheck` for the caller to settle, or None (allowed).
+
+    ``body``: the request's, decoded (privileges for a pull or upgrade, settings for a
+    set); ``chain``: the configured authorization plugins; ``exposes(path)``: what a bind
+    of ``path`` would expose, in words (empty: nothing)."""
+    if route.check in (Check.PLUGIN_INSTALL, Check.PLUGIN_UPGRADE):
+        for p in body or ():
+            name = str((p or {}).get("Name") or "")
+            values = [str(v) for v in (p or {}).get("Value") or ()]
+            if name in ("device", "devices", "allow-all-devices") or (
+                name == "mount" and any(exposes(v) for v in values)
+            ):
+                return (
+                    f"gpu-alloc refused the plugin install: it asks for the privilege "
+                    f"'{name}' {values}, which can reach GPUs outside any lease"
+                )
+        if route.check is Check.PLUGIN_INSTALL:
+            return pull_refusal(uri, chain)
+        return PluginCheck(route.name, "upgrade", chain)
+    if route.check is Check.PLUGIN_SET:
+        for s in body or ():
+            key, _, value = str(s).partition("=")
+            if "device" in key.lower() or exposes(value):
+                return (
+                    f"gpu-alloc refused the plugin setting '{s}': it can give the plugin "
+                    "device access outside any lease"
+                )
+        return PluginCheck(route.name, "set", chain)
+    action = "remove" if method == "DELETE" else route.path.rsplit("/", 1)[-1]
+    return PluginCheck(route.name, action, chain)
+
+
+def familiar(ref: str) -> str:
+    """The name dockerd's plugin store keeps for ``ref`` (distribution/reference's
+    ParseNormalizedNamed, TagNameOnly, FamiliarString), digest dropped.  Lower-cased:
+    dockerd refuses upper case in a name, and comparing without case fails closed."""
+    name = ref.partition("@")[0].lower()
+    tag = "latest"
+    colon = name.rfind(":")
+    if colon > name.rfind("/"):
+        name, tag = name[:colon], name[colon + 1 :] or "latest"
+    domain, slash, rest = name.partition("/")
+    if not slash or not ("." in domain or ":" in domain or domain == "localhost"):
+        domain, rest = "docker.io", name
+    if domain in ("docker.io", "index.docker.io"):
+        name = rest.removeprefix("library/") if rest.count("/") == 1 else rest
+    return f"{name}:{tag}"
+
+
+def pull_name(uri: str) -> str:
+    """The name ``POST /plugins/pull`` installs under: ``name=``, else ``remote=`` (the
+    router's ``getName``); Go's FormValue takes the first of each."""
+    query = parse_qs(uri.partition("?")[2], keep_blank_values=True)
+    return (query.get("name") or [""])[0] or (query.get("remote") or [""])[0]
+
+
+def pull_refusal(uri: str, chain: Iterable[str]) -> str | None:
+    """A pull whose name would shadow a configured authorization plugin."""
+    name = pull_name(uri)
+    taken = next((c for c in chain if familiar(c) == familiar(name)), None) if name else None
+    if taken is None:
+        return None
+    return (
+        f"gpu-alloc refused the plugin install as '{name}': dockerd looks its authorization "
+        f"plugin '{taken}' up among managed plugins first, so a plugin under that name "
+        f"would answer instead of gpu-alloc from dockerd's next reload on; install it "
+        f"under another name ('docker plugin install --alias OTHER ...'); {OPERATOR}"
+    )
+
+
+def resolves(ref: str, plugins: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The plugin dockerd resolves ``ref`` to now (``resolvePluginID``), if any."""
+    if _FULL_ID.match(ref):
+        return [p for p in plugins if p.get("Id") == ref]
+    named = [p for p in plugins if familiar(str(p.get("Name") or "")) == familiar(ref)]
+    if named:
+        return named
+    prefixed = [p for p in plugins if str(p.get("Id") or "").startswith(ref)]
+    return prefixed if len(prefixed) == 1 else []
+
+
+def reachable(ref: str, plugins: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Every plugin ``ref`` names now or could name once others are gone: by name or by
+    id prefix."""
+    name = familiar(ref)
+    return [
+        p
+        for p in plugins
+        if familiar(str(p.get("Name") or "")) == name
+        or (ref and str(p.get("Id") or "").startswith(ref))
+    ]
+
+
+def is_authz(plugin: Mapping[str, Any]) -> bool:
+    types = ((plugin.get("Config") or {}).get("Interface") or {}).get("Types") or ()
+    return AUTHZ_TYPE in [str(t) for t in types]
+
+
+def refusal(check: PluginCheck, plugins: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why ``check`` must be refused, against the managed plugins ``plugins`` lists."""
+    hit = reachable(check.ref, plugins)
+    if check.action == "enable":
+        authz = next((p for p in hit if is_authz(p)), None)
+        if authz is None:
+            return None
+        return (
+            f"gpu-alloc refused enabling plugin '{check.ref}': {_named(authz)} implements "
+            f"{AUTHZ_TYPE}, and an enabled authorization plugin can take the place of the "
+            f"one dockerd consults; {OPERATOR}"
+        )
+    chain = {str(p.get("Id")): name for name in check.chain for p in resolves(name, plugins)}
+    own = next((p for p in hit if str(p.get("Id")) in chain), None)
+    if own is None:
+        return None
+    return (
+        f"gpu-alloc refused to {check.action} plugin '{check.ref}': {_named(own)} is the "
+        f"authorization plugin '{chain[str(own.get('Id'))]}' dockerd consults, and without "
+        f"it nothing guards the GPUs; {OPERATOR}"
+    )
+
+
+def _named(plugin: Mapping[str, Any]) -> str:
+    return f"{plugin.get('Name')} (id {str(plugin.get('Id') or '')[:12]})"
