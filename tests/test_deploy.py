@@ -143,7 +143,12 @@ def test_plugin_unit_starts_before_docker_and_never_gives_up(staged: Path) -> No
     # The socket dir is dockerd's too: it must survive the plugin's stop.
     assert plugin["Service"]["RuntimeDirectory"][0].split() == ["docker", "docker/plugins"]
     assert plugin["Service"]["RuntimeDirectoryPreserve"] == ["yes"]
-    assert "/run/docker/plugins/gpu-alloc.sock" in plugin["Service"]["ExecStartPost"][0]
+    # Started once the socket the config names answers: no path of its own in the unit.
+    ready = f"{PREFIX}/venv/bin/gpu-alloc --config /etc/gpu-alloc/config.yaml ready plugin"
+    assert plugin["Service"]["ExecStartPost"] == [ready]
+    assert ".sock" not in "".join(
+        plugin["Service"]["ExecStartPost"] + plugin["Service"]["ExecStart"]
+    )
 
 
 def test_shim_unit_follows_docker(staged: Path) -> None:
@@ -153,6 +158,8 @@ def test_shim_unit_follows_docker(staged: Path) -> None:
     assert shim["Unit"]["Requires"] == ["docker.service"]
     assert shim["Service"]["Restart"] == ["on-failure"]
     assert shim["Service"]["RuntimeDirectory"] == ["gpu-alloc"]
+    ready = f"{PREFIX}/venv/bin/gpu-alloc --config /etc/gpu-alloc/config.yaml ready shim"
+    assert shim["Service"]["ExecStartPost"] == [ready]  # install says done once it answers
 
 
 def test_prefix_is_substituted(tmp_path: Path) -> None:
@@ -310,7 +317,7 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
         pytest.skip("systemd-analyze is not installed")
     prefix = tmp_path / "prefix"  # a real path, so verify finds ExecStart's binary
     (prefix / "venv/bin").mkdir(parents=True)
-    for name in ("gpu-alloc", "python"):  # ExecStart, and the plugin's ExecStartPost
+    for name in ("gpu-alloc",):  # ExecStart, and ExecStartPost's readiness wait
         binary = prefix / "venv/bin" / name
         binary.write_text("#!/bin/sh\n")
         binary.chmod(0o755)

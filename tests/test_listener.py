@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +64,17 @@ def test_waiting_for_a_socket_needs_it_to_answer(tmp_path: Path) -> None:
         assert not listener.wait_until_answers(path, 0.2)
         s.listen()
         assert listener.wait_until_answers(path, 0.2)
+
+
+def test_gpu_alloc_ready_waits_for_the_socket_the_config_names(tmp_path) -> None:
+    """The units' ExecStartPost: the socket's path comes from the config, not the unit."""
+    sock = tmp_path / "elsewhere.sock"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"shim:\n  socket: {sock}\nplugin:\n  socket: {tmp_path / 'p.sock'}\n")
+    argv = [sys.executable, "-m", "allocator.ops.cli", "--config", str(config), "ready"]
+    late = subprocess.run([*argv, "shim", "--timeout", "0.2"], capture_output=True, text=True)
+    assert late.returncode == 1 and f"{sock} did not answer within 0.2 s" in late.stderr
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(sock))
+        s.listen()
+        assert subprocess.run([*argv, "shim", "--timeout", "5"]).returncode == 0

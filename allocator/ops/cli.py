@@ -153,6 +153,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("gpu")
     hl.set_defaults(func=cmd_health)
     add("doctor", "check the host end to end and say what to fix").set_defaults(func=cmd_doctor)
+    w = add("ready", "wait until the plugin's or the shim's socket (from the config) answers")
+    w.add_argument("role", choices=("plugin", "shim"))
+    w.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
+    w.set_defaults(func=cmd_ready)
     return p
 
 
@@ -363,6 +367,20 @@ def cmd_doctor(cfg: Config, args: argparse.Namespace) -> int:
         print(line.render())
     print("healthy" if healthy else "problems found: apply the fixes above, then run doctor again")
     return 0 if healthy else EXIT_FAIL
+
+
+def cmd_ready(cfg: Config, args: argparse.Namespace) -> int:
+    """systemd's ExecStartPost: a unit counts as started once its socket, wherever the
+    config puts it, answers (a stale socket file exists but does not)."""
+    from allocator.host import listener
+
+    path = cfg.plugin.socket if args.role == "plugin" else cfg.shim.socket
+    if listener.wait_until_answers(path, args.timeout):
+        return 0
+    print(
+        f"gpu-alloc {args.role}: {path} did not answer within {args.timeout:g} s", file=sys.stderr
+    )
+    return EXIT_FAIL
 
 
 if __name__ == "__main__":
