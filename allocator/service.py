@@ -171,6 +171,7 @@ class Allocator(Lineup, Restarts):
             want.where(pool),
             self.unhealthy(),
             self.config.policy.mig,
+            len(self.inventory().units(self.config.policy.mig)),
         )
         if isinstance(picked, Shortage):
             return picked
@@ -223,6 +224,7 @@ class Allocator(Lineup, Restarts):
         where = want.where(pool)
         now = ledger.now()
         sick, mig = self.unhealthy(), self.config.policy.mig
+        host = len(self.inventory().units(mig))
         held = state.holders(self.inventory().uuids, stopped)
         for uuid, keeper in (kept or {}).items():
             held.setdefault(uuid, keeper)
@@ -232,7 +234,7 @@ class Allocator(Lineup, Restarts):
         if predecessor and (
             old is None or old.phase is not Phase.BOUND or old.owner not in ("", owner.user)
         ):
-            return place(ask, inventory, held, self.policy, now, where, sick, mig)  # type: ignore[return-value]
+            return place(ask, inventory, held, self.policy, now, where, sick, mig, host)  # type: ignore[return-value]
         asking = len(inventory.gpus) if ask.every else len(ask.required) + ask.count
         holding = state.held_by(owner.user, besides=old.id if old else None)
         refused = policy.over_limit(owner, holding, asking, self.rules)
@@ -240,7 +242,7 @@ class Allocator(Lineup, Restarts):
             return refused
         for uuid in old.gpus if old else ():
             held.pop(uuid, None)
-        picked = place(ask, inventory, held, self.policy, now, where, sick, mig)
+        picked = place(ask, inventory, held, self.policy, now, where, sick, mig, host)
         if isinstance(picked, Shortage):
             return picked
         placed = cpus.Placed((), (), 0)

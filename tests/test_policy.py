@@ -365,3 +365,18 @@ def test_a_container_created_a_moment_ago_is_not_called_stopped_or_told_to_be_re
     short = place(Ask((), 1, False, ("gpu",)), inventory, held, POLICIES["numa"], 1001.0)
     assert isinstance(short, Shortage)
     assert "stopped" not in short.msg and "docker rm" not in short.msg
+
+
+def test_a_request_larger_than_the_whole_host_names_the_host_not_the_pool():
+    from allocator.core.ask import Ask
+    from allocator.core.placement import POLICIES, Shortage, place
+
+    pool = Inventory(INVENTORY.gpus[4:])  # 'interactive': 4 of the host's 8
+    where = Wanted().where("interactive")
+    huge = place(Ask((), 99, False, ("gpu",)), pool, {}, POLICIES["numa"], None, where,
+                 host_units=8)  # fmt: skip
+    assert isinstance(huge, Shortage) and not huge.waitable
+    assert huge.msg == "gpu-alloc: asked for 99 GPUs but this host has only 8; ask for fewer"
+    five = place(Ask((), 5, False, ("gpu",)), pool, {}, POLICIES["numa"], None, where,
+                 host_units=8)  # fmt: skip
+    assert isinstance(five, Shortage) and "pool 'interactive' has only 4" in five.msg

@@ -44,6 +44,7 @@ def place(
     where: str = "",
     unhealthy: Mapping[str, str] | None = None,
     mig: str = "none",
+    host_units: int | None = None,
 ) -> list[GPU] | Shortage:
     """Pick GPUs for `ask` among those not in ``held`` (UUID -> `Holder`); all or nothing.
 
@@ -52,7 +53,9 @@ def place(
     event, from allocator.core.health) are never placed; an explicit request for one is
     refused naming its event, since waiting will not help.  ``mig`` is ``policy.mig``:
     which of GPUs and MIG slices are units (`Inventory.units`); a held GPU blocks its
-    slices and a held slice its GPU, whoever holds them.
+    slices and a held slice its GPU, whoever holds them.  ``host_units``: how many units
+    the whole host has, when ``inventory`` is a part of it (a pool), so a request larger
+    than the host says so rather than naming the part.
     """
     sick = dict(unhealthy or {})
     sick.update({m.uuid: sick[m.parent] for m in inventory.migs if m.parent in sick})
@@ -87,7 +90,7 @@ def place(
     picked = None if taken else policy(pool, required, size)
     if picked is not None:
         return picked
-    text = _shortage_text(ask, size, pool, taken, units, blocked, sick, now, where)
+    text = _shortage_text(ask, size, pool, taken, units, blocked, sick, now, where, host_units)
     fitting = [g for g in units if g in required or _fits(g, ask.profile, mig)]
     return Shortage(text, waitable=ask.every or size <= len(fitting))
 
@@ -160,11 +163,14 @@ def _shortage_text(
     sick: Mapping[str, str],
     now: float | None,
     where: str,
+    host_units: int | None = None,
 ) -> str:
     """At most one line per holder; asking for more than exists says so, not "remove"."""
     asked = "all GPUs" if ask.every else f"{size} GPU{'s' * (size != 1)}"
     if ask.profile:
         asked = f"{size} MIG slice{'s' * (size != 1)} of profile {ask.profile}"
+    if where and host_units is not None and size > host_units:  # no pool could answer it
+        return f"gpu-alloc: asked for {asked} but this host has only {host_units}; ask for fewer"
     place_name = where or "this host"
     if not units and where:
         return (
