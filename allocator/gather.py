@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from allocator.core import cpus, events
+from allocator.core import cpus, defaults, events
 from allocator.core.access import EngineView
 from allocator.core.facts import HostFacts
 from allocator.core.inventory import Inventory, InventoryError
@@ -35,7 +35,7 @@ from allocator.host import cpus as host_cpus
 from allocator.host import ledger
 from allocator.host.audit import AuditLog
 from allocator.host.config import Config, ConfigError
-from allocator.host.engine import Engine
+from allocator.host.engine import Engine, EngineError
 from allocator.host.engineroot import EngineRoot
 from allocator.host.filesystem import Host, engine_paths
 from allocator.host.health import HealthFile
@@ -333,6 +333,15 @@ class Gatherer:
         if self.config.source.startswith("<"):
             return None  # built in code (tests) or the defaults: nothing to re-read
         return _file_stamp(self.config.source)
+
+    def start_failure_note(self, ref: str, message: str) -> str:
+        """What to add to a start's failure ``message`` (`core.defaults.start_note`): one
+        inspect, on the failure path only."""
+        try:
+            info = self.engine.inspect(ref) if self.engine else None
+        except EngineError:
+            return ""
+        return defaults.start_note(message, ((info or {}).get("Config") or {}).get("Labels"))
 
     def unhealthy(self) -> dict[str, str]:
         """UUID -> its event; nothing when the operator turned health off."""

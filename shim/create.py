@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from urllib.parse import parse_qs, urlsplit
 
-from allocator.core import cuda, errors, gojson, labels, outcomes, policy
+from allocator.core import cuda, defaults, errors, gojson, labels, outcomes, policy
 from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
 from allocator.core.cpus import Placed, Resources, conflicts
@@ -114,14 +114,26 @@ class CreateInterceptor:
         try:
             if route.check is not Check.CREATE:
                 if self._plugin_judges():
-                    return await forward(request)  # by the same verdict, on every socket
+                    # by the same verdict, on every socket
+                    return await self._started(route, await forward(request))
                 decision = await asyncio.to_thread(self._judge, route, request)
                 if isinstance(decision, decide.Deny):
                     return error(403, decision.msg)
-                return await forward(_as_judged(request, route, decision))
+                judged = _as_judged(request, route, decision)
+                return await self._started(route, await forward(judged))
             return await self._create(request, forward)
         except _FAILURES as e:
             return error(503, f"gpu-alloc cannot allocate right now: {e}")
+
+    async def _started(self, route: Route, response: Response) -> Response:
+        """A start that failed on a limit gpu-alloc added says gpu-alloc added it."""
+        if route.check not in (Check.START, Check.RESTART) or response.status < 400:
+            return response
+        message = errors.message_of(response.body)
+        if message is None:
+            return response
+        note = await asyncio.to_thread(self.alloc.start_failure_note, route.name, message)
+        return replace(response, body=errors.body(message + note)) if note else response
 
     def _plugin_judges(self) -> bool:
         """dockerd runs gpu-alloc's plugin (as the Engine said lately): it judges every
@@ -183,6 +195,8 @@ class CreateInterceptor:
         with_defaults = policy.with_defaults(spec, self.alloc.rules)
         body = rewrite(with_defaults, lease.gpus, label, ask.caps, placed)
         body["Labels"][policy.OWNER] = policy.owner_label(owner)
+        if added := defaults.added(spec, with_defaults):
+            body["Labels"][labels.DEFAULTS] = added
         if lease.pool:
             body["Labels"][policy.POOL] = lease.pool
         # The grant goes to disk and to the audit trail while dockerd creates the

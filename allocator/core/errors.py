@@ -24,3 +24,13 @@ def reason(status: int) -> str:
         return HTTPStatus(status).phrase
     except ValueError:
         return "Error"
+
+
+def message_of(data: bytes) -> str | None:
+    """The message of an Engine error answer; None when ``data`` is not one."""
+    try:
+        found = json.loads(data)
+    except ValueError:
+        return None
+    message = found.get("message") if isinstance(found, dict) else None
+    return message if isinstance(message, str) else None

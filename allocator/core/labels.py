@@ -32,6 +32,7 @@ POOL = PREFIX + "pool"  # a client's ask, and gpu-alloc's record of the pool lea
 MODEL = PREFIX + "request.model"
 MIN_MEMORY = PREFIX + "request.min-memory"
 OWNER = PREFIX + "owner"  # set by gpu-alloc only: "<uid>:<user>"
+DEFAULTS = PREFIX + "defaults"  # set by gpu-alloc only: what policy.gpu_defaults added
 WAIT = PREFIX + "wait"  # a client's ask: wait this long for GPUs instead of a 409
 # The labels a client may set to ask gpu-alloc for something, and the ones gpu-alloc sets
 # itself (a client's own are stripped by the shim, and name no lease on the real socket).
@@ -46,7 +47,7 @@ REQUESTS = (
     REQUEST_TOPOLOGY,
     MIG_REQUEST,
 )
-KNOWN = frozenset((*REQUESTS, LEASE, OWNER, PLACED))
+KNOWN = frozenset((*REQUESTS, LEASE, OWNER, PLACED, DEFAULTS))
 
 
 def placed_of(info: Mapping[str, Any]) -> dict[str, Any]:
