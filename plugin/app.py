@@ -210,8 +210,8 @@ class Dispatcher:
         return partial(self._settle, outcome, method, uri, held)
 
     def _end_now(self, method: str, uri: str) -> bool:
-        """A call in flight leaves the board here when its lock is free at once (a tmpfs
-        file: tens of microseconds); else, or on any failure, on the pool."""
+        """A call in flight leaves the board here when its lock is free at once (a small
+        write to a tmpfs file); else, or on any failure, on the pool."""
         try:
             return self.inflight.end(method, uri, wait=False)
         except Exception:

@@ -4,18 +4,18 @@ Why a worker of our own
 -----------------------
 dockerd calls the plugin twice for every API call on the host, one connection
 at a time per keep-alive connection, and almost every call is answered from the
-route table alone.  Under gevent's pywsgi worker that answer cost 0.13 ms of
-server per call against 0.03 ms for a bare asyncio responder (tests/bench/floor.py),
-and the plugin served under half the floor's calls a second.  This worker is the
-floor's shape with gpu-alloc's decisions in it:
+route table alone.  A general-purpose worker (gevent's pywsgi) spends several times
+a bare asyncio responder's (tests/bench/floor.py) server time around that answer, and
+serves under half its calls a second (BENCHMARKS.md).  This worker is the floor's
+shape with gpu-alloc's decisions in it:
 
 * one asyncio protocol per connection; httptools (the parser the shim uses too)
   finds message boundaries;
 * an answer that needs no I/O (`Dispatcher.answer` returns bytes) is written from
   the protocol callback itself: no task, no thread, no copy of the envelope;
 * so is the allowing of an unnamed create whose facts are cached (the ledger's
-  files are read without the lock): the thread hops to a pool and back cost a
-  GPU create 0.5 to 1 ms on a loaded 2-core host;
+  files are read without the lock), which spares the create two thread hops, to a
+  pool and back;
 * a decision that takes the ledger lock, asks the Engine or refuses (a `Later`)
   runs on a thread pool, so while it waits this worker keeps answering every other
   call, including the ones its own Engine inspects make dockerd send back to it;

@@ -304,8 +304,8 @@ def _parse_response(buf: bytes, end: int) -> tuple[httptools.HttpResponseParser 
 # --- the quick path ------------------------------------------------------------------------
 #
 # Most calls on a connection are a GET head with no body and a fixed-length answer.  Parsing
-# them with llhttp (a parser object, a Python callback per header) was most of the shim's own
-# cost per call.  These two recognise exactly that shape with a few C-level scans and say
+# them with llhttp (a parser object, a Python callback per header) would be most of the shim's
+# own cost per call.  These two recognise exactly that shape with a few C-level scans and say
 # None for anything else, which then takes the full parse: they never decide a boundary the
 # full parse would draw elsewhere (tests/test_shim_quick.py holds them to that).
 
@@ -383,7 +383,7 @@ def _error_bytes(status: int, message: str, *, close: bool) -> bytes:
     return head.encode("latin-1") + b"\r\n" + body
 
 
-# One regular-expression scan a field: a generator over the characters cost more than the
+# One regular-expression scan a field: a generator over the characters costs more than the
 # rest of a create's encoding.
 _NOT_TOKEN = re.compile("[ \r\n\0]").search
 _NOT_VALUE = re.compile("[\r\n\0]").search

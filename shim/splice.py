@@ -5,8 +5,8 @@
   stream as they arrive, never buffered whole; a full socket on one side pauses
   reading on the other (asyncio flow control).
 * Plain asyncio Protocols, not streams: the common exchange runs inside
-  data_received callbacks with no task switch, which roughly halves the latency
-  the proxy adds.
+  data_received callbacks with no task switch: a task switch per exchange would be
+  much of the latency the proxy adds.
 * Hijacks (`101 UPGRADED` for attach/exec/session/grpc, or the legacy `200 OK`
   with a vnd.docker raw/multiplexed stream and no length) turn the connection
   into two raw byte pipes, propagating half-close: `docker run -i` ends stdin

@@ -87,8 +87,8 @@ def lease_label(lease_id: str) -> str:
 
 
 def lease_of(labels: Mapping[str, Any] | None) -> str:
-    """The lease id a container's labels name ("" for none).  Containers made before the
-    token moved to a header carry ``<lease id>.<token>``: the id is what comes first."""
+    """The lease id a container's labels name ("" for none).  Containers made by 0.1,
+    which labelled the token too, carry ``<lease id>.<token>``: the id is what comes first."""
     return str((labels or {}).get(LEASE) or "").partition(".")[0]
 
 

@@ -376,7 +376,7 @@ class State:
         return {
             "version": SCHEMA_VERSION,
             # vars(), not asdict(): the fields are plain values and tuples of them, which
-            # json writes as they are; asdict's deep copy was most of a ledger write's encoding.
+            # json writes as they are; asdict's deep copy would be most of a write's encoding.
             "leases": {k: vars(v) for k, v in sorted(self.leases.items())},
             "claims": {k: _claim_json(v) for k, v in sorted(self.claims.items())},
             "adopted_at": self.adopted_at,

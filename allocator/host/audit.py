@@ -28,7 +28,7 @@ LOCK_TIMEOUT = 2.0
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    """flock with a deadline (plain fcntl: a tenth of portalocker's cost per line)."""
+    """flock with a deadline (plain fcntl: portalocker's wrapper costs more than the flock)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         deadline = time.monotonic() + LOCK_TIMEOUT

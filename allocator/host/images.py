@@ -2,7 +2,7 @@
 
 Every GPU create checks the image's CUDA against the driver's (allocator/core/cuda.py),
 and reading it is an image inspect: a round trip through dockerd and its authorization
-plugin, most of a millisecond of each create.  An image's config never changes, but a
+plugin on the path of each create.  An image's config never changes, but a
 name may come to mean another image (a pull, tag, load, import, build or removal).
 dockerd logs an image event for most of these; not for a BuildKit build on 20.10, nor
 for builds and prunes of the containerd image store on 26 (moby's exporters tag

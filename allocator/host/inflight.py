@@ -15,8 +15,8 @@ Rules
    it is then.  Reads without the lock are hints only (is anything in the way yet? did
    anything change?), and a torn one counts as "yes".
 2. The file is rewritten in place, with no fsync: the board holds seconds of calls, and
-   after a crash its entries have ended or expire (`inflight.TTL`).  That keeps a
-   begin or end at a few tens of microseconds, on the start and removal routes only.
+   after a crash its entries have ended or expire (`inflight.TTL`).  So a begin or an
+   end is a small write to a tmpfs, and only the start and removal routes make one.
 3. A file that cannot be parsed under the lock is an empty board (it is ours alone,
    rewritten whole by every writer).
 4. A call that conflicts waits, polling without the lock, for at most `inflight.WAIT`.

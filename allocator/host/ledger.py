@@ -35,7 +35,7 @@ Rules
    lease's one create), so a busy journal is read once, not at every lease.
 
 Every full write is fsync'd before it replaces the file; a create's grant is fsync'd
-before its answer reaches the client, but no longer before dockerd is asked.
+while dockerd works on the create, and before its answer reaches the client.
 
 `State` (the pure lease life) lives in allocator/core/leases.py; this is its file shell.
 """
@@ -174,7 +174,7 @@ class Ledger:
     def lease(self, lease_id: str) -> Lease | None:
         """Lease ``lease_id`` as `read` has it, from the file and that lease's own records
         alone: a create's admission asks about one lease, and listing both journals and
-        reading every record cost it more than the rest of its judgement.  The records are
+        reading every record would cost it more than the rest of its judgement.  The records are
         read before the file (rule 7); a record that is not this lease's by its content
         counts for nothing here, so a stray one only refuses.  Other leases' records are
         not read, so one that cannot be read does not stop this read: an admission grants
@@ -264,8 +264,8 @@ class Ledger:
     def locked(self) -> Iterator[None]:
         """The exclusive lock: threads of this process queue, other processes poll briefly.
 
-        portalocker's default poll is 0.25 s; under contention that, not the work, set
-        the pace, so waiters poll every few milliseconds instead.  The lock file is opened
+        portalocker's default poll is 0.25 s; under contention that, not the work, would
+        set the pace, so waiters poll every few milliseconds.  The lock file is opened
         for each transaction, as a bare descriptor (its file object and portalocker's
         `Lock` cost more than the lock): one kept open would pin the state directory's
         filesystem (and need reopening in every forked child).
@@ -428,7 +428,7 @@ def _journal(
 
 
 def _encode(state: State) -> bytes:
-    # Compact: json's C encoder runs only without indent (indenting cost 0.6 ms a write).
+    # Compact: json's C encoder runs only without indent (indent takes the pure-Python one).
     return json.dumps(state.to_json(), sort_keys=True, separators=(",", ":")).encode()
 
 

@@ -83,8 +83,8 @@ def _read(path: str) -> str | None:
 
 def person(asker: owners.Asker) -> policy.Owner:
     """The user and groups behind an asker's uid, as this host's NSS knew them at most
-    `OWNER_TTL` ago (each answer reads /etc/passwd and /etc/group, or asks a directory:
-    a tenth of a millisecond of every GPU create, or more).  An answer NSS gave only in
+    `OWNER_TTL` ago (each answer reads /etc/passwd and /etc/group, or asks a directory,
+    on the path of every GPU create).  An answer NSS gave only in
     part (a directory not answering) is not kept."""
     if asker.uid is None:
         return policy.NOBODY

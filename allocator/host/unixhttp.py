@@ -66,8 +66,8 @@ class KeepAlive:
     """GETs on one kept-alive connection per thread.
 
     The plugin inspects a container at every start and the shim an image at every GPU
-    create: through the docker SDK (requests, urllib3) each inspect cost about 1 ms of
-    Python, here a fraction of that.  A reused connection the server closed meanwhile
+    create: the docker SDK (requests, urllib3) spends several times this client's Python
+    on each inspect.  A reused connection the server closed meanwhile
     is retried once on a fresh one (a GET may be repeated).
     """
 

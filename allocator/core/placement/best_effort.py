@@ -12,7 +12,7 @@ lowest node, then the lowest indices.
 The look-ahead is exact up to `EXACT_LIMIT` free GPUs (a DGX has 8); beyond, the
 pick is greedy, so a large host stays fast.  It depends only on the pair scores of
 the free GPUs and the set size, so it is remembered across calls (`_future_of`): a
-host's free sets recur, and the search over them cost about 1 ms a lease on 8 GPUs.
+host's free sets recur, and the search over them is the dearest part of placing a lease.
 So is the whole pick, by the free and required GPUs and the size (`_allocate`).
 """
 
@@ -56,7 +56,7 @@ def _allocate(
     available: tuple[GPU, ...], required: tuple[GPU, ...], size: int
 ) -> tuple[GPU, ...] | None:
     """The pick itself: a pure function of the free GPUs, so a host's recurring free sets
-    are ranked once (ranking every candidate cost a lease more than its file work)."""
+    are ranked once (ranking every candidate again would cost a lease more than its file work)."""
     if size < len(required) or any(g not in available for g in required):
         return None
     free = sorted(available, key=lambda g: g.index)
