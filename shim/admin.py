@@ -10,9 +10,12 @@ another user.  Every other request goes on to the create interception.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
+from allocator.core.routes import needs_check
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
 from allocator.service import Allocator
@@ -37,14 +40,19 @@ class Admin:
         self.creates = creates
 
     def wants(self, method: str, target: str) -> bool:
-        return self.creates.wants(method, target) or (method == "GET" and _serves(target))
+        # Called on every request head: the creates' own test inlined, as cheap as before.
+        return needs_check(method, target) or (method == "GET" and _serves(target))
 
     def stop(self) -> None:
         self.creates.stop()
 
-    async def handle(self, request: Request, forward: Forward) -> Response:
+    def handle(self, request: Request, forward: Forward) -> Coroutine[Any, Any, Response]:
+        """The creates' own coroutine for theirs (no extra frame on their path)."""
         if request.method != "GET" or not _serves(request.target):
-            return await self.creates.handle(request, forward)
+            return self.creates.handle(request, forward)
+        return self._answer(request)
+
+    async def _answer(self, request: Request) -> Response:
         try:
             if request.target == wire.STATUS_PATH:
                 return _json(await asyncio.to_thread(self._status))
