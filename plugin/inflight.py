@@ -41,6 +41,7 @@ ASK_EVERY = 0.1  # seconds between asking the Engine whether a restart was looke
 class InFlight:
     def __init__(self, alloc: Allocator, registry: Registry | None = None):
         self.alloc = alloc
+        self.resolves = alloc.has_engine  # an Engine resolves references (fixed for its life)
         self.registry = registry or Registry(
             runtime_dir(alloc.config), alloc.config.policy.lock_timeout
         )
@@ -52,7 +53,7 @@ class InFlight:
     def alone(self, route: Route, uri: str) -> bool:
         """The call is judged by its verdict alone: it is no start, and announces no change
         (an unnamed create, say)."""
-        if not self.alloc.has_engine:
+        if not self.resolves:
             return True
         return route.check not in inflight.STARTS and inflight.hold_of(route, uri) is None
 
@@ -62,7 +63,7 @@ class InFlight:
         """``verdict()`` (the call's resolved decision), with the call put in flight.
 
         Without an Engine (tests of the ledger alone) nothing resolves a reference."""
-        if not self.alloc.has_engine:
+        if not self.resolves:
             return verdict()
         key = inflight.key(method, uri)
         if route.check in inflight.STARTS:
@@ -140,7 +141,7 @@ class InFlight:
 
     def held(self, method: str, uri: str) -> bool:
         """Whether the call was put in flight at its AuthZReq (no I/O: the route alone)."""
-        if not self.alloc.has_engine:
+        if not self.resolves:
             return False
         try:
             route = classify(method, uri)
