@@ -149,4 +149,6 @@ def test_the_walk_sees_the_imports_it_judges():
     """The checks above would pass on a walk that found nothing."""
     assert ("allocator.views.gpus", True) in imports("shim.serve")
     assert ("shim.serve", False) in imports("allocator.ops.cli")
-    assert ("allocator.service", True) not in imports("allocator.lookups")  # TYPE_CHECKING
+    lineup = {target for target, _ in imports("allocator.lineup")}
+    assert "allocator.core.queue" in lineup
+    assert "allocator.service" not in lineup  # under TYPE_CHECKING only
