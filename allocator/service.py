@@ -37,8 +37,10 @@ from allocator.core.verdicts import (
     UpdateCheck,
 )
 from allocator.host import ledger, metrics
-from allocator.host.engine import EngineError
+from allocator.host.config import Config
+from allocator.host.engine import Engine, EngineError
 from allocator.lineup import Lineup
+from allocator.lookups import Lookups
 from allocator.restarts import Restarts
 
 log = logging.getLogger("gpu-alloc")
@@ -55,7 +57,7 @@ class LeaseRequest:
     resources: cpus.Resources = cpus.NOTHING
 
 
-class Allocator(Lineup, Restarts):
+class Allocator(Lineup, Lookups, Restarts):
     # ------------------------------------------------------------ leases
 
     def lease(
@@ -430,3 +432,8 @@ class Allocator(Lineup, Restarts):
                     ended.append(state.release(le.id))
         for lease in ended:
             self._ended(lease, "container removed")
+
+
+def connect(config: Config) -> Allocator:
+    """The service for this host: its config, and the Engine its config names."""
+    return Allocator(config, Engine(config.engine.socket, config.engine.timeout))

@@ -50,8 +50,8 @@ from allocator.core.leases import StateError
 from allocator.core.routes import Check
 from allocator.host import metrics
 from allocator.host.config import Config
-from allocator.host.engine import Engine, EngineError
-from allocator.service import Allocator
+from allocator.host.engine import EngineError
+from allocator.service import Allocator, connect
 from plugin.inflight import InFlight
 
 log = logging.getLogger("gpu-alloc.plugin")
@@ -235,7 +235,7 @@ class Dispatcher:
 
 
 def create_app(config: Config, allocator: Allocator | None = None) -> Flask:
-    alloc = allocator or Allocator(config, Engine(config.engine.socket, config.engine.timeout))
+    alloc = allocator or connect(config)
     app = Flask("gpu-alloc-plugin")
 
     dispatcher = Dispatcher(alloc)

@@ -28,7 +28,7 @@ from typing import TypeVar
 
 from allocator.core import inflight
 from allocator.core import verdicts as decide
-from allocator.core.inflight import Entry, Start, Target
+from allocator.core.inflight import Entry, Start
 from allocator.core.routes import Check, Route, RouteError, classify
 from allocator.host.engine import EngineError
 from allocator.host.inflight import Registry, runtime_dir
@@ -41,6 +41,7 @@ ASK_EVERY = 0.1  # seconds between asking the Engine whether a restart was looke
 class InFlight:
     def __init__(self, alloc: Allocator, registry: Registry | None = None):
         self.alloc = alloc
+        self.resolves = alloc.has_engine  # an Engine resolves references (fixed for its life)
         self.registry = registry or Registry(
             runtime_dir(alloc.config), alloc.config.policy.lock_timeout
         )
@@ -52,7 +53,7 @@ class InFlight:
     def alone(self, route: Route, uri: str) -> bool:
         """The call is judged by its verdict alone: it is no start, and announces no change
         (an unnamed create, say)."""
-        if self.alloc.engine is None:
+        if not self.resolves:
             return True
         return route.check not in inflight.STARTS and inflight.hold_of(route, uri) is None
 
@@ -62,7 +63,7 @@ class InFlight:
         """``verdict()`` (the call's resolved decision), with the call put in flight.
 
         Without an Engine (tests of the ledger alone) nothing resolves a reference."""
-        if self.alloc.engine is None:
+        if not self.resolves:
             return verdict()
         key = inflight.key(method, uri)
         if route.check in inflight.STARTS:
@@ -101,24 +102,21 @@ class InFlight:
 
     def _recheck(self, start: Start, moved: bool) -> str | None:
         """What can still be wrong once the start is in flight, nothing can move it now."""
-        engine = self.alloc.engine
-        assert engine is not None
         if moved:
-            now = Start(start.verb, start.ref, Target.of(engine.inspect(start.ref)))
+            now = Start(start.verb, start.ref, self.alloc.target_of(start.ref))
             if now != start:
                 return inflight.moved_text(start)
         if inflight.needs_name_check(start):
-            named = [c for c in engine.containers(name=f"^/{start.ref}$") if c.get("Id")]
+            named = self.alloc.ids_named(start.ref)
             if named:
-                return inflight.named_like_id_text(start, named[0]["Id"])
+                return inflight.named_like_id_text(start, named[0])
         return None
 
     def _looked_up(self) -> Callable[[Entry], bool]:
         """Whether dockerd has looked up the reference of a restart in the way: its
         container's kill event since the restart began says so (`inflight.signalled`).
         Asked of the Engine at most every `ASK_EVERY` seconds a restart, while waiting."""
-        engine = self.alloc.engine
-        assert engine is not None
+        alloc = self.alloc
         asked: dict[Entry, float] = {}
 
         def looked_up(entry: Entry) -> bool:
@@ -128,7 +126,7 @@ class InFlight:
                 return False
             asked[entry] = now
             try:
-                return engine.signalled(target.id, entry.began)
+                return alloc.signalled(target.id, entry.began)
             except EngineError:
                 return False  # no word from the Engine: the restart holds the call off
 
@@ -143,7 +141,7 @@ class InFlight:
 
     def held(self, method: str, uri: str) -> bool:
         """Whether the call was put in flight at its AuthZReq (no I/O: the route alone)."""
-        if self.alloc.engine is None:
+        if not self.resolves:
             return False
         try:
             route = classify(method, uri)

@@ -33,7 +33,6 @@ granted twice.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -52,17 +51,12 @@ from allocator.core.routes import Check, Route, by_id, needs_check
 from allocator.host import metrics
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
-from allocator.host.images import ImageConfigs
-from allocator.host.owners import Owners
 from allocator.host.peers import Peer
-from allocator.ops import explain, gpus, status
-from allocator.ops.status import QUEUE_PATH
 from allocator.service import Allocator, LeaseRequest
 from shim.framing import Request, Response, UpstreamError
 from shim.waitline import Gone, Stopping, Waitline
 
 log = logging.getLogger("gpu-alloc.shim")
-STATUS_PATH = "/gpu-alloc/v1/status"  # not an Engine route: dockerd has no /gpu-alloc
 _FAILURES = (StateError, EngineError, InventoryError, TopologyError)
 Forward = Callable[[Request], Awaitable[Response]]
 
@@ -74,40 +68,18 @@ def error(status: int, message: str) -> Response:
 
 
 class CreateInterceptor:
-    def __init__(
-        self,
-        allocator: Allocator,
-        live: gpus.LiveView | None = None,
-        waitline: Waitline | None = None,
-    ):
+    def __init__(self, allocator: Allocator, waitline: Waitline | None = None):
         self.alloc = allocator
-        self.live = live or gpus.LiveView(allocator)
         self.waitline = waitline or Waitline(allocator)
-        self.images = ImageConfigs(allocator.engine) if allocator.engine is not None else None
-        self.owners = Owners(allocator.engine)
 
     def wants(self, method: str, target: str) -> bool:
-        return needs_check(method, target) or (
-            method == "GET"
-            and (
-                target in (STATUS_PATH, QUEUE_PATH, gpus.GPUS_PATH)
-                or target.partition("?")[0] == explain.EXPLAIN_PATH
-            )
-        )
+        return needs_check(method, target)
 
     def stop(self) -> None:
         """The shim is stopping: waiting creates are answered, not left hanging."""
         self.waitline.stop()
 
     async def handle(self, request: Request, forward: Forward) -> Response:
-        if request.method == "GET" and request.target == STATUS_PATH:
-            return await self._status()
-        if request.method == "GET" and request.target == QUEUE_PATH:
-            return await self._queue()
-        if request.method == "GET" and request.target == gpus.GPUS_PATH:
-            return await self._gpus()
-        if request.method == "GET" and request.target.partition("?")[0] == explain.EXPLAIN_PATH:
-            return await self._explain(request)
         route = decide.route_of(request.method, request.target)
         if isinstance(route, decide.Deny):
             return error(400, route.msg)
@@ -139,8 +111,7 @@ class CreateInterceptor:
         """dockerd runs gpu-alloc's plugin (as the Engine said lately): it judges every
         write this shim would, starts included (and keeps a start's reference from
         moving), so judging here too would only double the inspect."""
-        view = self.alloc.known_engine_view()
-        return view is not None and self.alloc.config.plugin.name in view.authz_plugins
+        return self.alloc.plugin_judges()
 
     def _judge(self, route: Route, request: Request) -> decide.Decision:
         """The plugin's verdict, with facts read only where the check needs them."""
@@ -277,12 +248,12 @@ class CreateInterceptor:
             return error(403, refused)
         if isinstance(want, policy.Invalid):
             return error(400, want.msg)
-        owner = self.owners.of(peer)
+        owner = self.alloc.owner_of(peer)
         given = spec.get("Labels") or {}
         leased = self.alloc.lease(
             ask, name, given, owner, want, resources, durable=False, waits=waits
         )
-        return ask, owner, leased, self.alloc.config.plugin.name in facts.engine.authz_plugins
+        return ask, owner, leased, self.alloc.plugin_judges(facts)
 
     async def _wait(
         self,
@@ -310,68 +281,24 @@ class CreateInterceptor:
         waited = f" (waited {ago(took)} in line, the most it asked for)"
         return replace(refused, msg=refused.msg + waited)
 
-    async def _queue(self) -> Response:
-        """The creates waiting in this shim, in serving order (``gpu-alloc status``)."""
-        try:
-            rows = await asyncio.to_thread(self.waitline.snapshot)
-        except _FAILURES as e:
-            return error(503, f"gpu-alloc queue: {e}")
-        body = json.dumps({"queue": rows}).encode()
-        return Response(200, "OK", [("Content-Type", "application/json")], body)
-
-    async def _status(self) -> Response:
-        """``gpu-alloc status`` for users who may use Docker but not read the state dir."""
-        try:
-            await asyncio.to_thread(self.alloc.reconcile)
-            snap = await asyncio.to_thread(status.snapshot, self.alloc, self.live)
-            snap["queue"] = await asyncio.to_thread(self.waitline.snapshot)
-        except _FAILURES as e:
-            return error(503, f"gpu-alloc status: {e}")
-        body = status.render_json(snap).encode()
-        return Response(200, "OK", [("Content-Type", "application/json")], body)
-
-    async def _gpus(self) -> Response:
-        """``gpu-alloc gpus`` for users who cannot read the state dir."""
-        try:
-            snap = await asyncio.to_thread(self.live.snapshot)
-        except _FAILURES as e:
-            return error(503, f"gpu-alloc gpus: {e}")
-        body = gpus.render_json(snap).encode()
-        return Response(200, "OK", [("Content-Type", "application/json")], body)
-
-    async def _explain(self, request: Request) -> Response:
-        """``gpu-alloc explain`` for users who cannot read the state dir: for the peer
-        itself, never for another user."""
-        asked_gpus, pairs = explain.request_of(request.target)
-        try:
-            await asyncio.to_thread(self.alloc.reconcile)  # "short" is as of now
-            who = await asyncio.to_thread(self.owners.of, request.peer)
-            answer = await asyncio.to_thread(
-                explain.explain, self.alloc, None, asked_gpus, pairs, who
-            )
-        except _FAILURES as e:
-            return error(503, f"gpu-alloc explain: {e}")
-        body = explain.render(answer, True).encode()
-        return Response(200, "OK", [("Content-Type", "application/json")], body)
-
     def _refused(self, name: str, peer: Peer | None, why: str, field: str = "") -> None:
         """A create refused by policy (a field no lease covers, the image's CUDA)."""
         metrics.request("policy")
         if field:
             metrics.denial(field)
-        self.alloc.record("refusal", name=name, owner=self.owners.of(peer).user, reason=why)
+        self.alloc.record("refusal", name=name, owner=self.alloc.owner_of(peer).user, reason=why)
 
     def _cuda_refusal(self, spec: dict, facts: decide.Facts) -> str | None:
         """nvidia-docker v1's check: the image's CUDA against the driver's, before leasing."""
         driver = facts.inventory.cuda_driver_version if facts.inventory else None
         image = str(spec.get("Image") or "")
-        if driver is None or not image or self.images is None:
+        if driver is None or not image or not self.alloc.has_engine:
             return None
         env = spec.get("Env") or ()
-        config = self.images.config(image)  # None: not pulled; dockerd answers that
+        config = self.alloc.image_config(image)  # None: not pulled; dockerd answers that
         if cuda.refusal(driver, cuda.required(config or {}, env), image) is None:
             return None
-        config = self.images.config(image, fresh=True)  # never refused by what was kept
+        config = self.alloc.image_config(image, fresh=True)  # never refused by what was kept
         return cuda.refusal(driver, cuda.required(config or {}, env), image)
 
     def _settle(self, lease_id: str, token: str, response: Response) -> None:

@@ -33,7 +33,8 @@ from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
 from allocator.host import metrics
 from allocator.host.config import ConfigError
-from allocator.ops import gpus
+from allocator.views import wire
+from allocator.views.gpus import LiveView
 
 log = logging.getLogger("gpu-alloc.metrics")
 _PAGE = resources.files("allocator.ops").joinpath("dashboard.html")
@@ -43,7 +44,7 @@ Queue = Callable[[], list[dict[str, Any]]]
 
 
 class GpuCollector(Collector):
-    def __init__(self, live: gpus.LiveView) -> None:
+    def __init__(self, live: LiveView) -> None:
         self.live = live
         self._failing = ""  # the reason last logged, so a lasting fault is logged once
 
@@ -129,7 +130,7 @@ def _container(g: dict[str, Any]) -> str:
     return g.get("container_name") or (holder.get("container") or "")[:12]
 
 
-def registry(live: gpus.LiveView) -> CollectorRegistry:
+def registry(live: LiveView) -> CollectorRegistry:
     reg = CollectorRegistry()
     if os.environ.get(metrics.ENV):
         MultiProcessCollector(reg)
@@ -137,7 +138,7 @@ def registry(live: gpus.LiveView) -> CollectorRegistry:
     return reg
 
 
-def serve(listen: str, live: gpus.LiveView, line: Queue | None = None) -> ThreadingHTTPServer:
+def serve(listen: str, live: LiveView, line: Queue | None = None) -> ThreadingHTTPServer:
     """Start the listener in a daemon thread; returns the server (``.shutdown()`` stops it).
 
     ``line``: the creates waiting for GPUs, in serving order, for the dashboard."""
@@ -154,7 +155,7 @@ def serve(listen: str, live: gpus.LiveView, line: Queue | None = None) -> Thread
                 elif path == "/api/gpus":
                     snap = live.snapshot()
                     snap["queue"] = None if line is None else line()
-                    body = gpus.render_json(snap).encode()
+                    body = wire.encode(snap).encode()
                     self._send(200, "application/json", body)
                 elif path == "/":
                     self._send(200, "text/html; charset=utf-8", page)
@@ -192,7 +193,7 @@ def serve(listen: str, live: gpus.LiveView, line: Queue | None = None) -> Thread
     return server
 
 
-def sample_forever(live: gpus.LiveView, every: float, stop: threading.Event) -> None:
+def sample_forever(live: LiveView, every: float, stop: threading.Event) -> None:
     """Look at the GPUs every few seconds, so an idle mark never misses use between scrapes."""
     while not stop.wait(every):
         try:

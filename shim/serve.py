@@ -1,4 +1,5 @@
-"""Run the shim: the proxy transport with the create interceptor, from a config."""
+"""Run the shim: the proxy transport with its admin endpoints and the create
+interception, from a config."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import time
 from allocator.departures import Departures
 from allocator.host import listener
 from allocator.host.config import Config
-from allocator.ops.gpus import LiveView
 from allocator.service import Allocator
+from allocator.views.gpus import LiveView
 from shim import metrics_server, server
+from shim.admin import Admin
 from shim.create import CreateInterceptor
 from shim.waitline import Waitline
 
@@ -42,7 +44,7 @@ def serve(config: Config, allocator: Allocator, claim: listener.Claim | None = N
         server.run(
             config.shim.socket,
             config.engine.socket,
-            CreateInterceptor(allocator, live, line),
+            Admin(allocator, live, line, CreateInterceptor(allocator, line)),
             mode=config.shim.mode,
             group=config.shim.group,
             forward_timeout=config.shim.create_timeout,

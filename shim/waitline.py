@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -38,8 +37,8 @@ from allocator.core.inventory import InventoryError
 from allocator.core.leases import Lease, StateError
 from allocator.host import metrics
 from allocator.host.engine import EngineError
-from allocator.host.ledger import STATE_FILE
 from allocator.service import Allocator, LeaseRequest
+from allocator.views import queue as queue_view
 
 log = logging.getLogger("gpu-alloc.shim")
 POLL = 0.2  # seconds between state-file checks while anyone waits
@@ -142,34 +141,10 @@ class Waitline:
 
     def snapshot(self) -> list[dict[str, Any]]:
         """The queue in serving order, for ``gpu-alloc status`` (reads the ledger, no lock)."""
-        entries = {e.waiter.id: e for e in list(self._entries.values())}
+        entries = [(e.waiter, e.since) for e in list(self._entries.values())]
         if not entries:
             return []
-        state = self.alloc.ledger.read()
-        held = {e.waiter.owner: state.held_by(e.waiter.owner) for e in entries.values()}
-        rows, now, rules = [], time.time(), self.alloc.rules
-        for position, w in enumerate(queue.order([e.waiter for e in entries.values()], held), 1):
-            req: LeaseRequest = w.ask
-            over = policy.over_limit(req.owner, held[w.owner], w.gpus, rules)
-            limit = policy.limit_of(req.owner, rules) if over else None
-            rows.append(
-                {
-                    "position": position,
-                    "owner": w.owner,
-                    "name": req.name,
-                    "gpus": w.gpus,
-                    "all": req.ask.every,
-                    "pool": req.want.pool,
-                    "priority": w.priority,
-                    "since": entries[w.id].since,
-                    "waited_s": round(now - entries[w.id].since),
-                    # what it waits for: free GPUs, or its owner's own containers to go
-                    "held_back_by": None
-                    if limit is None
-                    else f"{limit[1]}: {w.owner} holds {held[w.owner]} of {limit[0]}",
-                }
-            )
-        return rows
+        return queue_view.rows(entries, self.alloc.ledger_state(), self.alloc.rules, time.time())
 
     # ---------------------------------------------------------------- serving
 
@@ -182,14 +157,14 @@ class Waitline:
 
     async def _run(self) -> None:
         assert self._kick is not None
-        stamp = self._stamp()
+        stamp = self.alloc.ledger_stamp()
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.poll if self._entries else None):
                     await self._kick.wait()
             kicked = self._kick.is_set()
             self._kick.clear()
-            now = self._stamp()
+            now = self.alloc.ledger_stamp()
             if not self._entries or not (kicked or now != stamp):
                 stamp = now
                 continue
@@ -218,10 +193,3 @@ class Waitline:
         """Release a grant nobody will use; in a thread, since this may run in a finally."""
         assert self._loop is not None
         self._loop.run_in_executor(None, self.alloc.release, lease.id, "its waiting client left")
-
-    def _stamp(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(os.path.join(self.alloc.config.state_dir, STATE_FILE))
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)

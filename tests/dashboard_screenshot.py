@@ -22,8 +22,8 @@ from allocator.core.health import XID, GpuEvent, HealthPolicy, observe
 from allocator.core.policy import Pool, Rules
 from allocator.host import usage
 from allocator.host.config import Config
-from allocator.ops import gpus
 from allocator.service import Allocator
+from allocator.views import gpus
 from shim import metrics_server
 from tests.test_observe import FakeEngine, free_port
 

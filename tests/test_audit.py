@@ -16,8 +16,10 @@ from allocator.core.policy import Owner, Pool, Refusal, Wanted
 from allocator.core.verdicts import ALLOW
 from allocator.host.audit import AuditLog
 from allocator.host.config import Config
-from allocator.ops import cli, history
+from allocator.ops import cli
+from allocator.ops.history import render_table
 from allocator.service import Allocator
+from allocator.views import history
 
 FORK = multiprocessing.get_context("fork")
 UUIDS = [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(4)]
@@ -196,7 +198,7 @@ def test_history_cli_answers_who_used_gpu_3(tmp_path: Path, capsys) -> None:
 def test_history_shows_a_reason_whole() -> None:
     long = "not enough free GPUs: " + "x" * 200 + " the end"
     row = events.record("refusal", 0.0, name="job", owner="bob", reason=long)
-    table = history.render_table(history.uses([row]))
+    table = render_table(history.uses([row]))
     assert table.splitlines()[-1].endswith(" the end")
 
 

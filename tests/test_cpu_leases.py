@@ -16,8 +16,9 @@ import yaml
 from allocator.core import labels
 from allocator.core.cpus import parse_list
 from allocator.host import config as configmod
-from allocator.ops import status
+from allocator.ops.status import render_json, render_table
 from allocator.service import Allocator
+from allocator.views import status
 from plugin.app import create_app
 from shim.create import CreateInterceptor
 from shim.framing import Response
@@ -188,9 +189,9 @@ def test_status_shows_the_cores_and_memory_of_each_lease(machine: Machine) -> No
     (lease,) = snap["leases"]
     assert (lease["cpus"], lease["mems"], lease["memory"]) == ([0, 1, 16, 17], [0], 4 * GIB)
     assert f"lease {lease['id']} 'job': CPUs 0-1,16-17, memory 4 GiB on node 0" in (
-        status.render_table(snap).splitlines()
+        render_table(snap).splitlines()
     )
-    json.loads(status.render_json(snap))
+    json.loads(render_json(snap))
 
 
 def test_the_readmes_eight_gpu_table(machine: Machine) -> None:

@@ -11,8 +11,8 @@ import pytest
 
 from allocator.core.ask import Ask
 from allocator.core.policy import Pool, Rules
-from allocator.ops import gpus
 from allocator.service import Allocator
+from allocator.views import gpus
 from shim import metrics_server
 from tests.test_observe import (
     CID,

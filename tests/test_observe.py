@@ -22,8 +22,10 @@ from allocator.core.health import XID, GpuEvent, HealthPolicy, observe
 from allocator.core.usage import container_of_cgroup, idle_since
 from allocator.host import ledger, metrics, usage
 from allocator.host.config import Config, ConfigError, PolicyConfig
-from allocator.ops import gpus, status
+from allocator.ops import gpus as gpus_table
+from allocator.ops import status as status_table
 from allocator.service import Allocator
+from allocator.views import gpus, status
 from shim import metrics_server
 
 UUIDS = [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(3)]
@@ -178,7 +180,7 @@ def test_the_idle_mark_appears_after_idle_after_and_clears_on_use(
 def test_gpus_cli_shows_the_owner_and_the_process(world, capsys, tmp_path: Path) -> None:
     alloc, gpus_file = world
     write_gpus(gpus_file, {0: {"utilization": 0.5, "processes": [{"pid": 4242}]}})
-    table = gpus.render_table(gpus.LiveView(alloc).snapshot())
+    table = gpus_table.render_table(gpus.LiveView(alloc).snapshot())
     head, row0, proc, *_ = table.splitlines()
     assert "OWNER" in head and "alice" in row0 and "50%" in row0 and "leased" in row0
     assert "pid 4242" in proc and "train" in proc
@@ -284,12 +286,12 @@ def test_a_scrape_joins_gpu_use_with_owners_and_sums_every_processs_counters(
 
 def test_status_marks_an_idle_lease(world, monkeypatch: pytest.MonkeyPatch) -> None:
     alloc, _ = world
-    assert "(idle)" not in status.render_table(status.snapshot(alloc))
+    assert "(idle)" not in status_table.render_table(status.snapshot(alloc))
     later = time.time() + 120  # past policy.idle_after (60 s) with no use
     monkeypatch.setattr(ledger, "now", lambda: later)
     snap = status.snapshot(alloc)
     assert [g["idle_since"] is not None for g in snap["gpus"]] == [True, False, False]
-    holder_row = status.render_table(snap).splitlines()[1]
+    holder_row = status_table.render_table(snap).splitlines()[1]
     assert holder_row.startswith("0 ") and "(idle)" in holder_row
 
 
@@ -346,7 +348,7 @@ def test_an_unhealthy_gpu_is_unhealthy_in_the_metrics_the_gpus_table_and_its_jso
         ("unhealthy", False),
     ]
     assert snap["gpus"][0]["owner"] == "alice"  # the holder is still shown
-    table = gpus.render_table(snap).splitlines()
+    table = gpus_table.render_table(snap).splitlines()
     assert "unhealthy (held)" in table[1] and "alice" in table[1]
     assert "unhealthy" in table[3] and "free" not in table[3]
     assert "GPU 2 unhealthy (Xid 79 at" in table[-1]

@@ -23,8 +23,8 @@ from allocator.core.leases import StateError
 from allocator.core.policy import POOL
 from allocator.host import unixhttp
 from allocator.ops import cli
-from allocator.ops.explain import target as explain_route
 from allocator.service import Allocator
+from allocator.views.wire import explain_target as explain_route
 from tests import engine
 
 IMAGE = engine.BUSYBOX_TAG

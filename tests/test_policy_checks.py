@@ -20,7 +20,8 @@ from allocator.core import verdicts as decide
 from allocator.core.inventory import GPU, Inventory
 from allocator.host import config as configmod
 from allocator.host.config import ConfigError
-from allocator.ops import cli, doctor, explain
+from allocator.ops import cli, doctor
+from allocator.views import explain
 from tests import engine
 from tests.enforcement_cases import body, request
 from tests.test_enforcement import CREATE_URI, DEVDIR, World, make_nodes

@@ -24,8 +24,9 @@ from allocator.core.placement import Shortage
 from allocator.core.policy import Owner, Refusal, Wanted
 from allocator.core.queue import Waiter
 from allocator.host import config as configmod
-from allocator.ops import explain, status
+from allocator.ops import status
 from allocator.service import Allocator, LeaseRequest
+from allocator.views import explain
 from shim import create as shim_create
 from shim import server
 from shim.framing import Request, Response

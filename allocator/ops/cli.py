@@ -20,9 +20,9 @@ from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
 from allocator.host import config as configmod
 from allocator.host.config import Config, ConfigError
-from allocator.host.engine import Engine, EngineError
+from allocator.host.engine import EngineError
 from allocator.host.inventory import load as load_inventory
-from allocator.service import Allocator
+from allocator.service import Allocator, connect
 
 EXIT_FAIL = 1
 EXIT_CONFIG = 2
@@ -160,10 +160,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _allocator(cfg: Config) -> Allocator:
-    return Allocator(cfg, Engine(cfg.engine.socket, cfg.engine.timeout))
-
-
 def check_pools(cfg: Config) -> None:
     """A pool naming a GPU the host lacks stops the service at start, as a config error.
     An unreadable inventory leaves nothing to check against: GPU creates are refused then,
@@ -211,7 +207,7 @@ def cmd_shim(cfg: Config, args: argparse.Namespace) -> int:
     check_pools(cfg)
     claim = listener.claim(cfg.shim.socket, "gpu-alloc shim")  # before touching the ledger
     try:
-        alloc = _allocator(cfg)
+        alloc = connect(cfg)
         assert alloc.engine is not None
         check_default_runtime(cfg, alloc.engine.info())
         if not cfg.health.disabled:
@@ -237,15 +233,11 @@ def cmd_shim(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_status(cfg: Config, args: argparse.Namespace) -> int:
-    from allocator.ops.status import (
-        from_shim,
-        queue_from_shim,
-        render_json,
-        render_table,
-        snapshot,
-    )
+    from allocator.ops.status import render_json, render_table
+    from allocator.views import wire
+    from allocator.views.status import snapshot
 
-    alloc = _allocator(cfg)
+    alloc = connect(cfg)
     warning = None
     try:
         if not args.no_reconcile:
@@ -254,11 +246,11 @@ def cmd_status(cfg: Config, args: argparse.Namespace) -> int:
             except EngineError as e:
                 warning = f"showing the ledger only: {e}"
         snap = snapshot(alloc)
-        snap["queue"] = queue_from_shim(cfg.shim.socket)
+        snap["queue"] = wire.queue(cfg.shim.socket)
     except StateError as e:
         if os.access(cfg.state_dir, os.R_OK | os.X_OK):
             raise
-        snap = from_shim(cfg.shim.socket, why=str(e))  # not root: ask the shim instead
+        snap = wire.status(cfg.shim.socket, why=str(e))  # not root: ask the shim instead
     if warning:
         snap["warning"] = warning
     print(render_json(snap) if args.json else render_table(snap))
@@ -268,7 +260,8 @@ def cmd_status(cfg: Config, args: argparse.Namespace) -> int:
 def cmd_history(cfg: Config, args: argparse.Namespace) -> int:
     from allocator.host import ledger
     from allocator.host.audit import AuditLog
-    from allocator.ops import history
+    from allocator.ops.history import render_json, render_table
+    from allocator.views import history
 
     try:
         since = None if args.since is None else history.since_epoch(args.since, ledger.now())
@@ -279,25 +272,27 @@ def cmd_history(cfg: Config, args: argparse.Namespace) -> int:
     if not os.access(cfg.state_dir, os.R_OK | os.X_OK):
         raise StateError(f"{audit.path}: cannot read the audit trail (run as root)")
     rows = history.select(history.uses(audit.read()), args.gpu, args.user, since)
-    print(history.render_json(rows) if args.json else history.render_table(rows))
+    print(render_json(rows) if args.json else render_table(rows))
     return 0
 
 
 def cmd_gpus(cfg: Config, args: argparse.Namespace) -> int:
-    from allocator.ops import gpus
+    from allocator.ops.gpus import render_json, render_table
+    from allocator.views import wire
+    from allocator.views.gpus import LiveView
 
     if os.access(cfg.state_dir, os.R_OK | os.X_OK):
-        snap = gpus.LiveView(_allocator(cfg)).snapshot()
+        snap = LiveView(connect(cfg)).snapshot()
     else:  # not root: ask the shim, as status does
-        snap = gpus.from_shim(cfg.shim.socket)
-    print(gpus.render_json(snap) if args.json else gpus.render_table(snap))
+        snap = wire.gpus(cfg.shim.socket)
+    print(render_json(snap) if args.json else render_table(snap))
     return 0
 
 
 def cmd_repair(cfg: Config, args: argparse.Namespace) -> int:
     from allocator.ops.repair import repair
 
-    print(repair(_allocator(cfg), reset=args.reset))
+    print(repair(connect(cfg), reset=args.reset))
     return 0
 
 
@@ -305,9 +300,11 @@ def cmd_explain(cfg: Config, args: argparse.Namespace) -> int:
     """Exit 0 fits, 2 short of GPUs, 3 invalid request, 4 refused by policy, 5 would wait
     in line (short or at the limit, with io.gpu-alloc.wait or policy.wait.default), 1 no
     answer."""
-    from allocator.ops.explain import explain, from_shim, render
+    from allocator.ops.explain import render
+    from allocator.views import wire
+    from allocator.views.explain import explain
 
-    alloc = _allocator(cfg)
+    alloc = connect(cfg)
     try:
         try:
             alloc.reconcile()  # frees what removed containers left, so "short" is current
@@ -318,7 +315,7 @@ def cmd_explain(cfg: Config, args: argparse.Namespace) -> int:
         if os.access(cfg.state_dir, os.R_OK | os.X_OK) or args.user:
             raise
         # not root: the shim answers for whoever asks it (it knows them by their socket)
-        answer = from_shim(cfg.shim.socket, args.gpus, args.label, why=str(e))
+        answer = wire.explain(cfg.shim.socket, args.gpus, args.label, why=str(e))
     print(render(answer, args.json))
     return int(answer["code"])
 

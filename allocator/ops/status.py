@@ -1,128 +1,16 @@
-"""``gpu-alloc status``: the ledger as people and scripts read it."""
+"""``gpu-alloc status`` rendered: one line per holder, then what needs saying."""
 
 from __future__ import annotations
 
-import http.client
-import json
-import time
-from dataclasses import asdict
-from datetime import UTC, datetime
 from typing import Any
 
 from allocator.core.cpus import format_list
-from allocator.core.gpu_states import GpuState
-from allocator.core.health import GpuHealth
-from allocator.core.inventory import GPU
-from allocator.core.leases import StateError, ago
-from allocator.host import unixhttp
-from allocator.ops.gpus import LiveView
-from allocator.service import Allocator
+from allocator.core.leases import ago
+from allocator.views.status import HOST, rfc3339
+from allocator.views.wire import encode as render_json
 
 WIDTH = 100
-HOST = "host compute processes"
-MIG_MODE = "MIG mode: leased as its slices"
-
-
-def _state(c: dict[str, Any] | None) -> str:
-    if c is None:
-        return "unknown"
-    state = str(c.get("State") or "unknown")
-    if state == "exited":
-        status = str(c.get("Status") or "")  # "Exited (0) 5 minutes ago"
-        return status.lower().replace(" ago", "") + " ago" if status else "exited"
-    return state
-
-
-def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
-    got = (live or LiveView(alloc)).read()
-    inventory, state, engine = got.inventory, got.ledger, got.containers
-    now = time.time()
-    read = {s.uuid: s for s in got.gpus}
-    held = {s.uuid: s.holder for s in got.gpus if s.holder is not None}
-    holder_of = {u: h.to_dict() | {"since": _rfc3339(h.since)} for u, h in held.items()}
-    holders: dict[tuple[Any, ...], dict[str, Any]] = {}
-    index = {g.uuid: g.index for g in inventory.gpus}
-    slice_of = {m.uuid: f"{m.index}:{m.mig_index}" for m in inventory.migs}
-    for uuid, h in held.items():
-        c = engine.get(h.container or "")
-        row = holders.setdefault(
-            (h.lease, h.container),
-            {
-                "gpus": [],
-                "slices": [],
-                "uuids": [],
-                "container": h.container,
-                "name": (c["Names"][0].lstrip("/") if c and c.get("Names") else h.name),
-                "state": _state(c) if h.container else "creating",
-                "owner": {"uid": h.owner_uid, "user": h.owner},
-                "since": _rfc3339(h.since),
-                "age_s": None if h.since is None else round(now - h.since),
-                "pool": h.pool,
-                "lease": h.lease,
-                "why": h.why,
-                "idle": False,
-            },
-        )
-        row["uuids"].append(uuid)
-        row["idle"] = row["idle"] or read[uuid].idle_since is not None
-        if uuid in index:
-            row["gpus"].append(index[uuid])
-        elif uuid in slice_of:
-            row["slices"].append(slice_of[uuid])
-    for h in holder_of.values():
-        c = engine.get(h.get("container") or "")
-        if c and c.get("Names"):
-            h["name"] = c["Names"][0].lstrip("/")
-
-    def row(s: GpuState, g: GPU) -> dict[str, Any]:
-        holder = holder_of.get(g.uuid)
-        if holder is None and g.busy:
-            holder = {"container": None, "name": None, "why": HOST}
-        if holder is None and g.mig_mode:
-            holder = {"container": None, "name": None, "why": MIG_MODE}
-        return {
-            **g.to_dict(),
-            "free": s.free,  # grantable now
-            "state": s.state,
-            "container_state": s.container_state,
-            "holder": holder,
-            "idle_since": s.idle_since,
-            **_health(s.health),
-        }
-
-    gpus = [row(s, s.gpu) for s in got.gpus if s.gpu is not None and not s.gpu.is_slice]
-    migs = [row(s, s.gpu) for s in got.gpus if s.gpu is not None and s.gpu.is_slice]
-    departed = [s.uuid for s in got.gpus if s.gpu is None]
-    return {
-        "gpus": gpus,
-        "migs": migs,
-        "mig_policy": alloc.config.policy.mig,
-        "holders": sorted(holders.values(), key=lambda r: (r["gpus"] or [1 << 30], r["uuids"])),
-        "leases": [
-            vars(le) | {"gpus": list(le.gpus), "cpus": list(le.cpus), "mems": list(le.mems)}
-            for le in state.leases.values()
-        ],
-        "claims": [
-            vars(c)
-            | {"gpus": None if c.gpus is None else list(c.gpus)}
-            | {"cpus": list(c.cpus), "mems": list(c.mems)}
-            for c in state.claims.values()
-        ],
-        "departed": [
-            {"uuid": uuid, "state": "departed", "holder": holder_of[uuid]} for uuid in departed
-        ],
-        "free": sum(1 for g in gpus if g["free"]),
-        "total": len(gpus),
-    }
-
-
-def _health(h: GpuHealth) -> dict[str, Any]:
-    event = None if h.event is None else asdict(h.event) | {"what": h.event.describe()}
-    return {"healthy": h.healthy, "health_event": event, "single_bit_ecc": h.single_bit}
-
-
-def render_json(snap: dict[str, Any]) -> str:
-    return json.dumps(snap, indent=2, sort_keys=True)
+__all__ = ["render_json", "render_table"]
 
 
 def render_table(snap: dict[str, Any]) -> str:
@@ -202,7 +90,7 @@ def _queue_lines(rows: list[dict[str, Any]] | None) -> list[str]:
     for r in rows:
         asked = "all GPUs" if r.get("all") else f"{r['gpus']} GPU{'s' * (r['gpus'] != 1)}"
         where = f" in pool '{r['pool']}'" if r.get("pool") else ""
-        since = f", waiting {ago(r['waited_s'])} (since {_rfc3339(r['since'])})"
+        since = f", waiting {ago(r['waited_s'])} (since {rfc3339(r['since'])})"
         name = f" '{r['name']}'" if r.get("name") else ""
         why = (
             f"; held back by their limit ({r['held_back_by']})"
@@ -216,23 +104,8 @@ def _queue_lines(rows: list[dict[str, Any]] | None) -> list[str]:
     return lines
 
 
-def queue_from_shim(socket_path: str) -> list[dict[str, Any]] | None:
-    """The shim's queue (it lives in the shim's memory); None when the shim does not answer."""
-    try:
-        code, body = unixhttp.request(socket_path, "GET", QUEUE_PATH, timeout=5)
-        return list(json.loads(body)["queue"]) if code == 200 else None
-    except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
-        return None
-
-
 def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "~"
-
-
-def _rfc3339(stamp: float | None) -> str | None:
-    if not stamp:
-        return None
-    return datetime.fromtimestamp(stamp, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _cpu_line(le: dict[str, Any], who: str) -> str:
@@ -257,17 +130,3 @@ def _who(h: dict[str, Any]) -> str:
     else:
         parts.append(f"({h['why']})")
     return " ".join(parts)
-
-
-QUEUE_PATH = "/gpu-alloc/v1/queue"  # served by the shim (shim/create.py)
-
-
-def from_shim(socket_path: str, why: str) -> dict[str, Any]:
-    """The shim's view, for users in the docker group who cannot read the state dir."""
-    try:
-        code, body = unixhttp.request(socket_path, "GET", "/gpu-alloc/v1/status", timeout=30)
-    except (OSError, http.client.HTTPException) as e:
-        raise StateError(f"{why}; and the shim at {socket_path} did not answer: {e}") from None
-    if code != 200:
-        raise StateError(f"{why}; the shim answered {code}: {body[:200]!r}")
-    return json.loads(body)

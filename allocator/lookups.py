@@ -1,0 +1,81 @@
+"""What the adapters ask of the Engine and the ledger, each question named for its answer.
+
+The shim and the plugin hold neither the Engine client nor the ledger: they ask the
+service these questions instead.  Each is the one call the adapter made itself before
+(no extra Engine call or file read on a hot path); the image configs and the owners of
+connections are kept here, once per process, as the shim kept them.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from typing import Any
+
+from allocator.core.inflight import Target
+from allocator.core.leases import State
+from allocator.core.policy import Owner
+from allocator.core.verdicts import Facts
+from allocator.gather import Gatherer
+from allocator.host.images import ImageConfigs
+from allocator.host.owners import Owners
+from allocator.host.peers import Peer
+
+
+class Lookups(Gatherer):
+    @property
+    def has_engine(self) -> bool:
+        """An Engine answers (without one, in tests of the ledger alone, nothing resolves
+        a container reference)."""
+        return self.engine is not None
+
+    def target_of(self, ref: str) -> Target | None:
+        """The container ``ref`` names now; None when it names none."""
+        assert self.engine is not None
+        return Target.of(self.engine.inspect(ref))
+
+    def ids_named(self, name: str) -> list[str]:
+        """The ids of the containers named exactly ``name``."""
+        assert self.engine is not None
+        return [c["Id"] for c in self.engine.containers(name=f"^/{name}$") if c.get("Id")]
+
+    def signalled(self, container: str, since: float) -> bool:
+        """Whether dockerd signalled ``container`` (a ``kill`` event) since ``since``."""
+        assert self.engine is not None
+        return self.engine.signalled(container, since)
+
+    def image_config(self, image: str, fresh: bool = False) -> dict[str, Any] | None:
+        """The image's ``Config`` (None: not pulled, or no Engine to ask); ``fresh``: read
+        from the Engine now, whatever is kept."""
+        return None if self._images is None else self._images.config(image, fresh=fresh)
+
+    @cached_property
+    def _images(self) -> ImageConfigs | None:
+        return ImageConfigs(self.engine) if self.engine is not None else None
+
+    def owner_of(self, peer: Peer | None) -> Owner:
+        """The person behind a connection (`policy.NOBODY` without peer credentials)."""
+        return self._owners.of(peer)
+
+    @cached_property
+    def _owners(self) -> Owners:
+        return Owners(self.engine)
+
+    def plugin_judges(self, facts: Facts | None = None) -> bool:
+        """Whether dockerd runs gpu-alloc's plugin, by ``facts`` or else as the Engine
+        said lately (no call): it then judges every write on every socket."""
+        view = self.known_engine_view() if facts is None else facts.engine
+        return view is not None and self.config.plugin.name in view.authz_plugins
+
+    def ledger_state(self) -> State:
+        """The ledger as it is now, read without the lock."""
+        return self.ledger.read()
+
+    def ledger_stamp(self) -> tuple[int, int, int] | None:
+        """(mtime, size, inode) of the ledger's file: it moves at every write by any
+        process; None while it cannot be read."""
+        try:
+            st = os.stat(self.ledger.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
