@@ -21,9 +21,9 @@ $(STAMP): pyproject.toml
 
 # The real-Engine tests need Debian's dockerd 20.10, docker-compose 1.29 and a static busybox;
 # the deploy tests lint the shell scripts with shellcheck; the dashboard test runs headless
-# chromium; debootstrap builds the roots of the newer Engines (26, 28: tests/engine_root.py)
-# and the install tier's bookworm root, which systemd-container's systemd-nspawn boots
-# (tests/systemd_root.py).
+# chromium; debootstrap builds the roots of the newer Engines (26, 28:
+# tests/support/engine_root.py) and the install tier's bookworm root, which
+# systemd-container's systemd-nspawn boots (tests/support/systemd_root.py).
 # policy-rc.d keeps apt from starting the host's own docker/containerd services: the tests run
 # private engines and must not get a docker0 bridge or iptables rules as a side effect.
 deps:

@@ -1,11 +1,11 @@
-"""Shared fixtures: private Docker Engines (see tests/engine.py).
+"""Shared fixtures: private Docker Engines (see tests/support/engine.py).
 
 Tests marked `engine` (or using an engine fixture) need root and docker.io.
 Where those are missing they are skipped on a developer machine but FAIL when
 $CI is set: CI must never pass by silently skipping the real-Engine tests.
 
 The Engine of the run is `--engine` (or $GA_ENGINE): 20.10 (the host's, default),
-26 or 28 (from a Debian root built on first use, tests/engine_root.py); the report
+26 or 28 (from a Debian root built on first use, tests/support/engine_root.py); the report
 header names it.  The one reason an engine test is skipped even under CI is the
 Debian archive failing to give a root that day: that is said loudly, in the
 header, in each skip and in a banner at the end.
@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests import engine, engine_root
+from tests.support import engine, engine_root
 
 # Property tests check behaviour, not speed: on a loaded 2-core CI machine a per-example
 # deadline only makes them flaky.  Speed is measured by the benchmarks.
@@ -114,7 +114,10 @@ def require_engine() -> None:
 
 
 @pytest.fixture(autouse=True)
-def _engine_requirements(request: pytest.FixtureRequest) -> None:
+def _kind_requirements(request: pytest.FixtureRequest) -> None:
+    """What a test's kind (its directory, tests/README.md) needs: root, or a private dockerd."""
+    if request.node.get_closest_marker("root") is not None and os.geteuid() != 0:
+        pytest.skip("needs root: device nodes made with mknod, mount namespaces")
     if request.node.get_closest_marker("engine") is not None:
         require_engine()
 

@@ -25,7 +25,8 @@ from allocator.host.config import Config
 from allocator.service import Allocator
 from allocator.views import gpus
 from shim import metrics_server
-from tests.test_observe import FakeEngine, free_port
+from tests.support.fake_engine import FakeEngine
+from tests.unit.test_observe import free_port
 
 UUIDS = [f"GPU-{i:08x}-1111-2222-3333-444444444444" for i in range(6)]
 USE = [
@@ -47,12 +48,6 @@ HOLDERS = [("a" * 64, "alice", "llm-finetune", 7200), ("b" * 64, "bob", "noteboo
            ("c" * 64, "carol", "eval-sweep", 600)]  # fmt: skip
 
 
-class NamedEngine(FakeEngine):
-    def inspect(self, cid: str) -> dict:
-        info = super().inspect(cid)
-        return {**info, "Name": "/" + next(n for c, _, n, _ in HOLDERS if c == cid)}
-
-
 def main(out: str) -> None:
     d = Path(tempfile.mkdtemp(prefix="ga-shot-"))
     (d / "state").mkdir()
@@ -69,7 +64,14 @@ def main(out: str) -> None:
         alloc.bind(lease.id, cid)
         with alloc.ledger.transaction() as state:
             state.leases[lease.id] = replace(state.leases[lease.id], created=time.time() - age)
-    alloc.engine = NamedEngine({c: owner for c, owner, _, _ in HOLDERS})  # type: ignore[assignment]
+    engine = FakeEngine()
+    for cid, owner, name, _ in HOLDERS:
+        engine.add(
+            name,
+            cid=cid,
+            labels_={"io.gpu-alloc.owner": owner, "com.docker.compose.project": "lab"},
+        )
+    alloc.engine = engine  # type: ignore[assignment]
     usage.container_of = lambda pid, proc="/proc": {11: "a" * 64, 12: "c" * 64}.get(pid)
     port = free_port()
     server = metrics_server.serve(f"127.0.0.1:{port}", gpus.LiveView(alloc), lambda: LINE)

@@ -6,7 +6,7 @@ real socket denied by the plugin, and ``gpu-alloc status`` before, during and
 after.  Everything it starts is stopped and removed at the end.
 
 `ENGINE=26 make demo` (or GA_ENGINE=28) runs the same on a newer dockerd from its
-Debian root (tests/engine_root.py).
+Debian root (tests/support/engine_root.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tests import engine, engine_root
+from tests.support import engine, engine_root
 
 IMAGE = engine.BUSYBOX_TAG
 

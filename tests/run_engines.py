@@ -27,22 +27,22 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests import engine_root
+from tests.support import engine_root
 
 # The suites that talk to a real dockerd and whose behaviour could depend on its version.
 ENGINE_SUITES = (
-    "tests/test_engine_harness.py",
-    "tests/test_engine_facts.py",
-    "tests/test_engine_differences.py",
-    "tests/test_dockerd_paths.py",  # a chrooted dockerd resolves paths in its own root
-    "tests/test_e2e.py",
-    "tests/test_enforcement_engine.py",
-    "tests/test_lifecycle.py",
-    "tests/test_compose.py",
-    "tests/test_cuda.py",  # image events (tag, rmi) keep the shim's image configs true
+    "tests/engine/test_engine_harness.py",
+    "tests/engine/test_engine_facts.py",
+    "tests/engine/test_engine_differences.py",
+    "tests/engine/test_dockerd_paths.py",  # a chrooted dockerd resolves paths in its own root
+    "tests/engine/test_e2e.py",
+    "tests/engine/test_enforcement_engine.py",
+    "tests/engine/test_lifecycle.py",
+    "tests/engine/test_compose.py",
+    "tests/engine/test_cuda.py",  # image events (tag, rmi) keep the shim's image configs true
 )
 # The install tier (a booted systemd root) runs beside the whole suite, not inside it.
-INSTALL_TIER = "tests/test_installed.py"
+INSTALL_TIER = "tests/installed"
 ARCHIVE_BANNER = engine_root.ARCHIVE_BANNER
 # pytest's last line: "2 failed, 915 passed in 758.76s (0:12:38)", framed by "=" without -q.
 SUMMARY = re.compile(r"^=*\s*(\d+ \w+.*?) in ([0-9.]+)s(?: \([0-9:]+\))?\s*=*$")

@@ -33,10 +33,10 @@ from pathlib import Path
 from urllib.parse import quote
 
 from allocator.host.ledger import Ledger
-from tests import engine
 from tests.bench import CUDA, client, report
 from tests.bench.client import API, Conn, encode
 from tests.bench.report import Row, difference_interval, median, p99, ratio_interval
+from tests.support import engine
 
 IMAGE = engine.BUSYBOX_TAG
 ROOT = Path(__file__).resolve().parents[2]

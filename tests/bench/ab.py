@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 from statistics import median
 
-from tests import engine
 from tests.bench import CUDA
 from tests.bench.client import API, Conn
 from tests.bench.report import median_interval
+from tests.support import engine
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = {"Image": engine.BUSYBOX_TAG, "Cmd": ["true"],

@@ -1,0 +1,205 @@
+"""gpu-alloc as installed: `deploy/install.sh` in a booted Debian root whose init is systemd.
+
+The other suites start the plugin and the shim by hand; here they run as the installed
+units, with every sandboxing directive applied by systemd (`ProtectSystem=strict`,
+`ProtectHome=`, `PrivateTmp=`, no capabilities beyond three), beside the root's own
+docker.service, and are driven the way users and operators drive them: the docker CLI
+through the context the installer tells users to create, the real socket, a second copy
+started by hand, and a reboot.  The machine is booted once for the module
+(tests/support/systemd_root.py); the tests run in file order and the reboot comes last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import engine_root, systemd_root
+from tests.support.busybox_image import BUSYBOX_TAG, busybox_rootfs_tar
+from tests.support.engine import sim_gpu_uuid, write_sim_gpus
+
+REPO = Path(__file__).resolve().parents[2]
+GPUS = 4
+IMAGE = BUSYBOX_TAG
+CTX = "docker --context gpu-alloc"
+PLUGIN_SOCK = "/run/docker/plugins/gpu-alloc.sock"
+SHIM_SOCK = "/run/gpu-alloc/docker.sock"
+VENV = "/opt/gpu-alloc/venv"
+
+
+def _require() -> Path:
+    """The cached root; skipped locally (failed under $CI) where none can boot."""
+    why = systemd_root.missing_requirements()
+    if why is None:
+        try:
+            return systemd_root.ensure_root()
+        except engine_root.ArchiveUnavailable as e:
+            pytest.skip(f"{engine_root.ARCHIVE_BANNER} for the systemd root: {e}")
+    if os.environ.get("CI"):
+        pytest.fail(f"install tier cannot run under CI: {why}", pytrace=False)
+    pytest.skip(why)
+
+
+def _wheels(into: Path) -> None:
+    """gpu-alloc's wheel and its dependencies': the machine has no network."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
+                    "-w", str(into), str(REPO)], check=True, timeout=600)  # fmt: skip
+
+
+def _configure(root: Path) -> None:
+    """Simulated GPUs, set before the installer runs (it keeps an existing config)."""
+    etc = root / "etc/gpu-alloc"
+    etc.mkdir(parents=True, exist_ok=True)
+    write_sim_gpus(etc / "gpus.yaml", GPUS)
+    example = (REPO / "deploy/config.example.yaml").read_text()
+    (etc / "config.yaml").write_text(re.sub(r"(?m)^gpus: nvml$", "gpus: gpus.yaml", example))
+    (root / "root/busybox.tar").write_bytes(busybox_rootfs_tar())
+
+
+@pytest.fixture(scope="module")
+def host() -> Iterator[systemd_root.Machine]:
+    """A booted machine with gpu-alloc installed by deploy/install.sh and the docker
+    context it names."""
+    base = _require()
+    work = Path(tempfile.mkdtemp(prefix="ga-inst-", dir="/tmp"))
+    name = f"ga-inst-{os.getpid()}"
+    machine = systemd_root.Machine(base, work / "m", name,
+                                   {"/src": REPO, "/wheels": work / "wheels"})  # fmt: skip
+    try:
+        _wheels(work / "wheels")
+        _configure(machine.mount())
+        machine.boot()
+        machine.sh(f"docker import --change 'CMD [\"sh\"]' /root/busybox.tar {IMAGE}")
+        done = machine.sh("bash /src/deploy/install.sh --wheels /wheels 2>&1", check=False,
+                          timeout=300)  # fmt: skip
+        assert done.returncode == 0, f"install.sh failed:\n{done.stdout}"
+        # The context exactly as the installer tells users to make it.
+        create = next(ln.strip() for ln in done.stdout.splitlines()
+                      if ln.strip().startswith("docker context create gpu-alloc"))  # fmt: skip
+        machine.sh(create)
+        wait_for_shim(machine)
+        yield machine
+    finally:
+        machine.destroy()
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+def gpus_of(host: systemd_root.Machine, container: str) -> list[str]:
+    """The GPUs a running container was given (NVIDIA_VISIBLE_DEVICES as the driver set it)."""
+    out = host.sh(f"docker exec {container} printenv NVIDIA_VISIBLE_DEVICES").stdout.strip()
+    return out.split(",") if out else []
+
+
+def status(host: systemd_root.Machine) -> dict:
+    return json.loads(host.sh("gpu-alloc status --json").stdout)
+
+
+def wait_for_shim(host: systemd_root.Machine) -> None:
+    """Until the shim answers (its unit is Type=simple: started is not yet listening)."""
+    wait = f"for i in $(seq 100); do {CTX} version >/dev/null 2>&1 && exit 0; sleep 0.2; done"
+    log = "journalctl -u gpu-alloc-shim --no-pager -n 30"
+    host.sh(f"{wait}; {CTX} version || {{ {log}; exit 1; }}", timeout=60)
+
+
+def test_the_installer_leaves_both_units_running_and_dockerd_using_the_plugin(host) -> None:
+    host.sh("systemctl is-active gpu-alloc-plugin.service gpu-alloc-shim.service docker.service")
+    host.sh("systemctl is-enabled gpu-alloc-plugin.service gpu-alloc-shim.service")
+    authz = host.sh("docker info --format '{{json .Plugins.Authorization}}'").stdout
+    assert json.loads(authz) == ["gpu-alloc"]
+    assert host.sh("readlink /usr/local/bin/gpu-alloc").stdout.strip() == f"{VENV}/bin/gpu-alloc"
+
+
+def test_systemd_applies_the_units_sandbox(host) -> None:
+    """Each service runs in a mount namespace of its own (PrivateTmp=, ProtectHome=,
+    ProtectSystem=) with only the four capabilities its unit names: CAP_SYS_PTRACE reads
+    dockerd's root, where bind sources are judged."""
+    host.sh("mkdir -p /home/alice && touch /home/alice/probe /tmp/probe")
+    for unit in ("gpu-alloc-plugin", "gpu-alloc-shim"):
+        pid = host.sh(f"for i in $(seq 50); do p=$(systemctl show -p MainPID --value {unit});"
+                      f" [ \"$(cat /proc/$p/comm)\" = gpu-alloc ] && break; sleep 0.1; done;"
+                      " echo $p").stdout.strip()  # fmt: skip
+        ns = host.sh(f"readlink /proc/{pid}/ns/mnt /proc/1/ns/mnt").stdout.split()
+        assert ns[0] != ns[1], unit
+        caps = host.sh(f"grep CapBnd /proc/{pid}/status").stdout.split()[1]
+        # CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_SYS_PTRACE
+        assert int(caps, 16) == 0b1011 | 1 << 19, unit
+        seen = host.sh(f"nsenter -t {pid} -m sh -c 'ls /home/alice/probe /tmp/probe;"
+                       " touch /usr/probe'", check=False).stderr  # fmt: skip
+        assert seen.count("No such file or directory") == 2, seen
+        assert "Read-only file system" in seen, seen
+
+
+def test_a_gpu_run_through_the_context_the_installer_names(host) -> None:
+    out = host.sh(f"{CTX} run --rm --gpus 1 {IMAGE} printenv NVIDIA_VISIBLE_DEVICES").stdout
+    assert out.strip() in {sim_gpu_uuid(k) for k in range(GPUS)}
+    assert status(host)["free"] == GPUS  # --rm: the lease ended with the container
+
+
+def test_a_gpu_run_on_the_real_socket_is_refused(host) -> None:
+    done = host.sh(f"docker run --rm --gpus 1 {IMAGE} true", check=False)
+    assert done.returncode != 0
+    assert "authorization denied by plugin gpu-alloc" in done.stderr
+    assert "without a gpu-alloc lease" in done.stderr  # why, and what to use instead:
+    assert f"docker context create gpu-alloc --docker host=unix://{SHIM_SOCK}" in done.stderr
+    assert host.sh(f"docker run --rm {IMAGE} echo plain").stdout.strip() == "plain"
+
+
+@pytest.mark.parametrize("where", ["/tmp", "/home/alice"])
+def test_a_bind_through_a_link_to_dev_is_refused(host, where: str) -> None:
+    """The services see their own /tmp (PrivateTmp=) and an empty /home (ProtectHome=);
+    dockerd sees the real ones and follows the link to the host's /dev."""
+    link = f"{where}/devices"
+    host.sh(f"mkdir -p {where} && ln -sfn /dev {link}")
+    for ctx in ("docker", CTX):
+        for source in ("/dev", link):
+            done = host.sh(f"{ctx} run --rm -v {source}:/hostdev {IMAGE} ls /hostdev", check=False)
+            assert done.returncode != 0, f"{ctx} -v {source}: /dev was mounted:\n{done.stdout}"
+            assert "/dev" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(("role", "sock"), [("plugin", PLUGIN_SOCK), ("shim", SHIM_SOCK)])
+def test_a_second_copy_refuses_to_start_and_the_unit_keeps_serving(host, role, sock) -> None:
+    done = host.sh(f"timeout 30 gpu-alloc --config /etc/gpu-alloc/config.yaml {role}",
+                   check=False, timeout=60)  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"gpu-alloc {role} is already running on {sock}" in done.stderr
+    host.sh(f"systemctl is-active gpu-alloc-{role}.service && test -S {sock}")
+    out = host.sh(f"{CTX} run --rm --gpus 1 {IMAGE} printenv NVIDIA_VISIBLE_DEVICES").stdout
+    assert out.strip().startswith("GPU-")
+
+
+def test_a_reboot_keeps_leases_and_brings_back_only_leased_gpu_containers(host) -> None:
+    for name in ("train-a", "train-b"):
+        host.sh(f"{CTX} run -d --name {name} --restart always --gpus 1 {IMAGE} sleep 100000")
+    host.sh(f"{CTX} create --name parked --gpus 1 {IMAGE} true")
+    before = {c: gpus_of(host, c) for c in ("train-a", "train-b")}
+    leases_before = {le["container"]: le["gpus"] for le in status(host)["leases"]}
+
+    host.stop()
+    host.boot()
+    wait_for_shim(host)
+
+    running = host.sh("docker ps --format '{{.Names}}'").stdout.split()
+    assert sorted(running) == ["train-a", "train-b"]
+    after = {c: gpus_of(host, c) for c in running}
+    assert after == before
+    snap = status(host)
+    leases = {le["container"]: le["gpus"] for le in snap["leases"]}
+    assert leases == leases_before
+    ids = {c: host.sh(f"docker inspect -f '{{{{.Id}}}}' {c}").stdout.strip() for c in running}
+    for c, cid in ids.items():
+        assert sorted(leases[cid]) == sorted(after[c])  # each runs on its own lease's GPUs
+    held = [u for gpus in leases.values() for u in gpus]
+    assert len(held) == len(set(held)) == 3  # nothing shares a GPU, the parked one included
+    out = host.sh(f"{CTX} run --rm --gpus 1 {IMAGE} printenv NVIDIA_VISIBLE_DEVICES").stdout
+    assert out.strip() not in held
+    done = host.sh(f"{CTX} run --rm --gpus 2 {IMAGE} true", check=False)
+    assert "asked for 2 GPUs, 1 of 4 free" in done.stderr

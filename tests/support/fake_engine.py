@@ -1,0 +1,161 @@
+"""An Engine in memory: the calls gpu-alloc makes of `allocator.host.engine.Engine`,
+answered from dicts.  The one fake Engine of the pure tests.
+
+Containers are kept as the inspect document dockerd would return; the listing is
+derived from it, with the filters the service uses (``label=KEY[=VALUE]``, ``id``
+prefixes).  ``down`` makes every call fail as an unreachable Engine does.  The image
+event stream is fed by the test one event at a time (``event``); ``stream_down``
+refuses the stream alone, as when dockerd closes it while still answering calls.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from allocator.core import labels
+from allocator.host.engine import EngineError
+
+_ids = itertools.count(1)
+
+
+class FakeEngine:
+    def __init__(self, info: dict[str, Any] | None = None) -> None:
+        self._info = info or {"DefaultRuntime": "runc", "Runtimes": {"runc": {}}}
+        self.by_id: dict[str, dict[str, Any]] = {}
+        self.images: dict[str, dict[str, Any]] = {}
+        self.updates: list[tuple[str, dict[str, Any]]] = []
+        self.calls: list[str] = []
+        self.inspected: list[str] = []  # every reference `inspect` was asked, in order
+        self.down = False
+        # The image event stream: what was asked of it, and the events the test feeds.
+        self.stream_down = False
+        self.opened: list[tuple[dict, int | None]] = []
+        self.opened_at: list[float] = []
+        self.feed: queue.Queue[dict | None] = queue.Queue()
+        self.during_image: Callable[[], None] = lambda: None
+
+    # ---------------------------------------------------------- building the world
+
+    def add(
+        self,
+        name: str,
+        *,
+        cid: str = "",
+        gpus: tuple[str, ...] = (),
+        lease: str = "",
+        labels_: dict[str, str] | None = None,
+        running: bool = True,
+        env: tuple[str, ...] = (),
+        pid: int = 0,
+    ) -> str:
+        """A container (a fresh id unless ``cid``); ``gpus`` become a device request by
+        UUID, ``lease`` its label, ``pid`` its main process."""
+        cid = cid or f"{next(_ids):064x}"
+        given = dict(labels_ or {})
+        if lease:
+            given[labels.LEASE] = lease
+        requests = (
+            [{"Driver": "nvidia", "DeviceIDs": list(gpus), "Capabilities": [["gpu"]]}]
+            if gpus
+            else []
+        )
+        state: dict[str, Any] = {"Running": running, "Status": "running" if running else "exited"}
+        if pid:
+            state["Pid"] = pid
+        self.by_id[cid] = {
+            "Id": cid,
+            "Name": f"/{name}",
+            "Config": {"Labels": given, "Env": list(env)},
+            "HostConfig": {"DeviceRequests": requests},
+            "Mounts": [],
+            "State": state,
+        }
+        return cid
+
+    def remove(self, cid: str) -> None:
+        del self.by_id[cid]
+
+    def event(self, event: dict | None = None) -> None:
+        """An image event (None: the stream ends), handled before this returns."""
+        self.feed.put(event)
+        self.feed.join()
+
+    # ------------------------------------------------------------- Engine methods
+
+    def _call(self, what: str) -> None:
+        self.calls.append(what)
+        if self.down:
+            raise EngineError(f"Engine at fake.sock: {what} failed: connection refused")
+
+    def info(self) -> dict[str, Any]:
+        self._call("info")
+        return self._info
+
+    def version(self) -> dict[str, Any]:
+        self._call("version")
+        return {"Version": "20.10.24", "ApiVersion": "1.41"}
+
+    def volume(self, name: str) -> dict[str, Any] | None:
+        self._call("volume")
+        return None
+
+    def containers(
+        self, label: str | None = None, ids: list[str] | None = None
+    ) -> list[dict[str, Any]]:
+        self._call("containers")
+        listed = []
+        for cid, c in self.by_id.items():
+            own = c["Config"]["Labels"]
+            if label:
+                key, eq, value = label.partition("=")
+                if key not in own or (eq and own[key] != value):
+                    continue
+            if ids and not any(cid.startswith(i) for i in ids):
+                continue
+            state = c["State"]["Status"]
+            status = "Up 5 minutes" if state == "running" else "Exited (0) 5 minutes ago"
+            listed.append(
+                {"Id": cid, "Names": [c["Name"]], "Labels": own, "State": state, "Status": status}
+            )
+        return listed
+
+    def inspect(self, container: str) -> dict[str, Any] | None:
+        self._call("inspect")
+        self.inspected.append(container)
+        if container in self.by_id:
+            return self.by_id[container]
+        named = [c for c in self.by_id.values() if c["Name"] == f"/{container}"]
+        prefixed = [c for cid, c in self.by_id.items() if cid.startswith(container)]
+        found = named or (prefixed if len(prefixed) == 1 else [])
+        return found[0] if found else None
+
+    def update(self, container: str, config: dict[str, Any]) -> None:
+        self._call("update")
+        self.updates.append((container, config))
+
+    def image(self, name: str) -> dict[str, Any] | None:
+        self._call("image")
+        self.during_image()
+        return self.images.get(name)
+
+    def events(self, filters: dict, since: int | None = None) -> Iterator[dict]:
+        """The stream the test feeds: each event counts as handled once the next is asked."""
+        self._call("events")
+        if self.stream_down:
+            raise OSError("connection refused")
+        self.opened.append((filters, since))
+        self.opened_at.append(time.monotonic())
+        return self._stream()
+
+    def _stream(self) -> Iterator[dict]:
+        while True:
+            event = self.feed.get()
+            if event is None:
+                self.feed.task_done()
+                return
+            yield event
+            self.feed.task_done()

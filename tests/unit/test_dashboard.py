@@ -1,0 +1,135 @@
+"""The dashboard in a real headless browser (Debian's chromium): tiles, owners, live refresh."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from allocator.core.ask import Ask
+from allocator.core.policy import Pool, Rules
+from allocator.service import Allocator
+from allocator.views import gpus
+from shim import metrics_server
+from tests.unit.test_observe import (
+    CID,
+    UUIDS,
+    free_port,
+    holders,
+    mark_unhealthy,
+    world,
+    write_gpus,
+)
+
+__all__ = ["world"]  # the fixture, shared with the live-view tests
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium missing: run make deps")
+OTHER = "beef" + "0" * 60
+
+
+def chromium(*args: str) -> str:
+    """Headless chromium as root: no sandbox, no GPU, and time enough for the page's timers."""
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+           "--virtual-time-budget=10000", *args]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+class ChangingView(gpus.LiveView):
+    """After the page's first refresh, bob's container takes GPU 1: the page must show it."""
+
+    def __init__(self, alloc: Allocator) -> None:
+        super().__init__(alloc)
+        self.calls = 0
+
+    def snapshot(self, now: float | None = None) -> dict:
+        snap = super().snapshot(now)
+        self.calls += 1
+        if self.calls == 1:
+            lease, _ = self.alloc.lease(Ask(("GPU-00000001-0000-0000-0000-000000000000",), 0,
+                                            False, ("gpu",)), "eval")  # fmt: skip
+            self.alloc.bind(lease.id, OTHER)
+        return snap
+
+
+def test_the_page_shows_every_gpu_and_its_holder_and_follows_a_new_lease(world) -> None:
+    alloc, gpus_file = world
+    alloc.engine = holders({CID: "alice", OTHER: "bob"})
+    write_gpus(gpus_file, {0: {"utilization": 0.8, "memory_used_mib": 40960,
+                               "processes": [{"pid": 4242}]}})  # fmt: skip
+    view = ChangingView(alloc)
+    port = free_port()
+    server = metrics_server.serve(f"127.0.0.1:{port}", view)
+    try:
+        dom = chromium("--dump-dom", f"http://127.0.0.1:{port}/")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert view.calls >= 2, "the page never refreshed"
+    refreshed = re.search(r'data-refreshed="(\d+)"', dom)
+    assert refreshed and int(refreshed[1]) >= 2
+    for index in range(3):
+        assert f'<span class="index">GPU {index}</span>' in dom
+    assert dom.count('class="tile ') == 3
+    assert "owner: alice" in dom and "container: train" in dom
+    assert "owner: bob" in dom  # the lease taken after the first refresh
+    assert "80%" in dom and "40.0 / 80.0 GiB" in dom
+    assert "1 free, 2 leased" in dom
+
+
+def test_an_unhealthy_gpu_is_marked_on_the_page_with_the_line_and_the_pools(world) -> None:
+    alloc, _ = world
+    for index in (0, 2):  # GPU 0 is alice's, GPU 2 is free: both turn unhealthy
+        mark_unhealthy(alloc, UUIDS[index])
+    alloc._rules = Rules(pools={"big": Pool((0, 1)), "small": Pool((2,))})  # as configured
+    waiting = [{"position": 1, "owner": "carol", "name": "sweep", "gpus": 2, "all": False,
+                "pool": "big", "priority": 0, "since": 0, "waited_s": 95,
+                "held_back_by": None}]  # fmt: skip
+    port = free_port()
+    server = metrics_server.serve(f"127.0.0.1:{port}", gpus.LiveView(alloc), lambda: waiting)
+    try:
+        dom = chromium("--dump-dom", f"http://127.0.0.1:{port}/")
+    finally:
+        server.shutdown()
+        server.server_close()
+    tiles = re.findall(r'<div class="tile (\w+)" data-uuid="([^"]+)" data-state="(\w+)"', dom)
+    assert tiles == [("unhealthy", UUIDS[0], "unhealthy"), ("free", UUIDS[1], "free"),
+                     ("unhealthy", UUIDS[2], "unhealthy")]  # fmt: skip
+    assert dom.count("never granted: Xid 79 at") == 2
+    assert "owner: alice" in dom  # the holder of an unhealthy GPU stays visible
+    assert "3 GPUs: 1 free, 0 leased, 2 unhealthy or gone, 1 waiting" in dom
+    assert "<td>carol</td><td>sweep</td><td>2</td><td>big</td><td>95s</td>" in dom
+    assert "<td>big</td><td>0,1</td><td>1</td><td>1</td>" in dom
+    assert "<td>small</td><td>2</td><td>0</td><td>1</td>" in dom
+
+
+def test_the_page_says_why_when_the_gpu_list_cannot_be_read(world) -> None:
+    alloc, gpus_file = world
+    gpus_file.unlink()
+    port = free_port()
+    server = metrics_server.serve(f"127.0.0.1:{port}", gpus.LiveView(alloc))
+    try:
+        dom = chromium("--dump-dom", f"http://127.0.0.1:{port}/")
+    finally:
+        server.shutdown()
+        server.server_close()
+    [shown] = re.findall(r'<div id="error">([^<]*)</div>', dom)
+    assert shown.startswith(f"gpu-alloc: {gpus_file}: cannot read simulated GPUs")
+    assert 'class="tile' not in dom
+
+
+def test_a_screenshot_renders(world, tmp_path: Path) -> None:
+    alloc, _ = world
+    port = free_port()
+    server = metrics_server.serve(f"127.0.0.1:{port}", gpus.LiveView(alloc))
+    shot = tmp_path / "dashboard.png"
+    try:
+        chromium(f"--screenshot={shot}", "--window-size=1100,500", f"http://127.0.0.1:{port}/")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000

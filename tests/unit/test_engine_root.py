@@ -1,0 +1,109 @@
+"""The Debian-root Engines' harness itself: choosing, caching, failing loudly, isolating.
+
+No dockerd and no network here: debootstrap is replaced by scripts that fail the way
+the archive (or this machine) does.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.support import engine_root
+from tests.support.engine_root import Engine
+
+FAKE = Engine("fake", "fakesuite", "99.")
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(engine_root, "CACHE", tmp_path)
+    return tmp_path
+
+
+def fake_debootstrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> None:
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    (bin_dir / "debootstrap").write_text("#!/bin/sh\n" + script)
+    (bin_dir / "debootstrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+CHOICES = [("20.10", None), ("26", "trixie"), ("28", "sid"), ("sid", "sid"), ("host", None)]
+
+
+@pytest.mark.parametrize(("name", "suite"), CHOICES)
+def test_engines_are_chosen_by_name_or_alias(name: str, suite: str | None) -> None:
+    assert engine_root.lookup(name).suite == suite
+
+
+def test_an_unknown_engine_is_refused_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"choose one of 20\.10, 26, 28"):
+        engine_root.lookup("27")
+
+
+def test_ga_engine_selects_and_the_default_is_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GA_ENGINE", raising=False)
+    assert engine_root.selected().host
+    monkeypatch.setenv("GA_ENGINE", "28")
+    assert engine_root.selected().root == engine_root.CACHE / "sid"
+
+
+def test_a_download_failure_is_the_archives_fault(cache, tmp_path, monkeypatch) -> None:
+    fake_debootstrap(
+        tmp_path, monkeypatch, "echo 'E: Couldn'\"'\"'t download packages: docker.io'\nexit 1\n"
+    )
+    with pytest.raises(engine_root.ArchiveUnavailable, match="failed on the archive"):
+        engine_root.ensure_root(FAKE)
+    assert not (cache / "fakesuite").exists() and not (cache / "fakesuite.partial").exists()
+    assert "download" in (cache / "fakesuite.log").read_text()
+
+
+def test_any_other_build_failure_is_a_real_failure(cache, tmp_path, monkeypatch) -> None:
+    fake_debootstrap(tmp_path, monkeypatch, "echo 'mkdir: Permission denied'\nexit 2\n")
+    with pytest.raises(engine_root.RootError, match="status 2"):
+        engine_root.ensure_root(FAKE)
+
+
+def test_a_stamped_root_is_reused_without_building(cache, tmp_path, monkeypatch) -> None:
+    fake_debootstrap(tmp_path, monkeypatch, "exit 1\n")  # would fail if it ran
+    (cache / "fakesuite").mkdir()
+    (cache / "fakesuite" / engine_root.STAMP).write_text("dockerd: Docker version 99.1\n")
+    assert engine_root.ensure_root(FAKE) == cache / "fakesuite"
+    assert "99.1" in engine_root.stamp(FAKE)
+
+
+def test_a_root_without_its_stamp_is_rebuilt(cache, tmp_path, monkeypatch) -> None:
+    (cache / "fakesuite").mkdir()  # a build that died half-way
+    fake_debootstrap(tmp_path, monkeypatch, 'echo ran > "$4.ran"; exit 2\n')
+    with pytest.raises(engine_root.RootError):
+        engine_root.ensure_root(FAKE)
+    assert (cache / "fakesuite.partial.ran").exists()
+
+
+def test_the_launcher_isolates_mounts_and_keeps_one_pid() -> None:
+    argv = engine_root.root_launcher(
+        Path("/r"), [Path("/tmp/ga-x")], "/tmp/ga-x/bin:/usr/bin", ["dockerd", "--debug"]
+    )
+    assert argv[:4] == ["unshare", "-m", "--propagation", "private"]
+    script = argv[6]
+    steps = script.split(" && ")
+    assert steps[:6] == [
+        "mount --bind /r /r", "mount -t proc proc /r/proc", "mount --rbind /sys /r/sys",
+        "mount --rbind /dev /r/dev", "mount -t tmpfs tmpfs /r/run", "mount -t tmpfs tmpfs /r/tmp",
+    ]  # fmt: skip
+    assert "mount --bind /tmp/ga-x /r/tmp/ga-x" in steps
+    assert steps[-1].startswith("exec chroot")  # exec all the way: our pid is dockerd's
+    assert argv[7:] == ["/r", "/tmp/ga-x/bin:/usr/bin", "dockerd", "--debug"]
+
+
+def test_the_hosts_own_mount_namespace_is_never_killed() -> None:
+    held = engine_root.hold_namespace(os.getpid())
+    assert held is not None
+    try:
+        assert engine_root.kill_namespace(held) == []
+    finally:
+        os.close(held)
+    assert engine_root.kill_namespace(None) == []

@@ -1,0 +1,145 @@
+"""Plugin calls that would change the authorization chain (allocator/core/plugins.py).
+
+The real-Engine side is tests/engine/test_plugin_chain_engine.py; these pin how names and
+references are read, as moby's distribution/reference and plugin store read them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from allocator.core import plugins
+from allocator.core import verdicts as decide
+from allocator.core.access import EngineView
+from allocator.core.plugins import PluginCheck, familiar, pull_name, refusal
+
+OWN_ID = "abc123" + "0" * 58
+AUTHZ_ID = "abd456" + "1" * 58
+VOLUME_ID = "fed789" + "2" * 58
+
+
+def plugin(name: str, pid: str, kind: str) -> dict:
+    return {"Id": pid, "Name": name, "Config": {"Interface": {"Types": [f"docker.{kind}/1.0"]}}}
+
+
+LISTED = [
+    plugin("gpu-alloc:latest", OWN_ID, "authz"),
+    plugin("tools/impostor:v2", AUTHZ_ID, "authz"),
+    plugin("vieux/sshfs:latest", VOLUME_ID, "volumedriver"),
+]
+
+
+@pytest.mark.parametrize(
+    ("ref", "kept_as"),
+    [
+        ("gpu-alloc", "gpu-alloc:latest"),
+        ("gpu-alloc:latest", "gpu-alloc:latest"),
+        ("library/gpu-alloc", "gpu-alloc:latest"),
+        ("docker.io/gpu-alloc", "gpu-alloc:latest"),
+        ("docker.io/library/gpu-alloc:latest", "gpu-alloc:latest"),
+        ("index.docker.io/library/gpu-alloc", "gpu-alloc:latest"),
+        ("GPU-Alloc", "gpu-alloc:latest"),  # dockerd refuses it; compared without case
+        ("gpu-alloc@sha256:" + "0" * 64, "gpu-alloc:latest"),
+        ("gpu-alloc:v2", "gpu-alloc:v2"),
+        ("vieux/sshfs", "vieux/sshfs:latest"),
+        ("localhost:5000/gpu-alloc", "localhost:5000/gpu-alloc:latest"),
+        ("registry.example/library/gpu-alloc", "registry.example/library/gpu-alloc:latest"),
+    ],
+)
+def test_a_name_is_kept_as_dockerds_plugin_store_keeps_it(ref, kept_as):
+    assert familiar(ref) == kept_as
+
+
+def test_a_pull_is_named_by_name_else_by_remote():
+    assert pull_name("/v1.41/plugins/pull?remote=evil/authz:1&name=gpu-alloc") == "gpu-alloc"
+    assert pull_name("/plugins/pull?remote=gpu-alloc%3Alatest") == "gpu-alloc:latest"
+    assert pull_name("/plugins/pull?remote=a&name=&name=b") == "a"  # Go's FormValue: the first
+
+
+def pull(uri: str, chain=("gpu-alloc",)) -> decide.Decision:
+    facts = decide.Facts(None, EngineView(authz_plugins=tuple(chain)), host=None)  # type: ignore[arg-type]
+    route = decide.route_of("POST", uri)
+    return decide.authz_request(route, "POST", uri, b"[]", facts)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["remote=x&name=gpu-alloc", "remote=x&name=gpu-alloc:latest", "remote=gpu-alloc",
+     "remote=x&name=docker.io/library/gpu-alloc", "remote=x&name=GPU-ALLOC"],
+)  # fmt: skip
+def test_a_pull_under_the_authorization_plugins_name_is_refused(query):
+    decision = pull(f"/v1.41/plugins/pull?{query}")
+    assert isinstance(decision, decide.Deny)
+    assert "authorization plugin 'gpu-alloc'" in decision.msg
+    assert "--alias OTHER" in decision.msg and "daemon.json" in decision.msg
+
+
+def test_a_pull_under_another_name_or_tag_is_allowed():
+    assert pull("/plugins/pull?remote=x&name=gpu-alloc:v2") == decide.ALLOW
+    assert pull("/plugins/pull?remote=vieux/sshfs") == decide.ALLOW
+    assert pull("/plugins/pull?remote=gpu-alloc", chain=()) == decide.ALLOW
+
+
+def test_a_name_daemon_json_gives_dockerd_for_its_next_reload_is_in_the_chain():
+    running = EngineView.from_info({"Plugins": {"Authorization": ["gpu-alloc"]}})
+    pending = EngineView.from_daemon_json({"authorization-plugins": ["gpu-alloc", "opa"]})
+    assert running.with_pending(pending).authz_chain == ("gpu-alloc", "opa")
+    assert running.with_pending(pending).authz_plugins == ("gpu-alloc",)  # what runs now
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "action"),
+    [("POST", "/plugins/x/enable", "enable"), ("POST", "/plugins/x/disable", "disable"),
+     ("DELETE", "/plugins/x", "remove"), ("POST", "/plugins/x/set", "set"),
+     ("POST", "/plugins/x/upgrade", "upgrade")],
+)  # fmt: skip
+def test_plugin_state_calls_are_settled_against_the_managed_plugins(method, path, action):
+    facts = decide.Facts(None, EngineView(authz_plugins=("gpu-alloc",)), host=None)  # type: ignore[arg-type]
+    route = decide.route_of(method, path)
+    decision = decide.authz_request(route, method, path, b"[]", facts)  # type: ignore[arg-type]
+    assert decision == PluginCheck("x", action, ("gpu-alloc",))
+
+
+def test_push_is_still_answered_from_the_table():
+    route = decide.route_of("POST", "/plugins/gpu-alloc/push")
+    assert decide.cleared(route)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ref", ["tools/impostor:v2", "abd4", AUTHZ_ID, "gpu-alloc"])
+def test_no_authorization_plugin_is_enabled(ref):
+    why = refusal(PluginCheck(ref, "enable", ("gpu-alloc",)), LISTED)
+    assert why is not None and "implements docker.authz/1.0" in why
+
+
+def test_other_plugins_are_enabled():
+    assert refusal(PluginCheck("vieux/sshfs", "enable", ("gpu-alloc",)), LISTED) is None
+    assert refusal(PluginCheck("nothing-here", "enable", ("gpu-alloc",)), LISTED) is None
+
+
+@pytest.mark.parametrize("action", ["disable", "remove", "upgrade", "set"])
+@pytest.mark.parametrize(
+    "ref", ["gpu-alloc", "gpu-alloc:latest", "docker.io/library/gpu-alloc", "abc1", OWN_ID]
+)
+def test_the_plugin_dockerd_consults_stays_as_installed(ref, action):
+    why = refusal(PluginCheck(ref, action, ("gpu-alloc",)), LISTED)
+    assert why is not None and f"{action} plugin '{ref}'" in why
+    assert "authorization plugin 'gpu-alloc' dockerd consults" in why
+
+
+def test_a_reference_that_could_name_the_authorization_plugin_later_is_refused_now():
+    """``abc`` names the plugin called abc:latest now; once that is gone, dockerd would
+    resolve it as an id prefix, to gpu-alloc's: the verdict holds for both."""
+    listed = [*LISTED, plugin("abc:latest", "9" * 64, "volumedriver")]
+    assert refusal(PluginCheck("abc", "disable", ("gpu-alloc",)), listed) is not None
+
+
+def test_plugins_outside_the_chain_are_managed_freely():
+    for ref in ("vieux/sshfs", "tools/impostor:v2", "fed7", "gpu-alloc:v2"):
+        assert refusal(PluginCheck(ref, "remove", ("gpu-alloc",)), LISTED) is None
+    # The chain's name kept by a spec file (no managed plugin of that name): nothing to keep.
+    assert refusal(PluginCheck("abc1", "remove", ("opa",)), LISTED) is None
+
+
+def test_an_ambiguous_prefix_in_the_chain_names_no_plugin():
+    assert plugins.resolves("ab", LISTED) == []
+    assert plugins.resolves("abc", LISTED) == [LISTED[0]]

@@ -1,0 +1,203 @@
+"""The plugin's own gunicorn worker (plugin/worker.py), served as `gpu-alloc plugin` serves it.
+
+No dockerd: the tests speak dockerd's side of the plugin protocol over the socket.
+What they pin: calls that touch no GPU are answered while a decision waits for the
+Engine (a start inspects its container); answers on one connection come back in
+request order; activation still goes through Flask; a malformed request gets a 400,
+not a hang.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import signal
+import socket
+import socketserver
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import yaml
+
+from tests.support import engine
+
+
+class _Engine(http.server.BaseHTTPRequestHandler):
+    """The little of an Engine the plugin asks: its version, its info, and an inspect
+    that answers "no such container" once `RELEASE` is set."""
+
+    RELEASE = threading.Event()
+
+    ANSWERS: ClassVar[dict[str, dict]] = {
+        "version": {"Version": "20.10.24", "ApiVersion": "1.41", "MinAPIVersion": "1.12"},
+        "info": {"DefaultRuntime": "runc", "Runtimes": {"runc": {}}, "DockerRootDir": "/x"},
+    }
+
+    def do_GET(self) -> None:
+        if "/containers/" in self.path:
+            self.RELEASE.wait(10)
+        answer = self.ANSWERS.get(self.path.rstrip("/").rsplit("/", 1)[-1])
+        data = json.dumps(answer or {"message": "No such container: job"}).encode()
+        self.send_response(200 if answer else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def address_string(self) -> str:
+        return "engine"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+@pytest.fixture
+def plugin(tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen]]:
+    state = tmp_path / "state"
+    state.mkdir()
+    sock = str(tmp_path / "plugin.sock")
+    fake = _UnixServer(str(tmp_path / "engine.sock"), _Engine)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    config = {
+        "engine": {"socket": str(tmp_path / "engine.sock"), "timeout": 2},
+        "plugin": {"socket": sock, "workers": 1},
+        "state_dir": str(state),
+        "gpus": str(engine.write_sim_gpus(tmp_path / "gpus.yaml", 2)),
+        "policy": {"lock_timeout": 5},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    log = tmp_path / "plugin.log"
+    argv = [*engine.gpu_alloc_command(), "--config", str(tmp_path / "config.yaml"), "plugin"]
+    proc = engine._spawn(argv, log)
+    try:
+        engine.wait_until(lambda: engine.can_connect(sock), "plugin", proc, log, 30)
+        yield sock, state, proc
+    finally:
+        engine.stop_process(proc)
+        fake.shutdown()
+
+
+def _authz(method: str, uri: str, body: dict | None = None, headers: dict | None = None) -> bytes:
+    req: dict = {"User": "", "RequestMethod": method, "RequestUri": uri}
+    if headers:
+        req["RequestHeaders"] = headers
+    if body is not None:
+        req["RequestBody"] = base64.b64encode(json.dumps(body).encode()).decode()
+    data = json.dumps(req).encode()
+    return (
+        b"POST /AuthZPlugin.AuthZReq HTTP/1.1\r\nHost: plugin\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data)
+    )
+
+
+def _start() -> bytes:
+    """A start: its verdict inspects the container, which this Engine answers late."""
+    return _authz("POST", "/v1.41/containers/job/start")
+
+
+@pytest.fixture
+def slow_engine() -> Iterator[threading.Event]:
+    _Engine.RELEASE.clear()
+    yield _Engine.RELEASE
+    _Engine.RELEASE.set()
+
+
+def _read_answers(conn: socket.socket, count: int, timeout: float = 10) -> list[dict]:
+    conn.settimeout(timeout)
+    buf, answers = b"", []
+    while len(answers) < count:
+        head_end = buf.find(b"\r\n\r\n")
+        if head_end >= 0:
+            head = buf[:head_end].decode()
+            length = int(head.lower().split("content-length:")[1].split("\r\n")[0])
+            if len(buf) >= head_end + 4 + length:
+                status = int(head.split()[1])
+                payload = buf[head_end + 4 : head_end + 4 + length]
+                answers.append({"status": status, **json.loads(payload)})
+                buf = buf[head_end + 4 + length :]
+                continue
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed after {len(answers)} answers")
+        buf += chunk
+    return answers
+
+
+def _connect(sock: str) -> socket.socket:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(sock)
+    return conn
+
+
+def test_reads_are_answered_while_a_start_waits_for_the_engine(
+    plugin: tuple[str, Path, subprocess.Popen], slow_engine: threading.Event
+) -> None:
+    sock, _, _ = plugin
+    slow = _connect(sock)
+    slow.sendall(_start())
+    time.sleep(0.2)  # the start's verdict is now waiting for its inspect
+    fast = _connect(sock)
+    t0 = time.perf_counter()
+    fast.sendall(_authz("GET", "/v1.41/containers/json"))
+    [answer] = _read_answers(fast, 1)
+    assert answer == {"status": 200, "Allow": True}
+    assert time.perf_counter() - t0 < 1.0
+    slow.settimeout(0.3)
+    with pytest.raises(TimeoutError):
+        slow.recv(1)  # still waiting: nothing is answered before the Engine
+    slow_engine.set()
+    [started] = _read_answers(slow, 1)
+    assert started == {"status": 200, "Allow": True}  # no such container: dockerd says so
+
+
+def test_answers_on_one_connection_keep_request_order(
+    plugin: tuple[str, Path, subprocess.Popen], slow_engine: threading.Event
+) -> None:
+    sock, _, _ = plugin
+    conn = _connect(sock)
+    bad = _authz("POST", "/v1.41/containers/create", {"Image": 1})  # answered at once
+    conn.sendall(_start() + _authz("GET", "/_ping") + bad)
+    time.sleep(0.3)
+    slow_engine.set()
+    answers = _read_answers(conn, 3)
+    assert [a["Allow"] for a in answers] == [True, True, False]
+
+
+def test_activation_goes_through_flask(plugin: tuple[str, Path, subprocess.Popen]) -> None:
+    sock, _, _ = plugin
+    conn = _connect(sock)
+    conn.sendall(b"POST /Plugin.Activate HTTP/1.1\r\nHost: plugin\r\nContent-Length: 0\r\n\r\n")
+    assert _read_answers(conn, 1) == [{"status": 200, "Implements": ["authz"]}]
+
+
+def test_a_malformed_request_gets_a_400_and_the_worker_keeps_serving(
+    plugin: tuple[str, Path, subprocess.Popen],
+) -> None:
+    sock, _, _ = plugin
+    bad = _connect(sock)
+    bad.settimeout(5)
+    bad.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+    assert bad.recv(4096).startswith(b"HTTP/1.1 400 ")
+    assert bad.recv(4096) == b""  # closed
+    good = _connect(sock)
+    good.sendall(_authz("GET", "/_ping"))
+    assert _read_answers(good, 1) == [{"status": 200, "Allow": True}]
+
+
+def test_sigterm_stops_the_plugin_within_its_grace(
+    plugin: tuple[str, Path, subprocess.Popen],
+) -> None:
+    sock, _, proc = plugin
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=8) == 0
+    assert not engine.can_connect(sock)

@@ -1,0 +1,40 @@
+"""make test's runner reads each part's pytest summary and prints one for all."""
+
+from __future__ import annotations
+
+from tests import run_engines
+from tests.run_engines import Part
+
+
+def test_quiet_and_framed_summaries_are_both_read() -> None:
+    quiet = "....F\nFAILED tests/x.py::t\n2 failed, 915 passed in 758.76s (0:12:38)\n"
+    framed = "..\n=========== 100 passed, 3 skipped, 1 warning in 384.10s (0:06:24) ===========\n"
+    assert run_engines.parse_summary(quiet) == (
+        "2 failed, 915 passed",
+        {"failed": 2, "passed": 915},
+    )
+    assert run_engines.parse_summary(framed)[1] == {"passed": 100, "skipped": 3, "warnings": 1}
+    assert run_engines.parse_summary("Traceback ...\nKeyError\n") == ("", {})
+
+
+def test_the_total_adds_every_part_and_a_dead_part_counts_as_an_error() -> None:
+    a = Part("20.10", (), rc=1, counts={"failed": 1, "passed": 10})
+    b = Part("26", ("t.py",), rc=0, counts={"passed": 5, "skipped": 2})
+    line = run_engines.total_line([a, b], 12.0)
+    assert line.startswith("=") and line.endswith("=")
+    assert "1 failed, 15 passed, 2 skipped in 12.00s (engines 20.10, 26)" in line
+    dead = Part("28", ("t.py",), rc=2)
+    assert "1 errors, 5 passed" in run_engines.total_line([b, dead], 1.0)
+
+
+def test_the_install_tier_runs_beside_the_whole_suite_not_inside_it() -> None:
+    parts = run_engines.plan(["20.10", "26"], whole=True)
+    assert [(p.engine, p.paths, p.ignore) for p in parts] == [
+        ("20.10", (), ("tests/installed",)),
+        ("20.10", ("tests/installed",), ()),
+        ("26", run_engines.ENGINE_SUITES, ()),
+    ]
+    assert len({p.key for p in parts}) == 3  # each its own log and basetemp
+    assert parts[1].title == "engine 20.10: install tier"
+    only = run_engines.plan(["20.10", "26"], whole=False)
+    assert all(p.paths == run_engines.ENGINE_SUITES and not p.ignore for p in only)
