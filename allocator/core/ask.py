@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from allocator.core.access import Access, Demand
+from allocator.core.grants import Access, Demand
 
 
 @dataclass(frozen=True)
