@@ -45,7 +45,7 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
     slice_of = {m.uuid: f"{m.index}:{m.mig_index}" for m in inventory.migs}
     for uuid, h in held.items():
         c = engine.get(h.container or "")
-        row = holders.setdefault(
+        entry = holders.setdefault(
             (h.lease, h.container),
             {
                 "gpus": [],
@@ -63,16 +63,16 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
                 "idle": False,
             },
         )
-        row["uuids"].append(uuid)
-        row["idle"] = row["idle"] or read[uuid].idle_since is not None
+        entry["uuids"].append(uuid)
+        entry["idle"] = entry["idle"] or read[uuid].idle_since is not None
         if uuid in index:
-            row["gpus"].append(index[uuid])
+            entry["gpus"].append(index[uuid])
         elif uuid in slice_of:
-            row["slices"].append(slice_of[uuid])
-    for h in holder_of.values():
-        c = engine.get(h.get("container") or "")
+            entry["slices"].append(slice_of[uuid])
+    for shown in holder_of.values():
+        c = engine.get(shown.get("container") or "")
         if c and c.get("Names"):
-            h["name"] = c["Names"][0].lstrip("/")
+            shown["name"] = c["Names"][0].lstrip("/")
 
     def row(s: GpuState, g: GPU) -> dict[str, Any]:
         holder = holder_of.get(g.uuid)
