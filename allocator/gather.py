@@ -19,8 +19,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from allocator.core import cpus, defaults, events
-from allocator.core.access import EngineView
-from allocator.core.facts import HostFacts
+from allocator.core.facts import EngineView, HostFacts
 from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.leases import Lease
 from allocator.core.placement import POLICIES

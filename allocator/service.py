@@ -317,11 +317,11 @@ class Allocator(Lineup, Restarts):
         except StateError as e:  # cores and memory are not GPUs: keep updates working
             log.warning("update of %s allowed unchecked: %s", ref, e)
             return None
-        if not any(h.cpus or h.memory for h in (*state.leases.values(), *state.claims.values())):
+        every: tuple[Lease | Claim, ...] = (*state.leases.values(), *state.claims.values())
+        if not any(h.cpus or h.memory for h in every):
             return None  # the common case: no CPU or memory lease, no Engine call
         held: Lease | Claim | None
         if self.engine is None:  # no Engine to resolve the name: the ledger's own words
-            every = (*state.leases.values(), *state.claims.values())
             held = next((h for h in every if ref in (h.container, h.name)), None)
         else:
             info = self.engine.inspect(ref)
