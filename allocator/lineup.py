@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, Unpack
 
 from allocator.core import policy, queue
 from allocator.core.leases import Holder, Lease, State
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from allocator.core.inventory import Inventory
     from allocator.core.placement import Shortage
     from allocator.core.policy import Rules
+    from allocator.gather import AuditFields
     from allocator.host.config import Config
     from allocator.host.ledger import Ledger
     from allocator.service import LeaseRequest
@@ -39,7 +40,9 @@ class _Service(Protocol):
 
     @property
     def rules(self) -> Rules: ...
-    def record(self, kind: str, lease: Lease | None = None, **fields: object) -> None: ...
+    def record(
+        self, kind: str, lease: Lease | None = None, **fields: Unpack[AuditFields]
+    ) -> None: ...
     def inventory(self, cached: bool = False) -> Inventory: ...
     def unhealthy(self) -> dict[str, str]: ...
     def cpu_topology(self) -> cpus.Topology: ...

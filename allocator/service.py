@@ -234,7 +234,12 @@ class Allocator(Lineup, Restarts):
         if predecessor and (
             old is None or old.phase is not Phase.BOUND or old.owner not in ("", owner.user)
         ):
-            return place(ask, inventory, held, self.policy, now, where, sick, mig, host)  # type: ignore[return-value]
+            # It lends nothing: a shortage is said as placed now; `lease` keeps its first
+            # answer for anything else.
+            short = place(ask, inventory, held, self.policy, now, where, sick, mig, host)
+            if isinstance(short, Shortage):
+                return short
+            return Refusal("gpu-alloc: the predecessor is not this owner's bound lease")
         asking = len(inventory.gpus) if ask.every else len(ask.required) + ask.count
         holding = state.held_by(owner.user, besides=old.id if old else None)
         refused = policy.over_limit(owner, holding, asking, self.rules)
