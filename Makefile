@@ -48,9 +48,11 @@ deps:
 	apt-get update && \
 	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$need
 
+# mypy reads its settings (files, strict on allocator/core) from pyproject.toml.
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # The whole suite on the host's dockerd 20.10 and, in parallel, the Engine-facing suites on
 # dockerd 26 and 28 (Debian roots built on first use under /var/cache/gpu-alloc-tests):
@@ -81,7 +83,7 @@ install:
 	bash deploy/install.sh
 
 clean:
-	rm -rf build dist .pytest_cache .ruff_cache .hypothesis .run *.egg-info
+	rm -rf build dist .pytest_cache .ruff_cache .mypy_cache .hypothesis .run *.egg-info
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean

@@ -16,11 +16,10 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, TypedDict, Unpack, cast
 
 from allocator.core import cpus, defaults, events
-from allocator.core.access import EngineView
-from allocator.core.facts import HostFacts
+from allocator.core.facts import EngineView, HostFacts
 from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.leases import Lease
 from allocator.core.placement import POLICIES
@@ -47,6 +46,16 @@ POLICY_CHECK_EVERY = 2.0  # seconds between the running services' looks at the c
 log = logging.getLogger("gpu-alloc")
 ENGINE_VIEW_MAX_AGE = 30.0
 ACTIVATED = "gpu-alloc.activated"  # touched when dockerd activates the plugin: a new dockerd
+
+
+class AuditFields(TypedDict, total=False):
+    """What `Gatherer.record` passes on to `events.record`."""
+
+    gpus: tuple[str, ...] | list[str]
+    container: str | None
+    name: str
+    owner: str | None
+    reason: str
 
 
 class Gatherer:
@@ -84,12 +93,11 @@ class Gatherer:
         # lease leaves alone (allocator/lineup.py).
         self.waiting: Callable[[], list[Waiter]] = list
 
-    def record(self, kind: str, lease: Lease | None = None, **fields: object) -> None:
+    def record(self, kind: str, lease: Lease | None = None, **fields: Unpack[AuditFields]) -> None:
         """One audit line for a decision already applied (never under the ledger lock)."""
         if lease is not None:
             fields = {
                 "gpus": lease.gpus,
-                "lease": lease.id,
                 "container": lease.container,
                 "name": lease.name,
                 "owner": lease.owner,
@@ -102,7 +110,10 @@ class Gatherer:
                 indices = {g.uuid: g.index for g in self.inventory().gpus}
             except InventoryError:  # the record matters more than the index
                 indices = {}
-        self.audit.write(events.record(kind, ledger.now(), indices=indices, **fields))  # type: ignore[arg-type]
+        lease_id = lease.id if lease is not None else None
+        self.audit.write(
+            events.record(kind, ledger.now(), indices=indices, lease=lease_id, **fields)
+        )
 
     def _health_turned(self, uuid: str, healthy: bool, what: str) -> None:
         self.record("health", gpus=(uuid,), reason=f"GPU {what}")

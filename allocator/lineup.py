@@ -11,7 +11,8 @@ copy of the state so that nothing is granted.  The line itself lives in the shim
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Protocol, Unpack
 
 from allocator.core import policy, queue
 from allocator.core.leases import Holder, Lease, State
@@ -20,14 +21,48 @@ from allocator.core.policy import Refusal
 from allocator.host import metrics
 
 if TYPE_CHECKING:
-    from allocator.service import Allocator, LeaseRequest
+    from allocator.core import cpus
+    from allocator.core.inventory import Inventory
+    from allocator.core.placement import Shortage
+    from allocator.core.policy import Rules
+    from allocator.gather import AuditFields
+    from allocator.host.config import Config
+    from allocator.host.ledger import Ledger
+    from allocator.service import LeaseRequest
+
+
+class _Service(Protocol):
+    """What the line uses of the `allocator.service.Allocator` it is a part of."""
+
+    ledger: Ledger
+    config: Config
+    waiting: Callable[[], list[queue.Waiter]]
+
+    @property
+    def rules(self) -> Rules: ...
+    def record(
+        self, kind: str, lease: Lease | None = None, **fields: Unpack[AuditFields]
+    ) -> None: ...
+    def inventory(self, cached: bool = False) -> Inventory: ...
+    def unhealthy(self) -> dict[str, str]: ...
+    def cpu_topology(self) -> cpus.Topology: ...
+    def _attempt(self, state: State) -> queue.Attempt: ...
+    def _take(
+        self,
+        state: State,
+        req: LeaseRequest,
+        scope: tuple[Inventory, str | None],
+        topology: cpus.Topology | None,
+        kept: Mapping[str, Holder] | None = None,
+    ) -> tuple[Lease, str, Lease | None] | Shortage | Refusal: ...
+
 
 _KEPT = Holder(None, "", "kept for a create ahead in the queue", owner="the queue")
 
 
 class Lineup:
     def serve_waiters(
-        self: Allocator, waiters: list[queue.Waiter]
+        self: _Service, waiters: list[queue.Waiter]
     ) -> list[tuple[queue.Waiter, tuple[Lease, str]]]:
         """Grant what the queue allows now, in its order, under one ledger transaction.
 
@@ -45,7 +80,7 @@ class Lineup:
             self.record("grant", placed.result[0], reason="served from the queue")
         return [(w, placed.result) for w, placed in granted]
 
-    def kept(self: Allocator, state: State, req: LeaseRequest) -> dict[str, Holder]:
+    def kept(self: _Service, state: State, req: LeaseRequest) -> dict[str, Holder]:
         """GPU -> who keeps it from ``req``, a create arriving now: the waiters ahead of it
         in the line's order (rule 4 of `core.queue`)."""
         waiters = self.waiting()
@@ -60,7 +95,7 @@ class Lineup:
         keeps = queue.kept(ahead, self._attempt(copy.deepcopy(state)))
         return {uuid: queue.keeper(w, w.ask.name) for uuid, w in keeps.items()}
 
-    def _attempt(self: Allocator, state: State) -> queue.Attempt:
+    def _attempt(self: _Service, state: State) -> queue.Attempt:
         """Place a waiter in ``state`` as `_take` places any create, besides ``blocked``."""
         rules, inventory = self.rules, self.inventory()
         sick, mig = self.unhealthy(), self.config.policy.mig

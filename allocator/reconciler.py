@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from allocator.core import access, labels, policy, privileged, restarts
 from allocator.core.leases import Claim, Lease, Phase, State
@@ -154,7 +156,11 @@ class Reconciler(Gatherer):
         policies: dict[str, str] = {}
         if self.rules.release_stopped_after is None or self.engine is None:
             return since, policies
-        leased = {le.container for le in snapshot.leases.values() if le.phase is Phase.BOUND}
+        leased = {
+            le.container
+            for le in snapshot.leases.values()
+            if le.phase is Phase.BOUND and le.container is not None
+        }
         for cid in leased & set(listed):
             if listed[cid].get("State") not in STOPPED:
                 continue
@@ -213,7 +219,7 @@ class Reconciler(Gatherer):
         return Claim(cid, name, gpus, why, **labels.placed_of(info), **_owner_of(info), since=since)
 
 
-def _owner_of(info: dict) -> dict[str, object]:
+def _owner_of(info: Mapping[str, Any]) -> dict[str, Any]:
     """Whose a container the shim made for a lease was, and the pool it was placed in, by
     its `policy.OWNER` and `policy.POOL` labels (only gpu-alloc sets either there)."""
     given = (info.get("Config") or {}).get("Labels") or {}

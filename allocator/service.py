@@ -236,7 +236,12 @@ class Allocator(Lineup, Lookups, Restarts):
         if predecessor and (
             old is None or old.phase is not Phase.BOUND or old.owner not in ("", owner.user)
         ):
-            return place(ask, inventory, held, self.policy, now, where, sick, mig, host)  # type: ignore[return-value]
+            # It lends nothing: a shortage is said as placed now; `lease` keeps its first
+            # answer for anything else.
+            short = place(ask, inventory, held, self.policy, now, where, sick, mig, host)
+            if isinstance(short, Shortage):
+                return short
+            return Refusal("gpu-alloc: the predecessor is not this owner's bound lease")
         asking = len(inventory.gpus) if ask.every else len(ask.required) + ask.count
         holding = state.held_by(owner.user, besides=old.id if old else None)
         refused = policy.over_limit(owner, holding, asking, self.rules)
@@ -319,11 +324,11 @@ class Allocator(Lineup, Lookups, Restarts):
         except StateError as e:  # cores and memory are not GPUs: keep updates working
             log.warning("update of %s allowed unchecked: %s", ref, e)
             return None
-        if not any(h.cpus or h.memory for h in (*state.leases.values(), *state.claims.values())):
+        every: tuple[Lease | Claim, ...] = (*state.leases.values(), *state.claims.values())
+        if not any(h.cpus or h.memory for h in every):
             return None  # the common case: no CPU or memory lease, no Engine call
         held: Lease | Claim | None
         if self.engine is None:  # no Engine to resolve the name: the ledger's own words
-            every = (*state.leases.values(), *state.claims.values())
             held = next((h for h in every if ref in (h.container, h.name)), None)
         else:
             info = self.engine.inspect(ref)

@@ -47,7 +47,7 @@ from allocator.core import outcomes
 from allocator.core import verdicts as decide
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
-from allocator.core.routes import Check
+from allocator.core.routes import Check, Route
 from allocator.host import metrics
 from allocator.host.config import Config
 from allocator.host.engine import EngineError
@@ -150,14 +150,12 @@ class Dispatcher:
         return partial(self._decide, route, method, uri, req)
 
     def _verdict(
-        self, route: decide.Route, method: str, uri: str, req: dict[str, Any], facts: decide.Facts
+        self, route: Route, method: str, uri: str, req: dict[str, Any], facts: decide.Facts
     ) -> decide.Decision:
         asked = decide.authz_request(route, method, uri, _body(req), facts, _headers(req))
         return self.alloc.resolve(asked)
 
-    def _quick(
-        self, route: decide.Route, method: str, uri: str, req: dict[str, Any]
-    ) -> bytes | Later:
+    def _quick(self, route: Route, method: str, uri: str, req: dict[str, Any]) -> bytes | Later:
         """An unnamed create, allowed here when the facts at hand suffice: the Engine's
         view and the inventory as cached, and the ledger's files (read without the lock:
         no wait, no write).  A create that needs a fact not at hand, fails, or is refused
@@ -174,7 +172,7 @@ class Dispatcher:
         metrics.decision(time.perf_counter() - began)
         return _ALLOW
 
-    def _decide(self, route: decide.Route, method: str, uri: str, req: dict[str, Any]) -> bytes:
+    def _decide(self, route: Route, method: str, uri: str, req: dict[str, Any]) -> bytes:
         began = time.perf_counter()
         verdict = partial(self._verdict, route, method, uri, req, self.alloc.lazy_facts())
         try:
@@ -253,6 +251,7 @@ def create_app(config: Config, allocator: Allocator | None = None) -> Flask:
         return Response(_ACTIVATE, status=200, mimetype=_MIME)
 
     app.extensions[DISPATCHER] = dispatcher  # plugin.worker answers authz calls with it
+    # Flask documents wrapping wsgi_app as its middleware hook; its types call it a method.
     app.wsgi_app = _Authz(app.wsgi_app, dispatcher)  # type: ignore[method-assign]
     return app
 

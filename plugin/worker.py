@@ -202,6 +202,8 @@ def _wsgi(app: Any, environ: dict[str, Any]) -> bytes:
 class Worker(base.Worker):
     """gunicorn's worker protocol around the asyncio server above."""
 
+    loop: asyncio.AbstractEventLoop
+
     def init_process(self) -> None:
         try:
             import uvloop
@@ -216,7 +218,8 @@ class Worker(base.Worker):
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
-        self.dispatcher: Dispatcher = self.wsgi.extensions[DISPATCHER]
+        # types-gunicorn knows the app only as a WSGI callable; ours is plugin.app's Flask app.
+        self.dispatcher: Dispatcher = self.wsgi.extensions[DISPATCHER]  # type: ignore[attr-defined]
 
     def init_signals(self) -> None:
         for s in self.SIGNALS:
@@ -248,7 +251,9 @@ class Worker(base.Worker):
 
     async def _serve(self) -> None:
         servers = [
-            await self.loop.create_unix_server(lambda: _Connection(self), sock=s.sock)
+            # types-gunicorn lists plain sockets; gunicorn hands its workers
+            # gunicorn.sock wrappers, each with its socket in .sock.
+            await self.loop.create_unix_server(lambda: _Connection(self), sock=s.sock)  # type: ignore[attr-defined]
             for s in self.sockets
         ]
         while self.alive and self.ppid == os.getppid():

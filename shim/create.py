@@ -43,6 +43,7 @@ from allocator.core import cuda, defaults, errors, gojson, labels, outcomes, pol
 from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
 from allocator.core.cpus import Placed, Resources, conflicts
+from allocator.core.createbody import decode_create
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import Lease, StateError, ago
 from allocator.core.placement import Shortage
@@ -121,7 +122,7 @@ class CreateInterceptor:
 
     async def _create(self, request: Request, forward: Forward) -> Response:
         try:
-            decoded = decide.decode_create(request.body)
+            decoded = decode_create(request.body)
         except gojson.BodyError as e:
             return error(400, f"gpu-alloc refused the container create: {e}")
         # Request labels are the client's words to gpu-alloc: read here, before every
@@ -150,13 +151,19 @@ class CreateInterceptor:
         if got is None:
             return await forward(_with_body(request, rewrite(spec, (), None), None))
         ask, owner, leased, plugin_settles = got
-        if not isinstance(leased, tuple) and wait and getattr(leased, "waitable", False):
+        if (
+            isinstance(leased, Shortage | policy.Refusal)
+            and leased.waitable
+            and wait
+            and isinstance(want, policy.Wanted)  # always, once a lease was asked
+        ):
             req = LeaseRequest(ask, name, owner, want, resources)
-            leased = await self._wait(req, wait, leased, request.gone)
+            waited = await self._wait(req, wait, leased, request.gone)
+            if isinstance(waited, Response):
+                return waited
+            leased = waited
             if isinstance(leased, Shortage | policy.Refusal):  # its time ran out
                 await asyncio.to_thread(self.alloc.refused, leased, name, owner)
-        if isinstance(leased, Response):
-            return leased
         if not isinstance(leased, tuple):
             log.info("refused create %r of %s: %s", name, owner.user, leased.msg)
             return error(_REFUSAL_STATUS[type(leased)], leased.msg)

@@ -28,12 +28,13 @@ from shim.upstream import (
     _RQ_COLLECT,
     _RQ_HEAD,
     _RQ_INTERCEPT,
+    ClientState,
 )
 
 log = logging.getLogger(__name__)
 
 
-class InterceptSide:
+class InterceptSide(ClientState):
     """The interception half of `shim.splice._Client`."""
 
     def _start_collect(
@@ -52,7 +53,8 @@ class InterceptSide:
             return
         headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in head.headers]
         if any(n.lower() == "expect" and v.lower() == "100-continue" for n, v in headers):
-            self.ct.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
+            assert self.ct is not None  # the client's bytes came on it
+            self.ct.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         self.pending = (method, target, headers, keep, method == "HEAD")
         self.body = _Body(parser, head, framing, [])
         buf = self.buf
@@ -102,7 +104,8 @@ class InterceptSide:
         elapsed = (time.monotonic() - started) * 1000
         self.task = None
         if not self.closed:
-            self.ct.write(out)  # type: ignore[union-attr]
+            assert self.ct is not None  # set from connection_made until closed
+            self.ct.write(out)
         # Logged once the answer is on its way: the client does not wait for the line.
         log.info(
             "%s %s -> %d (%.1f ms)%s", request.method, request.target, status, elapsed,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from typing import TYPE_CHECKING
 
 import httptools
@@ -31,7 +32,6 @@ from shim.framing import (
     _NO_BODY_STATUS,
     MAX_HEAD,
     READ_AHEAD,
-    Peer,
     UpstreamError,
     _BadMessage,
     _Body,
@@ -108,12 +108,12 @@ class _Client(InterceptSide, UpstreamSide, asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None
         self.gone: asyncio.Event | None = None  # the intercepted request's client left
         self.connecting: asyncio.Future[None] | None = None
-        self.peer: Peer | None = None
+        self.peer = None
 
     # -- client transport callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.ct = transport  # type: ignore[assignment]
+        self.ct = transport  # type: ignore[assignment]  # typeshed: BaseTransport, not Transport
         self.peer = peers.of(transport.get_extra_info("socket"))
         self.proxy.conns.add(self)
 
@@ -133,7 +133,8 @@ class _Client(InterceptSide, UpstreamSide, asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.raw:
-            self.ut.write(data)  # type: ignore[union-attr]
+            assert self.ut is not None  # a hijack keeps its upstream until both are closed
+            self.ut.write(data)
             return
         if self.rq == _RQ_HEAD and not self.buf and not self.awaiting and self._quick(data):
             return
@@ -269,9 +270,8 @@ class _Client(InterceptSide, UpstreamSide, asyncio.Protocol):
         elif self.ut is None or self.ut.is_closing() or self.up is None or self.up.eof:
             self.rq = _RQ_CONNECT
             self.pause_client(_P_CONNECT)
-            self.task = asyncio.create_task(
-                self._connect_then_send(parser, head, framing, method == "HEAD", keep, end)
-            )
+            send = partial(self._send, parser, head, framing, method == "HEAD", keep, end)
+            self.task = asyncio.create_task(self._connect_then_send(send))
         else:
             self._send(parser, head, framing, method == "HEAD", keep, end)
 
@@ -306,7 +306,7 @@ class _Client(InterceptSide, UpstreamSide, asyncio.Protocol):
             self.rq = _RQ_BODY
             self.body = body
 
-    async def _connect_then_send(self, *request: object) -> None:
+    async def _connect_then_send(self, send: partial[None]) -> None:
         """Open the upstream connection, then send the held request and carry on."""
         try:
             await self.ensure_upstream()
@@ -318,7 +318,7 @@ class _Client(InterceptSide, UpstreamSide, asyncio.Protocol):
         if self.closed:
             return
         try:
-            self._send(*request)  # type: ignore[arg-type]
+            send()
         except _BadMessage as e:
             self.reply_error(400, f"bad request: {e}")
             return
@@ -330,12 +330,14 @@ class _Client(InterceptSide, UpstreamSide, asyncio.Protocol):
     def up_data(self, up: _Upstream, data: bytes) -> None:
         if up is not self.up:
             return
+        ct = self.ct
+        assert ct is not None  # the client connected before its upstream did
         if self.raw:
-            self.ct.write(data)  # type: ignore[union-attr]
+            ct.write(data)
             return
         if self.rs == _RS_HEAD and not self.ubuf and not self.head_req and quick_response(data):
             self.rsent = True
-            self.ct.write(data)  # type: ignore[union-attr]
+            ct.write(data)
             self._response_done(True)
             return
         self.ubuf = self.ubuf + data if self.ubuf else data

@@ -33,7 +33,8 @@ from shim.framing import (
 )
 
 if TYPE_CHECKING:
-    from shim.splice import _Client
+    from allocator.host.peers import Peer
+    from shim.server import _Proxy
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +78,13 @@ class _Upstream(asyncio.Protocol):
 
     __slots__ = ("client", "eof", "transport")
 
-    def __init__(self, client: _Client) -> None:
+    def __init__(self, client: ClientState) -> None:
         self.client = client
         self.eof = False
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # typeshed: BaseTransport
 
     def data_received(self, data: bytes) -> None:
         self.client.up_data(self, data)
@@ -102,7 +103,45 @@ class _Upstream(asyncio.Protocol):
         self.client.resume_client(_P_PEER)
 
 
-class UpstreamSide:
+class ClientState:
+    """The state both halves of `shim.splice._Client` share, declared for the type checker:
+    `_Client.__init__` sets it, and the halves' methods read and change it."""
+
+    proxy: _Proxy
+    ct: asyncio.Transport | None
+    up: _Upstream | None
+    ut: asyncio.Transport | None
+    buf: bytes
+    ubuf: bytes
+    rq: int
+    rs: int
+    body: _Body | None
+    eof_sent: bool
+    upaused: bool
+    closed: bool
+    size: int
+    pending: tuple[str, str, list[tuple[str, str]], bool, bool] | None
+    collector: _Collector | None
+    task: asyncio.Task[None] | None
+    gone: asyncio.Event | None
+    connecting: asyncio.Future[None] | None
+    peer: Peer | None
+
+    if TYPE_CHECKING:  # _Client's own methods, which the halves call
+
+        def advance(self) -> None: ...
+        def resume_client(self, reason: int) -> None: ...
+        def reply_error(self, status: int, message: str) -> None: ...
+        def close(self, *, abort: bool = False) -> None: ...
+        def pause_client(self, reason: int) -> None: ...
+        def up_data(self, up: _Upstream, data: bytes) -> None: ...
+        def up_eof(self, up: _Upstream) -> bool: ...
+        def up_lost(self, up: _Upstream) -> None: ...
+        async def ensure_upstream(self) -> None: ...
+        async def forward(self, request: Request, *, timeout: float | None = None) -> Response: ...
+
+
+class UpstreamSide(ClientState):
     """The upstream half of `shim.splice._Client`: connect, forward, collect."""
 
     async def forward(self, request: Request, *, timeout: float | None = None) -> Response:

@@ -97,8 +97,9 @@ class Waitline:
         handed = False
         self.wake()
         try:
+            waits: list[asyncio.Future[Any]] = [future, *([watch] if watch else [])]
             await asyncio.wait(
-                [future, *([watch] if watch else [])],
+                waits,
                 timeout=seconds,
                 return_when=asyncio.FIRST_COMPLETED,
             )

@@ -96,7 +96,12 @@ class _Ctx:
         return self._majors
 
     def add(
-        self, fld: str, detail: str, gpus: Iterable[str] | None, demand=None, guarded=False
+        self,
+        fld: str,
+        detail: str,
+        gpus: Iterable[str] | None,
+        demand: Demand | None = None,
+        guarded: bool = False,
     ) -> None:
         pinned = None if gpus is None else frozenset(gpus)
         self.grants.append(Grant(fld, detail, pinned, demand, guarded))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from allocator.core.access import Access, Demand
+from allocator.core.grants import Access
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,8 @@ def ask_of(grants: Access) -> Ask:
     required: list[str] = []
     count, every, caps = 0, False, []
     for g in grants.grants:
-        d: Demand = g.demand  # type: ignore[assignment]  # refused() left only leasable ones
+        d = g.demand
+        assert d is not None  # refused() left only leasable ones
         every |= d.all
         count += d.count
         required += [u for u in sorted(g.gpus or ()) if u not in required]

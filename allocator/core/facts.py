@@ -130,7 +130,8 @@ class HostFacts(Protocol):
     """The filesystem questions access asks; allocator.host.filesystem answers them for
     this host, tests answer them from tables.  ``resolve`` raises `Unresolvable`."""
 
-    protected: tuple[str, ...]
+    @property
+    def protected(self) -> tuple[str, ...]: ...
 
     def resolve(self, path: str) -> str: ...
 

@@ -26,7 +26,7 @@ other types at their zero value.
 from dataclasses import dataclass
 
 
-class Struct(dict):
+class Struct(dict[str, object]):
     """A Go struct as dockerd decodes it: canonical JSON key -> field type."""
 
 

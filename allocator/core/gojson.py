@@ -12,6 +12,8 @@ the bytes of exactly what it checked. The field tables come from allocator.field
 import json
 import re
 import unicodedata
+from collections.abc import Callable, Iterable
+from typing import Any, overload
 
 from allocator.core.fields import INT64, Int, ListOf, MapOf, Opaque, StrSlice, Struct
 
@@ -44,6 +46,10 @@ def canonical(obj: object) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
+@overload
+def decode(body: bytes, schema: Struct) -> dict[str, Any]: ...
+@overload
+def decode(body: bytes, schema: object) -> object: ...
 def decode(body: bytes, schema: object) -> object:
     """Parse `body` strictly and check it against `schema` (a type from allocator.fields).
 
@@ -59,14 +65,17 @@ def decode(body: bytes, schema: object) -> object:
         raise BodyError(f"byte {exc.start} of the body is not UTF-8: send UTF-8 JSON") from None
     if not text.strip(" \t\r\n"):
         raise BodyError("the body is empty: send a JSON value")
-    repeated: list[tuple[dict, str]] = []
+    repeated: list[tuple[dict[str, object], str]] = []
 
-    def pairs_hook(pairs: list[tuple[str, object]]) -> dict:
+    def pairs_hook(pairs: list[tuple[str, object]]) -> dict[str, object]:
         obj = dict(pairs)
         if len(obj) != len(pairs):
             seen: set[str] = set()
-            key = next(k for k, _ in pairs if k in seen or seen.add(k))
-            repeated.append((obj, key))
+            for key, _ in pairs:
+                if key in seen:
+                    repeated.append((obj, key))
+                    break
+                seen.add(key)
         return obj
 
     decoder = json.JSONDecoder(
@@ -92,6 +101,7 @@ def decode(body: bytes, schema: object) -> object:
     if repeated:
         target, key = repeated[0]
         path = _path_to(obj, lambda node: node is target)
+        assert path is not None  # the hook saw target while decoding obj
         raise BodyError(f"{_at(path)}key {_show(key)} appears more than once: send it once")
     if _SURROGATE_ESCAPE.search(text):
         _check_surrogates(obj)
@@ -105,7 +115,7 @@ def decode(body: bytes, schema: object) -> object:
 class _Mismatch(Exception):
     """Raised inside _check; collects the path segments (innermost first) on its way out."""
 
-    def __init__(self, msg: str, path: list | None = None):
+    def __init__(self, msg: str, path: list[str | int] | None = None):
         super().__init__(msg)
         self.msg = msg
         self.path = path or []
@@ -122,11 +132,11 @@ def _check(value: object, kind: object) -> None:
         if type(value) is not bool:
             raise _Mismatch(f"expected true or false, got {_show(value)}")
     elif kind is int or isinstance(kind, Int):
-        kind = INT64 if kind is int else kind
+        bounds = kind if isinstance(kind, Int) else INT64
         if type(value) is not int:
             raise _Mismatch(f"expected an integer, got {_show(value)}")
-        if not kind.lo <= value <= kind.hi:
-            raise _Mismatch(f"{value} is out of range for a Go {kind.name}")
+        if not bounds.lo <= value <= bounds.hi:
+            raise _Mismatch(f"{value} is out of range for a Go {bounds.name}")
     elif isinstance(kind, Struct):
         if type(value) is not dict:
             raise _Mismatch(f"expected an object, got {_show(value)}")
@@ -158,7 +168,7 @@ def _check(value: object, kind: object) -> None:
         raise TypeError(f"not a field type: {kind!r}")
 
 
-def _check_struct(value: dict, struct: Struct) -> None:
+def _check_struct(value: dict[str, object], struct: Struct) -> None:
     folded = None
     for key, item in value.items():
         kind = struct.get(key)
@@ -201,7 +211,7 @@ def _parse_constant(text: str) -> None:
     raise BodyError(f"{text} is not JSON (dockerd refuses it): send a number or null")
 
 
-def _children(node: object):
+def _children(node: object) -> Iterable[tuple[str | int, object]]:
     if type(node) is dict:
         return node.items()
     if type(node) is list:
@@ -210,7 +220,7 @@ def _children(node: object):
 
 
 def _check_depth(root: object) -> None:
-    stack = [(root, 1)]
+    stack: list[tuple[object, int]] = [(root, 1)]
     while stack:
         node, depth = stack.pop()
         if type(node) in (dict, list):
@@ -219,9 +229,9 @@ def _check_depth(root: object) -> None:
             stack.extend((child, depth + 1) for _, child in _children(node))
 
 
-def _path_to(root: object, found) -> list | None:
+def _path_to(root: object, found: Callable[[object], bool]) -> list[str | int] | None:
     """The path of the first node (depth first) for which found(node) holds, or None."""
-    stack = [(root, [])]
+    stack: list[tuple[object, list[str | int]]] = [(root, [])]
     while stack:
         node, path = stack.pop()
         if found(node):
@@ -241,11 +251,11 @@ def _check_surrogates(root: object) -> None:
         raise BodyError(f"{_at(path)}a \\u escape encodes half a surrogate pair: send valid UTF-16")
 
 
-def _at(path: list) -> str:
+def _at(path: list[str | int]) -> str:
     """'HostConfig.DeviceRequests[0].Count: ' for a path of keys and indices; '' at the top."""
     text = ""
     for seg in path:
-        if type(seg) is int:
+        if isinstance(seg, int):
             text += f"[{seg}]"
         elif _PLAIN_KEY.match(seg):
             text += f".{seg}" if text else seg

@@ -33,7 +33,8 @@ class Mount:
 
 
 class MountFacts(Protocol):
-    protected: tuple[str, ...]
+    @property
+    def protected(self) -> tuple[str, ...]: ...
 
     def mounts(self) -> Iterable[Mount]: ...
 

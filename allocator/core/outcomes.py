@@ -93,9 +93,10 @@ def create_outcome(
     if status != 201:
         return Unanswered(lease_id, labels.lease_label(lease_id), token)
     try:
-        container = gojson.decode(response or b"", fields.OPAQUE).get("Id")
-    except (gojson.BodyError, AttributeError):
-        container = None
+        answer = gojson.decode(response or b"", fields.OPAQUE)
+    except gojson.BodyError:
+        answer = None
+    container = answer.get("Id") if isinstance(answer, dict) else None
     if isinstance(container, str) and container:
         return Bind(lease_id, container, token, admitted)
     return None

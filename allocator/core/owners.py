@@ -91,7 +91,7 @@ def asker(uid: int, gid: int, cgroup: str | None, container: Container | None) -
     lines = hierarchies(cgroup) if cgroup is not None else None
     if lines is None:
         return unknown("its cgroup could not be read")
-    ids = {named(p) for p in lines.values()} - {None}
+    ids = {c for c in map(named, lines.values()) if c is not None}
     if not ids:
         return Asker(uid, gid, why="a host process")
     if len(ids) > 1:

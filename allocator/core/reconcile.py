@@ -8,7 +8,9 @@ a lease or claim newer than the listing is kept, whatever the listing says.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from allocator.core.leases import Claim, State
 
@@ -36,7 +38,7 @@ class Report:
 def apply(
     state: State,
     snapshot: State,
-    exists: dict,
+    exists: Mapping[str, Mapping[str, Any]],
     by_label: dict[str, str],
     found: dict[str, Claim],
     now: float,
@@ -70,7 +72,7 @@ def apply(
     return report
 
 
-def _stopped(listed: dict) -> dict[str, str]:
+def _stopped(listed: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
     """Container id -> the Engine's status ("Exited (0) 2 hours ago") for each listed
     container that is not running."""
     return {

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from allocator.core import access, compose, privileged
-from allocator.core.access import EngineView, HostFacts
+from allocator.core.facts import EngineView, HostFacts
 from allocator.core.inventory import Inventory
 from allocator.core.leases import Phase, State
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, overload
 
 from allocator.core import access, fields, gojson, labels, mounts, plugins, privileged, restarts
-from allocator.core.access import EngineView, HostFacts, Refusal
 from allocator.core.ask import Ask, ask_of
 from allocator.core.createbody import decode_create
-from allocator.core.facts import Unresolvable
+from allocator.core.facts import EngineView, HostFacts, Unresolvable
+from allocator.core.grants import Access, Grant, Refusal
 from allocator.core.inflight import Target
 from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.plugins import PluginCheck
@@ -188,6 +188,14 @@ def _needs_body(route: Route, method: str, uri: str, body: bytes | None) -> Deny
     )
 
 
+@overload
+def _body_as(
+    route: Route, method: str, uri: str, body: bytes | None, schema: fields.Struct, what: str
+) -> dict[str, Any] | Deny: ...
+@overload
+def _body_as(
+    route: Route, method: str, uri: str, body: bytes | None, schema: object, what: str
+) -> object | Deny: ...
 def _body_as(
     route: Route, method: str, uri: str, body: bytes | None, schema: object, what: str
 ) -> object | Deny:
@@ -266,7 +274,7 @@ def _create(
     return NeedsLease(lease_id, token, gpus)
 
 
-def grants_of_create(spec: Mapping[str, Any], facts: Facts) -> access.Access | Deny:
+def grants_of_create(spec: Mapping[str, Any], facts: Facts) -> Access | Deny:
     """The create's effective access; without an inventory, only a create with none passes."""
     try:
         grants = access.of_create(
@@ -289,7 +297,7 @@ def grants_of_create(spec: Mapping[str, Any], facts: Facts) -> access.Access | D
     return grants
 
 
-def _refusal_text(refused: Sequence[access.Grant], instead: str) -> str:
+def _refusal_text(refused: Sequence[Grant], instead: str) -> str:
     """Plain words first (`PLAIN`), then the field and its detail, then what to do."""
     plain = [PLAIN[g.field] for g in refused if g.field in PLAIN]
     what = "; ".join(g.describe() for g in refused)
@@ -476,5 +484,5 @@ def shim_ask(spec: Mapping[str, Any], facts: Facts) -> Ask | Deny:
     refused = tuple(g for g in grants.refused() if not g.guarded and not lease_all)
     if refused:
         return Deny(_refusal_text(refused, SHIM_INSTEAD), refused[0].field)
-    ask = ask_of(access.Access(tuple(g for g in grants.grants if g.leasable)))
+    ask = ask_of(Access(tuple(g for g in grants.grants if g.leasable)))
     return replace(ask, required=(), count=0, every=True) if lease_all else ask

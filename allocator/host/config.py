@@ -333,6 +333,8 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
         path, "policy.gpu_defaults.ulimits", gd.get("ulimits"), None
     ).items():
         key = f"policy.gpu_defaults.ulimits.{name}"
+        soft: Any  # YAML values, checked below
+        hard: Any
         if isinstance(value, dict):
             v = _mapping(path, key, value, ("soft", "hard"))
             soft, hard = v.get("soft", v.get("hard")), v.get("hard", v.get("soft"))
@@ -394,7 +396,7 @@ def _mapping(path: str, key: str, value: Any, known: tuple[str, ...] | None) -> 
 
 def _gpus(path: str, key: str, value: Any) -> int:
     """A limit is written ``{gpus: N}``, to leave room for more kinds of limit."""
-    gpus = _mapping(path, key, value, ("gpus",)).get("gpus")
+    gpus: Any = _mapping(path, key, value, ("gpus",)).get("gpus")  # YAML, checked next
     _check_type(path, f"{key}.gpus", gpus, int)
     if gpus < 0:
         raise _fail(path, f"{key}.gpus", "must be zero or more")

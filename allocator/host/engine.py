@@ -14,7 +14,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -42,7 +42,11 @@ class Engine:
             if self._client is None:
                 try:
                     self._client = docker.APIClient(
-                        base_url=f"unix://{self.socket}", version="auto", timeout=self.timeout
+                        base_url=f"unix://{self.socket}",
+                        version="auto",
+                        # types-docker says int; the SDK hands it to requests, which takes
+                        # seconds as a float.
+                        timeout=self.timeout,  # type: ignore[arg-type]
                     )
                 except docker.errors.DockerException as e:
                     raise EngineError(
@@ -50,7 +54,7 @@ class Engine:
                     ) from None
             return self._client
 
-    def _call(self, what: str, fn, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         import docker.errors
 
         try:
@@ -129,7 +133,11 @@ class Engine:
         except ValueError:
             data = None
         if status != 200 or not isinstance(data, dict):
-            why = data.get("message") if isinstance(data, dict) else body[:200]
+            why = (
+                data.get("message")
+                if isinstance(data, dict)
+                else body[:200].decode(errors="replace")
+            )
             raise EngineError(f"Engine at {self.socket}: {what} failed: {status} {why}")
         return data
 
@@ -179,8 +187,10 @@ _GO_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d
 
 def go_time(text: object) -> float | None:
     """A Go RFC 3339 time (nanoseconds, ``Z``) as epoch seconds; None for Go's zero time."""
-    m = _GO_TIME.match(text) if isinstance(text, str) else None
-    if m is None or text.startswith("0001-"):  # type: ignore[union-attr]
+    if not isinstance(text, str):
+        return None
+    m = _GO_TIME.match(text)
+    if m is None or text.startswith("0001-"):
         return None
     frac = f".{m.group(2)[:6]}" if m.group(2) else ""
     zone = "+00:00" if m.group(3) == "Z" else m.group(3)

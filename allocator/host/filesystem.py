@@ -14,8 +14,8 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from allocator.core.access import DRM_MAJOR, Node
-from allocator.core.facts import Unresolvable
+from allocator.core.access import DRM_MAJOR
+from allocator.core.facts import Node, Unresolvable
 from allocator.core.mounts import Mount
 from allocator.host.engineroot import EngineRoot
 

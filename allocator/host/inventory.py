@@ -64,7 +64,8 @@ def load_file(path: str) -> Inventory:
             raise InventoryError(f"{path}: entry {n}: uuid must be a string, index an integer")
         fields = {k: v for k, v in entry.items() if k not in EVENT_KEYS | {"migs", "usage"}}
         fields.update(_links(f"{path}: entry {n}", entry))
-        gpu = GPU(**fields, **({"mig_mode": True} if entry.get("migs") else {}))
+        mig: dict[str, Any] = {"mig_mode": True} if entry.get("migs") else {}
+        gpu = GPU(**fields, **mig)
         gpus.append(gpu)
         migs += _slices(path, n, gpu, entry.get("migs") or [])
     try:

@@ -23,7 +23,6 @@ import logging
 from dataclasses import replace
 from itertools import combinations
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from allocator.core.inventory import GPU, Inventory, InventoryError
@@ -43,12 +42,13 @@ NVLINK_MAX_LINKS = 36  # pynvml's NVML_NVLINK_MAX_LINKS; links past a GPU's last
 FEATURE_ENABLED = 1  # NVML_FEATURE_ENABLED
 
 
-def read(nvml: ModuleType | Any | None = None, sysfs: str = "/sys") -> Inventory:
+def read(nvml: Any = None, sysfs: str = "/sys") -> Inventory:
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
         except ImportError as e:  # pragma: no cover - nvidia-ml-py is a dependency
             raise InventoryError(f"NVML: nvidia-ml-py is not installed: {e}") from None
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except Exception as e:
@@ -92,7 +92,7 @@ def _gpu(nvml: Any, index: int, handle: Any, sysfs: str) -> GPU:
 
 def _with_links(nvml: Any, handles: list[Any], gpus: tuple[GPU, ...]) -> tuple[GPU, ...]:
     try:
-        pcie = {i: {} for i in range(len(gpus))}
+        pcie: dict[int, dict[int, str]] = {i: {} for i in range(len(gpus))}
         for a, b in combinations(range(len(gpus)), 2):
             level = TOPOLOGY_LEVELS.get(
                 int(nvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b]))
@@ -197,14 +197,16 @@ def _cuda_version(nvml: Any) -> tuple[int, int] | None:
     return (v // 1000, (v % 1000) // 10)
 
 
-def usage(nvml: ModuleType | Any | None = None) -> dict[str, Usage]:
+def usage(nvml: Any = None) -> dict[str, Usage]:
     """UUID -> utilisation, memory, temperature, power and compute processes, now.
 
     A reading the GPU does not support (power on some boards, say) is left out
     rather than failing the whole view.
     """
     if nvml is None:
-        import pynvml as nvml
+        import pynvml
+
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except Exception as e:

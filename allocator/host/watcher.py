@@ -103,7 +103,9 @@ class NvmlEvents:
 
     def __init__(self, nvml: Any = None, clock: Callable[[], float] = time.time):
         if nvml is None:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         self.nvml = nvml
         self.clock = clock
         nvml.nvmlInit()

@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from allocator import gather
-from allocator.core.access import EngineView
+from allocator.core.facts import EngineView
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
 from allocator.host import config as configmod

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from allocator.core import plugins
-from allocator.core.access import EngineView
+from allocator.core.facts import EngineView
 from allocator.core.leases import StateError
 from allocator.core.policy import missing_pool_gpus
 from allocator.host import dockerd, unixhttp

@@ -1,4 +1,5 @@
-"""The Engine's event stream: taken only when the Engine answers 200, read line by line."""
+"""The Engine client's own HTTP: the event stream (taken only when the Engine answers 200,
+read line by line) and the words of a GET the Engine refused."""
 
 from __future__ import annotations
 
@@ -45,3 +46,14 @@ def test_events_come_one_per_line_until_the_engine_goes_away(tmp_path):
     sock = serve_once(tmp_path, head + framed)
     got = Engine(sock).events({"type": ["image"]}, since=5)
     assert [e["Action"] for e in got] == ["tag", "untag"]
+
+
+def test_a_get_answered_in_plain_text_says_that_text(tmp_path):
+    body = b"Internal Server Error: the daemon is shutting down"
+    head = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: %d\r\n\r\n" % len(body)
+    sock = serve_once(tmp_path, head + body)
+    with pytest.raises(EngineError) as refused:
+        Engine(sock).inspect("abc")
+    assert str(refused.value).endswith(
+        "failed: 500 Internal Server Error: the daemon is shutting down"
+    )

@@ -187,6 +187,7 @@ def _shortage_text(
         )
     by_holder: dict[object, tuple[list[GPU], str]] = {}
     stopped: dict[object, Holder] = {}  # the holders to say the stopped-container hint for
+    key: object
     for g in units:
         if g in free:
             continue
