@@ -15,6 +15,10 @@ from collections.abc import Callable
 from allocator.core.facts import Unresolvable
 
 MAX_HOPS = 40  # Linux's MAXSYMLINKS: more links than this fail with ELOOP in dockerd too
+# procfs's links (a process's root, cwd, exe, fd/N, map_files) are "magic": the kernel
+# does not follow the text readlink gives (``/`` for a container's root) but the object
+# itself, in another mount namespace.  Text walked by hand cannot say where they lead.
+MAGIC = "/proc"
 
 # A path inside the root -> the link's target, or None when it is no link (or missing).
 ReadLink = Callable[[str], str | None]
@@ -23,7 +27,8 @@ ReadLink = Callable[[str], str | None]
 def resolve(path: str, readlink: ReadLink, cwd: str = "/", max_hops: int = MAX_HOPS) -> str:
     """``path`` with every link followed inside the root: an absolute target starts again
     at the root, ``..`` never climbs above it, a relative path starts at ``cwd``.  What
-    does not exist is kept as spelled, as ``realpath`` keeps it."""
+    does not exist is kept as spelled, as ``realpath`` keeps it.  A link under `MAGIC`
+    is `Unresolvable`."""
     start = path if path.startswith("/") else f"{cwd}/{path}"
     todo = deque(start.split("/"))
     done: list[str] = []
@@ -36,10 +41,17 @@ def resolve(path: str, readlink: ReadLink, cwd: str = "/", max_hops: int = MAX_H
             if done:
                 done.pop()
             continue
-        target = readlink("/" + "/".join([*done, part]))
+        here = "/" + "/".join([*done, part])
+        target = readlink(here)
         if target is None:
             done.append(part)
             continue
+        if here.startswith(MAGIC + "/"):
+            raise Unresolvable(
+                f"{path} passes {here}, a link in {MAGIC} (a process's root, working "
+                "directory or open file), whose target its text does not say; name the "
+                "path itself"
+            )
         hops += 1
         if hops > max_hops:
             raise Unresolvable(f"{path} passes more than {max_hops} links")

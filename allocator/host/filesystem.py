@@ -14,6 +14,7 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from allocator.core import inroot
 from allocator.core.access import DRM_MAJOR
 from allocator.core.facts import Node, Unresolvable
 from allocator.core.mounts import Mount
@@ -46,7 +47,9 @@ class Host:
     engine: EngineRoot | None = None
 
     def resolve(self, path: str) -> str:
-        return self.engine.resolve(path) if self.engine else os.path.realpath(path)
+        if self.engine:
+            return self.engine.resolve(path)
+        return inroot.resolve(os.path.abspath(path), _readlink)
 
     def node(self, path: str) -> Node | None:
         try:
@@ -209,3 +212,10 @@ def _listdir(path: str) -> list[str]:
         return os.listdir(path)
     except OSError:
         return []
+
+
+def _readlink(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:  # no link, or nothing there: kept as spelled
+        return None

@@ -227,3 +227,32 @@ def test_without_dockerds_root_binds_are_refused_and_the_rest_works(blind_stack,
     assert "CAP_SYS_PTRACE" in why
     hc = api.create_host_config(mounts=[Mount("/x", "", type="tmpfs")], network_mode="none")
     api.remove_container(api.create_container(IMAGE, ["true"], host_config=hc)["Id"])
+
+
+@pytest.fixture
+def container_root(stack):
+    """``/proc/<pid>/root/l`` of a running container in which ``/l`` links to the stack's
+    directory: readlink says ``/`` for that root, but the kernel enters the container's
+    root, where the absolute link is then followed from dockerd's own."""
+    api = api_on(stack, "engine_sock")
+    hc = api.create_host_config(network_mode="none")
+    cid = api.create_container(IMAGE, ["sh", "-c", f"ln -s {stack.dir} /l; sleep 300"],
+                               host_config=hc)["Id"]  # fmt: skip
+    api.start(cid)
+    pid = api.inspect_container(cid)["State"]["Pid"]
+    yield f"/proc/{pid}/root/l"
+    api.remove_container(cid, force=True)
+
+
+@pytest.mark.parametrize("sock", SOCKS)
+def test_a_path_through_a_processs_root_in_proc_is_refused(stack, container_root, sock):
+    api = api_on(stack, sock)
+    state = f"{container_root}/{stack.state_dir.name}"
+    refused(bind, api, state, match=f"{state} cannot be judged")
+    refused(bind, api, state, match="a link in /proc")
+    hc = api.create_host_config(mounts=[Mount("/x", container_root, type="bind")],
+                                network_mode="none")  # fmt: skip
+    refused(api.create_container, IMAGE, ["true"], host_config=hc, match="a link in /proc")
+    opts = {"type": "none", "o": "bind", "device": container_root}
+    refused(api.create_volume, f"ga-proc-{os.getpid()}", driver_opts=opts,
+            match="a link in /proc")  # fmt: skip

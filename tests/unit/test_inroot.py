@@ -63,3 +63,33 @@ def test_forty_links_resolve_and_forty_one_do_not():
     assert inroot.resolve("/l1", links(chain)) == "/l41"
     with pytest.raises(Unresolvable):
         inroot.resolve("/l0", links(chain))
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/proc/4242/root/l",
+        "/proc/self/cwd/x",
+        "/dev/fd/3/y",
+        "/proc/1/fd/5",
+        "/proc/4242/../4242/root",
+    ],
+)
+def test_a_link_in_proc_cannot_be_judged_by_its_text(path):
+    # /proc/<pid>/root reads as "/" but leads into that process's own root, where an
+    # absolute link is then followed from dockerd's: its text says nothing of where it goes.
+    table = {
+        "/proc/4242/root": "/",
+        "/proc/self": "4242",
+        "/proc/4242/cwd": "/",
+        "/dev/fd": "/proc/self/fd",
+        "/proc/4242/fd/3": "/tmp/x",
+        "/proc/1/fd/5": "/etc",
+    }
+    with pytest.raises(Unresolvable, match=r"a link in /proc .*name the path itself"):
+        inroot.resolve(path, links(table))
+
+
+def test_proc_itself_and_plain_files_in_it_resolve():
+    assert inroot.resolve("/proc/4242/status", links({})) == "/proc/4242/status"
+    assert inroot.resolve("/proc", links({})) == "/proc"
