@@ -13,7 +13,7 @@ from functools import cached_property
 from typing import Any
 
 from allocator.core.inflight import Target
-from allocator.core.leases import State
+from allocator.core.leases import Phase, State
 from allocator.core.policy import Owner
 from allocator.core.verdicts import Facts
 from allocator.gather import Gatherer
@@ -59,7 +59,15 @@ class Lookups(Gatherer):
 
     @cached_property
     def _owners(self) -> Owners:
-        return Owners(self.engine)
+        return Owners(self.engine, self._lease_owner)
+
+    def _lease_owner(self, container: str) -> tuple[int | None, str] | None:
+        """(uid, user) of the live lease the ledger binds to ``container``: asked once per
+        container a connection comes from, never on a call that touches no GPU."""
+        for lease in self.ledger.read().leases.values():
+            if lease.container == container and lease.phase is Phase.BOUND and lease.owner:
+                return lease.owner_uid, lease.owner
+        return None
 
     def plugin_judges(self, facts: Facts | None = None) -> bool:
         """Whether dockerd runs gpu-alloc's plugin, by ``facts`` or else as the Engine

@@ -5,10 +5,11 @@ a fresh one), so inside a container the uid says nothing about the person.  The 
 word on where a process lives is its cgroup: dockerd puts each container in one named by
 its full id (cgroupfs ``/docker/<id>`` or ``<--cgroup-parent>/<id>``, systemd
 ``docker-<id>.scope``).  A process in one of this Engine's containers is that container's
-owner's, as gpu-alloc labelled it at create, so the label carries over to whatever such
-a process creates in turn.  The path alone is not proof (a user may name a delegated
-cgroup of their own after someone's container id): the process must sit at or below the
-cgroup the container's own first process is in.
+owner's, as the ledger records the lease gpu-alloc holds for it, so ownership carries
+over to whatever such a process creates in turn.  Never the container's labels: dockerd
+merges an image's labels into every container made from it.  The path alone is not
+proof (a user may name a delegated cgroup of their own after someone's container id):
+the process must sit at or below the cgroup the container's own first process is in.
 
 Everything else that is not plainly a host process is `UNKNOWN`, never the uid: uid 0
 inside a container would be root's exemption.  `UNKNOWN` is never exempt, may use only
@@ -19,9 +20,7 @@ it grants nothing a named person lacks.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from allocator.core import policy
 
@@ -33,8 +32,8 @@ class Asker:
     """Whose a connection is, before NSS names the user's groups.
 
     ``uid`` None: unknown.  ``gid``: the peer's own gid for a host process; None for a
-    container's owner (the uid's primary group).  ``user``: the name the owner label
-    recorded, for a uid NSS no longer knows."""
+    container's owner (the uid's primary group).  ``user``: the name the lease recorded,
+    for a uid NSS no longer knows."""
 
     uid: int | None
     gid: int | None = None
@@ -44,10 +43,12 @@ class Asker:
 
 @dataclass(frozen=True)
 class Container:
-    """What the Engine and the kernel say of the container a peer's cgroup names."""
+    """What the Engine, the kernel and the ledger say of the container a peer's cgroup
+    names.  Its owner is the ledger's, never its labels': dockerd merges an image's labels
+    into every container made from it, so anyone can give a container any label."""
 
     id: str
-    labels: Mapping[str, Any]
+    leased: tuple[int | None, str] | None  # (uid, user) of the live lease bound to it
     cgroup: str | None  # /proc/<its first process>/cgroup; None: not running, unreadable
 
 
@@ -104,19 +105,19 @@ def asker(uid: int, gid: int, cgroup: str | None, container: Container | None) -
         named(path) == cid and _within(path, home.get(key)) for key, path in lines.items()
     ):
         return unknown(f"its cgroup names container {cid[:12]} but it is not in it")
-    return _labelled(container)
+    return _leased(container)
 
 
 def _within(path: str, top: str | None) -> bool:
     return top is not None and (path == top or path.startswith(top.rstrip("/") + "/"))
 
 
-def _labelled(container: Container) -> Asker:
-    """The owner gpu-alloc wrote on a container it made for a lease."""
+def _leased(container: Container) -> Asker:
+    """The owner of the lease gpu-alloc holds for the container, as its ledger says."""
     where = f"in container {container.id[:12]}"
-    found = policy.labelled_owner(container.labels)
+    found = container.leased
     if found is None:
-        return unknown(f"{where}, which gpu-alloc did not create")
+        return unknown(f"{where}, which holds no lease of gpu-alloc's")
     uid, user = found
     if uid is None:
         return unknown(f"{where}, whose owner gpu-alloc did not know")

@@ -1,7 +1,8 @@
 """Whose a shim connection is: the peer's cgroup, the Engine's word on the container it
 names, and the host's NSS for the person's name and groups.
 
-The decision itself is allocator/core/owners.py's; this module reads what it needs.  A
+The decision itself is allocator/core/owners.py's; this module reads what it needs
+(the container's owner from the ledger, through ``leased``).  A
 connection is decided once, the first time a call needs its owner (a GPU create, an
 explain), so calls that touch no GPU never read a file for it.  The container a cgroup
 names is inspected once per id: gpu-alloc's labels never change, and a container's
@@ -16,6 +17,7 @@ import os
 import pwd
 import threading
 import time
+from collections.abc import Callable
 
 from allocator.core import owners, policy
 from allocator.host.engine import Engine
@@ -28,9 +30,14 @@ _named: dict[tuple[int, int | None], tuple[float, policy.Owner]] = {}
 _clock = time.monotonic
 
 
+# Container id -> (uid, user) of the live lease the ledger binds to it, or None.
+LeaseOwner = Callable[[str], tuple[int | None, str] | None]
+
+
 class Owners:
-    def __init__(self, engine: Engine | None, proc: str = "/proc"):
+    def __init__(self, engine: Engine | None, leased: LeaseOwner, proc: str = "/proc"):
         self.engine = engine
+        self.leased = leased
         self.proc = proc
         self._containers: dict[str, owners.Container | None] = {}
         self._lock = threading.Lock()
@@ -63,7 +70,7 @@ class Owners:
         else:
             pid = (info.get("State") or {}).get("Pid")
             home = _read(f"{self.proc}/{pid}/cgroup") if isinstance(pid, int) and pid > 0 else None
-            found = owners.Container(cid, (info.get("Config") or {}).get("Labels") or {}, home)
+            found = owners.Container(cid, self.leased(cid), home)
             if home is None:
                 return found  # not running now: asked again next time
         with self._lock:

@@ -331,3 +331,28 @@ def test_a_host_process_moved_into_alices_container_asks_as_alice(stack):
     assert code == 200 and answer["user"] == ALICE, answer
     assert f"{ALICE} holds 1 of 2 GPUs allowed (policy.limits.users.{ALICE})" in answer["message"]
     assert as_peer(BOB, str(stack.shim_sock), route)[1]["user"] == BOB  # from the host: bob
+
+
+def test_an_image_labelled_as_gpu_allocs_does_not_make_its_containers_anyones(stack):
+    """dockerd merges an image's labels into its containers: `LABEL io.gpu-alloc.owner=0:root`
+    with a lease label on an image must not make a client inside one root (exempt), nor
+    charge anyone: only the ledger's lease names an owner."""
+    api = engine.engine_api(stack.engine_sock)
+    forged = "gpu-alloc-test/forged:latest"
+    base = api.create_container(IMAGE, ["true"])["Id"]
+    changes = ["LABEL io.gpu-alloc.owner=0:root", "LABEL io.gpu-alloc.lease=x"]
+    try:
+        api.commit(base, repository=forged, changes=changes)
+        made = as_user(stack, ALICE, "run", "-d", "--name", "forged", *client(stack)[:-3],
+                       forged, "sleep", "300")  # fmt: skip
+        assert made.returncode == 0, made.stderr + stack.logs()
+        got = inside(stack, "forged", "0", "create", "--gpus", "1", "--name", "took", IMAGE, "true")
+        assert got.returncode == 0, got.stderr + stack.logs()
+        labels = api.inspect_container("took")["Config"]["Labels"]
+        assert labels["io.gpu-alloc.owner"] == ":unknown"  # not 0:root
+        again = inside(stack, "forged", "0", "create", "--gpus", "1", IMAGE, "true")
+        assert "unknown holds 1 of 1 GPU allowed (policy.limits.default)" in again.stderr
+    finally:
+        for name in ("forged", "took", base):
+            api.remove_container(name, force=True)
+        api.remove_image(forged, force=True)

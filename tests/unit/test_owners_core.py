@@ -18,7 +18,7 @@ from tests.support.fake_engine import FakeEngine
 
 ALICE_C = "a" * 64
 OTHER_C = "b" * 64
-ALICES = {"io.gpu-alloc.lease": "l-1", "io.gpu-alloc.owner": "1001:alice"}
+ALICES = (1001, "alice")  # the ledger's owner of the lease bound to her container
 
 # One container as each driver and cgroup version spells it: (its first process's
 # cgroup file, a process in it by `docker exec`).
@@ -37,8 +37,8 @@ SPELLINGS = {
 }
 
 
-def alices(cgroup: str | None, given: dict | None = None) -> Container:
-    return Container(ALICE_C, ALICES if given is None else given, cgroup)
+def alices(cgroup: str | None, leased: tuple | None = ALICES) -> Container:
+    return Container(ALICE_C, leased, cgroup)
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
@@ -90,16 +90,16 @@ def test_a_stopped_container_holds_no_process():
     assert owners.asker(0, 0, f"0::/docker/{ALICE_C}\n", alices(None)).uid is None
 
 
-def test_a_container_gpu_alloc_did_not_create_is_unknown():
+def test_a_container_holding_no_lease_is_unknown_whatever_its_labels():
+    """Labels prove nothing: dockerd merges an image's (`LABEL io.gpu-alloc.owner=0:root`)
+    into every container made from it.  Only the ledger's lease names an owner."""
     cgroup = f"0::/docker/{ALICE_C}\n"
-    forged = {"io.gpu-alloc.owner": "0:root"}  # no lease: not a label the shim wrote
-    assert owners.asker(0, 0, cgroup, alices(cgroup, forged)).uid is None
-    by_nobody = {"io.gpu-alloc.lease": "l-2", "io.gpu-alloc.owner": ":unknown"}
-    assert owners.asker(0, 0, cgroup, alices(cgroup, by_nobody)).uid is None
+    assert owners.asker(0, 0, cgroup, alices(cgroup, None)).uid is None
+    assert owners.asker(0, 0, cgroup, alices(cgroup, (None, "unknown"))).uid is None
 
 
 def test_the_owner_carries_over_to_what_a_container_creates():
-    """A container made from inside alice's container is labelled alice's; a process in
+    """A container made from inside alice's container is leased as alice's; a process in
     that one is alice's again, whatever uid it runs as."""
     cgroup = f"0::/docker/{OTHER_C}\n"
     nested = Container(OTHER_C, ALICES, cgroup)
@@ -119,13 +119,21 @@ def live_peer(pid: int, uid: int = 0) -> Peer:
 
 def test_each_container_is_inspected_once_and_each_connection_decided_once(tmp_path):
     engine = FakeEngine()
-    engine.add("alices", cid=ALICE_C, labels_=ALICES, pid=900)
+    forged = {"io.gpu-alloc.lease": "l-1", "io.gpu-alloc.owner": "0:root"}  # an image's
+    engine.add("alices", cid=ALICE_C, labels_=forged, pid=900)
     cgroup = f"0::/docker/{ALICE_C}\n"
-    found = host_owners.Owners(engine, proc_with(tmp_path, {900: cgroup, 901: cgroup}))  # type: ignore[arg-type]
+    asked = []
+
+    def leased(cid: str):
+        asked.append(cid)
+        return ALICES if cid == ALICE_C else None
+
+    proc = proc_with(tmp_path, {900: cgroup, 901: cgroup})
+    found = host_owners.Owners(engine, leased, proc)  # type: ignore[arg-type]
     first, second = live_peer(901), live_peer(901)
     try:
         assert found.of(first).uid == found.of(second).uid == found.of(first).uid == 1001
-        assert engine.inspected == [ALICE_C]
+        assert engine.inspected == [ALICE_C] and asked == [ALICE_C]
         assert first.asker is not None and first.asker.uid == 1001
     finally:
         first.close()
@@ -139,7 +147,7 @@ def test_a_peer_that_exited_before_its_cgroup_was_read_is_unknown(tmp_path):
     child.wait()
     proc = proc_with(tmp_path, {child.pid: "0::/\n"})
     try:
-        assert host_owners.Owners(None, proc).of(peer) == NOBODY
+        assert host_owners.Owners(None, lambda cid: None, proc).of(peer) == NOBODY
     finally:
         peer.close()
 
@@ -147,7 +155,9 @@ def test_a_peer_that_exited_before_its_cgroup_was_read_is_unknown(tmp_path):
 def test_a_host_peer_is_named_by_nss(tmp_path):
     peer = live_peer(902)
     try:
-        got = host_owners.Owners(None, proc_with(tmp_path, {902: "0::/\n"})).of(peer)
+        got = host_owners.Owners(None, lambda cid: None, proc_with(tmp_path, {902: "0::/\n"})).of(
+            peer
+        )
         assert got == Owner(0, "root", got.groups) and "root" in got.groups
     finally:
         peer.close()
