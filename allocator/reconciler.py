@@ -129,6 +129,9 @@ class Reconciler(Gatherer):
                 if cid in snapshot.expired:
                     del state.expired[cid]  # removed: nothing left to refuse
         for lease_id in expired:
+            # Once more, now that no lease vouches for it: an update judged while the
+            # lease still held may have landed after the first turn-off.
+            self._restart_off(str(held_down[lease_id].container))
             self._restart_audit(held_down[lease_id], policies, "its lease expired")
         for lease_id in report.freed:
             lease = before.get(lease_id)

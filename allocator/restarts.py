@@ -16,7 +16,8 @@ from typing import Any
 
 from allocator.core import policy, restarts, starts
 from allocator.core.leases import State, StateError
-from allocator.host.engine import EngineError
+from allocator.host import ledger
+from allocator.host.engine import EngineError, go_time
 from allocator.reconciler import Reconciler
 
 log = logging.getLogger("gpu-alloc")
@@ -67,8 +68,20 @@ class Restarts(Reconciler):
         info = self.engine.inspect(ref) if self.engine else None
         if info is None:
             return None  # dockerd answers "no such container"
-        why = self.start_refusal(ref, info)
+        why = self.start_refusal(ref, info) or self._expiring(info)
         return None if why is None else restarts.update_refusal(ref, asked, why)
+
+    def _expiring(self, info: dict[str, Any]) -> str | None:
+        """A stopped container whose lease is due to end (`policy.release_stopped_after`):
+        a policy set now could land after reconcile turned it off for the expiry."""
+        after = self.rules.release_stopped_after
+        st = info.get("State") or {}
+        if after is None or st.get("Running"):
+            return None
+        stamp = go_time(st.get("FinishedAt")) or go_time(info.get("Created"))
+        if stamp is None or ledger.now() < stamp + after:
+            return None
+        return "it stayed stopped longer than policy.release_stopped_after, so its lease ends now"
 
     def hold_down(self, container: str) -> dict[str, Any] | None:
         """Turn off ``container``'s restart policy before it lends its GPUs; the policy it
@@ -86,7 +99,14 @@ class Restarts(Reconciler):
             return None
 
     def held_down(self, predecessor: tuple[str, str], was: dict[str, Any], by: str) -> None:
-        """The audit line for a policy `hold_down` turned off, once the GPUs went to ``by``."""
+        """Once the GPUs went to ``by``: the policy off once more (an update judged while
+        the predecessor still held them may have landed after `hold_down`), and the audit
+        line for the policy `hold_down` turned off."""
+        try:
+            if self.engine is not None:
+                self.engine.update(predecessor[0], restarts.OFF)
+        except EngineError as e:  # its start is refused anyway: say so, keep going
+            log.warning("could not turn off the restart policy of %s again: %s", predecessor[1], e)
         if restarts.described(was):
             why = f"restart policy {restarts.described(was)} turned off: lent its GPUs to {by}"
             log.info("container %s: %s", predecessor[1], why)

@@ -89,7 +89,7 @@ def test_an_expiring_lease_ends_only_after_its_containers_policy_is_off(alloc, f
     cid, lease_id = bound(alloc, fake)
     stop(fake, cid)
     assert alloc.reconcile().freed == [lease_id]
-    assert fake.seen == [(cid, Phase.BOUND.value)]  # still leased when it went off
+    assert fake.seen[0] == (cid, Phase.BOUND.value)  # still leased when it went off
     assert fake.by_id[cid]["HostConfig"]["RestartPolicy"] == {"Name": "no"}
     assert cid in alloc.ledger.read().expired
     (line,) = audit(alloc)
@@ -114,7 +114,7 @@ def test_a_container_without_a_policy_is_turned_off_too_but_not_audited(alloc, f
     fake.by_id[cid]["HostConfig"]["RestartPolicy"] = {"Name": "no"}
     stop(fake, cid)
     assert alloc.reconcile().freed == [lease_id]
-    assert fake.seen == [(cid, Phase.BOUND.value)] and audit(alloc) == []
+    assert fake.seen[0] == (cid, Phase.BOUND.value) and audit(alloc) == []
 
 
 def test_a_compose_predecessors_policy_goes_off_before_it_lends_its_gpus(alloc, fake) -> None:
@@ -126,7 +126,8 @@ def test_a_compose_predecessors_policy_goes_off_before_it_lends_its_gpus(alloc, 
     fake.by_id[old_id]["Name"] = f"/{old_id[:12]}_p_train_1"
     leased(alloc, 1, "p_train_1", given)
     assert alloc.ledger.read().leases[old_lease].phase is Phase.HANDED_OVER
-    assert fake.seen == [(old_id, Phase.BOUND.value)]
+    # Off while it still held them, and once more after (an update may land in between).
+    assert fake.seen == [(old_id, Phase.BOUND.value), (old_id, Phase.HANDED_OVER.value)]
     (line,) = audit(alloc)
     assert line["container"] == old_id and "lent its GPUs to p_train_1" in line["reason"]
 
@@ -212,3 +213,22 @@ def test_described_writes_policies_as_the_cli_does() -> None:
     assert restarts.described({"Name": "on-failure", "MaximumRetryCount": 3}) == "on-failure:3"
     assert restarts.described({"Name": "on-failure"}) == "on-failure"
     assert restarts.described({"Name": "no"}) == restarts.described(None) == ""
+
+
+def test_an_update_to_a_container_whose_lease_is_due_to_end_is_refused(alloc, fake) -> None:
+    """Stopped past release_stopped_after: the next reconcile ends its lease, and a policy
+    set now could land after that reconcile turned it off."""
+    cid, _ = bound(alloc, fake)
+    stop(fake, cid)  # stopped in 2020: long past the 1 s rule
+    refused = alloc.resolve(UpdateCheck(cid, (), "always"))
+    assert isinstance(refused, decide.Deny)
+    assert "stayed stopped longer than policy.release_stopped_after" in refused.msg
+
+
+def test_an_expired_containers_policy_goes_off_again_after_the_lease_ends(alloc, fake) -> None:
+    """An update judged while the lease still held may land after the first turn-off."""
+    cid, lease_id = bound(alloc, fake)
+    stop(fake, cid)
+    assert alloc.reconcile().freed == [lease_id]
+    assert fake.seen == [(cid, Phase.BOUND.value), (cid, None)]
+    assert fake.by_id[cid]["HostConfig"]["RestartPolicy"] == {"Name": "no"}

@@ -264,7 +264,7 @@ def test_a_compose_recreate_on_a_full_host_takes_over_its_predecessors_gpus(allo
     assert set(new.gpus) == set(old.gpus)
     state = alloc.ledger.read()
     assert state.leases[old.id].phase is Phase.HANDED_OVER
-    assert fake.updates == [(old_id, {"RestartPolicy": {"Name": "no"}})]
+    assert fake.updates == [(old_id, {"RestartPolicy": {"Name": "no"}})] * 2  # before, after
     refusal = alloc.start_refusal(old_id)
     assert refusal and "handed to the container replacing it" in refusal
 
