@@ -104,8 +104,8 @@ class _Upstream(asyncio.Protocol):
 
 
 class ClientState:
-    """The state both halves of `shim.splice._Client` share, declared for the type checker:
-    `_Client.__init__` sets it, and the halves' methods read and change it."""
+    """The state the parts of `shim.splice._Client` share, declared for the type checker:
+    `_Client.__init__` sets it, and the parts' methods read and change it."""
 
     proxy: _Proxy
     ct: asyncio.Transport | None
@@ -116,7 +116,16 @@ class ClientState:
     rq: int
     rs: int
     body: _Body | None
+    rbody: _Body | None
+    awaiting: bool
+    head_req: bool
+    req_keep: bool
+    rkeep: bool
+    rsent: bool
+    raw: bool
+    client_eof: bool
     eof_sent: bool
+    cpause: int
     upaused: bool
     closed: bool
     size: int
@@ -127,7 +136,7 @@ class ClientState:
     connecting: asyncio.Future[None] | None
     peer: Peer | None
 
-    if TYPE_CHECKING:  # _Client's own methods, which the halves call
+    if TYPE_CHECKING:  # the methods one part calls on another
 
         def advance(self) -> None: ...
         def resume_client(self, reason: int) -> None: ...
@@ -137,6 +146,8 @@ class ClientState:
         def up_data(self, up: _Upstream, data: bytes) -> None: ...
         def up_eof(self, up: _Upstream) -> bool: ...
         def up_lost(self, up: _Upstream) -> None: ...
+        def _collect(self, eof: bool = False) -> None: ...
+        def drop_upstream(self) -> None: ...
         async def ensure_upstream(self) -> None: ...
         async def forward(self, request: Request, *, timeout: float | None = None) -> Response: ...
 
