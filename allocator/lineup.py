@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol, Unpack
 
 from allocator.core import policy, queue
-from allocator.core.leases import Holder, Lease, State
+from allocator.core.holders import Holder
+from allocator.core.leases import Lease, State
 from allocator.core.placement import usable
 from allocator.core.policy import Refusal
 from allocator.host import metrics

@@ -20,9 +20,10 @@ from dataclasses import dataclass, replace
 
 from allocator.core import compose, cpus, labels, plugins, policy
 from allocator.core.ask import Ask
+from allocator.core.holders import Holder
 from allocator.core.inflight import Target
 from allocator.core.inventory import Inventory
-from allocator.core.leases import Claim, Holder, Lease, Phase, State, StateError, admission
+from allocator.core.leases import Claim, Lease, Phase, State, StateError, admission
 from allocator.core.outcomes import Bind, Forget, Unanswered
 from allocator.core.placement import Shortage, place
 from allocator.core.policy import NOBODY, Invalid, Owner, Refusal, Wanted

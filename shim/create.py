@@ -44,8 +44,9 @@ from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
 from allocator.core.cpus import Placed, Resources, conflicts
 from allocator.core.createbody import decode_create
+from allocator.core.holders import ago
 from allocator.core.inventory import InventoryError
-from allocator.core.leases import Lease, StateError, ago
+from allocator.core.leases import Lease, StateError
 from allocator.core.placement import Shortage
 from allocator.core.rewrite import rewrite, strip_labels
 from allocator.core.routes import Check, Route, by_id, needs_check

@@ -29,8 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from allocator.core.health import GpuHealth, Health
+from allocator.core.holders import Holder
 from allocator.core.inventory import GPU
-from allocator.core.leases import Holder
 from allocator.core.usage import idle_since
 
 DEPARTED, UNHEALTHY, LEASED, BUSY, MIG, FREE = (

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from allocator.core.leases import Holder
+from allocator.core.holders import Holder
 
 
 @dataclass(frozen=True)

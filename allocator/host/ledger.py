@@ -38,6 +38,8 @@ Every full write is fsync'd before it replaces the file; a create's grant is fsy
 while dockerd works on the create, and before its answer reaches the client.
 
 `State` (the pure lease life) lives in allocator/core/leases.py; this is its file shell.
+The journals' records are written, read and laid over a state by allocator/host/journal.py;
+when, under which lock and in which order is decided here.
 """
 
 from __future__ import annotations
@@ -46,7 +48,6 @@ import contextlib
 import errno
 import json
 import os
-import re
 import secrets
 import tempfile
 import threading
@@ -56,13 +57,12 @@ from pathlib import Path
 
 import portalocker
 
-from allocator.core.leases import REPAIR_HINT, Lease, State, StateError, lease_from_json
+from allocator.core.leases import REPAIR_HINT, Lease, State, StateError
+from allocator.host import journal
 
 __all__ = ["Ledger", "State", "StateError", "now"]
 
 STATE_FILE = "state.json"
-BINDS_DIR = "binds"
-GRANTS_DIR = "grants"
 MAX_JOURNAL = 32  # records beside the file before a grant folds them in (reads read each)
 LOCK_FILE = "lock"
 LOCK_POLL = 0.003  # seconds between tries for a lock another process holds
@@ -75,8 +75,8 @@ class Ledger:
     def __init__(self, state_dir: str | os.PathLike[str], lock_timeout: float = 5.0):
         self.dir = Path(state_dir)
         self.path = self.dir / STATE_FILE
-        self.binds = self.dir / BINDS_DIR
-        self.grants = self.dir / GRANTS_DIR
+        self.binds = self.dir / journal.BINDS_DIR
+        self.grants = self.dir / journal.GRANTS_DIR
         self.lock_path = self.dir / LOCK_FILE
         self.lock_timeout = lock_timeout
         self._threads = threading.Lock()
@@ -108,46 +108,13 @@ class Ledger:
         return self._load()[0]
 
     def sync_grant(self, lease_id: str) -> None:
-        """Make lease ``lease_id``'s grant record durable (rule 6); a record folded into
-        the file already is (every full write is fsync'd)."""
-        if not _LEASE_ID.fullmatch(lease_id):
-            return
-        try:
-            fd = os.open(self.grants / lease_id, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            raise StateError(f"{self.grants}: cannot sync the grant: {e.strerror}") from None
-        try:
-            os.fsync(fd)
-        except OSError as e:
-            raise StateError(f"{self.grants}: cannot sync the grant: {e.strerror}") from None
-        finally:
-            os.close(fd)
+        """Make lease ``lease_id``'s grant record durable (rule 6): `journal.sync_grant`."""
+        journal.sync_grant(self.grants, lease_id)
 
     def record_bind(self, lease_id: str, container: str) -> bool:
-        """The Engine answered lease ``lease_id``'s create with ``container`` (rule 5).
-
-        The first record wins (O_EXCL); a second for the same container is no news, one
-        for another container is refused, as `State.bind` would.
-        """
-        if not _LEASE_ID.fullmatch(lease_id):
-            return False
-        path = self.binds / lease_id
-        try:
-            self.binds.mkdir(mode=0o700, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        except FileExistsError:
-            with contextlib.suppress(OSError):
-                return path.read_text() == container
-            return False
-        except OSError as e:
-            raise StateError(f"{path}: cannot record the binding: {e.strerror}") from None
-        try:
-            os.write(fd, container.encode())
-        finally:
-            os.close(fd)
-        return True
+        """The Engine answered lease ``lease_id``'s create with ``container`` (rule 5):
+        `journal.record_bind`."""
+        return journal.record_bind(self.binds, lease_id, container)
 
     def _granted(self) -> list[tuple[Path, str, Lease | None]]:
         """The grant journal's records: (path, generation, lease), None for one that is
@@ -156,10 +123,10 @@ class Ledger:
         since a lease left out would let its GPUs be granted again."""
         records: list[tuple[Path, str, Lease | None]] = []
         seen: dict[str, tuple[Path, str, Lease]] = {}
-        for name in _names(self.grants):
+        for name in journal.names(self.grants):
             known = self._granted_seen.get(name)
             if known is None:
-                record = _grant(self.grants / name)
+                record = journal.read_grant(self.grants / name)
                 if record is None:
                     continue
                 if record[2] is None:  # incomplete: read again next time
@@ -179,11 +146,11 @@ class Ledger:
         counts for nothing here, so a stray one only refuses.  Other leases' records are
         not read, so one that cannot be read does not stop this read: an admission grants
         no GPU."""
-        if not _LEASE_ID.fullmatch(lease_id):
+        if not journal.LEASE_ID.fullmatch(lease_id):
             return None
-        granted = _grant(self.grants / lease_id)
+        granted = journal.read_grant(self.grants / lease_id)
         try:
-            container = _small(self.binds / lease_id).decode()
+            container = journal.read_record(self.binds / lease_id).decode()
         except (OSError, UnicodeDecodeError):
             container = ""  # no record (or gone meanwhile: folded into the file read next)
         state, _ = self._file()
@@ -203,15 +170,15 @@ class Ledger:
         or was left so by a power cut); a record gone meanwhile was folded."""
         records: list[tuple[Path, str]] = []
         whole: dict[str, tuple[Path, str]] = {}
-        for name in _names(self.binds):
+        for name in journal.names(self.binds):
             known = self._bound_seen.get(name)
             if known is None:
                 path = self.binds / name
                 try:
-                    known = (path, _small(path).decode())
+                    known = (path, journal.read_record(path).decode())
                 except (OSError, UnicodeDecodeError):
                     continue  # gone meanwhile: folded by another transaction
-            if _CONTAINER_ID.fullmatch(known[1]):
+            if journal.CONTAINER_ID.fullmatch(known[1]):
                 whole[name] = known
             records.append(known)
         self._bound_seen = whole  # names no longer listed are forgotten
@@ -238,7 +205,7 @@ class Ledger:
         laid = self._laid
         if laid is not None and laid[0] == key:
             return laid[1].copy(), raw, list(laid[2]), laid[3], laid[4]
-        done, grants, live = _journal(state, granted, binds)
+        done, grants, live = journal.lay_over(state, granted, binds)
         self._laid = (key, state.copy(), done, grants, live)
         return state, raw, list(done), grants, live
 
@@ -325,7 +292,7 @@ class Ledger:
                 added
                 and state.generation
                 and grants + binds + len(added) <= MAX_JOURNAL
-                and self._record_grants(added, state.generation)
+                and journal.write_grants(self.grants, added, state.generation)
             ):
                 return
             # Folding a grant takes a new generation even where the file would read the
@@ -339,7 +306,7 @@ class Ledger:
     def write(self, state: State) -> None:
         """Replace the state whole (repair): the journals' records go with the old one."""
         self._commit(state)
-        for record in [*_records(self.binds), *_records(self.grants)]:
+        for record in [*journal.records(self.binds), *journal.records(self.grants)]:
             with contextlib.suppress(OSError):
                 record.unlink()
 
@@ -350,40 +317,6 @@ class Ledger:
         data = _encode(state)
         self._write(data)
         self._known = (data, state.copy())
-
-    def _record_grants(self, leases: list[Lease], generation: str) -> bool:
-        """Record ``leases`` in the grant journal; False where it cannot be written (a full
-        or read-only disk), and the caller writes the file instead, which says why.
-
-        A record is written in place: only a holder of the lock writes or folds records,
-        and a reader without it that meets one half written reads no lease from it, as
-        before it was begun (the shim asks dockerd only once the record is whole).
-        """
-        done = []
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        try:
-            for lease in leases:
-                path = self.grants / lease.id
-                data = json.dumps({"generation": generation, "lease": vars(lease)}).encode()
-                try:
-                    fd = os.open(path, flags, 0o600)
-                except FileNotFoundError:  # the first grant here
-                    self.grants.mkdir(mode=0o700, exist_ok=True)
-                    fd = os.open(path, flags, 0o600)
-                done.append(path)
-                try:
-                    if os.write(fd, data) != len(data):
-                        raise OSError(errno.ENOSPC, "short write")
-                finally:
-                    os.close(fd)
-        except OSError:
-            for record in done:
-                with contextlib.suppress(OSError):
-                    record.unlink()
-            with contextlib.suppress(OSError):
-                self.grants.rmdir()  # only if nothing else is recorded there
-            return False
-        return True
 
     def _write(self, data: bytes) -> None:
         tmp = None
@@ -406,45 +339,9 @@ class Ledger:
             ) from None
 
 
-def _journal(
-    state: State, granted: list[tuple[Path, str, Lease | None]], binds: list[tuple[Path, str]]
-) -> tuple[list[Path], int, int]:
-    """Lay the grant and bind journals over ``state``: the records it holds no more use
-    for (folded into ``state``, or dead), and how many grants and binds are live."""
-    done, grants, live = [], 0, 0
-    for path, generation, lease in granted:
-        done.append(path)  # folded into ``state`` here, or dead
-        if lease is not None and generation == state.generation:
-            grants += 1
-            state.leases.setdefault(lease.id, lease)
-    for record, container in binds:
-        lease = state.leases.get(record.name)
-        if lease is None or (container and not state.bind(record.name, container)):
-            done.append(record)  # its lease ended, or it is bound to another one
-        elif container:
-            done.append(record)  # folded into ``state``
-            live += 1
-    return done, grants, live
-
-
 def _encode(state: State) -> bytes:
     # Compact: json's C encoder runs only without indent (indent takes the pure-Python one).
     return json.dumps(state.to_json(), sort_keys=True, separators=(",", ":")).encode()
-
-
-def _records(directory: Path) -> list[Path]:
-    """A journal's records (never the ones being written aside)."""
-    return [directory / name for name in _names(directory)]
-
-
-def _names(directory: Path) -> list[str]:
-    """The names of a journal's records: a listing, no path built for each."""
-    try:
-        return [name for name in os.listdir(directory) if not name.startswith(".")]
-    except FileNotFoundError:
-        return []
-    except OSError as e:
-        raise StateError(f"{directory}: cannot read: {e.strerror}") from None
 
 
 def _held(e: portalocker.LockException) -> bool:
@@ -467,34 +364,7 @@ def _whole(path: Path) -> bytes:
         os.close(fd)
 
 
-def _grant(path: Path) -> tuple[Path, str, Lease | None] | None:
-    """A grant record: (path, generation, lease), None for a record folded meanwhile, and
-    no lease for one that is incomplete (`Ledger._granted`)."""
-    try:
-        raw = _small(path)
-    except FileNotFoundError:
-        return None  # folded meanwhile
-    except OSError as e:
-        raise StateError(f"{path}: cannot read the grant: {e.strerror}") from None
-    try:
-        data = json.loads(raw)
-        return path, str(data["generation"]), lease_from_json(data["lease"])
-    except (ValueError, KeyError, TypeError):
-        return path, "", None
-
-
-def _small(path: Path) -> bytes:
-    """A journal record's bytes (a few hundred at most), in three system calls."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.read(fd, 1 << 16)
-    finally:
-        os.close(fd)
-
-
 _EMPTY = _encode(State())
-_LEASE_ID = re.compile(r"[0-9a-f]{16}")  # `State.new_lease`'s ids: never a path
-_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 
 
 def now() -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from allocator.core.cpus import format_list
-from allocator.core.leases import ago
+from allocator.core.holders import ago
 from allocator.views.status import HOST, rfc3339
 from allocator.views.wire import encode as render_json
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from allocator.core import labels as gpu_labels
 from allocator.core import verdicts as decide
-from allocator.core.leases import ago
+from allocator.core.holders import ago
 from allocator.core.placement import Shortage
 from allocator.core.policy import Invalid, Owner, Refusal, priority_of, wait_of, wanted
 from allocator.service import Allocator

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocator.core.ask import Ask
+from allocator.core.holders import Holder
 from allocator.core.inventory import GPU, Inventory
-from allocator.core.leases import Holder
 from allocator.core.placement import Shortage, place
 from allocator.core.placement.best_effort import allocate, pair_score, set_score
 

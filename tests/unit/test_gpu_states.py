@@ -15,8 +15,8 @@ from allocator.core.gpu_states import (
     states,
 )
 from allocator.core.health import XID, GpuEvent, GpuHealth, Health
+from allocator.core.holders import Holder
 from allocator.core.inventory import GPU
-from allocator.core.leases import Holder
 
 U = [f"GPU-{i}" for i in range(4)]
 NOW, IDLE_AFTER = 10_000.0, 60.0

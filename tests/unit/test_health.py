@@ -25,8 +25,9 @@ from allocator.core.health import (
     observe,
     recover,
 )
+from allocator.core.holders import Holder
 from allocator.core.inventory import GPU, Inventory
-from allocator.core.leases import Holder, StateError
+from allocator.core.leases import StateError
 from allocator.core.placement import POLICIES, Shortage, place
 from allocator.host import config as configmod
 from allocator.host.health import HealthFile

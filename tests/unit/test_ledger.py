@@ -16,7 +16,7 @@ from allocator.core.ask import Ask
 from allocator.core.inventory import GPU, Inventory
 from allocator.core.leases import REPAIR_HINT, SCHEMA_VERSION, Claim, State, StateError
 from allocator.core.placement import POLICIES, Shortage, place
-from allocator.host import ledger
+from allocator.host import journal, ledger
 from allocator.host.ledger import Ledger
 
 A, B, C, D = (f"GPU-{c * 8}" for c in "abcd")
@@ -843,7 +843,7 @@ def test_one_lease_read_alone_lists_no_journal(tmp_path: Path, monkeypatch) -> N
     lease_id = grant(led)
     for other in (B, C):
         grant(led, other)
-    monkeypatch.setattr(ledger, "_records", lambda directory: pytest.fail(f"listed {directory}"))
+    monkeypatch.setattr(journal, "records", lambda directory: pytest.fail(f"listed {directory}"))
     lease = led.lease(lease_id)
     assert lease is not None and lease.gpus == (A,)
 
@@ -862,8 +862,10 @@ def test_a_journal_record_is_read_once_by_a_process(tmp_path: Path, monkeypatch)
     reader.read()
     third = grant(led, C)  # another process grants
     opened: list[str] = []
-    real = ledger._small
-    monkeypatch.setattr(ledger, "_small", lambda path: (opened.append(path.name), real(path))[1])
+    real = journal.read_record
+    monkeypatch.setattr(
+        journal, "read_record", lambda path: (opened.append(path.name), real(path))[1]
+    )
     assert set(reader.read().leases) == {*ids, third}
     assert opened == [third]  # only the new record
     assert [reader.read().leases[i].container for i in ids] == [i[0] * 64 for i in ids]

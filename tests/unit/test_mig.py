@@ -13,8 +13,8 @@ import yaml
 from allocator.core import access, labels
 from allocator.core.access import EngineView, Node, Refusal
 from allocator.core.ask import Ask
+from allocator.core.holders import Holder
 from allocator.core.inventory import GPU, Inventory, InventoryError
-from allocator.core.leases import Holder
 from allocator.core.mounts import Mount
 from allocator.core.placement import POLICIES, Shortage, place
 from allocator.host import config as configmod

@@ -207,7 +207,7 @@ def test_an_old_state_file_without_owners_still_loads():
 
 def test_a_shortage_names_each_holder_once_with_owner_and_age():
     from allocator.core.ask import Ask
-    from allocator.core.leases import Holder
+    from allocator.core.holders import Holder
     from allocator.core.placement import POLICIES, Shortage, place
 
     inventory = Inventory(INVENTORY.gpus[:4])

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from allocator.core.ask import Ask
+from allocator.core.holders import Holder
 from allocator.core.inventory import GPU, Inventory
-from allocator.core.leases import Holder
 from allocator.core.placement import best_effort, first_fit, numa
 from allocator.core.queue import Kept
 
