@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, overload
 
 from allocator.core import access, fields, gojson, labels, mounts, plugins, privileged, restarts
+from allocator.core.access_ctx import MountsOf, VolumeOf
 from allocator.core.ask import Ask, ask_of
 from allocator.core.createbody import decode_create
 from allocator.core.facts import EngineView, HostFacts, Unresolvable
@@ -75,9 +76,9 @@ class Facts:
     inventory: Inventory | None
     engine: EngineView
     host: HostFacts
-    mounts_of: access.MountsOf | None = None  # another container's binds, for VolumesFrom
+    mounts_of: MountsOf | None = None  # another container's binds, for VolumesFrom
     inventory_error: str = ""  # why `inventory` is None
-    volume_of: access.VolumeOf | None = None  # a named volume's driver and options
+    volume_of: VolumeOf | None = None  # a named volume's driver and options
     shim_socket: str = DEFAULT_SHIM_SOCKET  # for the hint on the real socket
     privileged_mode: str = privileged.REFUSE  # policy.privileged, as the shim leases by it
 
