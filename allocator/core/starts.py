@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from allocator.core import access, compose, privileged
+from allocator.core.access_ctx import VolumeOf
 from allocator.core.facts import EngineView, HostFacts
 from allocator.core.inventory import Inventory
 from allocator.core.leases import Phase, State
@@ -38,7 +39,7 @@ def refusal(
     inventory: Inventory,
     host: HostFacts,
     predecessor: Inspect | None = None,
-    volume_of: access.VolumeOf | None = None,
+    volume_of: VolumeOf | None = None,
 ) -> str | None:
     """Why starting ``ref`` must be refused, or None.
 

@@ -11,41 +11,59 @@ Rules
 3. No I/O here.  A decision that needs the ledger comes back as `NeedsLease`
    and the caller (plugin/app.py, shim/create.py) reads it.
 
+Here are the route of a call, the create's verdict and the shim's ask; what a
+decision can be is in `decisions`, the checks of the other write routes in
+`route_checks`.
+
 Every denial says what was refused, why, and what to do instead, because the
 docker CLI prints ``Msg`` to the user as it is.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, overload
+from dataclasses import replace
+from typing import Any
 
-from allocator.core import access, fields, gojson, labels, mounts, plugins, privileged, restarts
+from allocator.core import access, gojson, labels, privileged
 from allocator.core.ask import Ask, ask_of
 from allocator.core.createbody import decode_create
-from allocator.core.facts import EngineView, HostFacts, Unresolvable
+from allocator.core.decisions import (
+    ALLOW,
+    HINT,
+    Allow,
+    AllowStart,
+    Decision,
+    Deny,
+    Facts,
+    NeedsLease,
+    StartCheck,
+    UpdateCheck,
+    context_hint,
+)
 from allocator.core.grants import Access, Grant, Refusal
-from allocator.core.inflight import Target
-from allocator.core.inventory import Inventory, InventoryError
-from allocator.core.plugins import PluginCheck
+from allocator.core.route_checks import CHECKS, needs_body
 from allocator.core.routes import CLEARED, Check, Route, RouteError, classify
 
-DEFAULT_SHIM_SOCKET = "/run/gpu-alloc/docker.sock"
+# The decisions are this module's answers: callers read them from here.
+__all__ = [
+    "ALLOW",
+    "HINT",
+    "Allow",
+    "AllowStart",
+    "Decision",
+    "Deny",
+    "Facts",
+    "NeedsLease",
+    "StartCheck",
+    "UpdateCheck",
+    "authz_request",
+    "cleared",
+    "grants_of_create",
+    "route_of",
+    "shim_ask",
+]
 
-
-def context_hint(shim_socket: str = DEFAULT_SHIM_SOCKET) -> str:
-    """What to do instead, for a refusal on the real socket: the command that fixes it."""
-    return (
-        "GPUs are leased only through the gpu-alloc socket: create its context once with "
-        f"'docker context create gpu-alloc --docker host=unix://{shim_socket}', then run "
-        "'docker --context gpu-alloc run --gpus 1 ...' (or a Compose device reservation; "
-        f"docker-compose v1 reads only DOCKER_HOST=unix://{shim_socket})"
-    )
-
-
-HINT = context_hint()
 # Plain words for the grants people hit most, before the field that carries them.
 # Fields whose refusal reads better in plain words first: (what, what to do about it).
 PLAIN = {
@@ -56,90 +74,6 @@ PLAIN = {
     ),
 }
 SHIM_INSTEAD = "ask for GPUs with --gpus N (or a Compose device reservation) instead"
-DEVICE_FIELDS = ("Devices", "DeviceRequests", "DeviceCgroupRules")
-MIN_START_BODY_FREE_API = (1, 24)  # below it, start may carry a HostConfig
-
-
-NO_GPUS = Inventory(())
-
-
-@dataclass(frozen=True)
-class Facts:
-    """The world a decision is made against.
-
-    The inventory is a fact that may be missing (a simulated file gone, NVML failing):
-    work that touches no GPU goes on without it, and only a grant is refused, naming
-    ``inventory_error``.
-    """
-
-    inventory: Inventory | None
-    engine: EngineView
-    host: HostFacts
-    mounts_of: access.MountsOf | None = None  # another container's binds, for VolumesFrom
-    inventory_error: str = ""  # why `inventory` is None
-    volume_of: access.VolumeOf | None = None  # a named volume's driver and options
-    shim_socket: str = DEFAULT_SHIM_SOCKET  # for the hint on the real socket
-    privileged_mode: str = privileged.REFUSE  # policy.privileged, as the shim leases by it
-
-    @property
-    def known_gpus(self) -> Inventory:
-        """The inventory, or no GPUs at all: enough to tell whether a request touches a
-        GPU (every GPU source is a grant with or without an inventory), never to grant."""
-        return self.inventory if self.inventory is not None else NO_GPUS
-
-    def require_inventory(self) -> Inventory:
-        if self.inventory is None:
-            raise InventoryError(self.inventory_error or "the GPU inventory cannot be read")
-        return self.inventory
-
-
-@dataclass(frozen=True)
-class Allow:
-    pass
-
-
-@dataclass(frozen=True)
-class Deny:
-    msg: str
-    field: str = ""  # the GPU-granting field refused, when one was (for the metrics)
-
-
-@dataclass(frozen=True)
-class NeedsLease:
-    """Allow only if the ledger has a pending lease ``lease_id`` for exactly ``gpus``."""
-
-    lease_id: str
-    token: str
-    gpus: frozenset[str]
-
-
-@dataclass(frozen=True)
-class StartCheck:
-    """Allow only if container ``ref``, as it resolves now, passes `starts.refusal`."""
-
-    ref: str
-
-
-@dataclass(frozen=True)
-class AllowStart:
-    """A start allowed for the container its reference named when judged (None: it named
-    none; dockerd will say so).  The shim forwards it by that container's full id."""
-
-    target: Target | None
-
-
-@dataclass(frozen=True)
-class UpdateCheck:
-    """Allow unless ``ref``'s lease set one of ``fields`` (its leased cores or memory), or
-    the update sets a ``restart`` policy (`restarts.asked`) a start of ``ref`` fails."""
-
-    ref: str
-    fields: tuple[str, ...]
-    restart: str = ""
-
-
-Decision = Allow | Deny | NeedsLease | StartCheck | AllowStart | UpdateCheck | PluginCheck
-ALLOW = Allow()
 
 
 # ----------------------------------------------------------------- request phase
@@ -174,39 +108,7 @@ def authz_request(
         return ALLOW
     if route.check is Check.CREATE:
         return _create(route, method, uri, body, facts, labels.parse_lease_header(headers))
-    return _CHECKS[route.check](route, method, uri, body, facts)
-
-
-def _needs_body(route: Route, method: str, uri: str, body: bytes | None) -> Deny | None:
-    if body:
-        return None
-    return Deny(
-        f"gpu-alloc refused {method} {route.path}: the Engine passed no request body to the "
-        "authorization plugin (it forwards only application/json bodies, up to 1 MiB, or "
-        "4 MiB on Engines with the CVE-2026-34040 fix), and this request cannot be judged "
-        "without it"
-    )
-
-
-@overload
-def _body_as(
-    route: Route, method: str, uri: str, body: bytes | None, schema: fields.Struct, what: str
-) -> dict[str, Any] | Deny: ...
-@overload
-def _body_as(
-    route: Route, method: str, uri: str, body: bytes | None, schema: object, what: str
-) -> object | Deny: ...
-def _body_as(
-    route: Route, method: str, uri: str, body: bytes | None, schema: object, what: str
-) -> object | Deny:
-    """The body decoded as dockerd decodes it, or the denial: missing or unreadable."""
-    missing = _needs_body(route, method, uri, body)
-    if missing:
-        return missing
-    try:
-        return gojson.decode(body or b"", schema)
-    except gojson.BodyError as e:
-        return Deny(f"gpu-alloc refused the {what}: {e}")
+    return CHECKS[route.check](route, method, uri, body, facts)
 
 
 def _create(
@@ -220,7 +122,7 @@ def _create(
     """A create: allowed when it reaches no GPU, or when everything it reaches is pinned
     to the GPUs of the pending lease that its lease header (``lease``: id, token) and
     its lease label both name."""
-    missing = _needs_body(route, method, uri, body)
+    missing = needs_body(route, method, uri, body)
     if missing:
         return missing
     try:
@@ -310,166 +212,6 @@ def _refusal_text(refused: Sequence[Grant], instead: str) -> str:
         f"device requests (--gpus, Compose reservations) or the nvidia runtime with "
         f"NVIDIA_VISIBLE_DEVICES; {instead}"
     )
-
-
-def _start(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
-    if route.version is not None and route.version < MIN_START_BODY_FREE_API:
-        return Deny(
-            f"gpu-alloc refused container start on API {'.'.join(map(str, route.version))}: "
-            "below 1.24 a start may replace the container's HostConfig, which gpu-alloc "
-            "cannot vet; use a client that speaks API 1.24 or newer"
-        )
-    if body and body.strip() not in (b"", b"{}", b"null"):
-        return Deny(
-            "gpu-alloc refused container start: a start with a request body would replace "
-            "the container's HostConfig; start it without one"
-        )
-    return StartCheck(route.name)
-
-
-def _restart(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
-    return StartCheck(route.name)  # a restart starts the container again: the same check
-
-
-def _update(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
-    spec = _body_as(route, method, uri, body, fields.UPDATE_BODY, "container update")
-    if isinstance(spec, Deny):
-        return spec
-    touched = [f for f in DEVICE_FIELDS if (spec or {}).get(f)]
-    if touched:
-        return Deny(
-            f"gpu-alloc refused the container update: {', '.join(touched)} would change the "
-            "container's device access; recreate the container through gpu-alloc instead"
-        )
-    leasable = tuple(f for f in LEASED_FIELDS if (spec or {}).get(f))
-    restart = restarts.asked(spec)
-    return UpdateCheck(route.name, leasable, restart) if leasable or restart else ALLOW
-
-
-# HostConfig fields a CPU or memory lease sets; only their updates need the ledger.
-LEASED_FIELDS = ("CpusetCpus", "CpusetMems", "Memory")
-
-
-def _exec(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
-    spec = _body_as(route, method, uri, body, fields.EXEC_BODY, "exec")
-    if isinstance(spec, Deny):
-        return spec
-    if (spec or {}).get("Privileged"):
-        return Deny(
-            "gpu-alloc refused the exec: Privileged exec can reach devices the container "
-            "was not granted; run the exec without --privileged"
-        )
-    return ALLOW
-
-
-def _service(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
-    return Deny(
-        "gpu-alloc refused the swarm service: swarm tasks are created by the daemon without "
-        "passing the authorization plugin, so their GPU access cannot be leased; run the "
-        f"containers directly ({HINT})"
-    )
-
-
-def _plugin_create(
-    route: Route, method: str, uri: str, body: bytes | None, facts: Facts
-) -> Decision:
-    return Deny(
-        "gpu-alloc refused 'docker plugin create': a plugin built from a local tarball can "
-        "ask for any device, and its manifest is not visible to gpu-alloc; install plugins "
-        "with 'docker plugin install', whose privileges gpu-alloc checks"
-    )
-
-
-_PLUGIN_BODIES = {
-    Check.PLUGIN_INSTALL: (fields.PLUGIN_PRIVILEGES_BODY, "plugin install"),
-    Check.PLUGIN_UPGRADE: (fields.PLUGIN_PRIVILEGES_BODY, "plugin upgrade"),
-    Check.PLUGIN_SET: (fields.PLUGIN_SET_BODY, "plugin settings"),
-}
-
-
-def _plugin(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
-    """Plugin installs, upgrades, settings, enables, disables and removals: the body (when
-    the route has one) decoded here, the verdict `plugins.verdict`'s."""
-    decoded: object = None
-    if route.check in _PLUGIN_BODIES:
-        schema, what = _PLUGIN_BODIES[route.check]
-        decoded = _body_as(route, method, uri, body, schema, what)
-        if isinstance(decoded, Deny):
-            return decoded
-    exposes = functools.partial(_exposes, facts.host)
-    found = plugins.verdict(route, method, uri, decoded, facts.engine.authz_chain, exposes)
-    return Deny(found) if isinstance(found, str) else found or ALLOW
-
-
-_VOLUME_BODY = fields.Struct(
-    Name=str,
-    Driver=str,
-    DriverOpts=fields.STRING_MAP,
-    Labels=fields.STRING_MAP,
-    ClusterVolumeSpec=fields.OPAQUE,
-)
-
-
-def _volume_create(
-    route: Route, method: str, uri: str, body: bytes | None, facts: Facts
-) -> Decision:
-    spec = _body_as(route, method, uri, body, _VOLUME_BODY, "volume create")
-    if isinstance(spec, Deny):
-        return spec
-    spec = spec or {}
-    if str(spec.get("Driver") or "") not in mounts.LOCAL_DRIVERS:
-        return ALLOW  # a volume plugin: its own privileges were vetted at install
-    made = mounts.local_volume(spec.get("DriverOpts") or {})
-    exposed = made.refusal or _exposes(facts.host, made.source, made.read_only)
-    where = "DriverOpts.device" if made.source else "DriverOpts"
-    if exposed:
-        return Deny(
-            f"gpu-alloc refused the volume create: {where}: {exposed}; a volume may be a "
-            "plain directory, a tmpfs, a network share, or a bind of a path that exposes no "
-            "GPU device or Engine control file"
-        )
-    return ALLOW
-
-
-def _exposes(host: HostFacts, path: str, read_only: bool = False) -> str:
-    """What a bind of ``path`` exposes, in words; empty when nothing."""
-    if not path.startswith("/"):
-        return ""
-    try:
-        real = host.resolve(path)
-    except Unresolvable as e:
-        return f"{path} cannot be judged: {e}"
-    exposed = mounts.exposure(host, real, read_only)
-    if exposed:
-        return f"a bind of {path} exposes {exposed}"
-    node = host.node(real)
-    if node is not None and node.kind == "chr":
-        return f"{path} is a device node"
-    return ""
-
-
-def _unknown(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
-    return Deny(
-        f"gpu-alloc refused {method} {route.path}: it is not an Engine route gpu-alloc knows, "
-        "and it might change device access"
-    )
-
-
-_CHECKS = {
-    Check.START: _start,
-    Check.RESTART: _restart,
-    Check.UPDATE: _update,
-    Check.EXEC: _exec,
-    Check.SERVICE: _service,
-    Check.PLUGIN_INSTALL: _plugin,
-    Check.PLUGIN_UPGRADE: _plugin,
-    Check.PLUGIN_ENABLE: _plugin,
-    Check.PLUGIN_DISABLE: _plugin,
-    Check.PLUGIN_CREATE: _plugin_create,
-    Check.PLUGIN_SET: _plugin,
-    Check.VOLUME_CREATE: _volume_create,
-    Check.UNKNOWN: _unknown,
-}
 
 
 # ------------------------------------------------------------------- shim side

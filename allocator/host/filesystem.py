@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from allocator.core import inroot
-from allocator.core.access import DRM_MAJOR
+from allocator.core.access_devices import DRM_MAJOR
 from allocator.core.facts import Node, Unresolvable
 from allocator.core.mounts import Mount
 from allocator.host.engineroot import EngineRoot

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from allocator.core import access, gonum, mounts
-from allocator.core.access import EngineView, Node
+from allocator.core.facts import EngineView, Node
 from allocator.core.grants import Refusal
 from allocator.core.inventory import GPU, Inventory
 from allocator.core.mounts import Mount

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from allocator.core import access, labels
-from allocator.core.access import EngineView, Node, Refusal
 from allocator.core.ask import Ask
+from allocator.core.facts import EngineView, Node
+from allocator.core.grants import Refusal
 from allocator.core.holders import Holder
 from allocator.core.inventory import GPU, Inventory, InventoryError
 from allocator.core.mounts import Mount

@@ -17,6 +17,7 @@ import yaml
 
 from allocator.core import labels, policy, privileged
 from allocator.core import verdicts as decide
+from allocator.core.facts import EngineView
 from allocator.core.inventory import GPU, Inventory
 from allocator.host import config as configmod
 from allocator.host.config import ConfigError
@@ -173,9 +174,7 @@ def test_the_real_socket_still_refuses_privileged_under_lease_all(lease_all: Wor
 
 def test_the_plugin_admits_a_privileged_create_only_for_a_lease_of_the_whole_host():
     spec = {"Env": [f"NVIDIA_VISIBLE_DEVICES={','.join(UUIDS[:3])}"]}
-    grants = decide.access.of_create(
-        {"HostConfig": {"Privileged": True}}, decide.EngineView(), GPUS, None
-    )
+    grants = decide.access.of_create({"HostConfig": {"Privileged": True}}, EngineView(), GPUS, None)
     assert privileged.asked(grants)
     assert isinstance(privileged.leased(spec, grants, GPUS), str)  # GPU 3 left out
     spec = {"Env": [f"NVIDIA_VISIBLE_DEVICES={','.join(UUIDS)}"]}

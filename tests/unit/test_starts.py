@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from allocator.core import outcomes
 from allocator.core import verdicts as decide
-from allocator.core.access import EngineView, Node
+from allocator.core.facts import EngineView, Node
 from allocator.core.inventory import GPU, Inventory
 from allocator.core.leases import Lease, Phase, State
 from allocator.core.mounts import Mount
