@@ -403,7 +403,7 @@ class Allocator(Lineup, Lookups, Restarts):
 
     def settle(self, outcome: Bind | Unanswered | Forget | None) -> None:
         """Apply what the Engine's answer to a create or a removal means for the ledger
-        (`verdicts.create_outcome` is the rule; the shim and the plugin both come here)."""
+        (`outcomes.create_outcome` is the rule; the shim and the plugin both come here)."""
         if isinstance(outcome, Bind):
             self.bind(outcome.lease_id, outcome.container, outcome.token, outcome.admitted)
         elif isinstance(outcome, Unanswered):

@@ -13,7 +13,7 @@ there on the worker's event loop when the Engine's view and the inventory are
 cached and it asks nothing of the host (a bind's source, a volume); any other
 create waits on the pool.
 ``AuthZRes`` runs after the Engine acted: for a leased create it settles the
-lease by `verdicts.create_outcome`, the rule the shim follows too, with no
+lease by `outcomes.create_outcome`, the rule the shim follows too, with no
 second decoding of the body.
 
 dockerd looks a start's reference up again after AuthZReq, so a start and every

@@ -21,7 +21,7 @@ or removal in between can make dockerd start another one.  Behind gpu-alloc's
 plugin (dockerd names it among its authorization plugins) the shim forwards such
 writes as they are: the plugin judges them by the same verdict on every socket.
 
-After forwarding, `verdicts.create_outcome` (the rule the plugin's AuthZRes
+After forwarding, `outcomes.create_outcome` (the rule the plugin's AuthZRes
 follows too): 201 binds the lease to the container id; any other answer frees
 it once the Engine confirms no container carries the lease (an error can come
 after dockerd created it: a failed AuthZRes, say); no answer at all
