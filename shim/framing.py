@@ -307,7 +307,7 @@ def _parse_response(buf: bytes, end: int) -> tuple[httptools.HttpResponseParser 
 # them with llhttp (a parser object, a Python callback per header) would be most of the shim's
 # own cost per call.  These two recognise exactly that shape with a few C-level scans and say
 # None for anything else, which then takes the full parse: they never decide a boundary the
-# full parse would draw elsewhere (tests/test_shim_quick.py holds them to that).
+# full parse would draw elsewhere (tests/unit/test_shim_quick.py holds them to that).
 
 # A request head as the Docker clients send one: the request line as Go's server splits it
 # (method, one space, origin-form target, one space, HTTP/1.1), then well-formed header

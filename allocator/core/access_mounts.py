@@ -9,6 +9,7 @@ device list selects GPUs whatever its source.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping
 
 from allocator.core import mounts
@@ -30,7 +31,7 @@ def binds(ctx: Ctx) -> None:
         dst, _, mode = rest.partition(":")
         read_only = "ro" in mode.split(",")
         if src.startswith("/"):
-            _mount(ctx, fld, src, dst, read_only)
+            _mount(ctx, fld, cleaned(src), dst, read_only)
             continue
         _mount(ctx, fld, "", dst)
         if src:
@@ -42,7 +43,7 @@ def binds(ctx: Ctx) -> None:
         read_only = m.get("ReadOnly") is True
         if kind != "volume":
             src = str(m.get("Source") or "") if kind == "bind" else ""
-            _mount(ctx, fld, src, dst, read_only)
+            _mount(ctx, fld, cleaned(src) if src else "", dst, read_only)
             continue
         driver = (m.get("VolumeOptions") or {}).get("DriverConfig") or {}
         if str(driver.get("Name") or "") in mounts.LOCAL_DRIVERS:
@@ -57,6 +58,13 @@ def binds(ctx: Ctx) -> None:
         _mount(ctx, "Mounts", src, dst, read_only)
     if ctx.strict:
         _volumes_from(ctx)
+
+
+def cleaned(source: str) -> str:
+    """A bind's source as dockerd stores and mounts it: cleaned by its text first, as Go's
+    ``path.Clean`` does (``/a/link/../x`` is ``/a/x``, whatever ``link`` points to), and
+    only then walked, links and all, by the kernel."""
+    return "/" + posixpath.normpath(source).lstrip("/") if source.startswith("/") else source
 
 
 def _named_volume(ctx: Ctx, fld: str, name: str, read_only: bool) -> None:

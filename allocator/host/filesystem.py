@@ -49,7 +49,7 @@ class Host:
     def resolve(self, path: str) -> str:
         if self.engine:
             return self.engine.resolve(path)
-        return inroot.resolve(os.path.abspath(path), _readlink)
+        return inroot.resolve(path, _readlink, os.getcwd())
 
     def node(self, path: str) -> Node | None:
         try:

@@ -256,3 +256,18 @@ def test_a_path_through_a_processs_root_in_proc_is_refused(stack, container_root
     opts = {"type": "none", "o": "bind", "device": container_root}
     refused(api.create_volume, f"ga-proc-{os.getpid()}", driver_opts=opts,
             match="a link in /proc")  # fmt: skip
+
+
+@pytest.mark.parametrize("sock", SOCKS)
+def test_a_bind_source_is_judged_as_dockerd_cleans_it_not_through_its_link(stack, place, sock):
+    """dockerd mounts ``<dir>/lnk/../state`` as ``<dir>/state`` (Go's path.Clean, before
+    any link is followed): walking ``lnk`` first would judge a harmless directory."""
+    lnk = f"{stack.dir}/lnk-{sock}"
+    inside(stack, lnk).symlink_to(place("/tmp"))
+    source = f"{lnk}/../{stack.state_dir.name}"
+    refused(bind, api_on(stack, sock), source, match=f"exposes {stack.state_dir}")
+    hc = api_on(stack, sock).create_host_config(
+        mounts=[Mount("/x", source, type="bind")], network_mode="none"
+    )
+    refused(api_on(stack, sock).create_container, IMAGE, ["true"], host_config=hc,
+            match=f"exposes {stack.state_dir}")  # fmt: skip

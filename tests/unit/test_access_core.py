@@ -317,3 +317,13 @@ def test_count_and_device_ids_together_says_how_to_quote_a_device_list():
         access.of_create(create(count=2, ids=["1"]), OLD, INVENTORY, TableHost())
     assert "sets both Count and DeviceIDs" in str(refused.value)
     assert "quote the list, --gpus '\"device=1,2\"'" in str(refused.value)
+
+
+def test_a_bind_source_is_read_as_dockerd_cleans_it_before_any_link():
+    # dockerd stores /x/link/../../state as /state (Go's path.Clean), then mounts that:
+    # walking the link first would judge another directory than the one mounted.
+    from allocator.core.access_mounts import cleaned
+
+    assert cleaned("/srv/ga/lnk/../state") == "/srv/ga/state"
+    assert cleaned("//srv//ga/./state/") == "/srv/ga/state"
+    assert cleaned("/tmp/x/link/../../marker") == "/tmp/marker"
