@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocator.core.facts import EngineView, HostFacts
+from allocator.core.facts import EngineView, HostFacts, Unresolvable
 from allocator.core.grants import Demand, Grant, Refusal
 from allocator.core.inventory import Inventory
 
@@ -69,6 +69,14 @@ class Ctx:
         if self.strict:
             raise Refusal(f"{fld}: {why}")
         self.add(fld, why, None)
+
+    def resolved(self, fld: str, what: str, path: str) -> str | None:
+        """``path`` as dockerd resolves it; None, refused, when that cannot be judged."""
+        try:
+            return self.host.resolve(path)
+        except Unresolvable as e:
+            self.refuse(fld, f"{what} {path} cannot be judged: {e}")
+            return None
 
 
 def resolve_ids(ctx: Ctx, fld: str, ids: Iterable[str]) -> set[str] | None:

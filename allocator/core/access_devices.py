@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from allocator.core import gonum, mounts
 from allocator.core.access_ctx import Ctx, resolve_ids
-from allocator.core.facts import Node, Unresolvable
+from allocator.core.facts import Node
 from allocator.core.grants import Refusal
 
 NVIDIA_MAJOR = 195  # /dev/nvidia0..N (minor = GPU minor), 255 nvidiactl, 254 modeset
@@ -33,10 +33,8 @@ def devices(ctx: Ctx) -> None:
         if not path.startswith("/"):
             ctx.refuse(fld, f"PathOnHost '{path}' is not an absolute path")
             continue
-        try:
-            real = ctx.host.resolve(path)
-        except Unresolvable as e:
-            ctx.refuse(fld, f"PathOnHost {path} cannot be judged: {e}")
+        real = ctx.resolved(fld, "PathOnHost", path)
+        if real is None:
             continue
         if ctx.strict and real != posixpath.normpath(path):
             raise Refusal(

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from allocator.core import mounts
 from allocator.core.access_ctx import Ctx
 from allocator.core.access_devices import device_node
-from allocator.core.facts import Unresolvable
 from allocator.core.grants import Refusal
 from allocator.core.mounts import exposure, within
 
@@ -103,10 +102,8 @@ def _mount(ctx: Ctx, fld: str, src: str, dst: str, read_only: bool = False) -> N
         ctx.add(fld, f"mount at {dst} selects GPUs through the toolkit's volume list", None)
     if not src:
         return
-    try:
-        real = ctx.host.resolve(src)
-    except Unresolvable as e:
-        ctx.refuse(fld, f"bind source {src} cannot be judged: {e}")
+    real = ctx.resolved(fld, "bind source", src)
+    if real is None:
         return
     exposed = exposure(ctx.host, real, read_only)
     if exposed:
