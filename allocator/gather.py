@@ -56,6 +56,8 @@ class AuditFields(TypedDict, total=False):
     name: str
     owner: str | None
     reason: str
+    waited_s: float | None
+    pool: str | None
 
 
 class Gatherer:
@@ -101,6 +103,7 @@ class Gatherer:
                 "container": lease.container,
                 "name": lease.name,
                 "owner": lease.owner,
+                "pool": lease.pool,
                 **fields,
             }
         gpus = fields.get("gpus") or ()

@@ -11,6 +11,7 @@ copy of the state so that nothing is granted.  The line itself lives in the shim
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol, Unpack
 
@@ -76,9 +77,11 @@ class Lineup:
         with self.ledger.transaction() as state:
             held = {w.owner: state.held_by(w.owner) for w in waiters}
             granted = queue.serve(waiters, held, self._attempt(state))
-        for _, placed in granted:
+        now = time.time()  # the clock the line stamps `since` with
+        for w, placed in granted:
             metrics.request("granted")
-            self.record("grant", placed.result[0], reason="served from the queue")
+            waited = None if w.since is None else max(0.0, now - w.since)
+            self.record("grant", placed.result[0], reason="served from the queue", waited_s=waited)
         return [(w, placed.result) for w, placed in granted]
 
     def kept(self: _Service, state: State, req: LeaseRequest) -> dict[str, Holder]:

@@ -1,15 +1,17 @@
 """The shim's admin endpoints: the read models, for users who may use Docker but not
 read the state dir.
 
-``GET /gpu-alloc/v1/status``, ``queue``, ``gpus`` and ``explain`` are no Engine routes
-(dockerd has no /gpu-alloc): the shim answers them itself, from allocator/views/, as
-the JSON the CLI's ``--json`` prints.  Explain answers for the peer that asks, never for
-another user.  Every other request goes on to the create interception.
+``GET /gpu-alloc/v1/status``, ``queue``, ``gpus``, ``explain`` and ``report`` are no
+Engine routes (dockerd has no /gpu-alloc): the shim answers them itself, from
+allocator/views/, as the JSON the CLI's ``--json`` prints.  Explain answers for the
+peer that asks, never for another user; report gives the peer its own rows only.
+Every other request goes on to the create interception.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -19,7 +21,7 @@ from allocator.core.routes import needs_check
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
 from allocator.service import Allocator
-from allocator.views import explain, status, wire
+from allocator.views import explain, report, status, wire
 from allocator.views.gpus import LiveView
 from shim.create import CreateInterceptor, Forward, error
 from shim.framing import Request, Response
@@ -60,6 +62,8 @@ class Admin:
                 return _json({"queue": await asyncio.to_thread(self.waitline.snapshot)})
             if request.target == wire.GPUS_PATH:
                 return _json(await asyncio.to_thread(self.live.snapshot))
+            if request.target.partition("?")[0] == wire.REPORT_PATH:
+                return await asyncio.to_thread(self._report, request)
             return _json(await asyncio.to_thread(self._explain, request))
         except _FAILURES as e:
             return error(503, f"gpu-alloc {_name(request.target)}: {e}")
@@ -78,9 +82,22 @@ class Admin:
         who = self.alloc.owner_of(request.peer)
         return explain.explain(self.alloc, None, asked_gpus, pairs, who)
 
+    def _report(self, request: Request) -> Response:
+        """``gpu-alloc report`` with the peer's own rows only, whoever they are."""
+        try:
+            since, until, by = wire.report_request(request.target)
+            who = self.alloc.owner_of(request.peer).user
+            got = report.build(self.alloc.config.state_dir, time.time(), since, until, by, who)
+        except ValueError as e:
+            return error(400, f"gpu-alloc report: {e}")
+        return _json(got)
+
 
 def _serves(target: str) -> bool:
-    return target in wire.PATHS or target.partition("?")[0] == wire.EXPLAIN_PATH
+    return target in wire.PATHS or target.partition("?")[0] in (
+        wire.EXPLAIN_PATH,
+        wire.REPORT_PATH,
+    )
 
 
 def _name(target: str) -> str:

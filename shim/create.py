@@ -164,7 +164,7 @@ class CreateInterceptor:
                 return waited
             leased = waited
             if isinstance(leased, Shortage | policy.Refusal):  # its time ran out
-                await asyncio.to_thread(self.alloc.refused, leased, name, owner)
+                await asyncio.to_thread(self.alloc.refused, leased, name, owner, wait)
         if not isinstance(leased, tuple):
             log.info("refused create %r of %s: %s", name, owner.user, leased.msg)
             return error(_REFUSAL_STATUS[type(leased)], leased.msg)

@@ -11,6 +11,8 @@ GPU list or state file that cannot be read is the gauge
 ``gpu_alloc_inventory_readable`` (or ``gpu_alloc_state_readable``) at 0, and
 the reason goes to the log.
 ``/``: the dashboard page; ``/api/gpus``: the JSON it refreshes from.
+The counters ``gpu_alloc_gpu_seconds_held_total`` and ``..._used_total`` (owner,
+pool) grow with each look of the sampler, `sample_forever`.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from prometheus_client.registry import Collector
 from allocator.core.gpu_states import STATES
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
+from allocator.core.usage import Usage
 from allocator.host import metrics
 from allocator.host.config import ConfigError
+from allocator.host.samples import Samples
 from allocator.views import wire
-from allocator.views.gpus import LiveView
+from allocator.views.gpus import LiveView, Reading
 
 log = logging.getLogger("gpu-alloc.metrics")
 _PAGE = resources.files("allocator.ops").joinpath("dashboard.html")
@@ -193,10 +197,33 @@ def serve(listen: str, live: LiveView, line: Queue | None = None) -> ThreadingHT
     return server
 
 
-def sample_forever(live: LiveView, every: float, stop: threading.Event) -> None:
-    """Look at the GPUs every few seconds, so an idle mark never misses use between scrapes."""
+def sample_forever(
+    live: LiveView, every: float, stop: threading.Event, samples: Samples | None = None
+) -> None:
+    """Look at the GPUs every few seconds, so an idle mark never misses use between scrapes;
+    each look goes to the utilisation samples (``gpu-alloc report``) and adds the time
+    since the last one to the GPU-seconds counters of each holder."""
+    last: float | None = None
     while not stop.wait(every):
         try:
-            live.snapshot()
+            got = live.read()
         except Exception as e:
             log.warning("sampling GPU use failed: %s", e)
+            continue
+        if samples is not None:
+            samples.add(got.now, got.use)
+        if last is not None:
+            count_gpu_seconds(got, min(got.now - last, 2 * every))
+        last = got.now
+
+
+def count_gpu_seconds(got: Reading, seconds: float) -> None:
+    """``seconds`` held by each GPU's holder now, and used as its utilisation says."""
+    if seconds <= 0:
+        return
+    for s in got.gpus:
+        if s.holder is None:
+            continue
+        util = got.use.get(s.uuid, Usage()).utilization
+        used = None if util is None else seconds * util
+        metrics.gpu_seconds(s.holder.owner, s.holder.pool or "", seconds, used)

@@ -11,6 +11,7 @@ import time
 from allocator.departures import Departures
 from allocator.host import listener
 from allocator.host.config import Config
+from allocator.host.samples import Samples
 from allocator.service import Allocator
 from allocator.views.gpus import LiveView
 from shim import metrics_server, server
@@ -31,8 +32,9 @@ def serve(config: Config, allocator: Allocator, claim: listener.Claim | None = N
     stop = threading.Event()
     Departures(allocator, stop).start()
     every = max(0.5, min(10.0, config.policy.idle_after / 4))
+    samples = Samples(config.state_dir)
     threading.Thread(
-        target=metrics_server.sample_forever, args=(live, every, stop), daemon=True
+        target=metrics_server.sample_forever, args=(live, every, stop, samples), daemon=True
     ).start()
     line = Waitline(allocator)
     metrics = (

@@ -87,7 +87,13 @@ class Waitline:
         gpus = len(req.ask.required) + req.ask.count
         rules = self.alloc.rules
         waiter = queue.Waiter(
-            f"w{seq}", req.owner.user, policy.priority_of(req.owner, rules), seq, gpus, req
+            f"w{seq}",
+            req.owner.user,
+            policy.priority_of(req.owner, rules),
+            seq,
+            gpus,
+            req,
+            time.time(),
         )
         future: asyncio.Future[tuple[Lease, str]] = self._loop.create_future()
         self._entries[waiter.id] = _Entry(waiter, future, time.time())

@@ -4,6 +4,9 @@ a GPU's health turning, and a restart policy gpu-alloc turned off.
 The record is built here from plain values (no clock, no file): the service passes
 the time in, the host's `audit` module writes the line.  Keys are fixed, so
 ``gpu-alloc history`` and any log shipper read every line the same way.
+``waited_s`` is how long a create waited in line, on its grant or on the refusal
+when its time ran out (None for a create that did not wait), and ``pool`` the pool
+a lease was placed in, both for ``gpu-alloc report``.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ def record(
     name: str = "",
     owner: str | None = None,
     reason: str = "",
+    waited_s: float | None = None,
+    pool: str | None = None,
 ) -> dict[str, Any]:
     if kind not in KINDS:
         raise ValueError(f"unknown audit event {kind!r}")
@@ -62,4 +67,6 @@ def record(
         "gpus": list(gpus),
         "indices": [(indices or {}).get(u) for u in gpus],
         "reason": reason,
+        "waited_s": None if waited_s is None else round(waited_s, 3),
+        "pool": pool,
     }

@@ -44,6 +44,7 @@ class Waiter:
     arrived: int  # a sequence number: earlier is smaller
     gpus: int  # how many GPUs it asks for, for status
     ask: Any = None  # what the caller needs to place it; opaque here
+    since: float | None = None  # wall clock when it joined, for the audit trail
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,10 @@ endpoint.  The library reads that variable when it is imported, so nothing here
 imports it until `enable` has set the directory; until then (the CLI, or a host
 without ``metrics.listen``) every call is a no-op and nothing is written.
 
-Labels are small closed sets (outcome, field without its index), never a request
-or container id, so the series do not grow with the number of requests.
+Labels are small closed sets (outcome, field without its index; owner and pool,
+the host's users and the policy's pools, at most `MAX_OWNERS` owners before the
+rest count as ``other``), never a request or container id, so the series do not
+grow with the number of requests.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from typing import Any
 from allocator.core.events import field_label
 
 OUTCOMES = ("granted", "short", "policy", "denied")
+MAX_OWNERS = 256
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 _instruments: dict[str, Any] = {}
+_owners: set[str] = set()
 
 
 def directory(state_dir: str) -> str:
@@ -57,6 +61,16 @@ def enable(state_dir: str) -> str:
                 "How long GPU creates waited in line, observed when they leave it",
                 buckets=(1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600),
             ),
+            held=Counter(
+                "gpu_alloc_gpu_seconds_held",
+                "GPU-seconds held, by owner and pool",
+                ["owner", "pool"],
+            ),
+            used=Counter(
+                "gpu_alloc_gpu_seconds_used",
+                "GPU-seconds held weighted by sampled utilisation, by owner and pool",
+                ["owner", "pool"],
+            ),
         )
         for outcome in OUTCOMES:  # every outcome is scraped, 0 until it happens
             _instruments["requests"].labels(outcome)
@@ -91,3 +105,16 @@ def queue_length(n: int) -> None:
 def waited(seconds: float) -> None:
     if _instruments:
         _instruments["waited"].observe(max(0.0, seconds))
+
+
+def gpu_seconds(owner: str, pool: str, held: float, used: float | None) -> None:
+    """Time on a GPU one sampler period added (``used``: None when the GPU's use is unknown)."""
+    if not _instruments:
+        return
+    if owner not in _owners:
+        if len(_owners) >= MAX_OWNERS:
+            owner = "other"
+        _owners.add(owner)
+    _instruments["held"].labels(owner, pool).inc(held)
+    if used is not None:
+        _instruments["used"].labels(owner, pool).inc(used)

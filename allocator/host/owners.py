@@ -129,3 +129,12 @@ def _lookup(uid: int, gid: int | None, recorded: str) -> tuple[policy.Owner, boo
         except KeyError:
             whole = False
     return policy.Owner(uid, user, tuple(groups)), whole
+
+
+def groups_of(user: str) -> tuple[str, ...]:
+    """A user's groups by name, as NSS says now (``gpu-alloc report --by group``)."""
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        return ()
+    return _lookup(entry.pw_uid, entry.pw_gid, user)[0].groups

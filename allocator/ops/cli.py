@@ -22,6 +22,7 @@ from allocator.host import config as configmod
 from allocator.host.config import Config, ConfigError
 from allocator.host.engine import EngineError
 from allocator.host.inventory import load as load_inventory
+from allocator.ops import report
 from allocator.service import Allocator, connect
 
 EXIT_FAIL = 1
@@ -54,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _unreadable_hint(cfg: Config | None, e: Exception, command: str) -> str:
-    """A user in the docker group may run every command, but only status, gpus and explain
-    ask the shim: the others read the root-only state directory."""
+    """A user in the docker group may run every command, but only status, gpus, explain and
+    report ask the shim: the others read the root-only state directory."""
     if cfg is None or not isinstance(e, StateError | PermissionError):
         return ""
     if command in _ASK_THE_SHIM:
@@ -69,7 +70,7 @@ def _unreadable_hint(cfg: Config | None, e: Exception, command: str) -> str:
     )
 
 
-_ASK_THE_SHIM = ("status", "gpus", "explain")
+_ASK_THE_SHIM = ("status", "gpus", "explain", "report")
 
 
 class StartupError(Exception):
@@ -144,6 +145,9 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--since", help="a duration (7d, 12h, 30m) or an RFC 3339 time")
     h.add_argument("--json", action="store_true", help="machine-readable output")
     h.set_defaults(func=cmd_history)
+    report.arguments(
+        add("report", "GPU-hours held, used and idle, waits and refusals, per user or more")
+    ).set_defaults(func=report.command)
     g = add("gpus", "live GPU use: utilisation, memory, processes, owners")
     g.add_argument("--json", action="store_true", help="machine-readable output")
     g.set_defaults(func=cmd_gpus)

@@ -19,6 +19,7 @@ STATUS_PATH = "/gpu-alloc/v1/status"
 QUEUE_PATH = "/gpu-alloc/v1/queue"  # the creates waiting in the shim's memory
 GPUS_PATH = "/gpu-alloc/v1/gpus"
 EXPLAIN_PATH = "/gpu-alloc/v1/explain"  # the asker is the peer
+REPORT_PATH = "/gpu-alloc/v1/report"  # the asker's own rows
 PATHS = frozenset((STATUS_PATH, QUEUE_PATH, GPUS_PATH))
 
 
@@ -57,6 +58,29 @@ def gpus(socket_path: str) -> dict[str, Any]:
 def explain(socket_path: str, gpus: str, pairs: list[str], why: str) -> dict[str, Any]:
     """The shim's answer for whoever asks it (it knows them by their socket)."""
     return _ask(socket_path, explain_target(gpus, pairs), why, timeout=60)
+
+
+def report_target(since: float, until: float | None, by: str) -> str:
+    """The shim's report route for this window."""
+    query = [("since", repr(since)), ("by", by), *([("until", repr(until))] if until else [])]
+    return f"{REPORT_PATH}?{urlencode(query)}"
+
+
+def report_request(target: str) -> tuple[float, float | None, str]:
+    """(since, until, by) from the route `report_target` made; ValueError when malformed."""
+    query = parse_qs(urlsplit(target).query)
+    until = query.get("until")
+    return (
+        float((query.get("since") or [""])[0]),
+        float(until[0]) if until else None,
+        (query.get("by") or ["user"])[0],
+    )
+
+
+def report(socket_path: str, since: float, until: float | None, by: str) -> dict[str, Any]:
+    """The shim's ``gpu-alloc report``: the asker's own rows."""
+    why = "cannot read the audit trail in the state directory (it is root's)"
+    return _ask(socket_path, report_target(since, until, by), why, timeout=60)
 
 
 def queue(socket_path: str) -> list[dict[str, Any]] | None:
