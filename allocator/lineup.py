@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Mapping
+from functools import cached_property
 from typing import TYPE_CHECKING, Protocol, Unpack
 
 from allocator.core import policy, queue
@@ -21,6 +22,7 @@ from allocator.core.leases import Lease, State
 from allocator.core.placement import usable
 from allocator.core.policy import Refusal
 from allocator.host import metrics
+from allocator.shares import FairShare
 
 if TYPE_CHECKING:
     from allocator.core import cpus
@@ -46,6 +48,8 @@ class _Service(Protocol):
         self, kind: str, lease: Lease | None = None, **fields: Unpack[AuditFields]
     ) -> None: ...
     def inventory(self, cached: bool = False) -> Inventory: ...
+    @property
+    def fair_share(self) -> FairShare: ...
     def unhealthy(self) -> dict[str, str]: ...
     def cpu_topology(self) -> cpus.Topology: ...
     def _attempt(self, state: State) -> queue.Attempt: ...
@@ -63,6 +67,11 @@ _KEPT = Holder(None, "", "kept for a create ahead in the queue", owner="the queu
 
 
 class Lineup:
+    @cached_property
+    def fair_share(self: _Service) -> FairShare:
+        """Each owner's decayed usage, when policy.fair_share orders the line."""
+        return FairShare(self.config.state_dir)
+
     def serve_waiters(
         self: _Service, waiters: list[queue.Waiter]
     ) -> list[tuple[queue.Waiter, tuple[Lease, str]]]:
@@ -76,7 +85,8 @@ class Lineup:
             return []
         with self.ledger.transaction() as state:
             held = {w.owner: state.held_by(w.owner) for w in waiters}
-            granted = queue.serve(waiters, held, self._attempt(state))
+            usage = self.fair_share.usage(self.rules.fair_share_half_life)
+            granted = queue.serve(waiters, held, self._attempt(state), usage)
         now = time.time()  # the clock the line stamps `since` with
         for w, placed in granted:
             metrics.request("granted")
@@ -93,7 +103,8 @@ class Lineup:
         owner, last = req.owner, max(w.arrived for w in waiters)
         newcomer = queue.Waiter("", owner.user, policy.priority_of(owner, self.rules), last + 1, 0)
         held = {w.owner: state.held_by(w.owner) for w in (*waiters, newcomer)}
-        ahead = queue.ahead_of(newcomer, waiters, held)
+        usage = self.fair_share.usage(self.rules.fair_share_half_life)
+        ahead = queue.ahead_of(newcomer, waiters, held, usage)
         if not ahead:
             return {}
         keeps = queue.kept(ahead, self._attempt(copy.deepcopy(state)))

@@ -151,7 +151,9 @@ class Waitline:
         entries = [(e.waiter, e.since) for e in list(self._entries.values())]
         if not entries:
             return []
-        return queue_view.rows(entries, self.alloc.ledger_state(), self.alloc.rules, time.time())
+        rules = self.alloc.rules
+        usage = self.alloc.fair_share.usage(rules.fair_share_half_life)
+        return queue_view.rows(entries, self.alloc.ledger_state(), rules, time.time(), usage)
 
     # ---------------------------------------------------------------- serving
 

@@ -68,6 +68,7 @@ class Rules:
     wait_default: float | None = None  # policy.wait.default, seconds; None: creates never wait
     wait_max: float | None = None  # policy.wait.max: the most a label may ask
     privileged: str = "refuse"  # policy.privileged: refuse, or lease-all (core/privileged.py)
+    fair_share_half_life: float | None = None  # policy.fair_share.half_life, seconds; None: off
 
 
 @dataclass(frozen=True)

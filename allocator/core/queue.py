@@ -2,9 +2,11 @@
 
 Rules
 -----
-1. Order: higher ``priority`` first, then fair share (the owner holding fewer GPUs
-   now first), then arrival.  The order is computed afresh at every wake-up, so a
-   request's place can change as leases come and go.
+1. Order: higher ``priority`` first, then fair share, then arrival.  Fair share is
+   the owner holding fewer GPUs now first; with ``usage`` (owner -> decayed
+   GPU-seconds, ``policy.fair_share``) the owner with less recent use first, and
+   then the one holding fewer now.  The order is computed afresh at every wake-up,
+   so a request's place can change as leases come and go.
 2. A request served out of order must not delay any request ahead of it.  With no
    run-time estimates the only GPUs that cannot delay a waiter are those it could
    never use, so a waiter that is short of GPUs *blocks* every free GPU it could
@@ -66,13 +68,20 @@ class OverLimit:
 Attempt = Callable[[Waiter, frozenset[str]], Placed | Short | OverLimit]
 
 
-def order(waiters: Iterable[Waiter], held: Mapping[str, int]) -> list[Waiter]:
+Usage = Mapping[str, float] | None  # owner -> decayed GPU-seconds; None: fair share off
+
+
+def order(waiters: Iterable[Waiter], held: Mapping[str, int], usage: Usage = None) -> list[Waiter]:
     """The waiters in the order they are served; ``held``: owner -> GPUs held now."""
-    return sorted(waiters, key=lambda w: (-w.priority, held.get(w.owner, 0), w.arrived))
+    used = usage or {}
+    return sorted(
+        waiters,
+        key=lambda w: (-w.priority, used.get(w.owner, 0.0), held.get(w.owner, 0), w.arrived),
+    )
 
 
 def serve(
-    waiters: Iterable[Waiter], held: Mapping[str, int], attempt: Attempt
+    waiters: Iterable[Waiter], held: Mapping[str, int], attempt: Attempt, usage: Usage = None
 ) -> list[tuple[Waiter, Placed]]:
     """Grant every waiter that can be granted now without delaying one ahead of it.
 
@@ -84,7 +93,7 @@ def serve(
     granted: list[tuple[Waiter, Placed]] = []
     while remaining:
         blocked: frozenset[str] = frozenset()
-        for waiter in order(remaining, holding):
+        for waiter in order(remaining, holding, usage):
             outcome = attempt(waiter, blocked)
             if isinstance(outcome, Placed):
                 granted.append((waiter, outcome))
@@ -98,9 +107,11 @@ def serve(
     return granted
 
 
-def ahead_of(newcomer: Waiter, waiters: Iterable[Waiter], held: Mapping[str, int]) -> list[Waiter]:
+def ahead_of(
+    newcomer: Waiter, waiters: Iterable[Waiter], held: Mapping[str, int], usage: Usage = None
+) -> list[Waiter]:
     """The waiters served before ``newcomer`` would be, were it in line now."""
-    ranked = order([*waiters, newcomer], held)
+    ranked = order([*waiters, newcomer], held, usage)
     return ranked[: ranked.index(newcomer)]
 
 

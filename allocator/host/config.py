@@ -123,6 +123,7 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "priority": dict,
         "wait": dict,
         "privileged": str,
+        "fair_share": dict,
     },
     "metrics": {"listen": (str, type(None))},
     "health": {
@@ -142,6 +143,7 @@ _RULE_KEYS = (
     "priority",
     "wait",
     "privileged",
+    "fair_share",
 )
 _SCALARS: dict[str, type] = {"state_dir": str, "gpus": str, "sysfs": str}
 
@@ -348,6 +350,9 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
         raise _fail(path, "policy.privileged", f"must be one of {', '.join(PRIVILEGED_MODES)}")
     priority = _mapping(path, "policy.priority", policy.get("priority"), ("users", "groups"))
     wait = _mapping(path, "policy.wait", policy.get("wait"), ("default", "max"))
+    share = _mapping(path, "policy.fair_share", policy.get("fair_share"), ("half_life",))
+    if share and share.get("half_life") is None:
+        raise _fail(path, "policy.fair_share.half_life", "required, a duration such as 7d")
     return Rules(
         default_limit=None if default is None else _gpus(path, "policy.limits.default", default),
         user_limits={
@@ -371,6 +376,7 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
         wait_default=_duration(path, "policy.wait.default", wait.get("default")),
         wait_max=_duration(path, "policy.wait.max", wait.get("max")),
         privileged=privileged,
+        fair_share_half_life=_duration(path, "policy.fair_share.half_life", share.get("half_life")),
     )
 
 

@@ -73,6 +73,8 @@ def render_table(snap: dict[str, Any]) -> str:
             "this host (removed, or its UUID changed); it is never granted. Remove that "
             "container, then run 'gpu-alloc repair'"
         )
+    if snap.get("fair_share"):
+        lines.append(fair_share_line(snap["fair_share"]))
     if "queue" in snap:
         lines += _queue_lines(snap["queue"])
     if snap.get("warning"):
@@ -130,3 +132,15 @@ def _who(h: dict[str, Any]) -> str:
     else:
         parts.append(f"({h['why']})")
     return " ".join(parts)
+
+
+def fair_share_line(fair: dict[str, Any], owner: str | None = None) -> str:
+    """Each owner's decayed use and share (only ``owner``'s when given), least first."""
+    shown = [o for o in fair["owners"] if owner is None or o["owner"] == owner]
+    parts = ", ".join(
+        f"{o['owner'] or '-'} {o['usage_gpu_hours']:.2f} GPU-h ({o['share']:.0%})" for o in shown
+    )
+    return (
+        f"fair share (half-life {ago(fair['half_life_s'])}; less recent use is served first "
+        f"among equal priorities): {parts or 'no use yet'}"
+    )

@@ -13,6 +13,7 @@ import os
 import pwd
 from typing import Any
 
+from allocator import shares
 from allocator.core import labels as gpu_labels
 from allocator.core import verdicts as decide
 from allocator.core.holders import ago
@@ -110,6 +111,10 @@ def explain(
     except BadRequest as e:
         return _answer(INVALID, str(e))
     base = {"user": who.user, "request": {"gpus": gpus, "labels": given}}
+    fair = shares.table(alloc.fair_share, alloc.rules.fair_share_half_life)
+    if fair is not None:
+        mine = [o for o in fair["owners"] if o["owner"] == who.user]
+        base["fair_share"] = fair | {"owners": mine or [_no_use(who.user)]}
     want = wanted(given)
     if isinstance(want, Invalid):
         return base | _answer(INVALID, want.msg)
@@ -149,6 +154,10 @@ def explain(
             "pool": pool,
         }
     )
+
+
+def _no_use(user: str) -> dict[str, Any]:
+    return {"owner": user, "usage_gpu_hours": 0.0, "share": 0.0}
 
 
 def _answer(code: int, message: str) -> dict[str, Any]:

@@ -15,13 +15,18 @@ from allocator.core.leases import State
 
 
 def rows(
-    waiting: Sequence[tuple[queue.Waiter, float]], state: State, rules: policy.Rules, now: float
+    waiting: Sequence[tuple[queue.Waiter, float]],
+    state: State,
+    rules: policy.Rules,
+    now: float,
+    usage: queue.Usage = None,
 ) -> list[dict[str, Any]]:
-    """``waiting``: each waiter with the wall-clock time it joined; ``state``: the ledger."""
+    """``waiting``: each waiter with the wall-clock time it joined; ``state``: the ledger;
+    ``usage``: each owner's decayed use, when fair share orders the line."""
     since = {w.id: at for w, at in waiting}
     held = {w.owner: state.held_by(w.owner) for w, _ in waiting}
     out = []
-    for position, w in enumerate(queue.order([w for w, _ in waiting], held), 1):
+    for position, w in enumerate(queue.order([w for w, _ in waiting], held, usage), 1):
         req = w.ask  # the service's LeaseRequest
         over = policy.over_limit(req.owner, held[w.owner], w.gpus, rules)
         limit = policy.limit_of(req.owner, rules) if over else None

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
+from allocator import shares
 from allocator.core.gpu_states import GpuState
 from allocator.core.health import GpuHealth
 from allocator.core.inventory import GPU
@@ -108,6 +109,7 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
         ],
         "free": sum(1 for g in gpus if g["free"]),
         "total": len(gpus),
+        "fair_share": shares.table(alloc.fair_share, alloc.rules.fair_share_half_life),
     }
 
 
