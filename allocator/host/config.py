@@ -351,7 +351,7 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
     priority = _mapping(path, "policy.priority", policy.get("priority"), ("users", "groups"))
     wait = _mapping(path, "policy.wait", policy.get("wait"), ("default", "max"))
     share = _mapping(path, "policy.fair_share", policy.get("fair_share"), ("half_life",))
-    if share and share.get("half_life") is None:
+    if policy.get("fair_share") is not None and share.get("half_life") is None:
         raise _fail(path, "policy.fair_share.half_life", "required, a duration such as 7d")
     return Rules(
         default_limit=None if default is None else _gpus(path, "policy.limits.default", default),

@@ -178,6 +178,21 @@ REFUSED = {
         "policy.pending_ttl",
         "longer than shim.create_timeout (600s)",
     ),
+    "malformed fair-share half-life": (
+        "policy: {fair_share: {half_life: a week}}",
+        "policy.fair_share.half_life",
+        "expected a duration such as 24h or 30m, got 'a week'",
+    ),
+    "fair share without a half-life": (
+        "policy: {fair_share: {}}",
+        "policy.fair_share.half_life",
+        "required",
+    ),
+    "fair share with an unknown key": (
+        "policy: {fair_share: {halflife: 7d}}",
+        "policy.fair_share.halflife",
+        "unknown key",
+    ),
     "section given as a scalar": ("engine: 5", "engine", "mapping"),
     "section given as a string": ("shim: fast", "shim", "mapping"),
     "section given as an empty list": ("engine: []", "engine", "mapping"),
@@ -290,3 +305,10 @@ def test_a_bad_key_in_a_loaded_file_names_that_file(tmp_path: Path) -> None:
     conf.write_text("policy:\n  pending_ttl: -3\n")
     with pytest.raises(ConfigError, match=f"^{conf}: key 'policy.pending_ttl'"):
         load(str(conf))
+
+
+def test_fair_share_half_life_is_a_duration_and_unset_is_off() -> None:
+    assert parse("policy: {fair_share: {half_life: 7d}}").policy.rules.fair_share_half_life == (
+        7 * 86400.0
+    )
+    assert parse("").policy.rules.fair_share_half_life is None

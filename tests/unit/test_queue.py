@@ -37,6 +37,38 @@ def test_higher_priority_comes_first_then_fewer_gpus_held_then_arrival() -> None
     assert [w.id for w in order([a, b, c, d], held={"d": 2})] == ["b", "a", "c", "d"]
 
 
+def test_fair_share_puts_less_recent_use_first_among_equal_priorities() -> None:
+    heavy = waiter("heavy", arrived=1)
+    light = waiter("light", arrived=2)
+    boss = waiter("boss", arrived=3, priority=1)
+    usage = {"heavy": 7200.0, "light": 60.0, "boss": 1e9}
+    assert [w.id for w in order([heavy, light, boss], {}, usage)] == ["boss", "light", "heavy"]
+    # what they hold now still counts among owners with the same decayed usage
+    assert [w.id for w in order([heavy, light], {"heavy": 0, "light": 1}, {})] == [
+        "heavy",
+        "light",
+    ]
+
+
+def test_without_fair_share_the_line_is_todays_held_now_order() -> None:
+    heavy = waiter("heavy", arrived=1)
+    light = waiter("light", arrived=2)
+    assert [w.id for w in order([heavy, light], {"heavy": 0, "light": 1}, None)] == [
+        "heavy",
+        "light",
+    ]
+
+
+def test_serving_with_fair_share_grants_the_owner_with_less_recent_use_first() -> None:
+    heavy = waiter("heavy", arrived=1)
+    light = waiter("light", arrived=2)
+    free = {"GPU-0"}
+    granted = serve([heavy, light], {}, pool(free), {"heavy": 3600.0, "light": 0.0})
+    assert [w.id for w, _ in granted] == ["light"]
+    usage = {"heavy": 3600.0, "light": 60.0, "new": 0.0}
+    assert ahead_of(waiter("new", arrived=3), [heavy, light], {}, usage) == []  # a newcomer too
+
+
 def test_a_small_request_may_not_take_gpus_the_larger_head_could_use() -> None:
     head = waiter("big", arrived=1, gpus=4)
     small = waiter("small", arrived=2, gpus=1)
