@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import time
 from pathlib import Path
 
@@ -101,3 +102,11 @@ def test_a_malformed_duration_or_window_is_a_clean_error(config, capsys, args, s
 def test_an_empty_window_says_so(config, capsys) -> None:
     code, out, _ = report(config, capsys, "--since", "1001d", "--until", "1000d")
     assert code == 0 and out.startswith("no GPU use from ")
+
+
+def test_a_user_who_cannot_read_the_state_dir_asks_the_shim(config, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # as a docker-group user
+    code, out, err = report(config, capsys)
+    assert (code, out) == (cli.EXIT_FAIL, "")
+    assert err.startswith("gpu-alloc: cannot read the audit trail in the state directory")
+    assert "the shim at /run/gpu-alloc/docker.sock did not answer" in err
