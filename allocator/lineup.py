@@ -83,9 +83,9 @@ class Lineup:
         """
         if not waiters:
             return []
+        usage = self.fair_share.usage(self.rules.fair_share_half_life)  # before the lock
         with self.ledger.transaction() as state:
             held = {w.owner: state.held_by(w.owner) for w in waiters}
-            usage = self.fair_share.usage(self.rules.fair_share_half_life)
             granted = queue.serve(waiters, held, self._attempt(state), usage)
         now = time.time()  # the clock the line stamps `since` with
         for w, placed in granted:

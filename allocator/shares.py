@@ -4,26 +4,42 @@ With ``policy.fair_share.half_life`` set, the line orders equal priorities by ea
 owner's GPU-seconds held, each second weighted by ``2 ** (-age / half_life)``
 (`core.report.decayed`, over the intervals ``gpu-alloc history`` and ``report``
 show), before what they hold now.  Reading the audit trail costs a file, so the
-answer is kept `TTL` seconds; only the line asks (a create with waiters, the
-queue's serving, status and explain), never the path of a create without GPUs.
+answer is kept `TTL` seconds and the file re-read in the background (`FairShare`);
+only the line asks (a create with waiters, the queue's serving, status and
+explain), never the path of a create without GPUs.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
 from allocator.core import report
+from allocator.core.report import Held
 from allocator.core.uses import uses
 from allocator.host.audit import AuditLog
 
 TTL = 5.0  # seconds an answer is kept
 
+Stamp = tuple[int, int, int] | None  # the audit file's inode, size and mtime; None: absent
+
 
 class FairShare:
+    """Decayed usage from the audit trail's held intervals.
+
+    The intervals are read once, synchronously (the line's first serving, before the
+    ledger lock), then again in a background thread whenever the audit file changed
+    and the answer is older than `TTL`: meanwhile the previous intervals answer, with
+    uses still held counted up to now, so no create waits on the file under the lock.
+    """
+
     def __init__(self, state_dir: str) -> None:
         self.audit = AuditLog(state_dir)
         self._lock = threading.Lock()
+        self._held: list[Held] | None = None
+        self._stamp: Stamp = None
+        self._refreshing = False
         self._kept: tuple[float, float, dict[str, float]] | None = None  # at, half-life, usage
 
     def usage(self, half_life: float | None, now: float | None = None) -> dict[str, float] | None:
@@ -35,9 +51,33 @@ class FairShare:
             kept = self._kept
             if kept is not None and kept[1] == half_life and 0 <= now - kept[0] < TTL:
                 return kept[2]
-            found = report.decayed(report.held(uses(self.audit.read())), now, half_life)
+            if self._held is None:
+                self._stamp, self._held = self._stamp_now(), self._read()
+            elif not self._refreshing and self._stamp_now() != self._stamp:
+                self._refreshing = True
+                threading.Thread(target=self._refresh, name="fair-share", daemon=True).start()
+            found = report.decayed(self._held, now, half_life)
             self._kept = (now, half_life, found)
             return found
+
+    def _read(self) -> list[Held]:
+        return report.held(uses(self.audit.read()))
+
+    def _refresh(self) -> None:
+        try:
+            stamp = self._stamp_now()
+            held = self._read()
+            with self._lock:
+                self._stamp, self._held, self._kept = stamp, held, None
+        finally:
+            self._refreshing = False
+
+    def _stamp_now(self) -> Stamp:
+        try:
+            st = os.stat(self.audit.path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def table(fair: FairShare, half_life: float | None, now: float | None = None) -> dict | None:

@@ -1,0 +1,52 @@
+"""allocator.shares: decayed usage from the audit trail, kept a few seconds, re-read aside."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from allocator import shares
+from allocator.core import events
+from allocator.host.audit import AuditLog
+
+A = "GPU-aaaa"
+HOUR = 3600.0
+
+
+def test_fair_share_off_reads_nothing(tmp_path: Path) -> None:
+    fair = shares.FairShare(str(tmp_path))
+    assert fair.usage(None) is None
+    assert shares.table(fair, None) is None
+
+
+def test_usage_is_kept_then_refreshed_without_waiting_for_the_file(tmp_path: Path) -> None:
+    now = time.time()
+    audit = AuditLog(str(tmp_path))
+    audit.write(events.record("grant", now - HOUR, gpus=[A], lease="L1", owner="alice"))
+    fair = shares.FairShare(str(tmp_path))
+    first = fair.usage(HOUR, now)
+    assert first is not None and first["alice"] == pytest.approx(HOUR / 2 / 0.6931, rel=1e-3)
+    audit.write(events.record("release", now - HOUR / 2, gpus=[A], lease="L1", owner="alice"))
+    assert fair.usage(HOUR, now + 1) is first  # kept for TTL seconds
+    stale = fair.usage(HOUR, now + shares.TTL + 1)  # answered at once from what was read
+    assert stale is not None and stale["alice"] > first["alice"]
+    deadline = time.monotonic() + 5
+    while fair._refreshing and time.monotonic() < deadline:
+        time.sleep(0.01)
+    fresh = fair.usage(HOUR, now + 2 * shares.TTL + 2)
+    assert fresh is not None and fresh["alice"] < first["alice"]  # the release was read
+
+
+def test_the_table_lists_owners_least_use_first_with_their_share(tmp_path: Path) -> None:
+    now = time.time()
+    audit = AuditLog(str(tmp_path))
+    audit.write(events.record("grant", now - 3 * HOUR, gpus=[A], lease="L1", owner="alice"))
+    audit.write(events.record("release", now - HOUR, gpus=[A], lease="L1", owner="alice"))
+    audit.write(events.record("grant", now - HOUR, gpus=[A], lease="L2", owner="bob"))
+    got = shares.table(shares.FairShare(str(tmp_path)), 7 * 86400.0, now)
+    assert got is not None and got["half_life_s"] == 7 * 86400.0
+    assert [o["owner"] for o in got["owners"]] == ["bob", "alice"]
+    assert sum(o["share"] for o in got["owners"]) == pytest.approx(1.0, abs=1e-3)
+    assert got["owners"][0]["usage_gpu_hours"] == pytest.approx(1.0, abs=0.01)
