@@ -141,17 +141,10 @@ class Allocator(Lineup, Lookups, Restarts):
         finally:
             self.record("grant", lease)
 
-    def refused(
-        self,
-        result: Shortage | Refusal | Invalid,
-        name: str,
-        owner: Owner,
-        waited_s: float | None = None,
-    ) -> None:
-        """Metrics and the audit trail for a create that gets no lease (``waited_s``: after
-        waiting that long in line)."""
+    def refused(self, result: Shortage | Refusal | Invalid, name: str, owner: Owner) -> None:
+        """Metrics and the audit trail for a create that gets no lease."""
         metrics.request("short" if isinstance(result, Shortage) else "policy")
-        self.record("refusal", name=name, owner=owner.user, reason=result.msg, waited_s=waited_s)
+        self.record("refusal", name=name, owner=owner.user, reason=result.msg)
 
     def explain(
         self, ask: Ask, owner: Owner, want: Wanted

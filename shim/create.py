@@ -164,7 +164,7 @@ class CreateInterceptor:
                 return waited
             leased = waited
             if isinstance(leased, Shortage | policy.Refusal):  # its time ran out
-                await asyncio.to_thread(self.alloc.refused, leased, name, owner, wait)
+                await asyncio.to_thread(self._timed_out, leased, name, owner.user, wait)
         if not isinstance(leased, tuple):
             log.info("refused create %r of %s: %s", name, owner.user, leased.msg)
             return error(_REFUSAL_STATUS[type(leased)], leased.msg)
@@ -288,6 +288,14 @@ class CreateInterceptor:
         took = max(seconds, time.monotonic() - started)
         waited = f" (waited {ago(took)} in line, the most it asked for)"
         return replace(refused, msg=refused.msg + waited)
+
+    def _timed_out(
+        self, refused: Shortage | policy.Refusal, name: str, owner: str, waited: float
+    ) -> None:
+        """A create whose time in line ran out: counted and audited as refused, with how
+        long it waited (``gpu-alloc report``'s waits)."""
+        metrics.request("short" if isinstance(refused, Shortage) else "policy")
+        self.alloc.record("refusal", name=name, owner=owner, reason=refused.msg, waited_s=waited)
 
     def _refused(self, name: str, peer: Peer | None, why: str, field: str = "") -> None:
         """A create refused by policy (a field no lease covers, the image's CUDA)."""
