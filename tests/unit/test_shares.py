@@ -10,6 +10,8 @@ import pytest
 from allocator import shares
 from allocator.core import events
 from allocator.host.audit import AuditLog
+from allocator.ops.explain import render
+from allocator.ops.status import fair_share_line
 
 A = "GPU-aaaa"
 HOUR = 3600.0
@@ -50,3 +52,19 @@ def test_the_table_lists_owners_least_use_first_with_their_share(tmp_path: Path)
     assert [o["owner"] for o in got["owners"]] == ["bob", "alice"]
     assert sum(o["share"] for o in got["owners"]) == pytest.approx(1.0, abs=1e-3)
     assert got["owners"][0]["usage_gpu_hours"] == pytest.approx(1.0, abs=0.01)
+
+
+def test_status_and_explain_say_each_owners_share_least_first() -> None:
+    fair = {
+        "half_life_s": 7 * 86400.0,
+        "owners": [
+            {"owner": "bob", "usage_gpu_hours": 0.1, "share": 0.125},
+            {"owner": "alice", "usage_gpu_hours": 0.7, "share": 0.875},
+        ],
+    }
+    line = fair_share_line(fair)
+    assert line.startswith("fair share (half-life 7d; less recent use is served first")
+    assert line.endswith("bob 0.10 GPU-h (12%), alice 0.70 GPU-h (88%)")
+    answer = {"message": "would be granted now: GPU 0", "fair_share": fair}
+    assert render(answer, as_json=False).splitlines() == ["would be granted now: GPU 0", line]
+    assert render({"message": "m", "fair_share": None}, as_json=False) == "m"
