@@ -60,13 +60,23 @@ Buckets = Mapping[str, Sequence[Bucket]]  # UUID -> its buckets, by start time
 
 
 def held(uses: Iterable[dict[str, Any]]) -> list[Held]:
-    """The held intervals of `core.uses` rows, one per GPU of each use."""
+    """The held intervals of `core.uses` rows, one per GPU of each use.  A use handed
+    over to a Compose replacement holds its GPUs until the hand-over (the replacement's
+    lease holds them from then), not until its own release."""
+    rows = list(uses)
+    handed = {
+        r["lease"]: parse_time(r["from"])
+        for r in rows
+        if r.get("event") == "hand-over" and r.get("lease") and r.get("from")
+    }
     found = []
-    for row in uses:
+    for row in rows:
         if row.get("event") != "use" or not row.get("from"):
             continue
         start = parse_time(row["from"])
         end = parse_time(row["to"]) if row.get("to") else None
+        if row.get("lease") in handed and start <= handed[row["lease"]]:
+            end = handed[row["lease"]] if end is None else min(end, handed[row["lease"]])
         gpus = row.get("gpus") or []
         indices = [*(row.get("indices") or []), *[None] * len(gpus)]
         for uuid, index in zip(gpus, indices, strict=False):

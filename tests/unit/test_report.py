@@ -153,3 +153,16 @@ def test_decayed_usage_is_the_exact_integral_and_counts_open_uses_to_now() -> No
     rate = math.log(2) / half_life
     assert usage["a"] == pytest.approx((1 - math.exp(-rate * 200)) / rate)
     assert decayed([Held("a", A, 0, 1200.0, None)], now, half_life) == {}
+
+
+def test_a_use_handed_over_to_a_compose_replacement_holds_its_gpus_until_the_hand_over() -> None:
+    trail = [
+        events.record("grant", 0, gpus=[A], lease="old", owner="alice"),
+        events.record("grant", HOUR, gpus=[A], lease="new", owner="alice"),
+        events.record("hand-over", HOUR, gpus=[A], lease="old", owner="alice"),
+        events.record("release", HOUR + 60, gpus=[A], lease="old", owner="alice"),
+    ]
+    found = held(uses(trail))
+    assert [(h.start, h.end) for h in found] == [(0.0, HOUR), (HOUR, None)]
+    got = rows(uses(trail), {}, Window(0, 2 * HOUR), "user", by_user)
+    assert got[0]["gpu_hours_held"] == 2.0  # not 2 h and a minute
