@@ -25,6 +25,7 @@ COLUMNS = (
     ("gpu_hours_held", "HELD GPU-h"),
     ("gpu_hours_used", "USED GPU-h"),
     ("gpu_hours_idle", "IDLE GPU-h"),
+    ("gpu_hours_unsampled", "UNSAMPLED GPU-h"),  # neither used nor idle: not sampled
     ("grants", "GRANTS"),
     ("waits", "WAITS"),
     ("wait_seconds_total", "WAITED s"),
