@@ -16,7 +16,7 @@ from allocator.core.ask import Ask
 from allocator.core.inventory import GPU, Inventory
 from allocator.core.leases import REPAIR_HINT, SCHEMA_VERSION, Claim, State, StateError
 from allocator.core.placement import POLICIES, Shortage, place
-from allocator.host import journal, ledger
+from allocator.host import journal, ledger, store
 from allocator.host.ledger import Ledger
 
 A, B, C, D = (f"GPU-{c * 8}" for c in "abcd")
@@ -303,7 +303,7 @@ def _raise_enospc(*args: object, **kwargs: object) -> None:
 
 @pytest.mark.parametrize(
     ("target", "name"),
-    [(os, "replace"), (os, "fsync"), (ledger.tempfile, "mkstemp")],
+    [(os, "replace"), (os, "fsync"), (store.tempfile, "mkstemp")],
     ids=["os.replace", "os.fsync", "mkstemp (unwritable directory)"],
 )
 def test_a_failing_write_is_a_state_error_and_keeps_the_previous_state(
