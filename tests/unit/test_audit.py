@@ -34,8 +34,8 @@ def sim_allocator(tmp_path: Path) -> Allocator:
     return Allocator(Config(state_dir=str(state), gpus=str(gpus)))
 
 
-def _write_many(state_dir: str, who: int, n: int) -> None:
-    log = AuditLog(state_dir, max_bytes=1 << 30)
+def _write_many(state_dir: str, who: int, n: int, max_bytes: int = 1 << 30) -> None:
+    log = AuditLog(state_dir, max_bytes=max_bytes, keep=100)
     for k in range(n):
         log.write(events.record("denial", 0.0, name=f"w{who}-{k}", reason="x" * 5000))
 
@@ -50,6 +50,23 @@ def test_concurrent_writers_never_interleave_lines(tmp_path: Path) -> None:
     assert len(lines) == 300
     names = {json.loads(line)["name"] for line in lines}  # every line parses whole
     assert names == {f"w{w}-{k}" for w in range(6) for k in range(50)}
+
+
+def test_concurrent_writers_lose_no_line_to_rotation(tmp_path: Path) -> None:
+    # About ten lines a file: the writers rotate it many times over between them.
+    args = [(str(tmp_path), w, 50, 50_000) for w in range(6)]
+    procs = [FORK.Process(target=_write_many, args=a) for a in args]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    log = AuditLog(str(tmp_path), keep=100)
+    assert len(log.files()) >= 20
+    lines = [line for f in [*log.files(), log.path] for line in f.read_bytes().splitlines()]
+    assert len(lines) == 300
+    names = [json.loads(line)["name"] for line in lines]  # every line parses whole
+    assert sorted(names) == sorted(f"w{w}-{k}" for w in range(6) for k in range(50))
+    assert all(f.stat().st_size <= 50_000 for f in [*log.files(), log.path])
 
 
 def test_rotation_keeps_a_bounded_number_of_bounded_files(tmp_path: Path) -> None:
@@ -74,8 +91,22 @@ def test_a_torn_line_is_skipped_and_the_rest_read(tmp_path: Path) -> None:
 
 
 def test_an_unwritable_audit_file_never_fails_the_decision(tmp_path: Path) -> None:
-    log = AuditLog(str(tmp_path / "missing-dir"))
+    (tmp_path / "file").write_text("")
+    log = AuditLog(str(tmp_path / "file" / "state"))  # not a directory, even for root
     log.write(events.record("grant", 1.0))  # logged, not raised
+
+
+def test_an_audit_lock_not_free_in_time_never_fails_the_decision(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = AuditLog(str(tmp_path))
+    log.lock.timeout = 0.1
+    other = AuditLog(str(tmp_path))
+    with other.lock.held():
+        log.write(events.record("grant", 1.0))  # logged, not raised
+    assert "audit: could not record grant" in caplog.text
+    assert "lock not acquired within 0.1s" in caplog.text
+    assert list(log.read()) == []
 
 
 def test_the_service_records_grant_refusal_and_release_with_times_and_gpus(
