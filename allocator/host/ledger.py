@@ -17,21 +17,22 @@ makes.  Beside it, one small record a lease: ``grants/<id>`` a lease a grant add
 without rewriting the file, with the generation it was granted on; ``binds/<id>`` the
 container that lease's create made (its 201).
 
-=========== =================== ============================================ ==================
-step        when, under what    writes, in this order                        durable
-=========== =================== ============================================ ==================
-grant       a transaction that  ``grants/<id>`` (O_EXCL, in place); the      `sync_grant`: while
-            only adds leases,   shim asks dockerd only once it is whole      dockerd creates,
-            on a file of a                                                   before the client
-            generation, while                                                hears of it
-            few records live;
-            the lock
-bind        a create's 201;     ``binds/<id>`` (O_EXCL: the first wins)      never
-            no lock
-full write  any other change;   1. ``state.json``, every live record folded  the file, before
-            the lock            in, under a new generation (`store.replace`) its rename (not
-                                2. removes the records it folded             the directory)
-=========== =================== ============================================ ==================
+========== ====================== ===== ================================= ======================
+step       when                   lock  writes, in this order             durable
+========== ====================== ===== ================================= ======================
+grant      a transaction that     held  ``grants/<id>``: O_EXCL, in       fsync'd (`sync_grant`)
+           only adds leases, on         place; dockerd is asked only      while dockerd creates,
+           a file of a                  once it is whole                  before the client
+           generation, while                                              hears of it
+           `MAX_JOURNAL` allows
+bind       a create's 201         none  ``binds/<id>``: O_EXCL, the       never
+                                        first one wins
+full write any other change (a    held  1. ``state.json`` under a new     the file, fsync'd
+           repair: `write`)             generation, every live record     before its rename; not
+                                        folded in (`store.replace`)       the directory
+                                        2. removes the records it folded
+                                        (a repair: every record)
+========== ====================== ===== ================================= ======================
 
 What a reader concludes from what is on disk (at any instant, or after a crash)
 -------------------------------------------------------------------------------
