@@ -42,7 +42,7 @@ on disk                                  the reader concludes
 grant record whole, of the file's        lease <id> is live (not folded yet)
 generation
 grant record whole, of another           nothing: folded into the file, or ended since
-generation                               (a full write died before removing it)
+generation                               (a full write is removing it, or died first)
 grant record empty or cut short          no lease: being written, or lost to a power cut
                                          before its create was answered
 grant record that cannot be read         `StateError` (rule 2): a lease left out would

@@ -670,8 +670,39 @@ def test_a_grant_record_a_power_cut_left_empty_is_no_lease_and_is_cleared(
     assert sorted(p.name for p in led.grants.iterdir()) == []
 
 
+def test_a_full_write_a_power_cut_lost_leaves_the_previous_file_and_kills_later_grants(
+    tmp_path: Path,
+) -> None:
+    """The rename is not made durable (the directory is not fsync'd): after a power cut
+    the previous file may be back, and a grant recorded on the lost one is no lease
+    (reconcile adopts its container by its GPUs), never a lease of the file read now."""
+    led = written(tmp_path)
+    kept = grant(led, A)
+    with led.transaction() as st:
+        st.bind(kept, "c" * 64)  # a full write: generation 2, the grant folded in
+    previous = led.path.read_bytes()
+    with led.transaction() as st:
+        st.release(kept)  # generation 3
+    lost = grant(led, B)  # a record naming generation 3
+    led.path.write_bytes(previous)  # the power cut: generation 3's rename never happened
+    fresh = Ledger(tmp_path)
+    assert set(fresh.read().leases) == {kept}
+    assert fresh.lease(lost) is None
+    with fresh.transaction() as st:
+        assert st.holders({A, B}).keys() == {A}
+    assert grant_records(led) == []  # the dead record is cleared
+
+
+def test_a_temp_file_a_killed_write_left_is_never_read(tmp_path: Path) -> None:
+    led = written(tmp_path)
+    lease_id = grant(led)
+    (tmp_path / ".state.json.k1ll3d.tmp").write_bytes(b'{"version": 2, "lea')
+    (led.grants / ".half.tmp").write_bytes(b"{")
+    assert set(Ledger(tmp_path).read().leases) == {lease_id}
+
+
 def test_a_fold_between_a_readers_two_reads_hides_no_grant(tmp_path: Path, monkeypatch) -> None:
-    """Rule 6: grants are read before the file, so a fold in between loses nothing."""
+    """Grants are read before the file, so a fold in between loses nothing."""
     writer, reader = written(tmp_path), Ledger(tmp_path)
     lease_id = grant(writer)
     file_of = reader._file
@@ -900,7 +931,7 @@ def test_an_empty_bind_record_is_read_again_until_it_is_whole(tmp_path: Path) ->
 def test_a_fold_just_after_a_readers_file_read_shows_no_bound_lease_pending(
     tmp_path: Path, monkeypatch
 ) -> None:
-    """Rule 7: a full write replaces the file, then removes the records it folded.  Read
+    """A full write replaces the file, then removes the records it folded.  Read
     file first and records after, a fold in between showed the lease pending, and a
     pending lease admits a create."""
     writer, reader = written(tmp_path), Ledger(tmp_path)
