@@ -5,14 +5,15 @@ and the plugin's in-flight board use these helpers, and a new small store should
 
 - ``Lock(path, timeout)``, then ``with lock.held() as fd:``: an exclusive flock on
   ``path`` (created 0600 with its directory, 0700, when missing) through portalocker;
-  ``held(shared=True)`` takes a shared one.  Threads of one process queue on a thread
-  lock; other processes are polled every `POLL` seconds (portalocker's own 0.25 s
-  poll, not the work, would set the pace under contention).  A lock not free within
-  the timeout raises `LockTimeout`, a `StateError`, which the service already turns
-  into a refusal; one that cannot be opened or taken at all raises `StateError`.  The
-  file is opened for each hold, so an operator may remove it; ``keep_open=True`` keeps
-  one descriptor (opened again in a forked child, or once the file was replaced) for a
-  store that is its own lock file and reads and writes through ``fd``.
+  ``held(shared=True)`` takes a shared one.  Threads of one process queue on the
+  instance's thread lock (shared holds too); other processes are polled every `POLL`
+  seconds (portalocker's own 0.25 s poll, not the work, would set the pace under
+  contention).  A lock not free within the timeout raises `LockTimeout`, a
+  `StateError`, which the service already turns into a refusal; one that cannot be
+  opened or taken at all raises `StateError`.  The file is opened for each hold, so an
+  operator may remove it; ``keep_open=True`` keeps one descriptor (opened again in a
+  forked child, or once the file was replaced) for a store that is its own lock file
+  and reads and writes through ``fd``.
 - ``replace(path, data, mode=0o600, sync=True)``: write a temp file beside ``path``
   (``.NAME.*.tmp``, never read as a store), fsync it unless ``sync`` is False, and rename
   it over ``path``.  A process killed at any instant leaves the old file or the new one,
@@ -22,8 +23,15 @@ and the plugin's in-flight board use these helpers, and a new small store should
 - ``read(path)``: a file's bytes by bare system calls (a file object costs more than the
   read of a small file); `OSError` as `open` raises it.
 
-The lock is an advisory flock: every writer of a store takes it, readers without it
-rely on `replace` being atomic.
+The lock is an advisory flock: every writer of a store takes it; a reader without it
+relies on `replace` being atomic (or, like the in-flight board's, takes what it reads
+as a hint).  A new store, say ``state_dir/example.json``::
+
+    lock = store.Lock(state_dir / "example.lock", timeout=5.0)
+    with lock.held():
+        data = json.loads(store.read(path))  # FileNotFoundError: none yet
+        ...
+        store.replace(path, json.dumps(data).encode())
 """
 
 from __future__ import annotations
