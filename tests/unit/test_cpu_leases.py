@@ -19,7 +19,7 @@ from allocator.host import config as configmod
 from allocator.ops.status import render_json, render_table
 from allocator.service import Allocator
 from allocator.views import status
-from plugin.app import create_app
+from plugin.app import create_dispatcher
 from shim.create import CreateInterceptor
 from shim.framing import Response
 from tests.root.test_enforcement import DEVDIR, World
@@ -45,7 +45,7 @@ class Machine(World):
         (root / "config.yaml").write_text(yaml.safe_dump(cfg))
         self.config = configmod.load(str(root / "config.yaml"))
         self.alloc = Allocator(self.config)
-        self.plugin = create_app(self.config, self.alloc).test_client()
+        self.plugin = create_dispatcher(self.config, self.alloc)
         self.shim = CreateInterceptor(self.alloc)
 
     def create(self, gpus: int = 2, hc: dict | None = None, **asked: str) -> Response:
