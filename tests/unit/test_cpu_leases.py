@@ -215,47 +215,6 @@ def test_an_unreadable_ledger_does_not_stop_cpuset_updates(machine: Machine) -> 
     assert machine.authz("POST", f"/v1.41/containers/{'c' * 64}/update", update)["Allow"] is True
 
 
-def inspect_of(labels_: dict, **host_config) -> dict:
-    return {"Config": {"Labels": labels_}, "HostConfig": host_config}
-
-
-LEASED = {labels.LEASE: "1a2b3c"}
-
-
-@pytest.mark.parametrize(
-    ("container", "held"),
-    [
-        (inspect_of({**LEASED, labels.PLACED: "cpus"}, CpusetCpus="2-3"), {"cpus": (2, 3)}),
-        (
-            inspect_of(
-                {**LEASED, labels.PLACED: "cpus,memory"},
-                CpusetCpus="0",
-                Memory=GIB,
-                CpusetMems="1",
-            ),
-            {"cpus": (0,), "memory": GIB, "mems": (1,)},
-        ),
-        # an image's label on a container no lease made: nothing
-        (inspect_of({labels.PLACED: "cpus,memory"}, CpusetCpus="0-63", Memory=GIB), {}),
-        # the shim's own empty label over an image's: nothing
-        (inspect_of({**LEASED, labels.PLACED: ""}, CpusetCpus="0-63"), {}),
-        # one unreadable value costs only itself
-        (
-            inspect_of(
-                {**LEASED, labels.PLACED: "cpus,memory"},
-                CpusetCpus="x",
-                Memory=GIB,
-                CpusetMems="0",
-            ),
-            {"memory": GIB, "mems": (0,)},
-        ),
-        (inspect_of({**LEASED, labels.PLACED: "memory"}, Memory=GIB), {}),  # on no node
-    ],
-)
-def test_an_adopted_container_holds_what_its_placed_label_says(container, held) -> None:
-    assert labels.placed_of(container) == held
-
-
 def test_every_leased_create_says_what_was_placed_even_nothing(machine: Machine) -> None:
     assert machine.create(1).status == 201
     assert json.loads(machine.forwarded[-1].body)["Labels"][labels.PLACED] == ""
