@@ -94,15 +94,6 @@ def test_device_ids_all_is_leased_like_count_minus_one():
     assert grant.demand == access.Demand(all=True, caps=("gpu",))
 
 
-@pytest.mark.parametrize(
-    ("text", "version"),
-    [("20.10.24+dfsg1", (20, 10, 24)), ("28.5.2", (28, 5, 2)), ("27.3.0-rc.1", (27, 3, 0)),
-     ("dev", None), ("", None), ("1.2", None)],
-)  # fmt: skip
-def test_the_engine_version_is_read_from_what_the_engine_says(text, version):
-    assert EngineView.from_info({}, {"Version": text}).version == version
-
-
 # ---------------------------------------------------------------- mounts
 
 
@@ -168,12 +159,6 @@ def test_a_dynamic_major_loaded_after_gpu_alloc_started_counts_at_once(tmp_path)
     assert host.dynamic_majors() == {195}
     devices.write_text(devices.read_text() + "236 nvidia-caps\n510 nvidia-uvm\n")  # modprobe
     assert host.dynamic_majors() == {195, 236, 510}
-
-
-def test_the_engine_view_names_the_authorization_plugins_dockerd_consults():
-    info = {"DefaultRuntime": "runc", "Plugins": {"Authorization": ["gpu-alloc"]}}
-    assert EngineView.from_info(info).authz_plugins == ("gpu-alloc",)
-    assert EngineView.from_info({"Plugins": {"Authorization": None}}).authz_plugins == ()
 
 
 def test_count_and_device_ids_together_says_how_to_quote_a_device_list():
