@@ -21,9 +21,9 @@ call that could change what it names (rename, removal, prune, named create) are
 kept in flight between their AuthZReq and AuthZRes, and never overlap
 (plugin/inflight.py, allocator/core/inflight.py).
 
-`Dispatcher.dispatch` is the one function both calls go through: the envelope
-is parsed once and the route classified once per call, and Flask is left only
-the activation handshake.
+`Dispatcher.answer` is the one function every plugin call goes through, the
+activation handshake included: the envelope is parsed once and the route
+classified once per call.  plugin/worker.py frames its answers in HTTP.
 
 Any error on the way (corrupt state, lock timeout, Engine not answering)
 denies the request with the reason: dockerd shows ``Msg`` to the user.
@@ -41,8 +41,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from flask import Flask, Response
-
 from allocator.core import outcomes
 from allocator.core import verdicts as decide
 from allocator.core.inventory import InventoryError
@@ -57,9 +55,7 @@ from plugin.inflight import InFlight
 log = logging.getLogger("gpu-alloc.plugin")
 _ALLOW = json.dumps({"Allow": True}).encode()
 _ACTIVATE = json.dumps({"Implements": ["authz"]}).encode()
-_MIME = "application/vnd.docker.plugins.v1+json"
 _FAILURES = (StateError, EngineError, InventoryError)
-DISPATCHER = "gpu-alloc.dispatcher"
 
 
 def _deny(msg: str) -> bytes:
@@ -101,7 +97,8 @@ _QUICK_BODY = 64 << 10
 
 
 class Dispatcher:
-    """``answer(path, raw envelope)``: the one place an authz call is decided.
+    """``answer(path, raw envelope)``: the one place a plugin call is answered (the
+    activation handshake, and every authz call's decision).
 
     The envelope is parsed once and the route classified once per call.  Calls that
     touch no GPU are answered at once, from the route table: no lock, no file, no
@@ -114,7 +111,8 @@ class Dispatcher:
     def __init__(self, alloc: Allocator):
         self.alloc = alloc
         self.inflight = InFlight(alloc)
-        self._routes = {
+        self._routes: dict[str, Callable[[bytes], bytes | Later]] = {
+            "/Plugin.Activate": self.activate,
             "/AuthZPlugin.AuthZReq": self.authz_req,
             "/AuthZPlugin.AuthZRes": self.authz_res,
         }
@@ -126,9 +124,25 @@ class Dispatcher:
         return self._routes[path](raw)
 
     def dispatch(self, path: str, raw: bytes) -> bytes:
-        """The whole answer, waiting for it here (a WSGI server's thread)."""
+        """The whole answer, waiting for it here (a caller's own thread)."""
         answer = self.answer(path, raw)
         return answer if isinstance(answer, bytes) else answer()
+
+    def activate(self, raw: bytes) -> Later:
+        """dockerd's handshake: the answer is a constant, the work it starts writes files
+        (on the pool)."""
+        return self._activated
+
+    def _activated(self) -> bytes:
+        # dockerd activates its plugins once per life: whatever was in flight belonged to
+        # a dockerd that is gone (a restart mid-call), and no AuthZRes will end it.  The
+        # new one may run other runtimes: every worker and the shim read /info again.
+        self.alloc.engine_activated()
+        try:
+            self.inflight.registry.clear()
+        except StateError as e:
+            log.warning("in-flight registry not cleared at activation: %s", e)
+        return _ACTIVATE
 
     def authz_req(self, raw: bytes) -> bytes | Later:
         try:
@@ -232,47 +246,6 @@ class Dispatcher:
         return _ALLOW
 
 
-def create_app(config: Config, allocator: Allocator | None = None) -> Flask:
-    alloc = allocator or connect(config)
-    app = Flask("gpu-alloc-plugin")
-
-    dispatcher = Dispatcher(alloc)
-
-    @app.post("/Plugin.Activate")
-    def activate() -> Response:
-        # dockerd activates its plugins once per life: whatever was in flight belonged to
-        # a dockerd that is gone (a restart mid-call), and no AuthZRes will end it.  The
-        # new one may run other runtimes: every worker and the shim read /info again.
-        alloc.engine_activated()
-        try:
-            dispatcher.inflight.registry.clear()
-        except StateError as e:
-            log.warning("in-flight registry not cleared at activation: %s", e)
-        return Response(_ACTIVATE, status=200, mimetype=_MIME)
-
-    app.extensions[DISPATCHER] = dispatcher  # plugin.worker answers authz calls with it
-    # Flask documents wrapping wsgi_app as its middleware hook; its types call it a method.
-    app.wsgi_app = _Authz(app.wsgi_app, dispatcher)  # type: ignore[method-assign]
-    return app
-
-
-class _Authz:
-    """WSGI: authz calls go straight to the dispatcher, without a Flask dispatch.
-
-    dockerd calls the plugin twice for every API call on the host; a Flask dispatch
-    costs more than the decision for most of them.  Everything else (activation,
-    unknown paths) goes on to Flask.
-    """
-
-    def __init__(self, app: Any, dispatcher: Dispatcher):
-        self.app = app
-        self.dispatcher = dispatcher
-
-    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
-        path = environ.get("PATH_INFO") or ""
-        if environ.get("REQUEST_METHOD") != "POST" or not self.dispatcher.handles(path):
-            return self.app(environ, start_response)
-        raw = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
-        answer = self.dispatcher.dispatch(path, raw)
-        start_response("200 OK", [("Content-Type", _MIME), ("Content-Length", str(len(answer)))])
-        return [answer]
+def create_dispatcher(config: Config, allocator: Allocator | None = None) -> Dispatcher:
+    """The plugin's calls, answered by the allocator ``config`` names (or ``allocator``)."""
+    return Dispatcher(allocator or connect(config))

@@ -1,7 +1,7 @@
 """No GPU without a lease, however the request is written, judged at both layers.
 
 The shim's decision runs through its real interceptor (with a stand-in for the
-Engine that answers 201); the plugin's through its real Flask endpoint, with
+Engine that answers 201); the plugin's through its real dispatcher (what its worker serves), with
 AuthZReq bodies built the way dockerd builds them.  The real-Engine subset is
 in test_enforcement_engine.py.
 """
@@ -25,7 +25,7 @@ from allocator.core.ask import Ask
 from allocator.core.rewrite import rewrite
 from allocator.host import config as configmod
 from allocator.service import Allocator
-from plugin.app import create_app
+from plugin.app import create_dispatcher
 from shim.create import CreateInterceptor
 from shim.framing import Request, Response
 from tests.support import engine
@@ -38,7 +38,7 @@ CREATE_URI = "/v1.41/containers/create?name=job"
 
 
 class World:
-    """A config, 4 simulated GPUs, an empty ledger, the plugin app and the interceptor."""
+    """A config, 4 simulated GPUs, an empty ledger, the plugin's dispatcher and the interceptor."""
 
     def __init__(self, root: Path, gpus: int = 4, policy: dict | None = None):
         engine.write_sim_gpus(root / "gpus.yaml", gpus)
@@ -47,7 +47,7 @@ class World:
         (root / "config.yaml").write_text(yaml.safe_dump(cfg))
         self.config = configmod.load(str(root / "config.yaml"))
         self.alloc = Allocator(self.config)  # no Engine: ledger and inventory only
-        self.plugin = create_app(self.config, self.alloc).test_client()
+        self.plugin = create_dispatcher(self.config, self.alloc)
         self.shim = CreateInterceptor(self.alloc)
         self.forwarded: list[Request] = []
 
@@ -61,9 +61,7 @@ class World:
         if payload is not None:
             req["RequestBody"] = base64.b64encode(payload).decode()
         # dockerd sends no Content-Type: the plugin must read the body regardless.
-        answer = self.plugin.post("/AuthZPlugin.AuthZReq", data=json.dumps(req))
-        assert answer.status_code == 200
-        return answer.get_json(force=True)
+        return json.loads(self.plugin.dispatch("/AuthZPlugin.AuthZReq", json.dumps(req).encode()))
 
     def via_shim(self, payload: bytes, method: str = "POST", uri: str = CREATE_URI) -> Response:
         async def forward(req: Request) -> Response:

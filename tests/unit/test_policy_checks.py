@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from allocator.core import labels, policy, privileged
-from allocator.core import verdicts as decide
-from allocator.core.facts import EngineView
+from allocator.core import labels, policy
 from allocator.core.inventory import GPU, Inventory
 from allocator.host import config as configmod
 from allocator.host.config import ConfigError
@@ -66,12 +64,6 @@ def test_a_mistyped_gpu_alloc_label_is_refused_by_name_on_both_sockets(world: Wo
     real = world.authz("POST", CREATE_URI, body(Labels={key: "x"}))  # no GPU asked, even
     assert real["Allow"] is False
     assert f"label {key} is not a gpu-alloc label" in real["Msg"]
-
-
-def test_a_label_far_from_any_known_one_is_listed_without_a_guess():
-    why = labels.unknown({"io.gpu-alloc.colour": "red", "app": "x"})
-    assert why is not None and "did you mean" not in why
-    assert why.startswith("label io.gpu-alloc.colour is not a gpu-alloc label")
 
 
 def test_known_labels_and_other_prefixes_pass(world: World):
@@ -170,25 +162,6 @@ def test_the_real_socket_still_refuses_privileged_under_lease_all(lease_all: Wor
     answer = lease_all.authz("POST", CREATE_URI, PRIVILEGED)
     assert answer["Allow"] is False
     assert "a privileged container sees every device" in answer["Msg"]
-
-
-def test_the_plugin_admits_a_privileged_create_only_for_a_lease_of_the_whole_host():
-    spec = {"Env": [f"NVIDIA_VISIBLE_DEVICES={','.join(UUIDS[:3])}"]}
-    grants = decide.access.of_create({"HostConfig": {"Privileged": True}}, EngineView(), GPUS, None)
-    assert privileged.asked(grants)
-    assert isinstance(privileged.leased(spec, grants, GPUS), str)  # GPU 3 left out
-    spec = {"Env": [f"NVIDIA_VISIBLE_DEVICES={','.join(UUIDS)}"]}
-    assert privileged.leased(spec, grants, GPUS) == frozenset(UUIDS)
-
-
-def test_every_mig_slice_counts_as_the_host():
-    parent = GPU("GPU-m", 1, mig_mode=True)
-    slices = tuple(GPU(f"MIG-{k}", 1, parent="GPU-m", mig_index=k) for k in range(2))
-    inv = Inventory((GPU("GPU-0", 0), parent), migs=slices)
-    assert privileged.covers_host(inv, ["GPU-0", "MIG-0", "MIG-1"])
-    assert privileged.covers_host(inv, ["GPU-0"])  # policy.mig: none leases no slice
-    assert not privileged.covers_host(inv, ["GPU-0", "MIG-0"])  # one slice left to others
-    assert not privileged.covers_host(inv, ["MIG-0", "MIG-1"])
 
 
 def test_policy_privileged_takes_refuse_or_lease_all(tmp_path):
