@@ -1,11 +1,12 @@
 """The facts a decision is made against, gathered from the host and the Engine.
 
-The service (allocator/service.py) decides nothing itself: it asks this class for
+One part of the composed service (allocator/service.py): the other parts ask it for
 facts (the inventory, what the Engine says it is, the host's filesystem answers, the
-policy in force), hands them to the pure core, and applies what the core returns.
-Each fact is cached for as long as it stays true: the simulated GPU file until it
-changes, NVML and the Engine's view for a few seconds, the policy until its file
-changes; an unreadable inventory is itself a fact, so work that touches no GPU goes on.
+policy in force, the GPUs' health), hand them to the pure core, and apply what the core
+returns.  It records nothing and holds no ledger.  Each fact is cached for as long as
+it stays true: the simulated GPU file until it changes, NVML and the Engine's view for a
+few seconds, the policy until its file changes; an unreadable inventory is itself a
+fact, so work that touches no GPU goes on.
 """
 
 from __future__ import annotations
@@ -15,31 +16,23 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, TypedDict, Unpack, cast
+from typing import Any, cast
 
-from allocator.core import cpus, defaults, events
+from allocator.core import cpus
 from allocator.core.facts import EngineView, HostFacts
 from allocator.core.inventory import Inventory, InventoryError
-from allocator.core.leases import Lease
-from allocator.core.placement import POLICIES
 from allocator.core.policy import Rules, missing_pool_gpus
-from allocator.core.queue import Waiter
-from allocator.core.reconcile import Report
 from allocator.core.verdicts import (
     Facts,
 )
 from allocator.host import config as configmod
 from allocator.host import cpus as host_cpus
-from allocator.host import ledger
-from allocator.host.audit import AuditLog
 from allocator.host.config import Config, ConfigError
-from allocator.host.engine import Engine, EngineError
+from allocator.host.engine import Engine
 from allocator.host.engineroot import EngineRoot
 from allocator.host.filesystem import Host, engine_paths
 from allocator.host.health import HealthFile
 from allocator.host.inventory import load as load_inventory
-from allocator.host.ledger import Ledger
 
 INVENTORY_MAX_AGE = 10.0
 POLICY_CHECK_EVERY = 2.0  # seconds between the running services' looks at the config file
@@ -48,27 +41,23 @@ ENGINE_VIEW_MAX_AGE = 30.0
 ACTIVATED = "gpu-alloc.activated"  # touched when dockerd activates the plugin: a new dockerd
 
 
-class AuditFields(TypedDict, total=False):
-    """What `Gatherer.record` passes on to `events.record`."""
-
-    gpus: tuple[str, ...] | list[str]
-    container: str | None
-    name: str
-    owner: str | None
-    reason: str
-
-
 class Gatherer:
-    """The service's state and its view of the world."""
+    """The facts a decision is made against, each cached for as long as it stays true.
 
-    def __init__(self, config: Config, engine: Engine | None = None, host: Host | None = None):
+    ``engine`` None: no Engine to ask (tests of the ledger alone, `gpu-alloc health`).
+    ``health``: the GPUs' health file, read by `unhealthy`.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine | None,
+        health: HealthFile,
+        host: Host | None = None,
+    ):
         self.config = config
         self.engine = engine
-        self.ledger = Ledger(config.state_dir, config.policy.lock_timeout)
-        self.audit = AuditLog(config.state_dir)
-        self.health = HealthFile(self.ledger)
-        self.health.listeners.append(self._health_turned)
-        self.policy = POLICIES[config.policy.placement]
+        self.health = health
         # gpu-alloc's state and its plugin's socket, then (once asked) the Engine's own
         # paths.  The shim's socket is the users' way in and vets every call: not protected.
         # Paths as dockerd sees them; without an Engine (tests, `gpu-alloc health`), as we do.
@@ -77,46 +66,12 @@ class Gatherer:
         self.host = host.with_protected(config.state_dir, config.plugin.socket)
         self._inventory: tuple[object, Inventory | InventoryError] | None = None
         self._view: tuple[float, object, EngineView, Host] | None = None
-        self._no_gpu: set[str] = set()  # containers inspected and found without GPUs
         self._lock = threading.Lock()  # held for no I/O: an event loop may wait on it
         self._loading = threading.Lock()  # held while NVML or the GPU file is read
-        self._reconciling = threading.Condition()
-        self._reconcile_running = False
-        self._last_reconcile: tuple[float, bool, Report] | None = None
         self._rules = config.policy.rules
         self._policy_lock = threading.RLock()  # re-entrant: SIGHUP runs on the main thread
         self._rules_stamp = self._config_stamp()
         self._topology: cpus.Topology | None = None
-        # Called (from any thread) after a lease ends here: the shim's queue wakes up.
-        self.listeners: list[Callable[[], None]] = []
-        # The creates waiting in line (the shim's Waitline sets it): what they keep, every
-        # lease leaves alone (allocator/lineup.py).
-        self.waiting: Callable[[], list[Waiter]] = list
-
-    def record(self, kind: str, lease: Lease | None = None, **fields: Unpack[AuditFields]) -> None:
-        """One audit line for a decision already applied (never under the ledger lock)."""
-        if lease is not None:
-            fields = {
-                "gpus": lease.gpus,
-                "container": lease.container,
-                "name": lease.name,
-                "owner": lease.owner,
-                **fields,
-            }
-        gpus = fields.get("gpus") or ()
-        indices = {}
-        if gpus:
-            try:
-                indices = {g.uuid: g.index for g in self.inventory().gpus}
-            except InventoryError:  # the record matters more than the index
-                indices = {}
-        lease_id = lease.id if lease is not None else None
-        self.audit.write(
-            events.record(kind, ledger.now(), indices=indices, lease=lease_id, **fields)
-        )
-
-    def _health_turned(self, uuid: str, healthy: bool, what: str) -> None:
-        self.record("health", gpus=(uuid,), reason=f"GPU {what}")
 
     def inventory(self, cached: bool = False) -> Inventory:
         """NVML is asked again every few seconds; a simulated file whenever it changes.
@@ -344,15 +299,6 @@ class Gatherer:
         if self.config.source.startswith("<"):
             return None  # built in code (tests) or the defaults: nothing to re-read
         return _file_stamp(self.config.source)
-
-    def start_failure_note(self, ref: str, message: str) -> str:
-        """What to add to a start's failure ``message`` (`core.defaults.start_note`): one
-        inspect, on the failure path only."""
-        try:
-            info = self.engine.inspect(ref) if self.engine else None
-        except EngineError:
-            return ""
-        return defaults.start_note(message, ((info or {}).get("Config") or {}).get("Labels"))
 
     def unhealthy(self) -> dict[str, str]:
         """UUID -> its event; nothing when the operator turned health off."""

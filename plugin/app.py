@@ -153,7 +153,7 @@ class Dispatcher:
         self, route: Route, method: str, uri: str, req: dict[str, Any], facts: decide.Facts
     ) -> decide.Decision:
         asked = decide.authz_request(route, method, uri, _body(req), facts, _headers(req))
-        return self.alloc.resolve(asked)
+        return self.alloc.admission.resolve(asked)
 
     def _quick(self, route: Route, method: str, uri: str, req: dict[str, Any]) -> bytes | Later:
         """An unnamed create, allowed here when the facts at hand suffice: the Engine's
@@ -163,7 +163,7 @@ class Dispatcher:
         began = time.perf_counter()
         try:
             decision: decide.Decision | None = self._verdict(
-                route, method, uri, req, self.alloc.cached_facts()
+                route, method, uri, req, self.alloc.gather.cached_facts()
             )
         except Exception:  # a fact not at hand, or any failure: decided in full, and logged
             decision = None
@@ -174,7 +174,7 @@ class Dispatcher:
 
     def _decide(self, route: Route, method: str, uri: str, req: dict[str, Any]) -> bytes:
         began = time.perf_counter()
-        verdict = partial(self._verdict, route, method, uri, req, self.alloc.lazy_facts())
+        verdict = partial(self._verdict, route, method, uri, req, self.alloc.gather.lazy_facts())
         try:
             decision = self.inflight.judge(route, method, uri, verdict)
         except _FAILURES as e:
@@ -184,7 +184,9 @@ class Dispatcher:
             log.info("denied %s %s: %s", method, uri, decision.msg)
             metrics.request("denied")
             metrics.denial(decision.field)
-            self.alloc.record("denial", reason=decision.msg, name=f"{method} {uri.split('?')[0]}")
+            self.alloc.recorder.record(
+                "denial", reason=decision.msg, name=f"{method} {uri.split('?')[0]}"
+            )
             return _deny(decision.msg)
         return _ALLOW
 
@@ -225,7 +227,7 @@ class Dispatcher:
                 log.exception("could not end %s %s in flight", method, uri)
         if outcome is not None:
             try:
-                self.alloc.settle(outcome)
+                self.alloc.book.settle(outcome)
             except StateError as e:
                 # The container exists already; reconcile binds it by label later.
                 log.error("could not settle %s %s: %s", method, uri, e)
@@ -243,7 +245,7 @@ def create_app(config: Config, allocator: Allocator | None = None) -> Flask:
         # dockerd activates its plugins once per life: whatever was in flight belonged to
         # a dockerd that is gone (a restart mid-call), and no AuthZRes will end it.  The
         # new one may run other runtimes: every worker and the shim read /info again.
-        alloc.engine_activated()
+        alloc.gather.engine_activated()
         try:
             dispatcher.inflight.registry.clear()
         except StateError as e:

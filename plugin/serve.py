@@ -36,7 +36,7 @@ class _Server(BaseApplication):
         from plugin.app import DISPATCHER, create_app
 
         app = create_app(self.gpu_config)
-        app.extensions[DISPATCHER].alloc.watch_policy()  # in each worker, after its fork
+        app.extensions[DISPATCHER].alloc.gather.watch_policy()  # in each worker, after its fork
         return app
 
 

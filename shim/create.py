@@ -54,7 +54,8 @@ from allocator.host import metrics
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
 from allocator.host.peers import Peer
-from allocator.service import Allocator, LeaseRequest
+from allocator.placer import LeaseRequest
+from allocator.service import Allocator
 from shim.framing import Request, Response, UpstreamError
 from shim.waitline import Gone, Stopping, Waitline
 
@@ -106,20 +107,20 @@ class CreateInterceptor:
         message = errors.message_of(response.body)
         if message is None:
             return response
-        note = await asyncio.to_thread(self.alloc.start_failure_note, route.name, message)
+        note = await asyncio.to_thread(self.alloc.lookups.start_failure_note, route.name, message)
         return replace(response, body=errors.body(message + note)) if note else response
 
     def _plugin_judges(self) -> bool:
         """dockerd runs gpu-alloc's plugin (as the Engine said lately): it judges every
         write this shim would, starts included (and keeps a start's reference from
         moving), so judging here too would only double the inspect."""
-        return self.alloc.plugin_judges()
+        return self.alloc.lookups.plugin_judges()
 
     def _judge(self, route: Route, request: Request) -> decide.Decision:
         """The plugin's verdict, with facts read only where the check needs them."""
-        facts = self.alloc.lazy_facts()
+        facts = self.alloc.gather.lazy_facts()
         decision = decide.authz_request(route, request.method, request.target, request.body, facts)
-        return self.alloc.resolve(decision)
+        return self.alloc.admission.resolve(decision)
 
     async def _create(self, request: Request, forward: Forward) -> Response:
         try:
@@ -135,7 +136,8 @@ class CreateInterceptor:
         if isinstance(resources, str):
             return error(400, f"gpu-alloc refused the container create: {resources}")
         wait = policy.wait_of(
-            given_labels if isinstance(given_labels, dict) else None, self.alloc.rules_in_force
+            given_labels if isinstance(given_labels, dict) else None,
+            self.alloc.gather.rules_in_force,
         )
         if isinstance(wait, policy.Invalid):
             return error(400, wait.msg)
@@ -151,27 +153,22 @@ class CreateInterceptor:
             return got
         if got is None:
             return await forward(_with_body(request, rewrite(spec, (), None), None))
-        ask, owner, leased, plugin_settles = got
-        if (
-            isinstance(leased, Shortage | policy.Refusal)
-            and leased.waitable
-            and wait
-            and isinstance(want, policy.Wanted)  # always, once a lease was asked
-        ):
-            req = LeaseRequest(ask, name, owner, want, resources)
+        req, leased, plugin_settles = got
+        ask, owner = req.ask, req.owner
+        if isinstance(leased, Shortage | policy.Refusal) and leased.waitable and wait:
             waited = await self._wait(req, wait, leased, request.gone)
             if isinstance(waited, Response):
                 return waited
             leased = waited
             if isinstance(leased, Shortage | policy.Refusal):  # its time ran out
-                await asyncio.to_thread(self.alloc.refused, leased, name, owner)
+                await asyncio.to_thread(self.alloc.recorder.refused, leased, name, owner)
         if not isinstance(leased, tuple):
             log.info("refused create %r of %s: %s", name, owner.user, leased.msg)
             return error(_REFUSAL_STATUS[type(leased)], leased.msg)
         lease, token = leased
         label = labels.lease_label(lease.id)
         placed = Placed(lease.cpus, lease.mems, lease.memory)
-        with_defaults = policy.with_defaults(spec, self.alloc.rules)
+        with_defaults = policy.with_defaults(spec, self.alloc.gather.rules)
         body = rewrite(with_defaults, lease.gpus, label, ask.caps, placed)
         body["Labels"][policy.OWNER] = policy.owner_label(owner)
         if added := defaults.added(spec, with_defaults):
@@ -188,7 +185,7 @@ class CreateInterceptor:
         except UpstreamError as e:
             await synced
             if not e.maybe_delivered:
-                await asyncio.to_thread(self.alloc.release, lease.id)
+                await asyncio.to_thread(self.alloc.book.release, lease.id)
                 return error(502, f"gpu-alloc: the Engine is not answering: {e}")
             log.warning("lease %s pending: create outcome unknown (%s)", lease.id, e)
             return error(
@@ -206,7 +203,7 @@ class CreateInterceptor:
     def _finish(self, lease: Lease) -> None:
         """The grant's record on disk and its audit line (its log line is the create's)."""
         try:
-            self.alloc.finish_grant(lease)
+            self.alloc.book.finish_grant(lease)
         except StateError as e:  # granted all the same: only a power cut could lose it now
             log.error("lease %s: %s", lease.id, e)
 
@@ -216,7 +213,7 @@ class CreateInterceptor:
         forwarded from the event loop, without a thread hop; the rest take this ask to
         the thread, where a refusal is audited and a lease taken."""
         try:
-            facts = self.alloc.cached_facts()
+            facts = self.alloc.gather.cached_facts()
             return facts, decide.shim_ask(spec, facts)
         except Exception:  # Unasked, or any failure: decided (and reported) in full
             return None
@@ -231,14 +228,14 @@ class CreateInterceptor:
         resources: Resources,
         known: tuple[decide.Facts, Ask | decide.Deny] | None = None,
         waits: bool = False,
-    ) -> Response | tuple[Ask, policy.Owner, Leased, bool] | None:
+    ) -> Response | tuple[LeaseRequest, Leased, bool] | None:
         """Everything from a decoded create to its lease, in one thread hop: the facts
         and the ask (unless ``known`` from the event loop), the policy checks, the image's
         CUDA, the owner and the lease itself.  An error answer, None for a create that
         asks for no GPU, or what was leased and whether dockerd runs gpu-alloc's plugin
         (which then binds a 201 itself)."""
         if known is None:
-            facts = self.alloc.facts()
+            facts = self.alloc.gather.facts()
             known = facts, decide.shim_ask(spec, facts)
         facts, ask = known
         if isinstance(ask, decide.Deny):
@@ -256,12 +253,10 @@ class CreateInterceptor:
             return error(403, refused)
         if isinstance(want, policy.Invalid):
             return error(400, want.msg)
-        owner = self.alloc.owner_of(peer)
-        given = spec.get("Labels") or {}
-        leased = self.alloc.lease(
-            ask, name, given, owner, want, resources, durable=False, waits=waits
-        )
-        return ask, owner, leased, self.alloc.plugin_judges(facts)
+        owner = self.alloc.lookups.owner_of(peer)
+        req = LeaseRequest(ask, name, owner, want, resources, spec.get("Labels") or {})
+        leased = self.alloc.book.lease(req, durable=False, waits=waits)
+        return req, leased, self.alloc.lookups.plugin_judges(facts)
 
     async def _wait(
         self,
@@ -294,25 +289,31 @@ class CreateInterceptor:
         metrics.request("policy")
         if field:
             metrics.denial(field)
-        self.alloc.record("refusal", name=name, owner=self.alloc.owner_of(peer).user, reason=why)
+        self.alloc.recorder.record(
+            "refusal", name=name, owner=self.alloc.lookups.owner_of(peer).user, reason=why
+        )
 
     def _cuda_refusal(self, spec: dict, facts: decide.Facts) -> str | None:
         """nvidia-docker v1's check: the image's CUDA against the driver's, before leasing."""
         driver = facts.inventory.cuda_driver_version if facts.inventory else None
         image = str(spec.get("Image") or "")
-        if driver is None or not image or not self.alloc.has_engine:
+        if driver is None or not image or not self.alloc.lookups.has_engine:
             return None
         env = spec.get("Env") or ()
-        config = self.alloc.image_config(image)  # None: not pulled; dockerd answers that
+        config = self.alloc.lookups.image_config(image)  # None: not pulled; dockerd answers that
         if cuda.refusal(driver, cuda.required(config or {}, env), image) is None:
             return None
-        config = self.alloc.image_config(image, fresh=True)  # never refused by what was kept
+        config = self.alloc.lookups.image_config(
+            image, fresh=True
+        )  # never refused by what was kept
         return cuda.refusal(driver, cuda.required(config or {}, env), image)
 
     def _settle(self, lease_id: str, token: str, response: Response) -> None:
         if response.status != 201:
             log.info("lease %s: the Engine answered %s", lease_id, response.status)
-        self.alloc.settle(outcomes.create_outcome(lease_id, token, response.status, response.body))
+        self.alloc.book.settle(
+            outcomes.create_outcome(lease_id, token, response.status, response.body)
+        )
 
 
 _REFUSAL_STATUS = {Shortage: 409, policy.Refusal: 403, policy.Invalid: 400}
