@@ -16,15 +16,14 @@ import logging
 import os
 import threading
 import time
-from typing import Any, cast
+from collections.abc import Callable
+from typing import TypeVar
 
 from allocator.core import cpus
-from allocator.core.facts import EngineView, HostFacts
+from allocator.core.facts import EngineView, Need, NotAsked
 from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.policy import Rules, missing_pool_gpus
-from allocator.core.verdicts import (
-    Facts,
-)
+from allocator.core.verdicts import Facts, unread
 from allocator.host import config as configmod
 from allocator.host import cpus as host_cpus
 from allocator.host.config import Config, ConfigError
@@ -38,6 +37,7 @@ INVENTORY_MAX_AGE = 10.0
 POLICY_CHECK_EVERY = 2.0  # seconds between the running services' looks at the config file
 log = logging.getLogger("gpu-alloc")
 ENGINE_VIEW_MAX_AGE = 30.0
+T = TypeVar("T")
 ACTIVATED = "gpu-alloc.activated"  # touched when dockerd activates the plugin: a new dockerd
 
 
@@ -73,18 +73,15 @@ class Gatherer:
         self._rules_stamp = self._config_stamp()
         self._topology: cpus.Topology | None = None
 
-    def inventory(self, cached: bool = False) -> Inventory:
+    def inventory(self) -> Inventory:
         """NVML is asked again every few seconds; a simulated file whenever it changes.
 
         A failure is remembered as long as a success would be, so a host whose NVML
-        fails does not ask it again for every call that touches no GPU.  ``cached``:
-        `Unasked` rather than load it now.
+        fails does not ask it again for every call that touches no GPU.
         """
         stamp = self._inventory_stamp()
         known = self._inventory
         if known is None or known[0] != stamp:
-            if cached:
-                raise Unasked("the GPU inventory")
             with self._loading:  # one load at a time; `_inventory` is read without waiting
                 known = self._inventory
                 if known is None or known[0] != stamp:
@@ -168,7 +165,7 @@ class Gatherer:
             self._view = (time.monotonic(), stamp, view, host)
         return view, host
 
-    def facts(self, engine_view: EngineView | None = None) -> Facts:
+    def facts(self) -> Facts:
         """The facts for a decision; an unreadable inventory is one of them, not an error."""
         with_engine = self.engine is not None
         try:
@@ -178,7 +175,7 @@ class Gatherer:
         view, host = self._engine_facts()
         return Facts(
             inventory,
-            engine_view or view,
+            view,
             host,
             mounts_of=self._bind_mounts if with_engine else None,
             inventory_error=missing,
@@ -187,37 +184,51 @@ class Gatherer:
             privileged_mode=self._rules.privileged,
         )
 
-    def lazy_facts(self) -> Facts:
-        """`facts`, read on first use: most calls are judged without the inventory or /info."""
-        return cast(Facts, _LazyFacts(self))
+    def decide(self, verdict: Callable[[Facts], T], reads: bool = True) -> T:
+        """``verdict`` on the facts: those at hand when they suffice (`at_hand`), else on
+        the facts read now, asked once more.  ``reads`` False: the core says the verdict
+        reads no fact (`verdicts.reads_facts`), so none is read for it.  The one way a
+        decision gets its facts."""
+        if not reads:
+            facts = unread()
+            given = verdict(facts)
+            if not facts.needs:
+                return given
+        got = self.at_hand(verdict)
+        return verdict(self.facts()) if isinstance(got, Need) else got
 
-    def cached_facts(self) -> Facts:
-        """The facts as this process knows them already, for a decision on an event loop.
+    def at_hand(self, verdict: Callable[[Facts], T]) -> T | Need:
+        """``verdict`` on the facts this process holds already, for a decision where
+        nothing may wait (an event loop); `Need`, naming the fact, when it asked for one
+        not at hand: the Engine's view gone stale, the inventory changed since it was
+        read, or the host's filesystem and the Engine's lookups (`NotAsked`).
 
         Nothing is asked of the Engine or NVML, and of the filesystem only whether the
-        simulated GPU file changed (a stat): a decision that needs a fact not at hand (the
-        Engine's view gone stale, a bind's source, a volume, another container's mounts)
-        raises `Unasked`, and is made again with `facts` where waiting blocks nobody.
+        simulated GPU file or the Engine's files changed (stats).
         """
-        try:
-            inventory, missing = self.inventory(cached=True), ""
-        except InventoryError as e:
-            inventory, missing = None, str(e)
         known = self._known_view()
         if known is None:
-            raise Unasked("the Engine's view")
+            return Need("the Engine's view")
+        held = self._inventory
+        if held is None or held[0] != self._inventory_stamp():
+            return Need("the GPU inventory")
+        found = held[1]
+        inventory = None if isinstance(found, InventoryError) else found
         view, host = known
+        unasked = NotAsked(host.protected)
         with_engine = self.engine is not None
-        return Facts(
+        facts = Facts(
             inventory,
             view,
-            cast(HostFacts, _UnaskedHost(host.protected)),
-            mounts_of=_unasked if with_engine else None,
-            inventory_error=missing,
-            volume_of=_unasked if with_engine else None,
+            unasked,
+            mounts_of=unasked.mounts_of if with_engine else None,
+            inventory_error=str(found) if inventory is None else "",
+            volume_of=unasked.volume_of if with_engine else None,
             shim_socket=self.config.shim.socket,
             privileged_mode=self._rules.privileged,
         )
+        got = verdict(facts)
+        return Need(facts.needs) if facts.needs else got
 
     def _volume(self, name: str) -> tuple[str, dict[str, str]] | None:
         """(driver, options) of the named volume; None when the Engine knows no such one."""
@@ -310,37 +321,6 @@ def check_pools(source: str, rules: Rules, inventory: Inventory) -> None:
     bad = missing_pool_gpus(rules, inventory)
     if bad is not None:
         raise ConfigError(f"{source}: key '{bad[0]}': {bad[1]}")
-
-
-class _LazyFacts:
-    """Stands in for `Facts`; computes them on the first attribute read."""
-
-    def __init__(self, alloc: Gatherer):
-        self._alloc = alloc
-        self._facts: Facts | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        if self._facts is None:
-            self._facts = self._alloc.facts()
-        return getattr(self._facts, name)
-
-
-class Unasked(Exception):
-    """A fact `Gatherer.cached_facts` does not have: decide again with `Gatherer.facts`."""
-
-
-def _unasked(*_: object) -> Any:
-    raise Unasked("a lookup")
-
-
-class _UnaskedHost:
-    """The host's filesystem, never asked: any question means the decision waits."""
-
-    def __init__(self, protected: tuple[str, ...]):
-        self.protected = protected
-
-    def __getattr__(self, name: str) -> Any:
-        return _unasked
 
 
 def _file_stamp(path: str) -> tuple[int, int, int] | None:

@@ -37,6 +37,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from functools import partial
 from urllib.parse import parse_qs, urlsplit
 
 from allocator.core import cuda, defaults, errors, gojson, labels, outcomes, policy
@@ -44,6 +45,7 @@ from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
 from allocator.core.cpus import Placed, Resources, conflicts
 from allocator.core.createbody import decode_create
+from allocator.core.facts import Need
 from allocator.core.holders import ago
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import Lease, StateError
@@ -118,8 +120,8 @@ class CreateInterceptor:
 
     def _judge(self, route: Route, request: Request) -> decide.Decision:
         """The plugin's verdict, with facts read only where the check needs them."""
-        facts = self.alloc.gather.lazy_facts()
-        decision = decide.authz_request(route, request.method, request.target, request.body, facts)
+        asked = partial(decide.authz_request, route, request.method, request.target, request.body)
+        decision = self.alloc.gather.decide(asked, decide.reads_facts(route))
         return self.alloc.admission.resolve(decision)
 
     async def _create(self, request: Request, forward: Forward) -> Response:
@@ -207,16 +209,16 @@ class CreateInterceptor:
         except StateError as e:  # granted all the same: only a power cut could lose it now
             log.error("lease %s: %s", lease.id, e)
 
-    def _at_hand(self, spec: dict) -> tuple[decide.Facts, Ask | decide.Deny] | None:
-        """The create's ask by the facts this process has at hand (None: a fact is not,
-        or it failed; `_lease_for` then reads them).  One that asks for no GPU is
-        forwarded from the event loop, without a thread hop; the rest take this ask to
-        the thread, where a refusal is audited and a lease taken."""
+    def _at_hand(self, spec: dict) -> Judged | None:
+        """The create's ask by the facts this process has at hand (`Gatherer.at_hand`;
+        None: a fact is not, or it failed, and `_lease_for` decides with them read).  One
+        that asks for no GPU is forwarded from the event loop, without a thread hop; the
+        rest take this ask to the thread, where a refusal is audited and a lease taken."""
         try:
-            facts = self.alloc.gather.cached_facts()
-            return facts, decide.shim_ask(spec, facts)
-        except Exception:  # Unasked, or any failure: decided (and reported) in full
+            judged = self.alloc.gather.at_hand(partial(_judged, spec))
+        except Exception:  # any failure: decided (and reported) in full
             return None
+        return None if isinstance(judged, Need) else judged
 
     def _lease_for(
         self,
@@ -226,7 +228,7 @@ class CreateInterceptor:
         want: policy.Wanted | policy.Invalid,
         profile: str,
         resources: Resources,
-        known: tuple[decide.Facts, Ask | decide.Deny] | None = None,
+        known: Judged | None = None,
         waits: bool = False,
     ) -> Response | tuple[LeaseRequest, Leased, bool] | None:
         """Everything from a decoded create to its lease, in one thread hop: the facts
@@ -234,10 +236,7 @@ class CreateInterceptor:
         CUDA, the owner and the lease itself.  An error answer, None for a create that
         asks for no GPU, or what was leased and whether dockerd runs gpu-alloc's plugin
         (which then binds a 201 itself)."""
-        if known is None:
-            facts = self.alloc.gather.facts()
-            known = facts, decide.shim_ask(spec, facts)
-        facts, ask = known
+        facts, ask = known or self.alloc.gather.decide(partial(_judged, spec))
         if isinstance(ask, decide.Deny):
             self._refused(name, peer, ask.msg, ask.field)
             return error(403, ask.msg)
@@ -321,6 +320,11 @@ _REFUSAL_STATUS = {Shortage: 409, policy.Refusal: 403, policy.Invalid: 400}
 # bigger one (up to dockerd's 4 MiB) is judged on the thread, where it blocks nobody.
 _AT_HAND_BODY = 48 << 10
 Leased = tuple[Lease, str] | Shortage | policy.Refusal | policy.Invalid
+Judged = tuple[decide.Facts, Ask | decide.Deny]  # a create's ask, and the facts it was made on
+
+
+def _judged(spec: dict, facts: decide.Facts) -> Judged:
+    return facts, decide.shim_ask(spec, facts)
 
 
 def _resources_refusal(want: Resources, gpus: bool, spec: dict) -> str | None:

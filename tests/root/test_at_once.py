@@ -26,6 +26,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,10 +165,15 @@ def test_a_big_create_body_is_decoded_on_the_pool(world: World) -> None:
 def test_a_failure_on_the_quick_path_leaves_the_decision_to_the_pool(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken() -> None:
-        raise RuntimeError("a bug of the quick path")
+    real, failed = world.alloc.gather.at_hand, []
 
-    monkeypatch.setattr(world.alloc.gather, "cached_facts", broken)
+    def broken_once(verdict: Any) -> Any:
+        if not failed:
+            failed.append(verdict)
+            raise RuntimeError("a bug of the quick path")
+        return real(verdict)
+
+    monkeypatch.setattr(world.alloc.gather, "at_hand", broken_once)
     answer = Dispatcher(world.alloc).answer(REQ, envelope(PLAIN_CREATE))
     assert on_the_pool(answer) == {"Allow": True}
 
