@@ -16,6 +16,8 @@ Theory of operation
 - ``admission`` (`Admission`): settles a core verdict that needs the ledger or the
   Engine into allow or deny.
 - ``lookups`` (`Lookups`): the adapters' questions of the Engine and the ledger.
+- ``creates`` (`Creates`): the shim's create flow, from a decoded create to its lease,
+  its rewritten body, its durable grant and its settlement.
 
 Every decision itself is made in allocator/core/; the parts read the facts, call it, and
 apply what it returns.  No part calls back up into the one that called it.
@@ -24,6 +26,7 @@ apply what it returns.  No part calls back up into the one that called it.
 from __future__ import annotations
 
 from allocator.admission import Admission
+from allocator.creates import Creates
 from allocator.gather import Gatherer
 from allocator.host.audit import AuditLog
 from allocator.host.config import Config
@@ -72,6 +75,7 @@ class Allocator:
         )
         self.admission = Admission(engine, self.ledger, self.restarts)
         self.lookups = Lookups(config, engine, self.ledger, self.gather)
+        self.creates = Creates(self.gather, self.recorder, self.book, self.lookups)
 
 
 def connect(config: Config) -> Allocator:

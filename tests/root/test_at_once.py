@@ -261,15 +261,16 @@ class Forwarded:
 def through_shim(
     world: World, payload: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[list[str], list[dict]]:
-    """The create through the shim: which took the thread (`_lease_for`), what went on."""
+    """The create through the shim: which took the thread (`Creates.lease_for`), what went
+    on."""
     threaded: list[str] = []
-    real = world.shim._lease_for
+    real = world.alloc.creates.lease_for
 
     def lease_for(*args: object) -> object:
         threaded.append(json.loads(payload).get("Image", ""))
         return real(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(world.shim, "_lease_for", lease_for)
+    monkeypatch.setattr(world.alloc.creates, "lease_for", lease_for)
     forward = Forwarded()
     req = Request("POST", UNNAMED, [("Content-Type", "application/json")], payload)
     response = asyncio.run(world.shim.handle(req, forward))
