@@ -43,6 +43,7 @@ from typing import Any
 
 from allocator.core import outcomes
 from allocator.core import verdicts as decide
+from allocator.core.facts import Need
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
 from allocator.core.routes import Check, Route
@@ -91,6 +92,7 @@ _METHOD = re.compile(rb'"RequestMethod":"([A-Z]+)"')
 
 
 Later = Callable[[], bytes]
+Asked = Callable[[decide.Facts], decide.Decision]
 # A create body decoded on the event loop at most (base64): the CLI's and Compose's are
 # a few KiB; a bigger one (dockerd passes a plugin up to 4 MiB) is decoded on the pool.
 _QUICK_BODY = 64 << 10
@@ -137,7 +139,7 @@ class Dispatcher:
         # dockerd activates its plugins once per life: whatever was in flight belonged to
         # a dockerd that is gone (a restart mid-call), and no AuthZRes will end it.  The
         # new one may run other runtimes: every worker and the shim read /info again.
-        self.alloc.engine_activated()
+        self.alloc.gather.engine_activated()
         try:
             self.inflight.registry.clear()
         except StateError as e:
@@ -163,32 +165,47 @@ class Dispatcher:
             return self._quick(route, method, uri, req)
         return partial(self._decide, route, method, uri, req)
 
-    def _verdict(
-        self, route: Route, method: str, uri: str, req: dict[str, Any], facts: decide.Facts
-    ) -> decide.Decision:
-        asked = decide.authz_request(route, method, uri, _body(req), facts, _headers(req))
-        return self.alloc.resolve(asked)
+    def _asked(self, route: Route, method: str, uri: str, req: dict[str, Any]) -> Asked:
+        """The core's verdict on the call, for `Gatherer.decide` to give its facts."""
+        body, headers = _body(req), _headers(req)
+        return partial(decide.authz_request, route, method, uri, body, headers=headers)
+
+    def _verdict(self, route: Route, method: str, uri: str, req: dict[str, Any]) -> decide.Decision:
+        asked = self.alloc.gather.decide(
+            self._asked(route, method, uri, req), decide.reads_facts(route)
+        )
+        return self.alloc.admission.resolve(asked)
 
     def _quick(self, route: Route, method: str, uri: str, req: dict[str, Any]) -> bytes | Later:
-        """An unnamed create, allowed here when the facts at hand suffice: the Engine's
-        view and the inventory as cached, and the ledger's files (read without the lock:
-        no wait, no write).  A create that needs a fact not at hand, fails, or is refused
-        (the refusal goes to the audit trail) goes to `_decide`."""
+        """An unnamed create, decided here when the facts at hand suffice
+        (`Gatherer.at_hand`: the Engine's view and the inventory as cached) and allowed
+        by the ledger's files (read without the lock: no wait, no write).  A create that
+        needs a fact not at hand, or whose decision fails, goes to `_decide`; one refused
+        goes there with its decision, for the audit trail."""
         began = time.perf_counter()
         try:
-            decision: decide.Decision | None = self._verdict(
-                route, method, uri, req, self.alloc.cached_facts()
-            )
-        except Exception:  # a fact not at hand, or any failure: decided in full, and logged
+            asked = self.alloc.gather.at_hand(self._asked(route, method, uri, req))
+            decision = None if isinstance(asked, Need) else self.alloc.admission.resolve(asked)
+        except Exception:  # any failure: decided in full, and logged
             decision = None
         if not isinstance(decision, decide.Allow):
-            return partial(self._decide, route, method, uri, req)
+            return partial(self._decide, route, method, uri, req, decision)
         metrics.decision(time.perf_counter() - began)
         return _ALLOW
 
-    def _decide(self, route: Route, method: str, uri: str, req: dict[str, Any]) -> bytes:
+    def _decide(
+        self,
+        route: Route,
+        method: str,
+        uri: str,
+        req: dict[str, Any],
+        decided: decide.Decision | None = None,
+    ) -> bytes:
+        """The call decided where waiting blocks nobody; ``decided``: already, at hand."""
         began = time.perf_counter()
-        verdict = partial(self._verdict, route, method, uri, req, self.alloc.lazy_facts())
+        verdict: Callable[[], decide.Decision] = partial(self._verdict, route, method, uri, req)
+        if decided is not None:
+            verdict = partial(_given, decided)
         try:
             decision = self.inflight.judge(route, method, uri, verdict)
         except _FAILURES as e:
@@ -198,7 +215,9 @@ class Dispatcher:
             log.info("denied %s %s: %s", method, uri, decision.msg)
             metrics.request("denied")
             metrics.denial(decision.field)
-            self.alloc.record("denial", reason=decision.msg, name=f"{method} {uri.split('?')[0]}")
+            self.alloc.recorder.record(
+                "denial", reason=decision.msg, name=f"{method} {uri.split('?')[0]}"
+            )
             return _deny(decision.msg)
         return _ALLOW
 
@@ -239,11 +258,15 @@ class Dispatcher:
                 log.exception("could not end %s %s in flight", method, uri)
         if outcome is not None:
             try:
-                self.alloc.settle(outcome)
+                self.alloc.book.settle(outcome)
             except StateError as e:
                 # The container exists already; reconcile binds it by label later.
                 log.error("could not settle %s %s: %s", method, uri, e)
         return _ALLOW
+
+
+def _given(decision: decide.Decision) -> decide.Decision:
+    return decision
 
 
 def create_dispatcher(config: Config, allocator: Allocator | None = None) -> Dispatcher:

@@ -39,7 +39,7 @@ class _Server(BaseApplication):
         from plugin.app import create_dispatcher
 
         dispatcher = create_dispatcher(self.gpu_config)
-        dispatcher.alloc.watch_policy()  # in each worker, after its fork
+        dispatcher.alloc.gather.watch_policy()  # in each worker, after its fork
         return dispatcher
 
 

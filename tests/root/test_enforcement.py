@@ -24,6 +24,7 @@ from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
 from allocator.core.rewrite import rewrite
 from allocator.host import config as configmod
+from allocator.placer import LeaseRequest
 from allocator.service import Allocator
 from plugin.app import create_dispatcher
 from shim.create import CreateInterceptor
@@ -173,7 +174,7 @@ def test_a_made_up_lease_label_gets_nothing(world: World):
 def test_a_lease_header_on_a_create_that_asks_for_no_gpu_is_refused(world: World):
     """Only the shim sets the header, on GPU creates: elsewhere it is made up, and the
     answer to such a create must never settle the lease it names."""
-    lease, _ = world.alloc.lease(Ask((), 1, False, ("gpu",)))
+    lease, _ = world.alloc.book.lease(LeaseRequest(Ask((), 1, False, ("gpu",))))
     made_up = {labels.LEASE_HEADER: f"{lease.id}.guessed-token"}
     answer = world.authz("POST", CREATE_URI, body(), made_up)
     assert answer["Allow"] is False
@@ -182,7 +183,7 @@ def test_a_lease_header_on_a_create_that_asks_for_no_gpu_is_refused(world: World
 
 
 def test_a_pending_lease_admits_only_its_own_gpus(world: World):
-    lease, token = world.alloc.lease(Ask((), 1, False, ("gpu",)))
+    lease, token = world.alloc.book.lease(LeaseRequest(Ask((), 1, False, ("gpu",))))
     other = next(u for u in map(engine.sim_gpu_uuid, range(4)) if u not in lease.gpus)
     spec = json.loads(body(HostConfig={"DeviceRequests": [request(ids=[other])]}))
     spec["Env"] = [f"NVIDIA_VISIBLE_DEVICES={other}"]
@@ -350,7 +351,7 @@ def test_calls_that_touch_no_gpu_never_read_the_ledger(world: World, monkeypatch
 
     monkeypatch.setattr(world.alloc.ledger, "read", boom)
     monkeypatch.setattr(world.alloc.ledger, "transaction", boom)
-    monkeypatch.setattr(world.alloc, "inventory", boom)
+    monkeypatch.setattr(world.alloc.gather, "inventory", boom)
     for method, uri in (
         ("GET", "/v1.41/containers/json"),
         ("POST", "/v1.41/containers/x/stop"),
@@ -400,7 +401,7 @@ def _fresh_world() -> World:
 def _leased_body(w: World) -> tuple[bytes, dict[str, str]]:
     """A body the shim leased and its lease header, before the plugin saw them."""
     spec = decide.decode_create(json.dumps(LEGIT).encode())
-    lease, token = w.alloc.lease(Ask((), 1, False, ("gpu",)))
+    lease, token = w.alloc.book.lease(LeaseRequest(Ask((), 1, False, ("gpu",))))
     body = json.dumps(rewrite(spec, lease.gpus, labels.lease_label(lease.id))).encode()
     return body, {labels.LEASE_HEADER: labels.lease_header(lease.id, token)}
 
@@ -438,7 +439,7 @@ def test_mutations_of_a_leased_body_never_widen_the_grant(data):
     assert set(answer) <= {"Allow", "Msg", "Err"}  # an answer, never a crash
     if answer["Allow"]:
         spec = decide.decode_create(bytes(b))
-        facts = w.alloc.facts()
+        facts = w.alloc.gather.facts()
         from allocator.core import access
 
         granted = access.of_create(spec, facts.engine, facts.inventory, facts.host)

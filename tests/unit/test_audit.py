@@ -18,6 +18,7 @@ from allocator.host.audit import AuditLog
 from allocator.host.config import Config
 from allocator.ops import cli
 from allocator.ops.history import render_table
+from allocator.placer import LeaseRequest
 from allocator.service import Allocator
 from allocator.views import history
 from tests.support.fake_engine import FakeEngine
@@ -113,12 +114,16 @@ def test_the_service_records_grant_refusal_and_release_with_times_and_gpus(
     tmp_path: Path,
 ) -> None:
     alloc = sim_allocator(tmp_path)
-    lease, _ = alloc.lease(Ask((), 3, False, ("gpu",)), "train")
+    lease, _ = alloc.book.lease(LeaseRequest(Ask((), 3, False, ("gpu",)), "train"))
     bob = Owner(1001, "bob")
-    assert isinstance(alloc.lease(Ask((), 2, False, ("gpu",)), "second", owner=bob), Shortage)
+    assert isinstance(
+        alloc.book.lease(LeaseRequest(Ask((), 2, False, ("gpu",)), "second", owner=bob)), Shortage
+    )
     # one waiting in line is not refused (yet): the shim tells if its time runs out
-    assert isinstance(alloc.lease(Ask((), 2, False, ("gpu",)), "patient", waits=True), Shortage)
-    alloc.release(lease.id, "container removed")
+    assert isinstance(
+        alloc.book.lease(LeaseRequest(Ask((), 2, False, ("gpu",)), "patient"), waits=True), Shortage
+    )
+    alloc.book.release(lease.id, "container removed")
     got = list(alloc.audit.read())
     assert [e["event"] for e in got] == ["grant", "refusal", "release"]
     grant, refusal, release = got
@@ -132,9 +137,13 @@ def test_the_service_records_grant_refusal_and_release_with_times_and_gpus(
 
 def test_a_pool_that_is_not_open_to_its_asker_is_a_recorded_refusal(tmp_path: Path) -> None:
     alloc = sim_allocator(tmp_path)
-    alloc._rules = replace(alloc.rules, pools={"staff": Pool(gpus=(0, 1), users=("alice",))})
-    got = alloc.lease(Ask((), 1, False, ("gpu",)), "job", owner=Owner(1001, "bob"),
-                      want=Wanted(pool="staff"))  # fmt: skip
+    alloc.gather._rules = replace(
+        alloc.gather.rules, pools={"staff": Pool(gpus=(0, 1), users=("alice",))}
+    )
+    asked = LeaseRequest(
+        Ask((), 1, False, ("gpu",)), "job", Owner(1001, "bob"), Wanted(pool="staff")
+    )
+    got = alloc.book.lease(asked)
     assert isinstance(got, Refusal)
     (line,) = alloc.audit.read()
     assert (line["event"], line["owner"], line["name"]) == ("refusal", "bob", "job")
@@ -157,7 +166,7 @@ def test_a_gpus_health_turning_is_recorded_with_its_index(tmp_path: Path) -> Non
 def test_reads_and_calls_that_touch_no_gpu_write_nothing(tmp_path: Path) -> None:
     alloc = sim_allocator(tmp_path)
     alloc.ledger.read()
-    assert alloc.resolve(ALLOW) is ALLOW
+    assert alloc.admission.resolve(ALLOW) is ALLOW
     assert not (tmp_path / "state" / "audit.jsonl").exists()
 
 
@@ -239,8 +248,8 @@ def test_reconcile_records_the_adoption_of_a_container_it_never_leased(tmp_path:
     alloc = sim_allocator(tmp_path)
     engine = FakeEngine()
     legacy = engine.add("legacy", gpus=(UUIDS[2],))
-    alloc.engine = engine  # type: ignore[assignment]
-    assert alloc.reconcile(adopt=True).adopted == [legacy]
+    alloc = Allocator(alloc.config, engine)  # type: ignore[arg-type]
+    assert alloc.reconciler.reconcile(adopt=True).adopted == [legacy]
     [adoption] = list(alloc.audit.read())
     assert adoption["event"] == "adoption" and adoption["gpus"] == [UUIDS[2]]
     assert (adoption["container"], adoption["name"], adoption["indices"]) == (

@@ -23,6 +23,7 @@ from allocator.host import ledger, metrics, usage
 from allocator.host.config import Config, ConfigError, PolicyConfig
 from allocator.ops import gpus as gpus_table
 from allocator.ops import status as status_table
+from allocator.placer import LeaseRequest
 from allocator.service import Allocator
 from allocator.views import gpus, status
 from shim import metrics_server
@@ -63,9 +64,9 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Allocator, P
         policy=PolicyConfig(idle_after=60.0),
     )
     alloc = Allocator(config)
-    lease, _ = alloc.lease(ONE, "train")
-    alloc.bind(lease.id, CID)
-    alloc.engine = holders({CID: "alice"})  # type: ignore[assignment]
+    lease, _ = alloc.book.lease(LeaseRequest(ONE, "train"))
+    alloc.book.bind(lease.id, CID)
+    alloc = Allocator(config, holders({CID: "alice"}))  # type: ignore[arg-type]
     monkeypatch.setattr(
         usage, "container_of", lambda pid, proc="/proc": CID if pid == 4242 else None
     )

@@ -98,12 +98,12 @@ def write_policy(root: Path, **keys: object) -> None:
 
 def test_a_reload_with_a_bad_pool_keeps_the_policy_in_force(world, tmp_path, caplog):
     write_policy(tmp_path, pools={"a": {"gpus": [0, 1]}})
-    world.alloc.refresh_policy()
-    assert set(world.alloc.rules.pools) == {"a"}
+    world.alloc.gather.refresh_policy()
+    assert set(world.alloc.gather.rules.pools) == {"a"}
     write_policy(tmp_path, pools={"a": {"gpus": [0, 1]}, "b": {"gpus": [12]}})
     with caplog.at_level(logging.ERROR):
-        world.alloc.refresh_policy()
-    assert set(world.alloc.rules.pools) == {"a"}
+        world.alloc.gather.refresh_policy()
+    assert set(world.alloc.gather.rules.pools) == {"a"}
     assert "policy not reloaded, the one in force stays" in caplog.text
     assert "key 'policy.pools.b.gpus': GPU 12 is not on this host" in caplog.text
     line = doctor.check_pools(configmod.load(str(tmp_path / "config.yaml")))
@@ -119,10 +119,10 @@ def test_a_bad_pool_stops_the_service_at_start(tmp_path):
 
 
 def test_an_edit_is_in_force_within_seconds_with_no_request(world, tmp_path):
-    world.alloc.watch_policy(every=0.1)
+    world.alloc.gather.watch_policy(every=0.1)
     write_policy(tmp_path, limits={"default": {"gpus": 1}})
     deadline = time.monotonic() + 5
-    while world.alloc.rules_in_force.default_limit != 1:
+    while world.alloc.gather.rules_in_force.default_limit != 1:
         assert time.monotonic() < deadline, "the edit was not picked up"
         time.sleep(0.05)
 
