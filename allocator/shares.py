@@ -1,5 +1,8 @@
 """Fair share by history: each owner's decayed GPU usage, for the waiting line.
 
+One part of the composed service (allocator/service.py), given the audit trail; the
+line (`Lineup.usage`) asks it, and ``status`` and ``explain`` show its `table`.
+
 With ``policy.fair_share.half_life`` set, the line orders equal priorities by each
 owner's GPU-seconds held, each second weighted by ``2 ** (-age / half_life)``
 (`core.report.decayed`, over the intervals ``gpu-alloc history`` and ``report``
@@ -34,8 +37,8 @@ class FairShare:
     uses still held counted up to now, so no create waits on the file under the lock.
     """
 
-    def __init__(self, state_dir: str) -> None:
-        self.audit = AuditLog(state_dir)
+    def __init__(self, audit: AuditLog) -> None:
+        self.audit = audit
         self._lock = threading.Lock()
         self._held: list[Held] | None = None
         self._stamp: Stamp = None

@@ -1,10 +1,11 @@
 """GPU utilisation over time: ``state_dir/samples/``, one mean per GPU per minute.
 
 The shim's sampler (shim/metrics_server.py) adds each look at the GPUs; a minute's
-samples are summed in memory and in ``current.json`` (replaced atomically at each
-sample, so a restarted shim resumes its minute and a report sees it at once), and
-appended as one line to the day's file ``YYYY-MM-DD.jsonl`` (UTC) when the minute
-is over::
+samples are summed in memory and in ``current.json`` (`store.replace` at each sample,
+not fsync'd: a power cut costs at most a minute of samples; a restarted shim resumes
+its minute and a report sees it at once), and appended as one line to the day's file
+``YYYY-MM-DD.jsonl`` (UTC) when the minute is over.  The shim's sampler is the one
+writer (one shim a host), so no lock is taken; a reader skips a torn last line::
 
     {"t": 1764684000, "s": 60, "g": {"GPU-...": [0.853, 1.0]}}
 
@@ -20,8 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 
 from allocator.core.report import Bucket
 from allocator.core.usage import Usage
+from allocator.host import store
 
 log = logging.getLogger("gpu-alloc.samples")
 BUCKET = 60.0
@@ -100,7 +100,7 @@ class Samples:
 
     def _read_current(self) -> dict[str, Any] | None:
         try:
-            data = json.loads((self.dir / CURRENT).read_text())
+            data = json.loads(store.read(self.dir / CURRENT))
             return {
                 "t": float(data["t"]),
                 "s": float(data["s"]),
@@ -112,7 +112,7 @@ class Samples:
     def _resume(self) -> None:
         """Pick up the minute a previous shim left in ``current.json``."""
         try:
-            data = json.loads((self.dir / CURRENT).read_text())
+            data = json.loads(store.read(self.dir / CURRENT))
             self._start = float(data["t"])
             self._sums = {str(u): [float(x) for x in s] for u, s in data["g"].items()}
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
@@ -122,10 +122,9 @@ class Samples:
         data = {"t": self._start, "s": self.bucket, "g": self._sums}
         try:
             self.dir.mkdir(mode=0o750, parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".current.")
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, separators=(",", ":"))
-            os.replace(tmp, self.dir / CURRENT)
+            store.replace(
+                self.dir / CURRENT, json.dumps(data, separators=(",", ":")).encode(), sync=False
+            )
         except OSError as e:
             log.warning("samples: could not write %s: %s", self.dir / CURRENT, e)
 

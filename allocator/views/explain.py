@@ -111,22 +111,22 @@ def explain(
     except BadRequest as e:
         return _answer(INVALID, str(e))
     base = {"user": who.user, "request": {"gpus": gpus, "labels": given}}
-    fair = shares.table(alloc.fair_share, alloc.rules.fair_share_half_life)
+    fair = shares.table(alloc.fair_share, alloc.gather.rules.fair_share_half_life)
     if fair is not None:
         mine = [o for o in fair["owners"] if o["owner"] == who.user]
         base["fair_share"] = fair | {"owners": mine or [_no_use(who.user)]}
     want = wanted(given)
     if isinstance(want, Invalid):
         return base | _answer(INVALID, want.msg)
-    ask = decide.shim_ask(spec, alloc.facts())
+    ask = decide.shim_ask(spec, alloc.gather.facts())
     if isinstance(ask, decide.Deny):
         return base | _answer(INVALID, ask.msg)
-    result = alloc.explain(ask, who, want)
-    wait = wait_of(given, alloc.rules)
+    result = alloc.book.explain(ask, who, want)
+    wait = wait_of(given, alloc.gather.rules)
     if isinstance(wait, Invalid):
         return base | _answer(INVALID, wait.msg)
     if isinstance(result, Shortage | Refusal) and result.waitable and wait:
-        rank = priority_of(who, alloc.rules)
+        rank = priority_of(who, alloc.gather.rules)
         return (
             base
             | _answer(
@@ -143,7 +143,7 @@ def explain(
     if isinstance(result, Invalid):
         return base | _answer(INVALID, result.msg)
     uuids, pool = result
-    index = {g.uuid: g.index for g in alloc.inventory().gpus}
+    index = {g.uuid: g.index for g in alloc.gather.inventory().gpus}
     shown = ", ".join(f"GPU {index[u]} ({u})" for u in uuids)
     where = f" from pool '{pool}'" if pool else ""
     return (

@@ -109,7 +109,7 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
         ],
         "free": sum(1 for g in gpus if g["free"]),
         "total": len(gpus),
-        "fair_share": shares.table(alloc.fair_share, alloc.rules.fair_share_half_life),
+        "fair_share": shares.table(alloc.fair_share, alloc.gather.rules.fair_share_half_life),
     }
 
 

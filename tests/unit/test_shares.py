@@ -18,7 +18,7 @@ HOUR = 3600.0
 
 
 def test_fair_share_off_reads_nothing(tmp_path: Path) -> None:
-    fair = shares.FairShare(str(tmp_path))
+    fair = shares.FairShare(AuditLog(str(tmp_path)))
     assert fair.usage(None) is None
     assert shares.table(fair, None) is None
 
@@ -27,7 +27,7 @@ def test_usage_is_kept_then_refreshed_without_waiting_for_the_file(tmp_path: Pat
     now = time.time()
     audit = AuditLog(str(tmp_path))
     audit.write(events.record("grant", now - HOUR, gpus=[A], lease="L1", owner="alice"))
-    fair = shares.FairShare(str(tmp_path))
+    fair = shares.FairShare(AuditLog(str(tmp_path)))
     first = fair.usage(HOUR, now)
     assert first is not None and first["alice"] == pytest.approx(HOUR / 2 / 0.6931, rel=1e-3)
     audit.write(events.record("release", now - HOUR / 2, gpus=[A], lease="L1", owner="alice"))
@@ -47,7 +47,7 @@ def test_the_table_lists_owners_least_use_first_with_their_share(tmp_path: Path)
     audit.write(events.record("grant", now - 3 * HOUR, gpus=[A], lease="L1", owner="alice"))
     audit.write(events.record("release", now - HOUR, gpus=[A], lease="L1", owner="alice"))
     audit.write(events.record("grant", now - HOUR, gpus=[A], lease="L2", owner="bob"))
-    got = shares.table(shares.FairShare(str(tmp_path)), 7 * 86400.0, now)
+    got = shares.table(shares.FairShare(AuditLog(str(tmp_path))), 7 * 86400.0, now)
     assert got is not None and got["half_life_s"] == 7 * 86400.0
     assert [o["owner"] for o in got["owners"]] == ["bob", "alice"]
     assert sum(o["share"] for o in got["owners"]) == pytest.approx(1.0, abs=1e-3)
