@@ -19,7 +19,7 @@ from allocator.core.holders import Holder
 from allocator.core.leases import Lease, State
 from allocator.core.placement import usable
 from allocator.core.policy import Refusal
-from allocator.host import metrics
+from allocator.host import ledger, metrics
 
 if TYPE_CHECKING:
     from allocator.core import cpus
@@ -48,6 +48,9 @@ class _Service(Protocol):
     def unhealthy(self) -> dict[str, str]: ...
     def cpu_topology(self) -> cpus.Topology: ...
     def _attempt(self, state: State) -> queue.Attempt: ...
+    def keep_reserved(
+        self, held: dict[str, Holder], owner: policy.Owner, limit: float | None, now: float
+    ) -> dict[str, Holder]: ...
     def _take(
         self,
         state: State,
@@ -115,6 +118,8 @@ class Lineup:
             if isinstance(taken, Refusal):
                 return queue.OverLimit(taken.msg)
             holders = state.holders(inventory.uuids)
+            now = ledger.now()  # what reservations keep from it (reserving.py):
+            holders = self.keep_reserved(holders, req.owner, req.limit, now)
             return queue.Short(usable(req.ask, scope[0], holders, sick, mig))
 
         return attempt

@@ -42,6 +42,7 @@ from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
 from allocator.lineup import Lineup
 from allocator.lookups import Lookups
+from allocator.reserving import Reserving, time_limit
 from allocator.restarts import Restarts
 
 log = logging.getLogger("gpu-alloc")
@@ -56,9 +57,10 @@ class LeaseRequest:
     owner: Owner
     want: Wanted
     resources: cpus.Resources = cpus.NOTHING
+    limit: float | None = None  # seconds it may run (reservations); None: unlimited
 
 
-class Allocator(Lineup, Lookups, Restarts):
+class Allocator(Lineup, Lookups, Restarts, Reserving):
     # ------------------------------------------------------------ leases
 
     def lease(
@@ -96,7 +98,7 @@ class Allocator(Lineup, Lookups, Restarts):
             self.refused(scope, name, owner)
             return scope
         topology = self.cpu_topology() if resources.any else None
-        req = LeaseRequest(ask, name, owner, want, resources)
+        req = LeaseRequest(ask, name, owner, want, resources, time_limit(labels))
         defer = not durable
         result = self._try_lease(req, scope, topology, defer=defer)
         # A removal that never passed the plugin (--rm, the daemon's own) still holds a
@@ -147,7 +149,7 @@ class Allocator(Lineup, Lookups, Restarts):
         self.record("refusal", name=name, owner=owner.user, reason=result.msg)
 
     def explain(
-        self, ask: Ask, owner: Owner, want: Wanted
+        self, ask: Ask, owner: Owner, want: Wanted, limit: float | None = None
     ) -> tuple[list[str], str | None] | Shortage | Refusal | Invalid:
         """What `lease` would answer now, taking nothing: (GPUs, pool) or the refusal.
 
@@ -165,12 +167,14 @@ class Allocator(Lineup, Lookups, Restarts):
         held = state.holders(self.inventory().uuids)
         for uuid, keeper in self.kept(state, LeaseRequest(ask, "", owner, want)).items():
             held.setdefault(uuid, keeper)
+        now = ledger.now()
+        held = self.keep_reserved(held, owner, limit, now, ask)  # reservations (reserving.py)
         picked = place(
             ask,
             inventory,
             held,
             self.policy,
-            ledger.now(),
+            now,
             want.where(pool),
             self.unhealthy(),
             self.config.policy.mig,
@@ -250,6 +254,7 @@ class Allocator(Lineup, Lookups, Restarts):
             return refused
         for uuid in old.gpus if old else ():
             held.pop(uuid, None)
+        held = self.keep_reserved(held, owner, req.limit, now, ask)  # reservations (reserving.py)
         picked = place(ask, inventory, held, self.policy, now, where, sick, mig, host)
         if isinstance(picked, Shortage):
             return picked
