@@ -37,9 +37,10 @@ _ELSEWHERE = Holder(None, "", "left free: the holder's own reserved GPUs answer 
 
 def time_limit(labels: Mapping[str, Any] | None) -> float | None:
     """A request's time limit in seconds (None: unlimited), from its ``io.gpu-alloc.time``
-    label only.  MERGE: becomes ``core.timelimits.limit_for(rules, owner, pool, labels)``,
-    which also reads ``policy.time_limit``; a malformed label is that code's 400, and
-    counts as no limit here (the strict side for a reservation)."""
+    label only; the shim's create and ``explain`` call it with the client's labels.
+    MERGE: becomes ``core.timelimits.limit_for(rules, owner, pool, labels)``, which also
+    reads ``policy.time_limit``; a malformed label is that code's 400, and counts as no
+    limit here (the strict side for a reservation)."""
     raw = (labels or {}).get(TIME_LABEL)
     try:
         return None if raw in (None, "") else parse_duration(str(raw))

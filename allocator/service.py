@@ -42,7 +42,7 @@ from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
 from allocator.lineup import Lineup
 from allocator.lookups import Lookups
-from allocator.reserving import Reserving, time_limit
+from allocator.reserving import Reserving
 from allocator.restarts import Restarts
 
 log = logging.getLogger("gpu-alloc")
@@ -74,6 +74,7 @@ class Allocator(Lineup, Lookups, Restarts, Reserving):
         *,
         durable: bool = True,
         waits: bool = False,
+        limit: float | None = None,
     ) -> tuple[Lease, str] | Shortage | Refusal | Invalid:
         """Place and record a pending lease; on shortage, reconcile once and retry.
 
@@ -81,7 +82,8 @@ class Allocator(Lineup, Lookups, Restarts, Reserving):
         ``durable`` is False: then the caller runs `finish_grant` before it tells anyone
         (the shim, while dockerd creates the container).  A refusal is in the audit trail
         too, unless the create ``waits`` in line for it to pass: then the caller tells
-        `refused` if it never did.
+        `refused` if it never did.  ``limit``: the seconds the container may run (None:
+        unlimited), which decides whether a GPU reserved later may be placed for it.
 
         The policy decides first: the pool and request labels narrow the GPUs, and the
         owner's limit counts every GPU their leases hold, under the lock.
@@ -98,7 +100,7 @@ class Allocator(Lineup, Lookups, Restarts, Reserving):
             self.refused(scope, name, owner)
             return scope
         topology = self.cpu_topology() if resources.any else None
-        req = LeaseRequest(ask, name, owner, want, resources, time_limit(labels))
+        req = LeaseRequest(ask, name, owner, want, resources, limit)
         defer = not durable
         result = self._try_lease(req, scope, topology, defer=defer)
         # A removal that never passed the plugin (--rm, the daemon's own) still holds a

@@ -54,6 +54,7 @@ from allocator.host import metrics
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
 from allocator.host.peers import Peer
+from allocator.reserving import time_limit
 from allocator.service import Allocator, LeaseRequest
 from shim.framing import Request, Response, UpstreamError
 from shim.waitline import Gone, Stopping, Waitline
@@ -137,6 +138,7 @@ class CreateInterceptor:
         wait = policy.wait_of(
             given_labels if isinstance(given_labels, dict) else None, self.alloc.rules_in_force
         )
+        limit = time_limit(given_labels if isinstance(given_labels, dict) else None)
         if isinstance(wait, policy.Invalid):
             return error(400, wait.msg)
         spec = strip_labels(decoded)
@@ -145,7 +147,16 @@ class CreateInterceptor:
         if known and not resources.any and isinstance(known[1], Ask) and not known[1].any:
             return await forward(_with_body(request, rewrite(spec, (), None), None))
         got = await asyncio.to_thread(
-            self._lease_for, spec, name, request.peer, want, profile, resources, known, bool(wait)
+            self._lease_for,
+            spec,
+            name,
+            request.peer,
+            want,
+            profile,
+            resources,
+            known,
+            bool(wait),
+            limit,
         )
         if isinstance(got, Response):
             return got
@@ -158,7 +169,7 @@ class CreateInterceptor:
             and wait
             and isinstance(want, policy.Wanted)  # always, once a lease was asked
         ):
-            req = LeaseRequest(ask, name, owner, want, resources)
+            req = LeaseRequest(ask, name, owner, want, resources, limit)
             waited = await self._wait(req, wait, leased, request.gone)
             if isinstance(waited, Response):
                 return waited
@@ -231,6 +242,7 @@ class CreateInterceptor:
         resources: Resources,
         known: tuple[decide.Facts, Ask | decide.Deny] | None = None,
         waits: bool = False,
+        limit: float | None = None,
     ) -> Response | tuple[Ask, policy.Owner, Leased, bool] | None:
         """Everything from a decoded create to its lease, in one thread hop: the facts
         and the ask (unless ``known`` from the event loop), the policy checks, the image's
@@ -259,7 +271,7 @@ class CreateInterceptor:
         owner = self.alloc.owner_of(peer)
         given = spec.get("Labels") or {}
         leased = self.alloc.lease(
-            ask, name, given, owner, want, resources, durable=False, waits=waits
+            ask, name, given, owner, want, resources, durable=False, waits=waits, limit=limit
         )
         return ask, owner, leased, self.alloc.plugin_judges(facts)
 

@@ -15,6 +15,7 @@ from allocator.host import config as configmod
 from allocator.host import ledger
 from allocator.host.audit import AuditLog
 from allocator.ops import cli
+from allocator.reserving import time_limit
 from allocator.service import Allocator
 from allocator.views.explain import explain
 from tests.support import engine as sim
@@ -45,8 +46,8 @@ def alloc(config: Path) -> Allocator:
 
 
 def lease(alloc: Allocator, owner: Owner, n: int = 1, time: str | None = None):
-    given = {"io.gpu-alloc.time": time} if time else {}
-    return alloc.lease(one(n), "job", given, owner)
+    limit = time_limit({"io.gpu-alloc.time": time} if time else None)
+    return alloc.lease(one(n), "job", {}, owner, limit=limit)
 
 
 def test_an_unlimited_create_is_placed_beside_a_reservation_starting_soon(alloc) -> None:
