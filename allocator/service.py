@@ -82,8 +82,7 @@ class Allocator(Lineup, Lookups, Restarts, Reserving):
         ``durable`` is False: then the caller runs `finish_grant` before it tells anyone
         (the shim, while dockerd creates the container).  A refusal is in the audit trail
         too, unless the create ``waits`` in line for it to pass: then the caller tells
-        `refused` if it never did.  ``limit``: the seconds the container may run (None:
-        unlimited), which decides whether a GPU reserved later may be placed for it.
+        `refused` if it never did.  ``limit``: seconds it may run (None: unlimited).
 
         The policy decides first: the pool and request labels narrow the GPUs, and the
         owner's limit counts every GPU their leases hold, under the lock.
@@ -169,14 +168,13 @@ class Allocator(Lineup, Lookups, Restarts, Reserving):
         held = state.holders(self.inventory().uuids)
         for uuid, keeper in self.kept(state, LeaseRequest(ask, "", owner, want)).items():
             held.setdefault(uuid, keeper)
-        now = ledger.now()
-        held = self.keep_reserved(held, owner, limit, now, ask)  # reservations (reserving.py)
+        held = self.keep_reserved(held, owner, limit, ledger.now(), ask)  # reserving.py
         picked = place(
             ask,
             inventory,
             held,
             self.policy,
-            now,
+            ledger.now(),
             want.where(pool),
             self.unhealthy(),
             self.config.policy.mig,
