@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Unpack
 from allocator.core import labels
 from allocator.core import reservations as rsv
 from allocator.core.holders import Holder
+from allocator.core.leases import StateError
 from allocator.core.policy import Owner, parse_duration
 from allocator.host import ledger
 from allocator.host.reservations import ReservationFile
@@ -77,13 +78,22 @@ class Reserving:
         if not stored:
             return []
         sick = self.unhealthy()
-        out = []
-        for r in rsv.current(stored, now):
+        out = rsv.current(stored, now)
+        for i, r in enumerate(out):
             if r.count and sick and any(u in sick for u in r.gpus):
                 candidates, _ = self._candidates(r.pool)
-                r = rsv.repick(r, candidates, sick, stored, (), self.policy)
-            out.append(r)
+                out[i] = rsv.repick(r, candidates, sick, out, (), self.policy)  # in order
         return out
+
+    def reservation_stamp(self: _Service) -> object:
+        """Moves when a reservation is made or cancelled, and when one begins or ends: a
+        create waiting in line that it kept may fit then (the shim's Waitline polls it)."""
+        try:
+            stored = self.reservation_file.read()
+        except StateError:
+            return None
+        now = ledger.now()
+        return tuple((r.id, r.gpus, now >= r.start, now >= r.end) for r in stored)
 
     def keep_reserved(
         self: _Service,

@@ -29,15 +29,19 @@ def one(n: int = 1) -> Ask:
     return Ask(required=(), count=n, every=False, caps=("gpu",))
 
 
-@pytest.fixture
-def config(tmp_path: Path) -> Path:
+def write_config(tmp_path: Path, gpus: int = 2) -> Path:
     cfg = {"state_dir": str(tmp_path / "state"),
-           "gpus": str(sim.write_sim_gpus(tmp_path / "gpus.yaml", 2)),
+           "gpus": str(sim.write_sim_gpus(tmp_path / "gpus.yaml", gpus)),
            "engine": {"socket": str(tmp_path / "none.sock")},
            "policy": {"placement": "first-fit"}}  # fmt: skip
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    return write_config(tmp_path)
 
 
 @pytest.fixture
@@ -193,3 +197,41 @@ def test_reserving_needs_root(config, capsys, monkeypatch) -> None:
     assert code == 1 and "sudo gpu-alloc reserve" in err
     code, _, err = run(config, "reserve", "cancel", "abcd", capsys=capsys)
     assert code == 1 and "sudo gpu-alloc reserve cancel" in err
+
+
+def test_a_create_waiting_for_a_reserved_gpu_is_served_when_the_window_ends(alloc) -> None:
+    import asyncio
+
+    from allocator.service import LeaseRequest
+    from shim.waitline import Waitline
+
+    assert not isinstance(lease(alloc, BOB), Shortage)  # GPU 0: nothing else frees a GPU
+    now = ledger.now()
+    made = alloc.reserve("root", (now, now + 1.0), gpus=("1",))
+    assert not isinstance(made, str)
+    assert isinstance(lease(alloc, BOB), Shortage)
+
+    async def main() -> tuple:
+        line = Waitline(alloc, poll=0.02)
+        got = await line.wait(LeaseRequest(one(), "w", BOB, Wanted()), 5)
+        line.stop()
+        return got
+
+    got = asyncio.run(main())
+    assert got is not None and got[0].gpus == (UUIDS[1],)
+    assert ledger.now() < made.end + 0.5, "served as the window ended"
+
+
+def test_two_reservations_repicked_at_once_never_share_a_gpu(tmp_path) -> None:
+    from allocator.core import health
+
+    alloc = Allocator(configmod.load(str(write_config(tmp_path, 3))), FakeEngine())  # type: ignore[arg-type]
+    now = ledger.now()
+    a = alloc.reserve("root", (now + 10, now + 60), count=1)
+    b = alloc.reserve("daemon", (now + 20, now + 90), count=1)
+    assert not isinstance(a, str) and not isinstance(b, str) and a.gpus != b.gpus
+    with alloc.health.transaction() as box:
+        for uuid in (*a.gpus, *b.gpus):
+            box[0] = box[0].with_gpu(uuid, health.GpuHealth(healthy=False))
+    picked = [r.gpus for r in alloc.reservations(ledger.now())]
+    assert picked.count((sim.sim_gpu_uuid(2),)) == 1, picked
