@@ -94,8 +94,10 @@ def cmd_reserve(cfg: Config, args: argparse.Namespace) -> int:
         return _fail(made)
     index = {g.uuid: g.index for g in alloc.inventory().gpus}
     gpus = ",".join(str(index.get(u, u)) for u in made.gpus)
-    print(f"reservation {made.id}: GPU{'s' * (len(made.gpus) > 1)} {gpus} "
-          f"{rsv.held_text(made, ledger.now())}")  # fmt: skip
+    what = f"GPU{'s' * (len(made.gpus) > 1)} {gpus}"
+    print(
+        f"{what} {rsv.held_text(made, ledger.now())}; 'gpu-alloc reserve cancel {made.id}' ends it"
+    )
     return 0
 
 

@@ -136,7 +136,7 @@ def test_the_cli_reserves_lists_and_cancels(config, capsys) -> None:
     code, out, err = run(config, "reserve", "--gpu", "1", "--for", "root", "--from", "+10s",
                          "--to", "+1h", "--note", "paper", capsys=capsys)  # fmt: skip
     assert code == 0, err
-    assert out.startswith("reservation ") and "GPU 1 reserved for root from" in out
+    assert out.startswith("GPU 1 reserved for root from") and "reserve cancel" in out
     code, out, _ = run(config, "reservations", "--json", capsys=capsys)
     (row,) = json.loads(out)
     assert (row["for"], row["gpus"], row["state"], row["note"]) == (
