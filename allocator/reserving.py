@@ -1,7 +1,8 @@
 """Reservations' part of the allocator: making and cancelling them, and what they keep.
 
-`keep_reserved` is the one hook placement goes through (`Allocator._take`, `explain`, and
-what a waiter could use in `Lineup._attempt`): it adds the GPUs reservations keep from a
+One part of the composed service (allocator/service.py).  `keep` is the one hook
+placement goes through (`Placer.place`, which `Placer.take`, `LeaseBook.explain` and
+what a waiter could use in `Lineup` call): it adds the GPUs reservations keep from a
 request to the GPUs held, so a refusal names the reservation and a count request goes to
 other free GPUs (`core.reservations` has the rules).  A ``--gpus N`` reservation whose
 GPU turned unhealthy is re-picked as it is read, the same way in every process, and the
@@ -10,27 +11,26 @@ re-pick is written at the next `reserve` or `cancel`.
 
 from __future__ import annotations
 
-import functools
 import secrets
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, Unpack
+from typing import TYPE_CHECKING, Any
 
 from allocator.core import labels
 from allocator.core import reservations as rsv
 from allocator.core.holders import Holder
 from allocator.core.leases import StateError
+from allocator.core.placement import POLICIES
 from allocator.core.policy import Owner, parse_duration
 from allocator.host import ledger
 from allocator.host.reservations import ReservationFile
 
 if TYPE_CHECKING:
     from allocator.core.ask import Ask
-    from allocator.core.inventory import GPU, Inventory
-    from allocator.core.placement import Policy
-    from allocator.core.policy import Rules
-    from allocator.gather import AuditFields
+    from allocator.core.inventory import GPU
+    from allocator.gather import Gatherer
     from allocator.host.config import Config
     from allocator.host.ledger import Ledger
+    from allocator.recorder import Recorder
 
 TIME_LABEL = labels.TIME
 _ELSEWHERE = Holder(None, "", "left free: the holder's own reserved GPUs answer it")
@@ -49,35 +49,24 @@ def time_limit(labels: Mapping[str, Any] | None) -> float | None:
         return None
 
 
-class _Service(Protocol):
-    """What reservations use of the `allocator.service.Allocator` they are a part of."""
+class Reservations:
+    """Reservations made (`reserve`), cancelled (`cancel`), read (`current`), and what
+    they keep from a request (`keep`)."""
 
-    ledger: Ledger
-    config: Config
-    policy: Policy
+    def __init__(self, config: Config, ledger: Ledger, gather: Gatherer, recorder: Recorder):
+        self.config = config
+        self.ledger = ledger
+        self.gather = gather
+        self.recorder = recorder
+        self.file = ReservationFile(ledger)
+        self.policy = POLICIES[config.policy.placement]
 
-    @property
-    def rules(self) -> Rules: ...
-    @property
-    def reservation_file(self) -> ReservationFile: ...
-    def record(self, kind: str, lease: None = None, **fields: Unpack[AuditFields]) -> None: ...
-    def inventory(self, cached: bool = False) -> Inventory: ...
-    def unhealthy(self) -> dict[str, str]: ...
-    def reservations(self, now: float) -> list[rsv.Reservation]: ...
-    def _candidates(self, pool: str | None) -> tuple[list[GPU], str]: ...
-
-
-class Reserving:
-    @functools.cached_property
-    def reservation_file(self: _Service) -> ReservationFile:
-        return ReservationFile(self.ledger)
-
-    def reservations(self: _Service, now: float) -> list[rsv.Reservation]:
+    def current(self, now: float) -> list[rsv.Reservation]:
         """Those not over yet, each ``--gpus N`` one re-picked around unhealthy GPUs."""
-        stored = self.reservation_file.read()
+        stored = self.file.read()
         if not stored:
             return []
-        sick = self.unhealthy()
+        sick = self.gather.unhealthy()
         out = rsv.current(stored, now)
         for i, r in enumerate(out):
             if r.count and sick and any(u in sick for u in r.gpus):
@@ -85,18 +74,18 @@ class Reserving:
                 out[i] = rsv.repick(r, candidates, sick, out, (), self.policy)  # in order
         return out
 
-    def reservation_stamp(self: _Service) -> object:
+    def stamp(self) -> object:
         """Moves when a reservation is made or cancelled, and when one begins or ends: a
         create waiting in line that it kept may fit then (the shim's Waitline polls it)."""
         try:
-            stored = self.reservation_file.read()
+            stored = self.file.read()
         except StateError:
             return None
         now = ledger.now()
         return tuple((r.id, r.gpus, now >= r.start, now >= r.end) for r in stored)
 
-    def keep_reserved(
-        self: _Service,
+    def keep(
+        self,
         held: dict[str, Holder],
         owner: Owner,
         limit: float | None,
@@ -106,34 +95,34 @@ class Reserving:
         """``held`` (UUID -> holder) with the GPUs reservations keep from this request;
         for a holder's count ``ask`` during its window, every GPU but its own free
         reserved ones (`core.reservations.prefer`)."""
-        found = self.reservations(now)
+        found = self.current(now)
         if not found:
             return held
         for uuid, who in rsv.blocked(found, owner, limit, now).items():
             held.setdefault(uuid, who)
         if ask is not None and ask.count and not (ask.required or ask.every or ask.profile):
-            sick, mig = self.unhealthy(), self.config.policy.mig
+            sick, mig = self.gather.unhealthy(), self.config.policy.mig
             free = [
                 g.uuid
-                for g in self.inventory().units(mig)
+                for g in self.gather.inventory().units(mig)
                 if g.uuid not in held and g.uuid not in sick and not g.busy
             ]
             for uuid in rsv.prefer(found, owner, ask.count, free, now):
                 held.setdefault(uuid, _ELSEWHERE)
         return held
 
-    def _candidates(self: _Service, pool: str | None) -> tuple[list[GPU], str]:
+    def _candidates(self, pool: str | None) -> tuple[list[GPU], str]:
         """The units a ``--gpus N`` reservation picks among (its pool, else the default
         pool, else the host), and what to call them."""
-        units = list(self.inventory().units(self.config.policy.mig))
-        name = pool or self.rules.default_pool
-        spec = self.rules.pools.get(name) if name else None
+        units = list(self.gather.inventory().units(self.config.policy.mig))
+        name = pool or self.gather.rules.default_pool
+        spec = self.gather.rules.pools.get(name) if name else None
         if spec is None:
             return units, "this host"
         return [g for g in units if g.index in spec.gpus], f"pool '{name}'"
 
     def reserve(
-        self: _Service,
+        self,
         holder: str,
         window: tuple[float, float],
         *,
@@ -146,20 +135,20 @@ class Reserving:
         """Make a reservation (``gpus``: named GPUs, as index or UUID; else ``count`` in
         ``pool``), or say why not.  Written under the ledger lock, then audited."""
         now = ledger.now()
-        inventory = self.inventory()
+        inventory = self.gather.inventory()
         named: list[GPU] = []
         for ident in gpus:
             try:
                 named.append(inventory.resolve(ident))
             except LookupError as e:
                 return str(e)
-        if pool is not None and pool not in self.rules.pools:
-            known = ", ".join(sorted(self.rules.pools)) or "none"
+        if pool is not None and pool not in self.gather.rules.pools:
+            known = ", ".join(sorted(self.gather.rules.pools)) or "none"
             return f"there is no GPU pool '{pool}' (pools: {known})"
         candidates, where = self._candidates(pool)
         held = self.ledger.read().holders(inventory.uuids)
-        with self.reservation_file.transaction() as box:
-            others = self.reservations(now)
+        with self.file.transaction() as box:
+            others = self.current(now)
             box[:] = others
             got = rsv.plan(
                 named,
@@ -169,7 +158,7 @@ class Reserving:
                 window,
                 now,
                 others,
-                self.unhealthy(),
+                self.gather.unhealthy(),
                 held,
                 self.policy,
             )
@@ -188,14 +177,14 @@ class Reserving:
                 now,
             )
             box.append(made)
-        self.record("reserve", gpus=made.gpus, owner=holder, reason=_said(made, now))
+        self.recorder.record("reserve", gpus=made.gpus, owner=holder, reason=_said(made, now))
         return made
 
-    def cancel(self: _Service, ident: str, by: str = "") -> rsv.Reservation | str:
+    def cancel(self, ident: str, by: str = "") -> rsv.Reservation | str:
         """Cancel the reservation ``ident`` names (its id or a unique prefix of it)."""
         now = ledger.now()
-        with self.reservation_file.transaction() as box:
-            box[:] = self.reservations(now)
+        with self.file.transaction() as box:
+            box[:] = self.current(now)
             found = [r for r in box if r.id.startswith(ident)] if ident else []
             if len(found) != 1:
                 known = ", ".join(r.id for r in box) or "none"
@@ -205,7 +194,9 @@ class Reserving:
                 )
             box.remove(found[0])
         reason = _said(found[0], now) + (f"; cancelled by {by}" if by else "")
-        self.record("reserve-cancel", gpus=found[0].gpus, owner=found[0].holder, reason=reason)
+        self.recorder.record(
+            "reserve-cancel", gpus=found[0].gpus, owner=found[0].holder, reason=reason
+        )
         return found[0]
 
 

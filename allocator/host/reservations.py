@@ -1,7 +1,7 @@
 """The reservations file: `allocator.core.reservations.Reservation`s in
 ``state_dir/reservations.json``.
 
-It sits beside the ledger and under the ledger's lock, with the same atomic replace,
+It sits beside the ledger and under the ledger's lock, written by `store.replace`,
 so the CLI that writes it and the shim and plugin workers that place by it see one
 answer.  A missing file means no reservation; an unreadable one stops GPU placement
 (fail closed: a reservation could be broken unseen) with a message naming the file.
@@ -12,12 +12,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from allocator.core.leases import StateError
 from allocator.core.reservations import Reservation
+from allocator.host import store
 from allocator.host.ledger import Ledger
 
 RESERVATIONS_FILE = "reservations.json"
@@ -37,7 +37,7 @@ class ReservationFile:
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if self._cache is not None and self._cache[0] == stamp:
                 return self._cache[1]
-            raw = self.path.read_bytes()
+            raw = store.read(self.path)
         except FileNotFoundError:
             return ()
         except OSError as e:
@@ -68,17 +68,7 @@ class ReservationFile:
     def _write(self, reservations: list[Reservation]) -> None:
         body = {"version": VERSION, "reservations": [r.to_json() for r in reservations]}
         data = json.dumps(body, indent=1, sort_keys=True).encode()
-        tmp = None
         try:
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".reservations.", suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)  # no secret in it
-            os.replace(tmp, self.path)
+            store.replace(self.path, data, mode=0o644)  # no secret in it
         except OSError as e:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
             raise StateError(f"{self.path}: cannot write the reservations: {e.strerror}") from None

@@ -81,7 +81,7 @@ def cmd_reserve(cfg: Config, args: argparse.Namespace) -> int:
     except ValueError as e:
         return _fail(str(e), EXIT_USAGE)
     alloc = connect(cfg)
-    made = alloc.reserve(
+    made = alloc.reservations.reserve(
         args.holder,
         window,
         gpus=tuple(args.gpu),
@@ -92,7 +92,7 @@ def cmd_reserve(cfg: Config, args: argparse.Namespace) -> int:
     )
     if isinstance(made, str):
         return _fail(made)
-    index = {g.uuid: g.index for g in alloc.inventory().gpus}
+    index = {g.uuid: g.index for g in alloc.gather.inventory().gpus}
     gpus = ",".join(str(index.get(u, u)) for u in made.gpus)
     what = f"GPU{'s' * (len(made.gpus) > 1)} {gpus}"
     print(
@@ -105,7 +105,7 @@ def _cancel(cfg: Config, ident: str) -> int:
     refused = _root("reserve cancel")
     if refused:
         return _fail(refused)
-    gone = connect(cfg).cancel(ident, by=_me())
+    gone = connect(cfg).reservations.cancel(ident, by=_me())
     if isinstance(gone, str):
         return _fail(gone)
     print(f"reservation {gone.id} cancelled (was {rsv.held_text(gone, ledger.now())})")
@@ -115,8 +115,8 @@ def _cancel(cfg: Config, ident: str) -> int:
 def cmd_reservations(cfg: Config, args: argparse.Namespace) -> int:
     alloc = connect(cfg)
     now = ledger.now()
-    index = {g.uuid: g.index for g in alloc.inventory().gpus}
-    found = rows(alloc.reservations(now), index, now)
+    index = {g.uuid: g.index for g in alloc.gather.inventory().gpus}
+    found = rows(alloc.reservations.current(now), index, now)
     print(json.dumps(found, indent=1) if args.json else render_table(found, now))
     return 0
 

@@ -116,16 +116,15 @@ def explain(
     want = wanted(given)
     if isinstance(want, Invalid):
         return base | _answer(INVALID, want.msg)
-    ask = decide.shim_ask(spec, alloc.facts())
+    ask = decide.shim_ask(spec, alloc.gather.facts())
     if isinstance(ask, decide.Deny):
         return base | _answer(INVALID, ask.msg)
-    limit = time_limit(given)
-    result = alloc.explain(ask, who, want, limit)
-    wait = wait_of(given, alloc.rules)
+    result = alloc.book.explain(ask, who, want, time_limit(given))
+    wait = wait_of(given, alloc.gather.rules)
     if isinstance(wait, Invalid):
         return base | _answer(INVALID, wait.msg)
     if isinstance(result, Shortage | Refusal) and result.waitable and wait:
-        rank = priority_of(who, alloc.rules)
+        rank = priority_of(who, alloc.gather.rules)
         return (
             base
             | _answer(
@@ -142,11 +141,11 @@ def explain(
     if isinstance(result, Invalid):
         return base | _answer(INVALID, result.msg)
     uuids, pool = result
-    index = {g.uuid: g.index for g in alloc.inventory().gpus}
+    index = {g.uuid: g.index for g in alloc.gather.inventory().gpus}
     shown = ", ".join(f"GPU {index[u]} ({u})" for u in uuids)
     where = f" from pool '{pool}'" if pool else ""
     now = ledger.now()
-    later = reservations.later(alloc.reservations(now), uuids, who, now, index)
+    later = reservations.later(alloc.reservations.current(now), uuids, who, now, index)
     return (
         base
         | _answer(FITS, f"would be granted now{where}: {shown}" + (f"; {later}" if later else ""))

@@ -15,6 +15,7 @@ from allocator.host import config as configmod
 from allocator.host import ledger
 from allocator.host.audit import AuditLog
 from allocator.ops import cli
+from allocator.placer import LeaseRequest
 from allocator.reserving import time_limit
 from allocator.service import Allocator
 from allocator.views.explain import explain
@@ -51,12 +52,12 @@ def alloc(config: Path) -> Allocator:
 
 def lease(alloc: Allocator, owner: Owner, n: int = 1, time: str | None = None):
     limit = time_limit({"io.gpu-alloc.time": time} if time else None)
-    return alloc.lease(one(n), "job", {}, owner, limit=limit)
+    return alloc.book.lease(LeaseRequest(one(n), "job", owner, limit=limit))
 
 
 def test_an_unlimited_create_is_placed_beside_a_reservation_starting_soon(alloc) -> None:
     now = ledger.now()
-    made = alloc.reserve("root", (now + 10, now + 60), gpus=("0",))
+    made = alloc.reservations.reserve("root", (now + 10, now + 60), gpus=("0",))
     assert not isinstance(made, str), made
     got = lease(alloc, BOB)
     assert not isinstance(got, Shortage) and got[0].gpus == (UUIDS[1],)
@@ -68,7 +69,7 @@ def test_an_unlimited_create_is_placed_beside_a_reservation_starting_soon(alloc)
 
 def test_a_create_whose_limit_ends_before_the_window_may_use_the_gpu(alloc) -> None:
     now = ledger.now()
-    alloc.reserve("root", (now + 10, now + 60), gpus=("0", "1"))
+    alloc.reservations.reserve("root", (now + 10, now + 60), gpus=("0", "1"))
     got = lease(alloc, BOB, time="3s")
     assert not isinstance(got, Shortage), got
     assert isinstance(lease(alloc, BOB, time="1h"), Shortage)
@@ -76,7 +77,7 @@ def test_a_create_whose_limit_ends_before_the_window_may_use_the_gpu(alloc) -> N
 
 def test_during_the_window_others_are_refused_and_the_holder_placed_on_it(alloc) -> None:
     now = ledger.now()
-    made = alloc.reserve("root", (now, now + 60), gpus=("1",))
+    made = alloc.reservations.reserve("root", (now, now + 60), gpus=("1",))
     assert not isinstance(made, str)
     got = lease(alloc, ALICE)
     assert not isinstance(got, Shortage) and got[0].gpus == (UUIDS[1],), "its own GPU first"
@@ -86,43 +87,43 @@ def test_during_the_window_others_are_refused_and_the_holder_placed_on_it(alloc)
 
 def test_a_named_reserved_gpu_is_refused_naming_the_reservation(alloc) -> None:
     now = ledger.now()
-    made = alloc.reserve("root", (now, now + 60), gpus=("1",), note="deadline")
+    made = alloc.reservations.reserve("root", (now, now + 60), gpus=("1",), note="deadline")
     assert not isinstance(made, str)
-    got = alloc.lease(Ask((UUIDS[1],), 0, False, ("gpu",)), "job", {}, BOB)
+    got = alloc.book.lease(LeaseRequest(Ask((UUIDS[1],), 0, False, ("gpu",)), "job", BOB))
     assert isinstance(got, Shortage) and got.waitable
     assert "reserved for root until " in got.msg and f"{made.id}, deadline)" in got.msg
 
 
 def test_explain_says_until_when_then_reserved(alloc) -> None:
     now = ledger.now()
-    made = alloc.reserve("root", (now + 3600, now + 7200), gpus=("0",))
+    made = alloc.reservations.reserve("root", (now + 3600, now + 7200), gpus=("0",))
     assert not isinstance(made, str)
     said = explain(alloc, "daemon", "1", ["io.gpu-alloc.time=30m"])
     assert said["code"] == 0, said
     assert "GPU 0 until " in said["message"] and "then reserved for root" in said["message"]
     assert explain(alloc, "daemon", "2", [])["code"] == 2
-    assert alloc.explain(one(), BOB, Wanted()) == ([UUIDS[1]], None)
+    assert alloc.book.explain(one(), BOB, Wanted()) == ([UUIDS[1]], None)
 
 
 def test_reserving_and_cancelling_are_audited(alloc) -> None:
     now = ledger.now()
-    made = alloc.reserve("@root", (now + 10, now + 60), count=1, by="root")
+    made = alloc.reservations.reserve("@root", (now + 10, now + 60), count=1, by="root")
     assert not isinstance(made, str)
-    assert alloc.cancel(made.id[:4], by="root") == made
+    assert alloc.reservations.cancel(made.id[:4], by="root") == made
     kinds = [(e["event"], e["owner"]) for e in AuditLog(alloc.config.state_dir).read()]
     assert kinds == [("reserve", "@root"), ("reserve-cancel", "@root")]
-    assert "is not a current reservation" in str(alloc.cancel(made.id))
+    assert "is not a current reservation" in str(alloc.reservations.cancel(made.id))
 
 
 def test_a_count_reservation_moves_off_a_gpu_that_turned_unhealthy(alloc) -> None:
     from allocator.core import health
 
     now = ledger.now()
-    made = alloc.reserve("root", (now + 10, now + 60), count=1)
+    made = alloc.reservations.reserve("root", (now + 10, now + 60), count=1)
     assert not isinstance(made, str) and made.gpus == (UUIDS[0],)
     with alloc.health.transaction() as box:
         box[0] = box[0].with_gpu(UUIDS[0], health.GpuHealth(healthy=False))
-    (now_kept,) = alloc.reservations(ledger.now())
+    (now_kept,) = alloc.reservations.current(ledger.now())
     assert now_kept.gpus == (UUIDS[1],) and now_kept.id == made.id
 
 
@@ -202,12 +203,12 @@ def test_reserving_needs_root(config, capsys, monkeypatch) -> None:
 def test_a_create_waiting_for_a_reserved_gpu_is_served_when_the_window_ends(alloc) -> None:
     import asyncio
 
-    from allocator.service import LeaseRequest
+    from allocator.placer import LeaseRequest
     from shim.waitline import Waitline
 
     assert not isinstance(lease(alloc, BOB), Shortage)  # GPU 0: nothing else frees a GPU
     now = ledger.now()
-    made = alloc.reserve("root", (now, now + 1.0), gpus=("1",))
+    made = alloc.reservations.reserve("root", (now, now + 1.0), gpus=("1",))
     assert not isinstance(made, str)
     assert isinstance(lease(alloc, BOB), Shortage)
 
@@ -227,11 +228,11 @@ def test_two_reservations_repicked_at_once_never_share_a_gpu(tmp_path) -> None:
 
     alloc = Allocator(configmod.load(str(write_config(tmp_path, 3))), FakeEngine())  # type: ignore[arg-type]
     now = ledger.now()
-    a = alloc.reserve("root", (now + 10, now + 60), count=1)
-    b = alloc.reserve("daemon", (now + 20, now + 90), count=1)
+    a = alloc.reservations.reserve("root", (now + 10, now + 60), count=1)
+    b = alloc.reservations.reserve("daemon", (now + 20, now + 90), count=1)
     assert not isinstance(a, str) and not isinstance(b, str) and a.gpus != b.gpus
     with alloc.health.transaction() as box:
         for uuid in (*a.gpus, *b.gpus):
             box[0] = box[0].with_gpu(uuid, health.GpuHealth(healthy=False))
-    picked = [r.gpus for r in alloc.reservations(ledger.now())]
+    picked = [r.gpus for r in alloc.reservations.current(ledger.now())]
     assert picked.count((sim.sim_gpu_uuid(2),)) == 1, picked
