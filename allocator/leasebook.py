@@ -137,9 +137,10 @@ class LeaseBook:
             self.recorder.record("grant", lease)
 
     def explain(
-        self, ask: Ask, owner: Owner, want: Wanted
+        self, ask: Ask, owner: Owner, want: Wanted, limit: float | None = None
     ) -> tuple[list[str], str | None] | Shortage | Refusal | Invalid:
         """What `lease` would answer now, taking nothing: (GPUs, pool) or the refusal.
+        ``limit``: how long it would run (`LeaseRequest.limit`).
 
         The ledger is read without the lock, so the answer can be stale by one create.
         """
@@ -156,7 +157,7 @@ class LeaseBook:
         held = state.holders(self.gather.inventory().uuids)
         for uuid, keeper in self.line.kept(state, LeaseRequest(ask, "", owner, want)).items():
             held.setdefault(uuid, keeper)
-        picked = self.placer.place(ask, inventory, held, want.where(pool))
+        picked = self.placer.place(ask, inventory, held, want.where(pool), owner, limit)
         if isinstance(picked, Shortage):
             return picked
         return [g.uuid for g in picked], pool

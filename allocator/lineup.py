@@ -116,7 +116,7 @@ class Lineup:
                 return queue.Placed(taken[0].gpus, taken[:2])
             if isinstance(taken, Refusal):
                 return queue.OverLimit(taken.msg)
-            holders = state.holders(inventory.uuids)
+            holders = self.placer.reserved(state.holders(inventory.uuids), req.owner, req.limit)
             return queue.Short(usable(req.ask, scope[0], holders, sick, mig))
 
         return attempt

@@ -3,7 +3,8 @@
 One part of the composed service (allocator/service.py).  `Placer.take` is the one
 placement every grant goes through: a create arriving now (`LeaseBook.lease`), a
 waiter served from the line and the GPUs a waiter keeps (`Lineup`), so each is granted
-exactly as the others would be.  It writes nothing itself: the caller holds the ledger
+exactly as the others would be, around the GPUs reservations keep from it
+(`Reservations.keep`).  It writes nothing itself: the caller holds the ledger
 lock around it and records what it returns.
 """
 
@@ -22,6 +23,7 @@ from allocator.core.policy import NOBODY, Owner, Refusal, Wanted
 from allocator.gather import Gatherer
 from allocator.host import ledger
 from allocator.host.config import Config
+from allocator.reserving import Reservations
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,8 @@ class LeaseRequest:
     """What a create asks for, kept whole so a waiter can ask again.
 
     ``name``: the container's name (may be empty); ``labels``: the create's own labels
-    (a Compose recreate is found by them).
+    (a Compose recreate is found by them); ``limit``: how long it may run, which decides
+    whether it may use a GPU reserved later (`allocator.reserving.time_limit`).
     """
 
     ask: Ask
@@ -38,6 +41,7 @@ class LeaseRequest:
     want: Wanted = Wanted()  # noqa: RUF009  # frozen
     resources: cpus.Resources = cpus.NOTHING
     labels: Mapping[str, str] | None = field(default=None, compare=False)
+    limit: float | None = None  # seconds it may run (reservations); None: unlimited
 
 
 Taken = tuple[Lease, str, Lease | None]
@@ -46,20 +50,36 @@ Taken = tuple[Lease, str, Lease | None]
 class Placer:
     """``take`` places a create in a ledger state; ``place`` says where, taking nothing."""
 
-    def __init__(self, config: Config, gather: Gatherer):
+    def __init__(self, config: Config, gather: Gatherer, reservations: Reservations):
         self.config = config
         self.gather = gather
+        self.reservations = reservations
         self.policy = POLICIES[config.policy.placement]
 
     def place(
-        self, ask: Ask, inventory: Inventory, held: Mapping[str, Holder], where: str
+        self,
+        ask: Ask,
+        inventory: Inventory,
+        held: Mapping[str, Holder],
+        where: str,
+        owner: Owner,
+        limit: float | None,
     ) -> list[GPU] | Shortage:
         """`core.placement.place` for ``ask`` among ``inventory`` (the host or a pool) as
-        the host is now: its unhealthy GPUs, ``policy.mig``, its size."""
+        the host is now: its unhealthy GPUs, ``policy.mig``, its size, and the GPUs
+        reservations keep from ``owner`` asking to run ``limit`` seconds."""
         mig = self.config.policy.mig
         host = len(self.gather.inventory().units(mig))
         unhealthy = self.gather.unhealthy()
-        return place(ask, inventory, held, self.policy, ledger.now(), where, unhealthy, mig, host)
+        now = ledger.now()
+        held = self.reserved(held, owner, limit, ask)
+        return place(ask, inventory, held, self.policy, now, where, unhealthy, mig, host)
+
+    def reserved(
+        self, held: Mapping[str, Holder], owner: Owner, limit: float | None, ask: Ask | None = None
+    ) -> dict[str, Holder]:
+        """``held`` and the GPUs reservations keep from ``owner`` (allocator/reserving.py)."""
+        return self.reservations.keep(dict(held), owner, limit, ledger.now(), ask)
 
     def take(
         self,
@@ -96,7 +116,7 @@ class Placer:
         ):
             # It lends nothing: a shortage is said as placed now; `LeaseBook.lease` keeps
             # its first answer for anything else.
-            short = self.place(ask, inventory, held, where)
+            short = self.place(ask, inventory, held, where, owner, req.limit)
             if isinstance(short, Shortage):
                 return short
             return Refusal("gpu-alloc: the predecessor is not this owner's bound lease")
@@ -108,7 +128,7 @@ class Placer:
             return refused
         for uuid in old.gpus if old else ():
             held.pop(uuid, None)
-        picked = self.place(ask, inventory, held, where)
+        picked = self.place(ask, inventory, held, where, owner, req.limit)
         if isinstance(picked, Shortage):
             return picked
         placed = cpus.Placed((), (), 0)

@@ -8,6 +8,8 @@ Theory of operation
 - ``gather`` (`Gatherer`, allocator/gather.py): the facts, each cached while it stays
   true: the GPU inventory, the Engine's view, the policy in force, the GPUs' health.
 - ``recorder`` (`Recorder`): the audit trail, and who hears that a lease ended.
+- ``reservations`` (`Reservations`): GPUs reserved for a user or group in a window,
+  and what they keep from everyone else's placement.
 - ``placer`` (`Placer`): places one create in a ledger state (limits, GPUs, cores).
 - ``line`` (`Lineup`): the waiting line's grants and what it keeps from others.
 - ``fair_share`` (`FairShare`): each owner's decayed GPU usage from the audit trail,
@@ -42,6 +44,7 @@ from allocator.lookups import Lookups
 from allocator.placer import Placer
 from allocator.reconciler import Reconciler
 from allocator.recorder import Recorder
+from allocator.reserving import Reservations
 from allocator.restarts import Restarts
 from allocator.shares import FairShare
 
@@ -62,7 +65,8 @@ class Allocator:
         self.gather = Gatherer(config, engine, self.health, host)
         self.recorder = Recorder(self.audit, self.gather)
         self.health.listeners.append(self.recorder.health_turned)
-        self.placer = Placer(config, self.gather)
+        self.reservations = Reservations(config, self.ledger, self.gather, self.recorder)
+        self.placer = Placer(config, self.gather, self.reservations)
         self.fair_share = FairShare(self.audit)
         self.line = Lineup(self.ledger, self.gather, self.placer, self.recorder, self.fair_share)
         self.reconciler = Reconciler(engine, self.ledger, self.gather, self.recorder)

@@ -14,7 +14,8 @@ granted.  Wake-ups come from:
   ``destroy`` events arrive (``--rm``, a removal by name or through another socket);
 - the state file: while anyone waits it is polled every `POLL` seconds for a new
   (mtime, size, inode), which catches the plugin's releases (other processes) and
-  ``gpu-alloc repair``.
+  ``gpu-alloc repair``;
+- the reservations, polled with it: one made or cancelled, beginning or ending.
 
 Nothing leaks: a waiter that leaves (timeout, client gone, handler cancelled) is
 removed from the queue, and a grant that reaches a waiter already gone is
@@ -166,14 +167,14 @@ class Waitline:
 
     async def _run(self) -> None:
         assert self._kick is not None
-        stamp = self.alloc.lookups.ledger_stamp()
+        stamp = self._stamp()
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.poll if self._entries else None):
                     await self._kick.wait()
             kicked = self._kick.is_set()
             self._kick.clear()
-            now = self.alloc.lookups.ledger_stamp()
+            now = self._stamp()
             if not self._entries or not (kicked or now != stamp):
                 stamp = now
                 continue
@@ -184,6 +185,10 @@ class Waitline:
                 log.warning("queue not served this time: %s", e)
             except Exception:  # a bug must not stop the queue: the next wake-up tries again
                 log.exception("queue not served this time")
+
+    def _stamp(self) -> object:
+        """What moves when a waiter may fit: the ledger, and the reservations' phases."""
+        return self.alloc.lookups.ledger_stamp(), self.alloc.reservations.stamp()
 
     async def _serve(self) -> None:
         waiting = [e.waiter for e in self._entries.values() if not e.future.done()]

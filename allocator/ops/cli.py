@@ -22,7 +22,7 @@ from allocator.host import config as configmod
 from allocator.host.config import Config, ConfigError
 from allocator.host.engine import EngineError
 from allocator.host.inventory import load as load_inventory
-from allocator.ops import report
+from allocator.ops import report, reserve
 from allocator.service import Allocator, connect
 
 EXIT_FAIL = 1
@@ -156,6 +156,7 @@ def _parser() -> argparse.ArgumentParser:
     c = hs.add_parser("clear", help="mark a GPU healthy again (index, UUID or UUID prefix)")
     c.add_argument("gpu")
     hl.set_defaults(func=cmd_health)
+    reserve.register(add)
     add("doctor", "check the host end to end and say what to fix").set_defaults(func=cmd_doctor)
     w = add("ready", "wait until the plugin's or the shim's socket (from the config) answers")
     w.add_argument("role", choices=("plugin", "shim"))

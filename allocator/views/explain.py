@@ -15,10 +15,13 @@ from typing import Any
 
 from allocator import shares
 from allocator.core import labels as gpu_labels
+from allocator.core import reservations
 from allocator.core import verdicts as decide
 from allocator.core.holders import ago
 from allocator.core.placement import Shortage
 from allocator.core.policy import Invalid, Owner, Refusal, priority_of, wait_of, wanted
+from allocator.host import ledger
+from allocator.reserving import time_limit
 from allocator.service import Allocator
 
 FITS, FAILED, SHORT, INVALID, REFUSED, WAITS = 0, 1, 2, 3, 4, 5
@@ -121,7 +124,7 @@ def explain(
     ask = decide.shim_ask(spec, alloc.gather.facts())
     if isinstance(ask, decide.Deny):
         return base | _answer(INVALID, ask.msg)
-    result = alloc.book.explain(ask, who, want)
+    result = alloc.book.explain(ask, who, want, time_limit(given))
     wait = wait_of(given, alloc.gather.rules)
     if isinstance(wait, Invalid):
         return base | _answer(INVALID, wait.msg)
@@ -146,9 +149,11 @@ def explain(
     index = {g.uuid: g.index for g in alloc.gather.inventory().gpus}
     shown = ", ".join(f"GPU {index[u]} ({u})" for u in uuids)
     where = f" from pool '{pool}'" if pool else ""
+    now = ledger.now()
+    later = reservations.later(alloc.reservations.current(now), uuids, who, now, index)
     return (
         base
-        | _answer(FITS, f"would be granted now{where}: {shown}")
+        | _answer(FITS, f"would be granted now{where}: {shown}" + (f"; {later}" if later else ""))
         | {
             "gpus": [{"index": index[u], "uuid": u} for u in uuids],
             "pool": pool,
