@@ -18,7 +18,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from allocator.core import compose, cpus, labels, plugins, policy
+from allocator.core import compose, cpus, labels, plugins, policy, timelimits
 from allocator.core.ask import Ask
 from allocator.core.holders import Holder
 from allocator.core.inflight import Target
@@ -92,6 +92,7 @@ class Allocator(Lineup, Lookups, Restarts):
         """
         rules = self.rules
         scope = policy.eligible(self.inventory(), want, owner, rules, ask.required)
+        scope = timelimits.within(scope, rules, owner, want.time)
         if not isinstance(scope, tuple):
             self.refused(scope, name, owner)
             return scope
@@ -154,6 +155,7 @@ class Allocator(Lineup, Lookups, Restarts):
         The ledger is read without the lock, so the answer can be stale by one create.
         """
         scope = policy.eligible(self.inventory(), want, owner, self.rules, ask.required)
+        scope = timelimits.within(scope, self.rules, owner, want.time)
         if not isinstance(scope, tuple):
             return scope
         inventory, pool = scope
@@ -278,6 +280,7 @@ class Allocator(Lineup, Lookups, Restarts):
             cpus=placed.cpus,
             mems=placed.mems,
             memory=placed.memory,
+            time_limit=timelimits.effective(self.rules, owner, pool, want.time),
         )
         state.leases[lease.id] = lease
         if old is not None and predecessor is not None:

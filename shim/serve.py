@@ -12,6 +12,7 @@ from allocator.departures import Departures
 from allocator.host import listener
 from allocator.host.config import Config
 from allocator.service import Allocator
+from allocator.timekeeper import Timekeeper
 from allocator.views.gpus import LiveView
 from shim import metrics_server, server
 from shim.admin import Admin
@@ -30,6 +31,7 @@ def serve(config: Config, allocator: Allocator, claim: listener.Claim | None = N
     live = LiveView(allocator)
     stop = threading.Event()
     Departures(allocator, stop).start()
+    Timekeeper(allocator, stop).start()
     every = max(0.5, min(10.0, config.policy.idle_after / 4))
     threading.Thread(
         target=metrics_server.sample_forever, args=(live, every, stop), daemon=True

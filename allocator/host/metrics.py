@@ -19,6 +19,7 @@ from typing import Any
 from allocator.core.events import field_label
 
 OUTCOMES = ("granted", "short", "policy", "denied")
+STOPS = ("time-limit", "idle-reclaim")  # why gpu-alloc stopped a container
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 _instruments: dict[str, Any] = {}
 
@@ -57,7 +58,12 @@ def enable(state_dir: str) -> str:
                 "How long GPU creates waited in line, observed when they leave it",
                 buckets=(1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600),
             ),
+            stops=Counter(
+                "gpu_alloc_stops", "GPU containers gpu-alloc stopped, by why", ["reason"]
+            ),
         )
+        for reason in STOPS:
+            _instruments["stops"].labels(reason)
         for outcome in OUTCOMES:  # every outcome is scraped, 0 until it happens
             _instruments["requests"].labels(outcome)
     return path
@@ -91,3 +97,8 @@ def queue_length(n: int) -> None:
 def waited(seconds: float) -> None:
     if _instruments:
         _instruments["waited"].observe(max(0.0, seconds))
+
+
+def stopped(reason: str) -> None:
+    if _instruments:
+        _instruments["stops"].labels(reason).inc()

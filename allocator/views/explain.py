@@ -14,6 +14,7 @@ import pwd
 from typing import Any
 
 from allocator.core import labels as gpu_labels
+from allocator.core import timelimits
 from allocator.core import verdicts as decide
 from allocator.core.holders import ago
 from allocator.core.placement import Shortage
@@ -141,12 +142,14 @@ def explain(
     index = {g.uuid: g.index for g in alloc.inventory().gpus}
     shown = ", ".join(f"GPU {index[u]} ({u})" for u in uuids)
     where = f" from pool '{pool}'" if pool else ""
+    limit = timelimits.described(alloc.rules, who, pool, want.time)
     return (
         base
-        | _answer(FITS, f"would be granted now{where}: {shown}")
+        | _answer(FITS, f"would be granted now{where}: {shown}" + (f"; {limit}" if limit else ""))
         | {
             "gpus": [{"index": index[u], "uuid": u} for u in uuids],
             "pool": pool,
+            "time_limit_s": timelimits.effective(alloc.rules, who, pool, want.time),
         }
     )
 

@@ -8,9 +8,11 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
+from allocator.core import timelimits
 from allocator.core.gpu_states import GpuState
 from allocator.core.health import GpuHealth
 from allocator.core.inventory import GPU
+from allocator.core.leases import Lease
 from allocator.service import Allocator
 from allocator.views.gpus import LiveView
 
@@ -40,6 +42,7 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
     slice_of = {m.uuid: f"{m.index}:{m.mig_index}" for m in inventory.migs}
     for uuid, h in held.items():
         c = engine.get(h.container or "")
+        lease = state.leases.get(h.lease or "")
         entry = holders.setdefault(
             (h.lease, h.container),
             {
@@ -56,6 +59,9 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
                 "lease": h.lease,
                 "why": h.why,
                 "idle": False,
+                # policy.time_limit: the lease's limit and what is left of it (None: none)
+                "time_limit_s": lease.time_limit if lease else None,
+                "time_left_s": None if lease is None else _left(lease, now),
             },
         )
         entry["uuids"].append(uuid)
@@ -109,6 +115,11 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
         "free": sum(1 for g in gpus if g["free"]),
         "total": len(gpus),
     }
+
+
+def _left(lease: Lease, now: float) -> int | None:
+    left = timelimits.left(lease, now)
+    return None if left is None else round(left)
 
 
 def _health(h: GpuHealth) -> dict[str, Any]:
