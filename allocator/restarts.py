@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from allocator.core import policy, restarts, starts
+from allocator.core import policy, restarts, starts, timelimits
 from allocator.core.leases import State, StateError
 from allocator.host import ledger
 from allocator.host.engine import EngineError, go_time
@@ -22,6 +22,9 @@ from allocator.reconciler import Reconciler
 
 log = logging.getLogger("gpu-alloc")
 _INSPECT = object()  # start_refusal's default: inspect the reference itself
+
+
+_now = ledger.now  # the module's name is start_refusal's local for the ledger's state
 
 
 class Restarts(Reconciler):
@@ -51,6 +54,10 @@ class Restarts(Reconciler):
         assert info is None or isinstance(info, dict)
         if info and not isinstance(ledger, str) and info["Id"] in ledger.expired:
             return policy.expired_text(ref, self.rules)
+        if info and not isinstance(ledger, str):  # policy.time_limit: its time is up
+            why = timelimits.start_refusal(ref, ledger.lease_of(str(info["Id"])), _now())
+            if why is not None:
+                return why
         old_info = None
         if info is not None and not isinstance(ledger, str) and self.engine is not None:
             lease = ledger.lease_of(str(info.get("Id") or ""))

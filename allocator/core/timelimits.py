@@ -150,6 +150,21 @@ def overdue(leases: Iterable[Lease], running: Collection[str], now: float) -> li
     ]
 
 
+def start_refusal(ref: str, lease: Lease | None, now: float) -> str | None:
+    """Why a start of ``ref`` (whose lease is ``lease``) is refused: its time is up.  The
+    clock runs from its first start, stopped or not, so a start would only be stopped
+    again."""
+    end = None if lease is None else ends(lease)
+    if lease is None or end is None or now < end:
+        return None
+    return (
+        f"gpu-alloc refused to start {ref}: it ran its time limit of "
+        f"{ago(lease.time_limit or 0)} (policy.time_limit, counted from its first start; "
+        "a stop does not pause it); remove it and create it again (docker rm, then "
+        "docker run --gpus ...) for a new limit"
+    )
+
+
 def reason(lease: Lease) -> str:
     """Why the timekeeper stopped the lease's container, for the audit trail and log."""
     return (
@@ -170,5 +185,6 @@ def next_check(leases: Iterable[Lease], now: float, reclaim_after: float | None)
         if le.time_limit is None:
             continue
         end = ends(le)
-        waits.append(le.time_limit / 4 if end is None else end - now)
+        if end is None or end > now:  # an ended one is stopped, and its start refused
+            waits.append(le.time_limit / 4 if end is None else end - now)
     return max(CHECK_MIN, min(waits))

@@ -59,8 +59,8 @@ def busy_gpus(stack: engine.Stack) -> Iterator[None]:
     os.utime(stack.config_path)
 
 
-def run(stack: engine.Stack, name: str, *labels: str) -> str:
-    args = [a for label in labels for a in ("--label", label)]
+def run(stack: engine.Stack, name: str, *labels: str, restart: str = "no") -> str:
+    args = ["--restart", restart, *(a for label in labels for a in ("--label", label))]
     out = shim(stack, "run", "-d", "--name", name, "--stop-timeout", "1", "--gpus", "1",
                *args, IMAGE, "sleep", "300")  # fmt: skip
     assert out.returncode == 0, out.stderr + stack.logs()
@@ -86,8 +86,8 @@ def audited(stack: engine.Stack, event: str) -> list[dict[str, Any]]:
     return [e for e in map(json.loads, lines) if e["event"] == event]
 
 
-def test_a_container_past_its_time_limit_is_stopped_and_later_loses_its_lease(stack):
-    cid = run(stack, "timed", "io.gpu-alloc.time=3s")
+def test_a_container_past_its_time_limit_is_stopped_may_not_start_and_loses_its_lease(stack):
+    cid = run(stack, "timed", "io.gpu-alloc.time=3s", restart="always")
     (holder,) = status(stack)["holders"]
     assert holder["time_limit_s"] == 3 and 0 <= holder["time_left_s"] <= 3
     took = stopped_within(stack, cid, 30)
@@ -95,7 +95,15 @@ def test_a_container_past_its_time_limit_is_stopped_and_later_loses_its_lease(st
     assert took >= 1.5  # not before its time (some of the 3 s went to the status above)
     (line,) = [e for e in audited(stack, "time-limit") if e["container"] == cid]
     assert "ran past its time limit of 3s" in line["reason"]
+    assert "restart policy always was turned off" in line["reason"]  # dockerd's own start
+    info = engine.engine_api(stack.engine_sock).inspect_container(cid)
+    assert info["HostConfig"]["RestartPolicy"]["Name"] in ("", "no")
     assert line["gpus"] == [visible_devices(stack, cid)]
+    again = shim(stack, "start", "timed")
+    assert again.returncode != 0 and "ran its time limit of 3s" in again.stderr
+    assert "docker rm" in again.stderr
+    real = engine.docker_cli(stack.engine_sock, "start", "timed")
+    assert "ran its time limit" in real.stderr  # the plugin refuses it too
     deadline = time.monotonic() + 30  # then policy.release_stopped_after, as any stopped one
     while status(stack)["free"] != 4:
         assert time.monotonic() < deadline, stack.logs()

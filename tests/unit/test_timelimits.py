@@ -155,9 +155,19 @@ def test_time_left_counts_from_the_first_start_and_stops_at_zero():
 def test_the_next_look_is_at_the_next_end_within_bounds():
     assert timelimits.next_check([], 0, None) == timelimits.CHECK_MAX
     assert timelimits.next_check([lease("a", 60, 1000)], 1057, None) == 3
-    assert timelimits.next_check([lease("a", 60, 1000)], 1070, None) == timelimits.CHECK_MIN
+    assert timelimits.next_check([lease("a", 60, 1000)], 1059.9, None) == timelimits.CHECK_MIN
+    assert timelimits.next_check([lease("a", 60, 1000)], 1070, None) == timelimits.CHECK_MAX
     assert timelimits.next_check([lease("a", 3, None)], 0, None) == 0.75
     assert timelimits.next_check([], 0, 8) == 2
+
+
+def test_a_start_after_the_time_is_up_is_refused_saying_to_create_it_again():
+    assert timelimits.start_refusal("job", lease("a", 60, 1000), 1059) is None
+    assert timelimits.start_refusal("job", lease("a", 60, None), 9999) is None  # never ran
+    assert timelimits.start_refusal("job", None, 9999) is None
+    why = timelimits.start_refusal("job", lease("a", 60, 1000), 1060)
+    assert why is not None and "refused to start job" in why and "time limit of 1m" in why
+    assert "docker rm" in why
 
 
 def test_the_clock_is_started_once_for_the_leases_container():
