@@ -24,7 +24,9 @@ log = logging.getLogger("gpu-alloc")
 _INSPECT = object()  # start_refusal's default: inspect the reference itself
 
 
-_now = ledger.now  # the module's name is start_refusal's local for the ledger's state
+def _now() -> float:
+    """The ledger's clock (inside `Restarts.start_refusal`, ``ledger`` is a state)."""
+    return ledger.now()
 
 
 class Restarts(Reconciler):
