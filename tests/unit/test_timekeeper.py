@@ -155,3 +155,16 @@ def test_an_idle_container_is_stopped_and_a_busy_one_is_not(tmp_path):
     running_job(busy)
     Timekeeper(busy, threading.Event()).check(time.time() + 60)
     assert busy.engine.stops == []  # type: ignore[union-attr]
+
+
+def test_status_shows_the_limit_and_the_time_left(tmp_path):
+    from allocator.ops.status import render_table
+    from allocator.views.status import snapshot
+
+    alloc = make(tmp_path, POLICY)
+    lease_id, cid = running_job(alloc)
+    with alloc.ledger.transaction() as state:
+        state.start_clock(lease_id, cid, time.time() - 570)  # 50.5m left
+    (holder,) = snapshot(alloc)["holders"]
+    assert holder["time_limit_s"] == 3600 and 3020 <= holder["time_left_s"] <= 3030
+    assert "running, 50m left" in render_table(snapshot(alloc))
