@@ -25,38 +25,55 @@ from typing import Any
 from allocator.core import labels, reclaim, restarts, timelimits
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import Lease
+from allocator.gather import Gatherer
 from allocator.host import ledger, metrics, usage
-from allocator.host.engine import EngineError, go_time
-from allocator.service import Allocator
+from allocator.host.config import Config
+from allocator.host.engine import Engine, EngineError, go_time
+from allocator.host.ledger import Ledger
+from allocator.recorder import Recorder
 
 log = logging.getLogger("gpu-alloc.timekeeper")
 TIME_LIMIT, IDLE = "time-limit", "idle-reclaim"  # audit kinds, and the metric's reasons
 
 
 class Timekeeper:
-    def __init__(self, alloc: Allocator, stop: threading.Event) -> None:
-        self.alloc = alloc
-        self._stop = stop
-        self.activity = usage.Activity(alloc.config.state_dir)
+    """Stops the GPU containers past their time limit or idle too long (`check`); the
+    shim runs it on a thread of its own (`start`)."""
+
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine | None,
+        ledger: Ledger,
+        gather: Gatherer,
+        recorder: Recorder,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.ledger = ledger
+        self.gather = gather
+        self.recorder = recorder
+        self.activity = usage.Activity(config.state_dir)
         self._stopping: set[str] = set()  # containers a stop is on its way to
         self._lock = threading.Lock()
 
-    def start(self) -> None:
-        threading.Thread(target=self._run, name="timekeeper", daemon=True).start()
+    def start(self, stop: threading.Event) -> None:
+        """Look, act and look again until ``stop`` is set."""
+        threading.Thread(target=self._run, args=(stop,), name="timekeeper", daemon=True).start()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             try:
                 wait = self.check(ledger.now())
             except Exception:  # a broken Engine or ledger: look again later
                 log.warning("time limit and idle check failed", exc_info=True)
                 wait = timelimits.CHECK_MAX
-            self._stop.wait(wait)
+            stop.wait(wait)
 
     def check(self, now: float) -> float:
         """One look: start clocks, stop what is due; seconds until the next look."""
-        rules, engine = self.alloc.rules, self.alloc.engine
-        leases = timelimits.live(self.alloc.ledger.read().leases.values())
+        rules, engine = self.gather.rules, self.engine
+        leases = timelimits.live(self.ledger.read().leases.values())
         limited = any(le.time_limit is not None for le in leases)
         if engine is None or not leases or not (limited or rules.reclaim_idle_after):
             return timelimits.next_check(leases, now, rules.reclaim_idle_after)
@@ -65,7 +82,7 @@ class Timekeeper:
         }
         if timelimits.unstarted(leases, running):
             self._start_clocks(timelimits.unstarted(leases, running))
-            leases = timelimits.live(self.alloc.ledger.read().leases.values())
+            leases = timelimits.live(self.ledger.read().leases.values())
         for le in timelimits.overdue(leases, running, now):
             self._stop_later(le, TIME_LIMIT, timelimits.reason(le))
         after = rules.reclaim_idle_after
@@ -76,15 +93,15 @@ class Timekeeper:
 
     def _start_clocks(self, leases: Sequence[Lease]) -> None:
         """Each lease's clock from its container's StartedAt, as the Engine says it."""
-        assert self.alloc.engine is not None
+        assert self.engine is not None
         found = {}
         for le in leases:
-            info = self.alloc.engine.inspect(str(le.container))
+            info = self.engine.inspect(str(le.container))
             stamp = go_time(((info or {}).get("State") or {}).get("StartedAt"))
             if stamp is not None:
                 found[le.id] = (str(le.container), stamp)
         if found:
-            with self.alloc.ledger.transaction() as state:
+            with self.ledger.transaction() as state:
                 for lease_id, (cid, stamp) in found.items():
                     state.start_clock(lease_id, cid, stamp)
 
@@ -94,17 +111,17 @@ class Timekeeper:
         """The running containers idle for ``after``, their last start counted (one
         inspect each, of the few that look idle)."""
         try:
-            use = usage.read(self.alloc.config.gpus)
+            use = usage.read(self.config.gpus)
         except InventoryError:
             return []  # no reading: nothing is known to be idle
         active = {u for u, x in use.items() if x.active}
         seen = self.activity.observe(active, now, min(60.0, after / 4))
-        args = (use.keys(), active, seen, now, self.alloc.rules)
+        args = (use.keys(), active, seen, now, self.gather.rules)
         maybe = reclaim.idle(leases, dict.fromkeys(running), *args)
-        assert self.alloc.engine is not None or not maybe
+        assert self.engine is not None or not maybe
         started: dict[str, float | None] = {}
         for le in maybe:
-            info = self.alloc.engine.inspect(str(le.container)) if self.alloc.engine else None
+            info = self.engine.inspect(str(le.container)) if self.engine else None
             started[str(le.container)] = go_time(((info or {}).get("State") or {}).get("StartedAt"))
         return reclaim.idle(maybe, started, *args)
 
@@ -121,7 +138,7 @@ class Timekeeper:
     def _stop_one(self, lease: Lease, kind: str, why: str) -> None:
         """Restart policy off, then the Engine's stop; audited and counted once done."""
         cid = str(lease.container)
-        engine = self.alloc.engine
+        engine = self.engine
         assert engine is not None
         try:
             info = engine.inspect(cid)
@@ -141,7 +158,7 @@ class Timekeeper:
             with self._lock:
                 self._stopping.discard(cid)
         metrics.stopped(kind)
-        self.alloc.record(kind, lease, reason=why)
+        self.recorder.record(kind, lease, reason=why)
 
 
 def _grace(info: dict[str, Any]) -> int | None:

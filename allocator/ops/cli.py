@@ -216,14 +216,14 @@ def cmd_shim(cfg: Config, args: argparse.Namespace) -> int:
             watch(alloc)
         log = logging.getLogger("gpu-alloc.shim")
         try:
-            report = alloc.reconcile(adopt=True)
+            report = alloc.reconciler.reconcile(adopt=True)
         except InventoryError as e:
             # Work that touches no GPU goes on; GPU creates are refused with this reason.
             log.warning("not reconciled at start: %s", e)
         else:
             if report:
                 log.info("reconciled at start: %s", report)
-        alloc.check_restarts()  # what a dockerd restart would start must be leased
+        alloc.restarts.check_restarts()  # what a dockerd restart would start must be leased
         from shim.serve import serve
 
         serve(cfg, alloc, claim)
@@ -242,7 +242,7 @@ def cmd_status(cfg: Config, args: argparse.Namespace) -> int:
     try:
         if not args.no_reconcile:
             try:
-                alloc.reconcile(adopt=True)
+                alloc.reconciler.reconcile(adopt=True)
             except EngineError as e:
                 warning = f"showing the ledger only: {e}"
         snap = snapshot(alloc)
@@ -307,7 +307,8 @@ def cmd_explain(cfg: Config, args: argparse.Namespace) -> int:
     alloc = connect(cfg)
     try:
         try:
-            alloc.reconcile()  # frees what removed containers left, so "short" is current
+            # frees what removed containers left, so "short" is current
+            alloc.reconciler.reconcile()
         except EngineError as e:
             logging.getLogger("gpu-alloc").warning("answering from the ledger only: %s", e)
         answer = explain(alloc, args.user, args.gpus, args.label)
@@ -324,7 +325,7 @@ def cmd_health(cfg: Config, args: argparse.Namespace) -> int:
     from allocator.core import health
 
     alloc = Allocator(cfg)
-    inventory = alloc.inventory()
+    inventory = alloc.gather.inventory()
     if args.action == "clear":
         try:
             gpu = inventory.resolve(args.gpu)

@@ -114,15 +114,15 @@ def explain(
     want = wanted(given)
     if isinstance(want, Invalid):
         return base | _answer(INVALID, want.msg)
-    ask = decide.shim_ask(spec, alloc.facts())
+    ask = decide.shim_ask(spec, alloc.gather.facts())
     if isinstance(ask, decide.Deny):
         return base | _answer(INVALID, ask.msg)
-    result = alloc.explain(ask, who, want)
-    wait = wait_of(given, alloc.rules)
+    result = alloc.book.explain(ask, who, want)
+    wait = wait_of(given, alloc.gather.rules)
     if isinstance(wait, Invalid):
         return base | _answer(INVALID, wait.msg)
     if isinstance(result, Shortage | Refusal) and result.waitable and wait:
-        rank = priority_of(who, alloc.rules)
+        rank = priority_of(who, alloc.gather.rules)
         return (
             base
             | _answer(
@@ -139,17 +139,17 @@ def explain(
     if isinstance(result, Invalid):
         return base | _answer(INVALID, result.msg)
     uuids, pool = result
-    index = {g.uuid: g.index for g in alloc.inventory().gpus}
+    index = {g.uuid: g.index for g in alloc.gather.inventory().gpus}
     shown = ", ".join(f"GPU {index[u]} ({u})" for u in uuids)
     where = f" from pool '{pool}'" if pool else ""
-    limit = timelimits.described(alloc.rules, who, pool, want.time)
+    limit = timelimits.described(alloc.gather.rules, who, pool, want.time)
     return (
         base
         | _answer(FITS, f"would be granted now{where}: {shown}" + (f"; {limit}" if limit else ""))
         | {
             "gpus": [{"index": index[u], "uuid": u} for u in uuids],
             "pool": pool,
-            "time_limit_s": timelimits.effective(alloc.rules, who, pool, want.time),
+            "time_limit_s": timelimits.effective(alloc.gather.rules, who, pool, want.time),
         }
     )
 

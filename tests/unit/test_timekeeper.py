@@ -16,8 +16,8 @@ from allocator.core import timelimits
 from allocator.core.ask import Ask
 from allocator.core.policy import NOBODY, Invalid, Owner, Wanted
 from allocator.host import config as configmod
+from allocator.placer import LeaseRequest
 from allocator.service import Allocator
-from allocator.timekeeper import Timekeeper
 from tests.support import engine as sim
 from tests.support.fake_engine import FakeEngine
 
@@ -64,7 +64,7 @@ def one() -> Ask:
 
 def running_job(alloc: Allocator, want: Wanted = Wanted(), **inspect: Any) -> tuple[str, str]:  # noqa: B008
     """A granted, bound and running GPU container: (lease id, container id)."""
-    got = alloc.lease(one(), "job", None, CAROL, want)
+    got = alloc.book.lease(LeaseRequest(one(), "job", CAROL, want))
     assert isinstance(got, tuple), got
     lease, _ = got
     fake = alloc.engine
@@ -72,7 +72,7 @@ def running_job(alloc: Allocator, want: Wanted = Wanted(), **inspect: Any) -> tu
     fake.by_id[cid]["State"]["StartedAt"] = STARTED  # type: ignore[union-attr]
     fake.by_id[cid]["Config"].update(inspect.get("config", {}))  # type: ignore[union-attr]
     fake.by_id[cid]["HostConfig"].update(inspect.get("host_config", {}))  # type: ignore[union-attr]
-    assert alloc.bind(lease.id, cid)
+    assert alloc.book.bind(lease.id, cid)
     return lease.id, cid
 
 
@@ -91,23 +91,23 @@ def test_the_lease_records_the_limit_the_request_gets(tmp_path):
 
 def test_a_request_above_its_limit_is_invalid_audited_and_takes_nothing(tmp_path):
     alloc = make(tmp_path, POLICY)
-    got = alloc.lease(one(), "long", None, CAROL, Wanted(time=7200))
+    got = alloc.book.lease(LeaseRequest(one(), "long", CAROL, Wanted(time=7200)))
     assert isinstance(got, Invalid) and "(policy.time_limit.default)" in got.msg
     assert alloc.ledger.read().leases == {}
     (line,) = audit(alloc, "refusal")
     assert "policy.time_limit.default" in line["reason"]
-    assert isinstance(alloc.explain(one(), CAROL, Wanted(time=7200)), Invalid)
+    assert isinstance(alloc.book.explain(one(), CAROL, Wanted(time=7200)), Invalid)
 
 
 def test_an_unknown_owner_is_limited_by_the_default(tmp_path):
     alloc = make(tmp_path, POLICY)
-    got = alloc.lease(one(), "job", None, NOBODY, Wanted())
+    got = alloc.book.lease(LeaseRequest(one(), "job", NOBODY, Wanted()))
     assert isinstance(got, tuple) and got[0].time_limit == 3600
 
 
 def test_the_clock_starts_at_the_engines_started_at_and_the_stop_comes_at_the_end(tmp_path):
     alloc = make(tmp_path, POLICY)
-    keeper = Timekeeper(alloc, threading.Event())
+    keeper = alloc.timekeeper
     lease_id, cid = running_job(
         alloc, Wanted(time=60), config={"StopTimeout": 3},
         host_config={"RestartPolicy": {"Name": "always"}},
@@ -128,20 +128,20 @@ def test_the_clock_starts_at_the_engines_started_at_and_the_stop_comes_at_the_en
     assert line["container"] == cid and line["owner"] == "carol"
     assert "restart policy always was turned off" in line["reason"]
     assert lease_id in alloc.ledger.read().leases  # the lease stays: the container exists
-    assert "ran its time limit" in (alloc.start_refusal(cid) or "")
+    assert "ran its time limit" in (alloc.restarts.start_refusal(cid) or "")
 
 
 def test_without_limits_or_reclaim_the_timekeeper_asks_the_engine_nothing(tmp_path):
     alloc = make(tmp_path, {"exempt": []})
     running_job(alloc)
     alloc.engine.calls.clear()  # type: ignore[union-attr]
-    Timekeeper(alloc, threading.Event()).check(time.time())
+    alloc.timekeeper.check(time.time())
     assert alloc.engine.calls == []  # type: ignore[union-attr]
 
 
 def test_an_idle_container_is_stopped_and_a_busy_one_is_not(tmp_path):
     alloc = make(tmp_path, {"exempt": [], "reclaim_idle_after": "2s"}, {"utilization": 0.0})
-    keeper = Timekeeper(alloc, threading.Event())
+    keeper = alloc.timekeeper
     _, cid = running_job(alloc)
     now = time.time()
     keeper.check(now + 1)
@@ -153,7 +153,7 @@ def test_an_idle_container_is_stopped_and_a_busy_one_is_not(tmp_path):
     busy = make(tmp_path / "busy", {"exempt": [], "reclaim_idle_after": "2s"},
                 {"utilization": 0.4})  # fmt: skip
     running_job(busy)
-    Timekeeper(busy, threading.Event()).check(time.time() + 60)
+    busy.timekeeper.check(time.time() + 60)
     assert busy.engine.stops == []  # type: ignore[union-attr]
 
 
