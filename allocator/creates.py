@@ -96,14 +96,12 @@ class Creates:
         resources: Resources,
         known: Judged | None = None,
         waits: bool = False,
-        limit: float | None = None,
     ) -> Asked | decide.Deny | policy.Invalid | None:
         """Everything from a decoded create to its lease: the ask (``known``, or decided
         here), the policy checks, the image's CUDA, the owner and the lease itself.  A
         refusal (`decide.Deny`, audited here; `policy.Invalid`: the request is malformed),
         None for a create that asks for no GPU, or what was leased (`Asked`).  ``waits``:
-        the create waits in line if refused for now (`LeaseBook.lease`); ``limit``: how long
-        it may run (`LeaseRequest.limit`)."""
+        the create waits in line if refused for now (`LeaseBook.lease`)."""
         facts, ask = known or self.gather.decide(partial(_judged, spec))
         if isinstance(ask, decide.Deny):
             self._refused(name, peer, ask.msg, ask.field)
@@ -122,7 +120,7 @@ class Creates:
             return want
         owner = self.lookups.owner_of(peer)
         given = spec.get("Labels") or {}
-        req = LeaseRequest(ask, name, owner, want, resources, given, limit)
+        req = LeaseRequest(ask, name, owner, want, resources, given)
         leased = self.book.lease(req, durable=False, waits=waits)
         return Asked(req, leased, self.lookups.plugin_judges(facts))
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from allocator.core import compose, cpus, labels, policy
+from allocator.core import compose, cpus, labels, policy, timelimits
 from allocator.core.ask import Ask
 from allocator.core.inventory import Inventory
 from allocator.core.leases import Lease
@@ -88,6 +88,7 @@ class LeaseBook:
         scope = policy.eligible(
             self.gather.inventory(), req.want, owner, self.gather.rules, ask.required
         )
+        scope = timelimits.within(scope, self.gather.rules, owner, req.want.time)
         if not isinstance(scope, tuple):
             self.recorder.refused(scope, name, owner)
             return scope
@@ -137,15 +138,15 @@ class LeaseBook:
             self.recorder.record("grant", lease)
 
     def explain(
-        self, ask: Ask, owner: Owner, want: Wanted, limit: float | None = None
+        self, ask: Ask, owner: Owner, want: Wanted
     ) -> tuple[list[str], str | None] | Shortage | Refusal | Invalid:
         """What `lease` would answer now, taking nothing: (GPUs, pool) or the refusal.
-        ``limit``: how long it would run (`LeaseRequest.limit`).
 
         The ledger is read without the lock, so the answer can be stale by one create.
         """
         rules = self.gather.rules
         scope = policy.eligible(self.gather.inventory(), want, owner, rules, ask.required)
+        scope = timelimits.within(scope, rules, owner, want.time)
         if not isinstance(scope, tuple):
             return scope
         inventory, pool = scope
@@ -157,6 +158,7 @@ class LeaseBook:
         held = state.holders(self.gather.inventory().uuids)
         for uuid, keeper in self.line.kept(state, LeaseRequest(ask, "", owner, want)).items():
             held.setdefault(uuid, keeper)
+        limit = timelimits.effective(rules, owner, pool, want.time)
         picked = self.placer.place(ask, inventory, held, want.where(pool), owner, limit)
         if isinstance(picked, Shortage):
             return picked

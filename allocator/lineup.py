@@ -14,7 +14,7 @@ import copy
 import time
 from collections.abc import Callable
 
-from allocator.core import policy, queue
+from allocator.core import policy, queue, timelimits
 from allocator.core.holders import Holder
 from allocator.core.leases import Lease, State
 from allocator.core.placement import usable
@@ -116,7 +116,8 @@ class Lineup:
                 return queue.Placed(taken[0].gpus, taken[:2])
             if isinstance(taken, Refusal):
                 return queue.OverLimit(taken.msg)
-            holders = self.placer.reserved(state.holders(inventory.uuids), req.owner, req.limit)
+            limit = timelimits.effective(rules, req.owner, scope[1], req.want.time)
+            holders = self.placer.reserved(state.holders(inventory.uuids), req.owner, limit)
             return queue.Short(usable(req.ask, scope[0], holders, sick, mig))
 
         return attempt

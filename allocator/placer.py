@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from allocator.core import cpus, policy
+from allocator.core import cpus, policy, timelimits
 from allocator.core.ask import Ask
 from allocator.core.holders import Holder
 from allocator.core.inventory import GPU, Inventory
@@ -31,8 +31,7 @@ class LeaseRequest:
     """What a create asks for, kept whole so a waiter can ask again.
 
     ``name``: the container's name (may be empty); ``labels``: the create's own labels
-    (a Compose recreate is found by them); ``limit``: how long it may run, which decides
-    whether it may use a GPU reserved later (`allocator.reserving.time_limit`).
+    (a Compose recreate is found by them).
     """
 
     ask: Ask
@@ -41,7 +40,6 @@ class LeaseRequest:
     want: Wanted = Wanted()  # noqa: RUF009  # frozen
     resources: cpus.Resources = cpus.NOTHING
     labels: Mapping[str, str] | None = field(default=None, compare=False)
-    limit: float | None = None  # seconds it may run (reservations); None: unlimited
 
 
 Taken = tuple[Lease, str, Lease | None]
@@ -104,6 +102,8 @@ class Placer:
         ask, owner, want = req.ask, req.owner, req.want
         inventory, pool = scope
         where = want.where(pool)
+        rules = self.gather.rules
+        limit = timelimits.effective(rules, owner, pool, want.time)
         now = ledger.now()
         held = state.holders(self.gather.inventory().uuids, stopped)
         for uuid, keeper in (kept or {}).items():
@@ -116,11 +116,10 @@ class Placer:
         ):
             # It lends nothing: a shortage is said as placed now; `LeaseBook.lease` keeps
             # its first answer for anything else.
-            short = self.place(ask, inventory, held, where, owner, req.limit)
+            short = self.place(ask, inventory, held, where, owner, limit)
             if isinstance(short, Shortage):
                 return short
             return Refusal("gpu-alloc: the predecessor is not this owner's bound lease")
-        rules = self.gather.rules
         asking = len(inventory.gpus) if ask.every else len(ask.required) + ask.count
         holding = state.held_by(owner.user, besides=old.id if old else None)
         refused = policy.over_limit(owner, holding, asking, rules)
@@ -128,7 +127,7 @@ class Placer:
             return refused
         for uuid in old.gpus if old else ():
             held.pop(uuid, None)
-        picked = self.place(ask, inventory, held, where, owner, req.limit)
+        picked = self.place(ask, inventory, held, where, owner, limit)
         if isinstance(picked, Shortage):
             return picked
         placed = cpus.Placed((), (), 0)
@@ -156,6 +155,7 @@ class Placer:
             cpus=placed.cpus,
             mems=placed.mems,
             memory=placed.memory,
+            time_limit=limit,
         )
         state.leases[lease.id] = lease
         if old is not None and predecessor is not None:

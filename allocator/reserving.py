@@ -12,15 +12,13 @@ re-pick is written at the next `reserve` or `cancel`.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from allocator.core import labels
 from allocator.core import reservations as rsv
 from allocator.core.holders import Holder
 from allocator.core.leases import StateError
 from allocator.core.placement import POLICIES
-from allocator.core.policy import Owner, parse_duration
+from allocator.core.policy import Owner
 from allocator.host import ledger
 from allocator.host.reservations import ReservationFile
 
@@ -32,21 +30,7 @@ if TYPE_CHECKING:
     from allocator.host.ledger import Ledger
     from allocator.recorder import Recorder
 
-TIME_LABEL = labels.TIME
 _ELSEWHERE = Holder(None, "", "left free: the holder's own reserved GPUs answer it")
-
-
-def time_limit(labels: Mapping[str, Any] | None) -> float | None:
-    """A request's time limit in seconds (None: unlimited), from its ``io.gpu-alloc.time``
-    label only; the shim's create and ``explain`` call it with the client's labels.
-    MERGE: becomes ``core.timelimits.limit_for(rules, owner, pool, labels)``, which also
-    reads ``policy.time_limit``; a malformed label is that code's 400, and counts as no
-    limit here (the strict side for a reservation)."""
-    raw = (labels or {}).get(TIME_LABEL)
-    try:
-        return None if raw in (None, "") else parse_duration(str(raw))
-    except ValueError:
-        return None
 
 
 class Reservations:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from allocator.core import policy, restarts, starts
+from allocator.core import policy, restarts, starts, timelimits
 from allocator.core.leases import State, StateError
 from allocator.gather import Gatherer
 from allocator.host import ledger
@@ -25,6 +25,11 @@ from allocator.recorder import Recorder
 
 log = logging.getLogger("gpu-alloc")
 _INSPECT = object()  # start_refusal's default: inspect the reference itself
+
+
+def _now() -> float:
+    """The ledger's clock (inside `Restarts.start_refusal`, ``ledger`` is a state)."""
+    return ledger.now()
 
 
 class Restarts:
@@ -71,6 +76,10 @@ class Restarts:
         assert info is None or isinstance(info, dict)
         if info and not isinstance(ledger, str) and info["Id"] in ledger.expired:
             return policy.expired_text(ref, self.gather.rules)
+        if info and not isinstance(ledger, str):  # policy.time_limit: its time is up
+            why = timelimits.start_refusal(ref, ledger.lease_of(str(info["Id"])), _now())
+            if why is not None:
+                return why
         old_info = None
         if info is not None and not isinstance(ledger, str) and self.engine is not None:
             lease = ledger.lease_of(str(info.get("Id") or ""))

@@ -22,6 +22,8 @@ Theory of operation
 - ``lookups`` (`Lookups`): the adapters' questions of the Engine and the ledger.
 - ``creates`` (`Creates`): the shim's create flow, from a decoded create to its lease,
   its rewritten body, its durable grant and its settlement.
+- ``timekeeper`` (`Timekeeper`): stops GPU containers past their time limit or idle
+  too long (the shim runs it).
 
 Every decision itself is made in allocator/core/; the parts read the facts, call it, and
 apply what it returns.  No part calls back up into the one that called it.
@@ -47,6 +49,7 @@ from allocator.recorder import Recorder
 from allocator.reserving import Reservations
 from allocator.restarts import Restarts
 from allocator.shares import FairShare
+from allocator.timekeeper import Timekeeper
 
 
 class Allocator:
@@ -84,6 +87,7 @@ class Allocator:
         self.admission = Admission(engine, self.ledger, self.restarts)
         self.lookups = Lookups(config, engine, self.ledger, self.gather)
         self.creates = Creates(self.gather, self.recorder, self.book, self.lookups)
+        self.timekeeper = Timekeeper(config, engine, self.ledger, self.gather, self.recorder)
 
 
 def connect(config: Config) -> Allocator:

@@ -57,7 +57,6 @@ from allocator.creates import Asked
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
 from allocator.placer import LeaseRequest
-from allocator.reserving import time_limit
 from allocator.service import Allocator
 from shim.framing import Request, Response, UpstreamError
 from shim.waitline import Gone, Stopping, Waitline
@@ -142,7 +141,6 @@ class CreateInterceptor:
             given_labels if isinstance(given_labels, dict) else None,
             self.alloc.gather.rules_in_force,
         )
-        limit = time_limit(given_labels if isinstance(given_labels, dict) else None)
         if isinstance(wait, policy.Invalid):
             return error(400, wait.msg)
         spec = strip_labels(decoded)
@@ -161,7 +159,6 @@ class CreateInterceptor:
             resources,
             known,
             bool(wait),
-            limit,
         )
         if got is None:
             return await forward(_with_body(request, rewrite(spec, (), None), None))

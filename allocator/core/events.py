@@ -1,6 +1,6 @@
 """Audit records as data: one dict per grant, release, refusal, denial, hand-over, adoption,
-a GPU's health turning, a restart policy gpu-alloc turned off, and a reservation made or
-cancelled.
+a GPU's health turning, a restart policy gpu-alloc turned off, a reservation made or
+cancelled, and a container it stopped (past its time limit, or idle).
 
 The record is built here from plain values (no clock, no file): the service passes
 the time in, the host's `audit` module writes the line.  Keys are fixed, so
@@ -27,6 +27,8 @@ KINDS = (
     "restart-off",
     "reserve",
     "reserve-cancel",
+    "time-limit",
+    "idle-reclaim",
 )
 _INDEX = re.compile(r"\[\d+\]")
 

@@ -96,6 +96,10 @@ class Lease:
     cpus: tuple[int, ...] = ()
     mems: tuple[int, ...] = ()  # the NUMA node the memory was admitted on
     memory: int = 0  # bytes
+    # Seconds its container may run (allocator/core/timelimits.py), None: no limit; and
+    # when it first ran (the Engine's StartedAt), the clock's start. Absent in old files.
+    time_limit: float | None = None
+    started: float | None = None
 
     @property
     def phase(self) -> Phase:
@@ -306,6 +310,15 @@ class State:
         if lease is not None and lease.container:
             self.expired[lease.container] = now
         return lease
+
+    def start_clock(self, lease_id: str, container: str, started: float) -> bool:
+        """Record when the lease's container first ran (its time limit counts from then);
+        False when the lease is gone, names another container, or its clock runs already."""
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.container != container or lease.started is not None:
+            return False
+        self.leases[lease_id] = replace(lease, started=started)
+        return True
 
     def lease_of(self, container: str) -> Lease | None:
         return next((le for le in self.leases.values() if le.container == container), None)

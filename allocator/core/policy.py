@@ -69,6 +69,12 @@ class Rules:
     wait_max: float | None = None  # policy.wait.max: the most a label may ask
     privileged: str = "refuse"  # policy.privileged: refuse, or lease-all (core/privileged.py)
     fair_share_half_life: float | None = None  # policy.fair_share.half_life, seconds; None: off
+    # policy.time_limit, seconds a GPU container may run (allocator/core/timelimits.py)
+    time_default: float | None = None
+    time_pools: Mapping[str, float] = field(default_factory=dict)
+    time_users: Mapping[str, float] = field(default_factory=dict)
+    time_groups: Mapping[str, float] = field(default_factory=dict)
+    reclaim_idle_after: float | None = None  # seconds; None: idle containers are left alone
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,7 @@ class Wanted:
     pool: str | None = None
     model: str | None = None
     min_memory: int | None = None  # bytes
+    time: float | None = None  # seconds, the `TIME` label's ask (allocator/core/timelimits.py)
 
     def where(self, pool: str | None) -> str:
         """The set a request is placed in, for the shortage text ("" for the whole host)."""
@@ -108,12 +115,13 @@ class Wanted:
         return ", ".join(parts) if not parts or pool else "the GPUs with " + ", ".join(parts)
 
 
-POOL, MODEL, MIN_MEMORY, OWNER, WAIT = (
+POOL, MODEL, MIN_MEMORY, OWNER, WAIT, TIME = (
     labels.POOL,
     labels.MODEL,
     labels.MIN_MEMORY,
     labels.OWNER,
     labels.WAIT,
+    labels.TIME,
 )
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
@@ -136,10 +144,24 @@ def wanted(given: Mapping[str, Any] | None) -> Wanted | Invalid:
         memory = None if size in (None, "") else parse_size(str(size))
     except ValueError as e:
         return Invalid(f"gpu-alloc refused the container create: label {MIN_MEMORY}: {e}")
+    raw = given.get(TIME)
+    try:
+        seconds = None if raw in (None, "") else parse_duration(str(raw))
+    except ValueError as e:
+        return Invalid(
+            f"gpu-alloc refused the container create: label {TIME}: {e} "
+            "(a number of seconds, or a number with s, m, h or d)"
+        )
+    if seconds is not None and seconds <= 0:
+        return Invalid(
+            f"gpu-alloc refused the container create: label {TIME}: '{raw}' is not a time "
+            "limit; ask for more than zero, such as 30m or 6h"
+        )
     return Wanted(
         str(given[POOL]) if given.get(POOL) else None,
         str(given[MODEL]) if given.get(MODEL) else None,
         memory,
+        seconds,
     )
 
 

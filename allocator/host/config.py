@@ -20,6 +20,7 @@ from allocator.core.health import DEFAULT_IGNORED_XIDS, HealthPolicy
 from allocator.core.policy import Pool, Rules, Ulimit, parse_size
 from allocator.core.privileged import MODES as PRIVILEGED_MODES
 from allocator.core.privileged import REFUSE
+from allocator.host import config_times
 
 DEFAULT_PATH = "/etc/gpu-alloc/config.yaml"
 ENV_VAR = "GPU_ALLOC_CONFIG"
@@ -124,6 +125,8 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "wait": dict,
         "privileged": str,
         "fair_share": dict,
+        "time_limit": dict,
+        "reclaim_idle_after": (int, float, str, type(None)),
     },
     "metrics": {"listen": (str, type(None))},
     "health": {
@@ -144,6 +147,8 @@ _RULE_KEYS = (
     "wait",
     "privileged",
     "fair_share",
+    "time_limit",
+    "reclaim_idle_after",
 )
 _SCALARS: dict[str, type] = {"state_dir": str, "gpus": str, "sysfs": str}
 
@@ -299,8 +304,6 @@ def _mode(path: str, value: int | str) -> int:
 
 # ------------------------------------------------------------------ policy rules
 
-_DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
 
 def _rules(path: str, policy: dict[str, Any]) -> Rules:
     """The policy's limits, pools and defaults, each key checked (see README, Policy)."""
@@ -353,6 +356,10 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
     share = _mapping(path, "policy.fair_share", policy.get("fair_share"), ("half_life",))
     if policy.get("fair_share") is not None and share.get("half_life") is None:
         raise _fail(path, "policy.fair_share.half_life", "required, a duration such as 7d")
+    try:
+        times = config_times.time_rules(policy)
+    except config_times.KeyProblem as e:
+        raise _fail(path, e.key, e.why) from None
     return Rules(
         default_limit=None if default is None else _gpus(path, "policy.limits.default", default),
         user_limits={
@@ -377,6 +384,7 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
         wait_max=_duration(path, "policy.wait.max", wait.get("max")),
         privileged=privileged,
         fair_share_half_life=_duration(path, "policy.fair_share.half_life", share.get("half_life")),
+        **times,
     )
 
 
@@ -425,17 +433,7 @@ def _strs(path: str, key: str, value: Any) -> list[str]:
 
 def _duration(path: str, key: str, value: Any) -> float | None:
     """Seconds in ``90``, ``30s``, ``15m``, ``24h`` or ``7d``; None when unset."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        text = value.strip()
-        unit = _DURATION.get(text[-1:].lower())
-        try:
-            value = float(text[:-1] if unit else text) * (unit or 1)
-        except ValueError:
-            raise _fail(
-                path, key, f"expected a duration such as 24h or 30m, got '{text}'"
-            ) from None
-    if value <= 0:
-        raise _fail(path, key, "must be greater than zero")
-    return float(value)
+    try:
+        return config_times.duration(key, value)
+    except config_times.KeyProblem as e:
+        raise _fail(path, e.key, e.why) from None

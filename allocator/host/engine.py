@@ -105,6 +105,12 @@ class Engine:
             lambda api: api.update_container(container, restart_policy=config.get("RestartPolicy")),
         )
 
+    def stop(self, container: str, grace: int | None = None) -> None:
+        """POST /containers/ID/stop, as ``docker stop``: the container's stop signal, then
+        SIGKILL after ``grace`` seconds (its ``StopTimeout``; None: the Engine's 10 s).
+        Waits for the stop; a container already stopped or gone is no error."""
+        self._call(f"stop {container}", lambda api: api.stop(container, timeout=grace))
+
     def image(self, name: str) -> dict[str, Any] | None:
         return self._get(f"inspect image {name}", f"/images/{quote(name, safe='/:@')}/json")
 

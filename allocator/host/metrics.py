@@ -22,6 +22,7 @@ from allocator.core.events import field_label
 
 OUTCOMES = ("granted", "short", "policy", "denied")
 MAX_OWNERS = 256
+STOPS = ("time-limit", "idle-reclaim")  # why gpu-alloc stopped a container
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 _instruments: dict[str, Any] = {}
 _owners: set[str] = set()
@@ -71,7 +72,12 @@ def enable(state_dir: str) -> str:
                 "GPU-seconds held weighted by sampled utilisation, by owner and pool",
                 ["owner", "pool"],
             ),
+            stops=Counter(
+                "gpu_alloc_stops", "GPU containers gpu-alloc stopped, by why", ["reason"]
+            ),
         )
+        for reason in STOPS:
+            _instruments["stops"].labels(reason)
         for outcome in OUTCOMES:  # every outcome is scraped, 0 until it happens
             _instruments["requests"].labels(outcome)
     return path
@@ -118,3 +124,8 @@ def gpu_seconds(owner: str, pool: str, held: float, used: float | None) -> None:
     _instruments["held"].labels(owner, pool).inc(held)
     if used is not None:
         _instruments["used"].labels(owner, pool).inc(used)
+
+
+def stopped(reason: str) -> None:
+    if _instruments:
+        _instruments["stops"].labels(reason).inc()

@@ -14,7 +14,8 @@ __all__ = ["render_json", "render_table"]
 
 
 def render_table(snap: dict[str, Any]) -> str:
-    """One line per holder, then the free GPUs; fits in `WIDTH` columns."""
+    """One line per holder, then the free GPUs; fits in `WIDTH` columns.  STATE says the
+    time left of a lease with a time limit (policy.time_limit)."""
     rows = [("GPUS", "OWNER", "CONTAINER", "STATE", "AGE", "POOL")]
     for h in snap.get("holders") or ():
         gpus = ",".join([*map(str, sorted(h["gpus"])), *h.get("slices", ())]) or "-"
@@ -23,6 +24,8 @@ def render_table(snap: dict[str, Any]) -> str:
             name += " (adopted)"
         age = "-" if h.get("age_s") is None else ago(h["age_s"])
         state = h["state"] + (" (idle)" if h.get("idle") else "")
+        if h.get("time_left_s") is not None:
+            state += f", {ago(h['time_left_s'])} left" if h["time_left_s"] else ", time is up"
         rows.append((gpus, h["owner"]["user"], name, state, age, h.get("pool") or "-"))
     widths = [min(max(len(r[i]) for r in rows), cap) for i, cap in enumerate((15, 12, 36, 30))]
     lines = [

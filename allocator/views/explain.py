@@ -15,13 +15,12 @@ from typing import Any
 
 from allocator import shares
 from allocator.core import labels as gpu_labels
-from allocator.core import reservations
+from allocator.core import reservations, timelimits
 from allocator.core import verdicts as decide
 from allocator.core.holders import ago
 from allocator.core.placement import Shortage
 from allocator.core.policy import Invalid, Owner, Refusal, priority_of, wait_of, wanted
 from allocator.host import ledger
-from allocator.reserving import time_limit
 from allocator.service import Allocator
 
 FITS, FAILED, SHORT, INVALID, REFUSED, WAITS = 0, 1, 2, 3, 4, 5
@@ -124,7 +123,7 @@ def explain(
     ask = decide.shim_ask(spec, alloc.gather.facts())
     if isinstance(ask, decide.Deny):
         return base | _answer(INVALID, ask.msg)
-    result = alloc.book.explain(ask, who, want, time_limit(given))
+    result = alloc.book.explain(ask, who, want)
     wait = wait_of(given, alloc.gather.rules)
     if isinstance(wait, Invalid):
         return base | _answer(INVALID, wait.msg)
@@ -151,12 +150,15 @@ def explain(
     where = f" from pool '{pool}'" if pool else ""
     now = ledger.now()
     later = reservations.later(alloc.reservations.current(now), uuids, who, now, index)
+    limit = timelimits.described(alloc.gather.rules, who, pool, want.time)
+    notes = "".join(f"; {n}" for n in (limit, later) if n)
     return (
         base
-        | _answer(FITS, f"would be granted now{where}: {shown}" + (f"; {later}" if later else ""))
+        | _answer(FITS, f"would be granted now{where}: {shown}" + notes)
         | {
             "gpus": [{"index": index[u], "uuid": u} for u in uuids],
             "pool": pool,
+            "time_limit_s": timelimits.effective(alloc.gather.rules, who, pool, want.time),
         }
     )
 

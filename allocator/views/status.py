@@ -9,9 +9,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from allocator import shares
+from allocator.core import timelimits
 from allocator.core.gpu_states import GpuState
 from allocator.core.health import GpuHealth
 from allocator.core.inventory import GPU
+from allocator.core.leases import Lease
 from allocator.service import Allocator
 from allocator.views.gpus import LiveView
 
@@ -41,6 +43,7 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
     slice_of = {m.uuid: f"{m.index}:{m.mig_index}" for m in inventory.migs}
     for uuid, h in held.items():
         c = engine.get(h.container or "")
+        lease = state.leases.get(h.lease or "")
         entry = holders.setdefault(
             (h.lease, h.container),
             {
@@ -57,6 +60,9 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
                 "lease": h.lease,
                 "why": h.why,
                 "idle": False,
+                # policy.time_limit: the lease's limit and what is left of it (None: none)
+                "time_limit_s": lease.time_limit if lease else None,
+                "time_left_s": None if lease is None else _left(lease, now),
             },
         )
         entry["uuids"].append(uuid)
@@ -111,6 +117,11 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
         "total": len(gpus),
         "fair_share": shares.table(alloc.fair_share, alloc.gather.rules.fair_share_half_life),
     }
+
+
+def _left(lease: Lease, now: float) -> int | None:
+    left = timelimits.left(lease, now)
+    return None if left is None else round(left)
 
 
 def _health(h: GpuHealth) -> dict[str, Any]:

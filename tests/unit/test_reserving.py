@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from allocator.core import policy
 from allocator.core.ask import Ask
 from allocator.core.placement import Shortage
 from allocator.core.policy import Owner, Wanted
@@ -16,7 +17,6 @@ from allocator.host import ledger
 from allocator.host.audit import AuditLog
 from allocator.ops import cli
 from allocator.placer import LeaseRequest
-from allocator.reserving import time_limit
 from allocator.service import Allocator
 from allocator.views.explain import explain
 from tests.support import engine as sim
@@ -51,8 +51,9 @@ def alloc(config: Path) -> Allocator:
 
 
 def lease(alloc: Allocator, owner: Owner, n: int = 1, time: str | None = None):
-    limit = time_limit({"io.gpu-alloc.time": time} if time else None)
-    return alloc.book.lease(LeaseRequest(one(n), "job", owner, limit=limit))
+    want = policy.wanted({"io.gpu-alloc.time": time} if time else None)
+    assert not isinstance(want, policy.Invalid)
+    return alloc.book.lease(LeaseRequest(one(n), "job", owner, want))
 
 
 def test_an_unlimited_create_is_placed_beside_a_reservation_starting_soon(alloc) -> None:
@@ -73,6 +74,19 @@ def test_a_create_whose_limit_ends_before_the_window_may_use_the_gpu(alloc) -> N
     got = lease(alloc, BOB, time="3s")
     assert not isinstance(got, Shortage), got
     assert isinstance(lease(alloc, BOB, time="1h"), Shortage)
+
+
+def test_the_policys_time_limit_counts_as_the_requests_own(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["policy"]["time_limit"] = {"default": "3s"}
+    path.write_text(yaml.safe_dump(cfg))
+    alloc = Allocator(configmod.load(str(path)), FakeEngine())  # type: ignore[arg-type]
+    now = ledger.now()
+    alloc.reservations.reserve("root", (now + 10, now + 60), gpus=("0", "1"))
+    got = lease(alloc, BOB)
+    assert not isinstance(got, Shortage), got
+    assert got[0].time_limit == 3.0
 
 
 def test_during_the_window_others_are_refused_and_the_holder_placed_on_it(alloc) -> None:

@@ -1,0 +1,79 @@
+"""The policy's durations as the config file writes them, and its time keys:
+``policy.time_limit`` and ``policy.reclaim_idle_after`` (allocator/core/timelimits.py,
+allocator/core/reclaim.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+TIME_LIMIT_KEYS = ("default", "pools", "users", "groups")
+
+
+class KeyProblem(ValueError):
+    """A key of the file that cannot be read: the dotted key, and why."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(key, why)
+        self.key, self.why = key, why
+
+
+def duration(key: str, value: Any) -> float | None:
+    """Seconds in ``90``, ``30s``, ``15m``, ``24h`` or ``7d``; None when unset."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise KeyProblem(key, f"expected a duration such as 24h or 30m, got {value!r}")
+    if isinstance(value, str):
+        text = value.strip()
+        unit = _UNITS.get(text[-1:].lower())
+        try:
+            value = float(text[:-1] if unit else text) * (unit or 1)
+        except ValueError:
+            raise KeyProblem(key, f"expected a duration such as 24h or 30m, got '{text}'") from None
+    if value <= 0:
+        raise KeyProblem(key, "must be greater than zero")
+    return float(value)
+
+
+def time_rules(policy: dict[str, Any]) -> dict[str, Any]:
+    """The `Rules` fields of ``policy.time_limit`` and ``policy.reclaim_idle_after``."""
+    limits = _mapping("policy.time_limit", policy.get("time_limit"), TIME_LIMIT_KEYS)
+    named = {
+        kind: {
+            str(name): _required(f"policy.time_limit.{kind}.{name}", value)
+            for name, value in _mapping(f"policy.time_limit.{kind}", limits.get(kind)).items()
+        }
+        for kind in ("pools", "users", "groups")
+    }
+    pools = policy.get("pools") or {}
+    for name in named["pools"]:
+        if name not in pools:
+            raise KeyProblem(f"policy.time_limit.pools.{name}", f"no pool '{name}' in policy.pools")
+    return {
+        "time_default": duration("policy.time_limit.default", limits.get("default")),
+        "time_pools": named["pools"],
+        "time_users": named["users"],
+        "time_groups": named["groups"],
+        "reclaim_idle_after": duration(
+            "policy.reclaim_idle_after", policy.get("reclaim_idle_after")
+        ),
+    }
+
+
+def _required(key: str, value: Any) -> float:
+    seconds = duration(key, value)
+    if seconds is None:
+        raise KeyProblem(key, "expected a duration such as 24h or 30m, got null")
+    return seconds
+
+
+def _mapping(key: str, value: Any, known: tuple[str, ...] | None = None) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise KeyProblem(key, "must be a mapping")
+    for k in value:
+        if known is not None and k not in known:
+            raise KeyProblem(f"{key}.{k}", f"unknown key (known: {', '.join(known)})")
+    return value

@@ -1,0 +1,153 @@
+"""Time limits and idle reclaim on a real dockerd, with simulated GPU use.
+
+One stack: root is not exempt, a GPU container may run an hour, one whose GPUs sit
+unused for 2 s is stopped, and a stopped one loses its lease after 3 s.  Every GPU
+is busy (50 %) unless a test says otherwise, so only the container a test idles is
+reclaimed.  Containers get ``--stop-timeout 1``: busybox's sleep as PID 1 ignores
+SIGTERM, so the Engine's stop kills it after that grace period.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support import engine
+from tests.support.faults import IMAGE, shim, status, visible_devices
+
+POLICY = {
+    "exempt": [],
+    "time_limit": {"default": "1h"},
+    "reclaim_idle_after": "2s",
+    "release_stopped_after": "3s",
+}
+BUSY = {"utilization": 0.5, "processes": [{"pid": 4242, "used_memory_mib": 1000}]}
+IDLE = {"utilization": 0.0}
+
+
+def make_stack() -> engine.Stack:
+    return engine.Stack(gpus=4, policy=POLICY)
+
+
+def set_usage(stack: engine.Stack, usage: dict[str, Any], only: str | None = None) -> None:
+    """What NVML would report, in the simulated GPU file: for GPU ``only``, else all."""
+    entries = yaml.safe_load(stack.gpus_file.read_text())
+    for e in entries:
+        if only in (None, e["uuid"]):
+            e["usage"] = usage
+    stack.gpus_file.write_text(yaml.safe_dump(entries))
+
+
+def set_policy(stack: engine.Stack, **changes: object) -> None:
+    config = yaml.safe_load(stack.config_path.read_text())
+    config["policy"].update(changes)
+    stack.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+@pytest.fixture(autouse=True)
+def busy_gpus(stack: engine.Stack) -> Iterator[None]:
+    original = stack.config_path.read_text()
+    set_usage(stack, BUSY)
+    yield
+    stack.config_path.write_text(original)
+    os.utime(stack.config_path)
+
+
+def run(stack: engine.Stack, name: str, *labels: str, restart: str = "no") -> str:
+    args = ["--restart", restart, *(a for label in labels for a in ("--label", label))]
+    out = shim(stack, "run", "-d", "--name", name, "--stop-timeout", "1", "--gpus", "1",
+               *args, IMAGE, "sleep", "300")  # fmt: skip
+    assert out.returncode == 0, out.stderr + stack.logs()
+    return out.stdout.strip()
+
+
+def running(stack: engine.Stack, cid: str) -> bool:
+    return engine.engine_api(stack.engine_sock).inspect_container(cid)["State"]["Running"]
+
+
+def stopped_within(stack: engine.Stack, cid: str, seconds: float) -> float | None:
+    """Seconds until ``cid`` stopped; None if it still ran after ``seconds``."""
+    began = time.monotonic()
+    while time.monotonic() - began < seconds:
+        if not running(stack, cid):
+            return time.monotonic() - began
+        time.sleep(0.2)
+    return None
+
+
+def audited(stack: engine.Stack, event: str) -> list[dict[str, Any]]:
+    lines = (stack.state_dir / "audit.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == event]
+
+
+def test_a_container_past_its_time_limit_is_stopped_may_not_start_and_loses_its_lease(stack):
+    cid = run(stack, "timed", "io.gpu-alloc.time=3s", restart="always")
+    (holder,) = status(stack)["holders"]
+    assert holder["time_limit_s"] == 3 and 0 <= holder["time_left_s"] <= 3
+    took = stopped_within(stack, cid, 30)
+    assert took is not None, stack.logs()
+    assert took >= 1.5  # not before its time (some of the 3 s went to the status above)
+    (line,) = [e for e in audited(stack, "time-limit") if e["container"] == cid]
+    assert "ran past its time limit of 3s" in line["reason"]
+    assert "restart policy always was turned off" in line["reason"]  # dockerd's own start
+    info = engine.engine_api(stack.engine_sock).inspect_container(cid)
+    assert info["HostConfig"]["RestartPolicy"]["Name"] in ("", "no")
+    assert line["gpus"] == [visible_devices(stack, cid)]
+    again = shim(stack, "start", "timed")
+    assert again.returncode != 0 and "ran its time limit of 3s" in again.stderr
+    assert "docker rm" in again.stderr
+    real = engine.docker_cli(stack.engine_sock, "start", "timed")
+    assert "ran its time limit" in real.stderr  # the plugin refuses it too
+    deadline = time.monotonic() + 30  # then policy.release_stopped_after, as any stopped one
+    while status(stack)["free"] != 4:
+        assert time.monotonic() < deadline, stack.logs()
+        time.sleep(0.5)
+    assert shim(stack, "rm", "timed").returncode == 0
+
+
+def test_a_request_for_more_time_than_its_limit_is_refused_naming_the_rule(stack):
+    out = shim(stack, "run", "--rm", "--gpus", "1", "--label", "io.gpu-alloc.time=10h",
+               IMAGE, "true")  # fmt: skip
+    assert out.returncode != 0
+    assert "(policy.time_limit.default)" in out.stderr and "10h" in out.stderr
+    assert "ask for 1h or less" in out.stderr
+    assert status(stack)["free"] == 4
+
+
+def test_a_malformed_time_label_is_refused_with_the_accepted_forms(stack):
+    out = shim(stack, "run", "--rm", "--gpus", "1", "--label", "io.gpu-alloc.time=soon",
+               IMAGE, "true")  # fmt: skip
+    assert out.returncode != 0
+    assert "label io.gpu-alloc.time" in out.stderr and "'soon' is not a duration" in out.stderr
+    assert "with s, m, h or d" in out.stderr
+    assert status(stack)["free"] == 4
+
+
+def test_a_container_whose_gpus_sit_unused_is_stopped_and_keeps_its_lease(stack):
+    cid = run(stack, "sleepy")
+    set_usage(stack, IDLE, only=visible_devices(stack, cid))
+    assert stopped_within(stack, cid, 30) is not None, stack.logs()
+    (line,) = [e for e in audited(stack, "idle-reclaim") if e["container"] == cid]
+    assert "policy.reclaim_idle_after" in line["reason"]
+    holders = [h for h in status(stack, reconcile=False)["holders"] if h["container"] == cid]
+    assert holders  # stopped, its GPU still leased until release_stopped_after
+    assert shim(stack, "rm", "sleepy").returncode == 0
+
+
+def test_a_busy_container_and_an_exempt_owners_idle_one_keep_running(stack):
+    busy = run(stack, "busy")
+    assert stopped_within(stack, busy, 5) is None
+    set_policy(stack, exempt=["root"])
+    time.sleep(2.5)  # the shim looks at the policy file every 2 s
+    set_usage(stack, IDLE)
+    assert stopped_within(stack, busy, 5) is None
+    assert audited(stack, "idle-reclaim") == [] or all(
+        e["container"] != busy for e in audited(stack, "idle-reclaim")
+    )
+    assert shim(stack, "rm", "-f", "busy").returncode == 0

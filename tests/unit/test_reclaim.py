@@ -1,0 +1,52 @@
+"""allocator.core.reclaim: which running GPU containers sat idle long enough to stop."""
+
+from __future__ import annotations
+
+from allocator.core import reclaim
+from allocator.core.leases import Lease, Phase
+from allocator.core.policy import Rules
+
+RULES = Rules(exempt=("root",), reclaim_idle_after=100.0)
+READ = {"GPU-0", "GPU-1", "GPU-2"}
+
+
+def lease(lid: str, gpus: tuple[str, ...], owner: str = "alice", created: float = 0) -> Lease:
+    return Lease(lid, gpus, "", Phase.BOUND.value, f"c-{lid}", created=created, owner=owner)
+
+
+def idle(leases, now, *, active=(), seen=None, started=None, rules=RULES, read=READ):
+    running = {le.container: (started or {}).get(le.container) for le in leases}
+    return reclaim.idle(leases, running, read, set(active), seen or {}, now, rules)
+
+
+def test_a_container_whose_gpus_ran_nothing_that_long_is_reclaimed():
+    a = lease("a", ("GPU-0",))
+    assert idle([a], 99) == []
+    assert idle([a], 100) == [a]
+
+
+def test_idle_counts_from_the_last_use_and_the_last_start():
+    a = lease("a", ("GPU-0",))
+    assert idle([a], 150, seen={"GPU-0": 60}) == []
+    assert idle([a], 160, seen={"GPU-0": 60}) == [a]
+    assert idle([a], 160, started={"c-a": 100}) == []  # restarted at 100: idle 60 s only
+
+
+def test_a_gpu_in_use_or_unread_keeps_the_whole_lease_running():
+    both = lease("b", ("GPU-0", "GPU-1"))
+    assert idle([both], 500, active={"GPU-1"}) == []
+    assert idle([lease("u", ("GPU-9",))], 500) == []  # no reading for it: not known idle
+    assert idle([both], 500) == [both]
+
+
+def test_the_exempt_a_stopped_container_and_a_policy_without_reclaim_are_left_alone():
+    mine = lease("r", ("GPU-0",), owner="root")
+    assert idle([mine], 500) == []
+    a = lease("a", ("GPU-1",))
+    assert reclaim.idle([a], {}, READ, set(), {}, 500, RULES) == []  # not running
+    assert idle([a], 500, rules=Rules()) == []
+
+
+def test_the_reason_names_the_rule_and_what_happens_to_the_lease():
+    why = reclaim.reason(7200)
+    assert "2h (policy.reclaim_idle_after)" in why and "release_stopped_after" in why

@@ -1,0 +1,170 @@
+"""Time limits through the service and the timekeeper, against an in-memory Engine:
+the limit recorded with the lease, the clock started from the Engine's StartedAt,
+the stop (restart policy off first), its audit line, and idle reclaim."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from allocator.core import timelimits
+from allocator.core.ask import Ask
+from allocator.core.policy import NOBODY, Invalid, Owner, Wanted
+from allocator.host import config as configmod
+from allocator.placer import LeaseRequest
+from allocator.service import Allocator
+from tests.support import engine as sim
+from tests.support.fake_engine import FakeEngine
+
+CAROL = Owner(1002, "carol", ("carol",))
+POLICY = {"exempt": [], "time_limit": {"default": "1h"}}
+STARTED = "2026-01-01T00:00:00.5Z"
+T0 = 1767225600.5  # STARTED as epoch seconds
+
+
+class StoppingEngine(FakeEngine):
+    """The fake Engine with a stop, as dockerd does it: the container is no longer running."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stops: list[tuple[str, int | None]] = []
+        self.stopped = threading.Event()
+
+    def stop(self, container: str, grace: int | None = None) -> None:
+        self._call("stop")
+        self.stops.append((container, grace))
+        self.by_id[container]["State"].update(Running=False, Status="exited")
+        self.stopped.set()
+
+
+def make(tmp_path: Path, policy: dict[str, Any], usage: dict | None = None) -> Allocator:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    gpus = sim.write_sim_gpus(tmp_path / "gpus.yaml", 2)
+    if usage is not None:
+        entries = yaml.safe_load(gpus.read_text())
+        for e in entries:
+            e["usage"] = usage
+        gpus.write_text(yaml.safe_dump(entries))
+    cfg = {"state_dir": str(tmp_path / "state"), "gpus": str(gpus),
+           "engine": {"socket": str(tmp_path / "none.sock")}, "policy": policy}  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    alloc = Allocator(configmod.load(str(tmp_path / "config.yaml")), StoppingEngine())  # type: ignore[arg-type]
+    alloc.ledger.ensure_dir()
+    return alloc
+
+
+def one() -> Ask:
+    return Ask(required=(), count=1, every=False, caps=("gpu",))
+
+
+def running_job(alloc: Allocator, want: Wanted = Wanted(), **inspect: Any) -> tuple[str, str]:  # noqa: B008
+    """A granted, bound and running GPU container: (lease id, container id)."""
+    got = alloc.book.lease(LeaseRequest(one(), "job", CAROL, want))
+    assert isinstance(got, tuple), got
+    lease, _ = got
+    fake = alloc.engine
+    cid = fake.add("job", gpus=lease.gpus, lease=lease.id)  # type: ignore[union-attr]
+    fake.by_id[cid]["State"]["StartedAt"] = STARTED  # type: ignore[union-attr]
+    fake.by_id[cid]["Config"].update(inspect.get("config", {}))  # type: ignore[union-attr]
+    fake.by_id[cid]["HostConfig"].update(inspect.get("host_config", {}))  # type: ignore[union-attr]
+    assert alloc.book.bind(lease.id, cid)
+    return lease.id, cid
+
+
+def audit(alloc: Allocator, event: str) -> list[dict[str, Any]]:
+    path = Path(alloc.config.state_dir, "audit.jsonl")
+    return [e for e in map(json.loads, path.read_text().splitlines()) if e["event"] == event]
+
+
+def test_the_lease_records_the_limit_the_request_gets(tmp_path):
+    alloc = make(tmp_path, POLICY)
+    lease_id, _ = running_job(alloc)
+    assert alloc.ledger.read().leases[lease_id].time_limit == 3600
+    shorter, _ = running_job(alloc, Wanted(time=60))
+    assert alloc.ledger.read().leases[shorter].time_limit == 60
+
+
+def test_a_request_above_its_limit_is_invalid_audited_and_takes_nothing(tmp_path):
+    alloc = make(tmp_path, POLICY)
+    got = alloc.book.lease(LeaseRequest(one(), "long", CAROL, Wanted(time=7200)))
+    assert isinstance(got, Invalid) and "(policy.time_limit.default)" in got.msg
+    assert alloc.ledger.read().leases == {}
+    (line,) = audit(alloc, "refusal")
+    assert "policy.time_limit.default" in line["reason"]
+    assert isinstance(alloc.book.explain(one(), CAROL, Wanted(time=7200)), Invalid)
+
+
+def test_an_unknown_owner_is_limited_by_the_default(tmp_path):
+    alloc = make(tmp_path, POLICY)
+    got = alloc.book.lease(LeaseRequest(one(), "job", NOBODY, Wanted()))
+    assert isinstance(got, tuple) and got[0].time_limit == 3600
+
+
+def test_the_clock_starts_at_the_engines_started_at_and_the_stop_comes_at_the_end(tmp_path):
+    alloc = make(tmp_path, POLICY)
+    keeper = alloc.timekeeper
+    lease_id, cid = running_job(
+        alloc, Wanted(time=60), config={"StopTimeout": 3},
+        host_config={"RestartPolicy": {"Name": "always"}},
+    )  # fmt: skip
+    assert keeper.check(T0 + 30) == timelimits.CHECK_MAX
+    assert alloc.ledger.read().leases[lease_id].started == T0
+    assert keeper.check(T0 + 59) == 1 and alloc.engine.stops == []  # type: ignore[union-attr]
+    keeper.check(T0 + 60)
+    fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
+    assert fake.stopped.wait(10)
+    assert fake.stops == [(cid, 3)]  # its own StopTimeout
+    assert fake.updates == [(cid, {"RestartPolicy": {"Name": "no"}})]
+    deadline = time.monotonic() + 10
+    while not audit(alloc, "time-limit"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    (line,) = audit(alloc, "time-limit")
+    assert line["container"] == cid and line["owner"] == "carol"
+    assert "restart policy always was turned off" in line["reason"]
+    assert lease_id in alloc.ledger.read().leases  # the lease stays: the container exists
+    assert "ran its time limit" in (alloc.restarts.start_refusal(cid) or "")
+
+
+def test_without_limits_or_reclaim_the_timekeeper_asks_the_engine_nothing(tmp_path):
+    alloc = make(tmp_path, {"exempt": []})
+    running_job(alloc)
+    alloc.engine.calls.clear()  # type: ignore[union-attr]
+    alloc.timekeeper.check(time.time())
+    assert alloc.engine.calls == []  # type: ignore[union-attr]
+
+
+def test_an_idle_container_is_stopped_and_a_busy_one_is_not(tmp_path):
+    alloc = make(tmp_path, {"exempt": [], "reclaim_idle_after": "2s"}, {"utilization": 0.0})
+    keeper = alloc.timekeeper
+    _, cid = running_job(alloc)
+    now = time.time()
+    keeper.check(now + 1)
+    fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
+    assert fake.stops == []
+    keeper.check(now + 5)
+    assert fake.stopped.wait(10) and fake.stops == [(cid, None)]
+
+    busy = make(tmp_path / "busy", {"exempt": [], "reclaim_idle_after": "2s"},
+                {"utilization": 0.4})  # fmt: skip
+    running_job(busy)
+    busy.timekeeper.check(time.time() + 60)
+    assert busy.engine.stops == []  # type: ignore[union-attr]
+
+
+def test_status_shows_the_limit_and_the_time_left(tmp_path):
+    from allocator.ops.status import render_table
+    from allocator.views.status import snapshot
+
+    alloc = make(tmp_path, POLICY)
+    lease_id, cid = running_job(alloc)
+    with alloc.ledger.transaction() as state:
+        state.start_clock(lease_id, cid, time.time() - 570)  # 50.5m left
+    (holder,) = snapshot(alloc)["holders"]
+    assert holder["time_limit_s"] == 3600 and 3020 <= holder["time_left_s"] <= 3030
+    assert "running, 50m left" in render_table(snapshot(alloc))
