@@ -241,8 +241,20 @@ ROUTES = [
         "letter case",
     ),
     ("POST", "/v1.41/containers/abc/exec", None, False, "no request body"),
-    ("POST", "/v1.41/services/create", b'{"Name":"s"}', False, "swarm"),
-    ("POST", "/v1.41/services/x/update", b"{}", False, "swarm"),
+    (
+        "POST",
+        "/v1.41/services/create",
+        b'{"Name":"s","TaskTemplate":{"ContainerSpec":{"Env":["DOCKER_RESOURCE_GPU=GPU-1"]}}}',
+        False,
+        "DOCKER_RESOURCE_GPU",
+    ),
+    (
+        "POST",
+        "/v1.41/services/x/update",
+        b'{"TaskTemplate":{"ContainerSpec":{"CapabilityAdd":["SYS_ADMIN"]}}}',
+        False,
+        "SYS_ADMIN",
+    ),
     (
         "POST",
         "/v1.41/plugins/pull?remote=x",
