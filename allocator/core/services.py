@@ -119,15 +119,17 @@ def refusal(
             "'docker plugin install', whose privileges gpu-alloc checks"
         )
     cs = container_spec(spec)
+    env = [str(e) for e in cs.get("Env") or ()]
     return (
-        _env(cs.get("Env") or (), kind)
+        _variables(env, kind)
         or _capabilities(cs.get("CapabilityAdd") or ())
         or _labels(cs.get("Labels") or {})
         or _catalogue(cs, engine, inventory, host, volume_of)
+        or _pin(env, kind)  # last: the one refusal the shim fixes by itself
     )
 
 
-def _env(env: Sequence[str], kind: str) -> str | None:
+def _variables(env: Sequence[str], kind: str) -> str | None:
     names = [str(e).split("=", 1)[0] for e in env]
     own = next((n for n in names if n.startswith(RESOURCE_PREFIX)), None)
     if own is not None:
@@ -139,6 +141,10 @@ def _env(env: Sequence[str], kind: str) -> str | None:
     toolkit = next((n for n in names if n in DEVICE_VARIABLES), None)
     if toolkit is not None:
         return f"{SPEC}.Env sets {toolkit}, which makes the NVIDIA runtime add devices; remove it"
+    return None
+
+
+def _pin(env: Sequence[str], kind: str) -> str | None:
     values = access.env_values(env, access.VISIBLE)
     if values != ["void"]:
         said = f"sets {access.VISIBLE}={values[-1]}" if values else f"does not set {PIN}"
@@ -178,12 +184,12 @@ def _catalogue(
     host: HostFacts,
     volume_of: VolumeOf | None,
 ) -> str | None:
-    """The task as a create on this host, under the nvidia default runtime: its env (pinned
-    by now) and mounts through the one catalogue of effective access."""
+    """The task's mounts as a create's on this host, through the one catalogue of effective
+    access, under the nvidia default runtime and with the env pinned (`_pin` judges it)."""
     nvidia = replace(
         engine, default_runtime="nvidia", nvidia_runtimes=engine.nvidia_runtimes | {"nvidia"}
     )
-    body = {"Env": list(cs.get("Env") or ()), "HostConfig": {"Mounts": cs.get("Mounts") or []}}
+    body = {"Env": [PIN], "HostConfig": {"Mounts": cs.get("Mounts") or []}}
     try:
         grants = access.of_create(body, nvidia, inventory, host, None, volume_of)
     except Refusal as e:

@@ -209,3 +209,10 @@ def test_decode_reads_the_spec_as_dockerd_does() -> None:
     with pytest.raises(gojson.BodyError):
         services.decode(b'{"TaskTemplate":{},"taskTemplate":{}}')
     assert services.decode(json.dumps(spec()).encode())["Name"] == "train"
+
+
+def test_what_the_shim_cannot_fix_is_named_before_the_missing_pin() -> None:
+    why = judge(spec(env=(), CapabilityAdd=["SYS_ADMIN"]))
+    assert why is not None and "SYS_ADMIN" in why and "does not set" not in why
+    why = judge(spec(env=(), mounts=[{"Type": "bind", "Source": "/dev", "Target": "/dev"}]))
+    assert why is not None and "Mounts[0]" in why
