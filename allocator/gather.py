@@ -230,6 +230,7 @@ class Gatherer:
             volume_of=self._volume if with_engine else None,
             shim_socket=self.config.shim.socket,
             privileged_mode=self._rules.privileged,
+            swarm_kind=self.config.swarm.kind,
         )
 
     def lazy_facts(self) -> Facts:
@@ -262,6 +263,7 @@ class Gatherer:
             volume_of=_unasked if with_engine else None,
             shim_socket=self.config.shim.socket,
             privileged_mode=self._rules.privileged,
+            swarm_kind=self.config.swarm.kind,
         )
 
     def _volume(self, name: str) -> tuple[str, dict[str, str]] | None:

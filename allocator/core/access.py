@@ -169,7 +169,10 @@ def _runtime_env(ctx: Ctx) -> None:
         raise Refusal(f"{fld}: {VISIBLE} is set {len(values)} times; set it once")
     if not values:
         if not ctx.view.env_complete:
-            ctx.add(fld, f"runtime {name} without {VISIBLE}: the image's ENV decides", None)
+            # Under the default runtime the create asked for no GPU: the shim's void pin
+            # makes it safe (swarm nodes run nvidia as the default); the real socket cannot.
+            detail = f"runtime {name} without {VISIBLE}: the image's ENV decides"
+            ctx.add(fld, detail, None, guarded=not runtime)
         elif _legacy_cuda_image(ctx.view.env):
             ctx.add(fld, f"runtime {name}, legacy CUDA image without {VISIBLE}: all GPUs", None)
         return

@@ -68,6 +68,7 @@ class Rules:
     wait_default: float | None = None  # policy.wait.default, seconds; None: creates never wait
     wait_max: float | None = None  # policy.wait.max: the most a label may ask
     privileged: str = "refuse"  # policy.privileged: refuse, or lease-all (core/privileged.py)
+    withheld: frozenset[str] = frozenset()  # swarm.gpus: scheduled by swarm, never leased here
 
 
 @dataclass(frozen=True)
@@ -236,11 +237,25 @@ def eligible(
     """The GPUs this request may be placed on, and the pool it is placed in.
 
     A request without a pool label goes to ``default_pool`` (none: every GPU).
-    GPUs named explicitly (``device=``) must lie inside that set.
+    GPUs named explicitly (``device=``) must lie inside that set.  GPUs given to swarm
+    (``rules.withheld``) are in no set.
     """
     pool_name = want.pool or rules.default_pool
     gpus: Sequence[GPU] = inventory.gpus
     migs: Sequence[GPU] = inventory.migs  # a slice is in a pool with its GPU (same index)
+    if rules.withheld:
+        swarm = [
+            g for g in (*gpus, *migs) if g.uuid in rules.withheld or g.parent in rules.withheld
+        ]
+        given = [g for g in swarm if g.uuid in required]
+        if given:
+            return Refusal(
+                f"gpu-alloc refused the container create: {given[0].label()} is given to "
+                "Docker Swarm (swarm.gpus), whose services reserve it with generic resources; "
+                "ask for another GPU, or run the work as a swarm service"
+            )
+        gpus = [g for g in gpus if g not in swarm]
+        migs = [m for m in migs if m not in swarm]
     if pool_name is not None:
         pool = rules.pools.get(pool_name)
         if pool is None:

@@ -172,7 +172,11 @@ def check_pools(cfg: Config) -> None:
 
 
 def check_default_runtime(cfg: Config, info: dict[str, Any] | None = None) -> None:
-    """Refuse to run where every container would get the toolkit (and so the image's ENV)."""
+    """Refuse to run where every container would get the toolkit (and so the image's ENV),
+    but on a node that gives GPUs to swarm (whose tasks get no runtime of their own): there
+    every create is judged as under the nvidia runtime, and needs a lease or the void pin."""
+    if cfg.swarm.configured:
+        return
     if info is not None:
         view = EngineView.from_info(info)
     else:
@@ -188,7 +192,8 @@ def check_default_runtime(cfg: Config, info: dict[str, Any] | None = None) -> No
             f"the Engine's default runtime is '{view.default_runtime}': every container "
             "would run the NVIDIA hook and an image's own NVIDIA_VISIBLE_DEVICES could grant "
             f'GPUs. Remove "default-runtime" from {cfg.engine.daemon_json}, restart Docker, '
-            "and request GPUs with --gpus instead"
+            "and request GPUs with --gpus instead (or, on a Docker Swarm node, give it GPUs "
+            "in the swarm: section, which makes every create pin NVIDIA_VISIBLE_DEVICES=void)"
         )
 
 
