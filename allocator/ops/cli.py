@@ -153,6 +153,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("gpu")
     hl.set_defaults(func=cmd_health)
     add("doctor", "check the host end to end and say what to fix").set_defaults(func=cmd_doctor)
+    sw = add("swarm", "give this node's swarm.gpus to Docker Swarm").add_subparsers(
+        dest="action", required=True
+    )
+    sc = sw.add_parser("configure", help="write daemon.json's and the toolkit's swarm settings")
+    sc.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
+    sc.set_defaults(func=cmd_swarm)
     w = add("ready", "wait until the plugin's or the shim's socket (from the config) answers")
     w.add_argument("role", choices=("plugin", "shim"))
     w.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
@@ -369,6 +375,12 @@ def cmd_doctor(cfg: Config, args: argparse.Namespace) -> int:
         print(line.render())
     print("healthy" if healthy else "problems found: apply the fixes above, then run doctor again")
     return 0 if healthy else EXIT_FAIL
+
+
+def cmd_swarm(cfg: Config, args: argparse.Namespace) -> int:
+    from allocator.ops import swarm
+
+    return swarm.configure(cfg, args.dry_run)
 
 
 def cmd_ready(cfg: Config, args: argparse.Namespace) -> int:
