@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.core import policy, verdicts
+from allocator.core import access, policy, verdicts
 from allocator.core.decisions import Deny, Facts
 from allocator.core.facts import EngineView
 from allocator.core.inventory import GPU, Inventory
@@ -101,3 +101,35 @@ def test_the_real_socket_refuses_a_create_the_image_env_would_decide() -> None:
 def test_an_explicit_nvidia_runtime_without_the_variable_stays_refused_in_the_shim() -> None:
     spec = {"Image": "cuda", "HostConfig": {"Runtime": "nvidia"}}
     assert isinstance(verdicts.shim_ask(spec, facts()), Deny)
+
+
+# ------------------------------------------------------------------ swarm tasks as holders
+
+
+def task(env: list[str]) -> dict:
+    """`docker inspect` of a task container swarm started on this node."""
+    labels = {"com.docker.swarm.service.name": "st_train",
+              "com.docker.swarm.task.name": "st_train.1.x1y2"}  # fmt: skip
+    return {"Name": "/st_train.1.x1y2", "Config": {"Env": env, "Labels": labels},
+            "HostConfig": {}, "Mounts": []}  # fmt: skip
+
+
+def test_a_swarm_task_holds_exactly_the_gpus_swarm_gave_it() -> None:
+    env = [f"DOCKER_RESOURCE_GPU={UUIDS[3]},{UUIDS[2]}", "NVIDIA_VISIBLE_DEVICES=void"]
+    found = access.of_container(task(env), NVIDIA_DEFAULT, INVENTORY, TableHost())
+    assert found.gpus(INVENTORY) == {UUIDS[2], UUIDS[3]}
+
+
+def test_a_task_given_an_unknown_device_holds_every_gpu() -> None:
+    found = access.of_container(task(["DOCKER_RESOURCE_GPU=7"]), NVIDIA_DEFAULT, INVENTORY,
+                                TableHost())  # fmt: skip
+    assert found.gpus(INVENTORY) == set(UUIDS)
+
+
+def test_a_create_setting_the_swarm_variable_is_still_refused() -> None:
+    spec = {
+        "Image": "cuda",
+        "Env": [f"DOCKER_RESOURCE_GPU={UUIDS[0]}", "NVIDIA_VISIBLE_DEVICES=void"],
+    }
+    refused = verdicts.grants_of_create(spec, facts())
+    assert isinstance(refused, Deny) and "DOCKER_RESOURCE_GPU" in refused.msg
