@@ -65,17 +65,17 @@ def container_spec(spec: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def pin(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The spec with ``NVIDIA_VISIBLE_DEVICES=void`` as the last word of its tasks' env
-    (unless it already is) and without labels under gpu-alloc's prefix: the shim's
-    rewrite of every service it forwards."""
+    """The spec with ``NVIDIA_VISIBLE_DEVICES=void`` added to its tasks' env where it sets
+    none (a value of its own stays, to be judged and refused with the fix) and without
+    labels under gpu-alloc's prefix: the shim's rewrite of every service it forwards."""
     out = dict(spec)
     template = dict(out.get("TaskTemplate") or {})
     if template.get("PluginSpec") or template.get("NetworkAttachmentSpec"):
         return out  # no container to pin: refused as it is
     cs = dict(template.get("ContainerSpec") or {})
     env = [str(e) for e in cs.get("Env") or ()]
-    if access.env_values(env, access.VISIBLE) != ["void"]:
-        env = [e for e in env if not e.startswith(access.VISIBLE + "=")] + [PIN]
+    if not access.env_values(env, access.VISIBLE):
+        env.append(PIN)
     cs["Env"] = env
     if cs.get("Labels"):
         cs["Labels"] = labels.strip(cs["Labels"])
@@ -146,17 +146,22 @@ def _variables(env: Sequence[str], kind: str) -> str | None:
 
 def _pin(env: Sequence[str], kind: str) -> str | None:
     values = access.env_values(env, access.VISIBLE)
-    if values != ["void"]:
-        said = f"sets {access.VISIBLE}={values[-1]}" if values else f"does not set {PIN}"
-        if len(values) > 1:
-            said = f"sets {access.VISIBLE} {len(values)} times"
+    if values == ["void"]:
+        return None
+    reserve = f"reserve GPUs with --generic-resource {kind}=N"
+    if not values:
         return (
-            f"{SPEC}.Env {said}: nvidia is the default runtime on swarm nodes, so the "
-            "image's ENV or this value would give tasks GPUs no scheduler reserved; add "
-            f"--env {PIN} and reserve GPUs with --generic-resource {kind}=N, or create the "
-            "service through the gpu-alloc socket, which adds the pin"
+            f"{SPEC}.Env does not set {PIN}: nvidia is the default runtime on swarm nodes, so "
+            f"the image's ENV would decide which GPUs its tasks get; add --env {PIN} and "
+            f"{reserve}, or create the service through the gpu-alloc socket, which adds the pin"
         )
-    return None
+    said = f"sets {access.VISIBLE}={values[-1]}"
+    if len(values) > 1:
+        said = f"sets {access.VISIBLE} {len(values)} times"
+    return (
+        f"{SPEC}.Env {said}, which would give its tasks GPUs no scheduler reserved; set it "
+        f"once, to void, and {reserve}"
+    )
 
 
 def _capabilities(added: Sequence[str]) -> str | None:

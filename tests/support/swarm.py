@@ -115,7 +115,10 @@ class SwarmDockerd(Dockerd):
     def address(self) -> str:
         return f"{SUBNET}.{10 + self.index}"
 
-    def argv(self) -> list[str]:
+    def write_daemon_json(self, resources: bool = True) -> None:
+        """The recording runtime declared as `nvidia`; with ``resources``, also the node's
+        GPUs as generic resources and nvidia as the default runtime, as the lab's recipe
+        has them (without: `gpu-alloc swarm configure` adds those)."""
         runtime = self.dir / "swarm-runtime"
         runtime.write_text(
             _RUNTIME.replace("NODE", str(self.index))
@@ -123,13 +126,17 @@ class SwarmDockerd(Dockerd):
             .replace("RUNC", engine.find_runc() or "runc")
         )
         runtime.chmod(0o755)
-        resources = [f"{KIND}={uuid(self.index, k)}" for k in range(self.lab.gpus_per_node)]
-        daemon = {
-            "node-generic-resources": resources,
-            "runtimes": {"nvidia": {"path": str(runtime)}},
-            "default-runtime": "nvidia",
-        }
+        daemon: dict[str, object] = {"runtimes": {"nvidia": {"path": str(runtime)}}}
+        if resources:
+            daemon["node-generic-resources"] = [
+                f"{KIND}={u}" for u in self.lab.swarm_gpus(self.index)
+            ]
+            daemon["default-runtime"] = "nvidia"
         (self.dir / "daemon.json").write_text(json.dumps(daemon) + "\n")
+
+    def argv(self) -> list[str]:
+        if not (self.dir / "daemon.json").exists():
+            self.write_daemon_json()
         (self.dir / "cg").mkdir(exist_ok=True)
         # dockerd checks the file's default runtime before it merges the flags: the nvidia
         # runtime is declared in the file, so not as a flag.
@@ -160,39 +167,51 @@ class SwarmDockerd(Dockerd):
 
 
 class SwarmStack(Stack):
-    """gpu-alloc's plugin and shim for one swarm node, its dockerd a `SwarmDockerd`."""
+    """gpu-alloc's plugin and shim for one swarm node, its dockerd a `SwarmDockerd` whose
+    daemon.json `gpu-alloc swarm configure` completes, as an operator would."""
 
     def __init__(self, lab: SwarmLab, index: int) -> None:
         sim = [
             {"uuid": uuid(index, k), "index": k, "minor": k, "numa_node": 0,
              "name": "Simulated GPU", "memory_mib": 81920,
              "pci_bus_id": f"00000000:{0x10 + k:02X}:00.0"}
-            for k in range(lab.gpus_per_node)
+            for k in range(lab.gpus_per_node + lab.local_gpus)
         ]  # fmt: skip
-        super().__init__(lab.dir / f"s{index}", sim=sim)
+        directory = lab.dir / f"s{index}"
+        swarm = {"gpus": lab.swarm_gpus(index), "toolkit_config": str(directory / "config.toml")}
+        super().__init__(directory, sim=sim, extra={"swarm": swarm})
         self.lab = lab
         self.index = index
 
     def _new_dockerd(self) -> Dockerd:
-        return SwarmDockerd(
+        node = SwarmDockerd(
             self.lab,
             self.index,
             self.engine_dir,
             authz_plugin_socket=self.plugin_sock,
             plugin_name=self.plugin_name,
         )
+        node.write_daemon_json(resources=False)
+        done = engine.gpu_alloc(self, "swarm", "configure")
+        if done.returncode != 0:
+            raise EngineError(f"gpu-alloc swarm configure: {done.stderr.strip()}")
+        return node
 
 
 class SwarmLab:
-    """`nodes` swarm nodes (node 1 the manager), `gpus_per_node` fake GPUs each.
+    """`nodes` swarm nodes (node 1 the manager), `gpus_per_node` fake GPUs each for swarm.
 
-    ``gpu_alloc``: each node runs gpu-alloc's plugin and shim (`stacks`), and its
-    clients' socket is `shim(i)`; otherwise `sock(i)` is dockerd's own socket.
+    ``gpu_alloc``: each node runs gpu-alloc's plugin and shim (`stacks`) with ``swarm.gpus``
+    those GPUs, and `local_gpus` more that swarm does not get; clients' socket is
+    `shim(i)`, and `sock(i)` dockerd's own (behind the plugin).
     """
 
-    def __init__(self, nodes: int = 2, gpus_per_node: int = 2, gpu_alloc: bool = False) -> None:
+    def __init__(
+        self, nodes: int = 2, gpus_per_node: int = 2, gpu_alloc: bool = False, local_gpus: int = 0
+    ) -> None:
         self.count = nodes
         self.gpus_per_node = gpus_per_node
+        self.local_gpus = local_gpus  # with gpu_alloc: GPUs of each node not given to swarm
         self.gpu_alloc = gpu_alloc
         self.dir = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
         self.name = f"gs{os.getpid() % 100000}x{next(_counter)}"
@@ -201,6 +220,10 @@ class SwarmLab:
         self.nodes: dict[int, SwarmDockerd] = {}
         self.stacks: dict[int, SwarmStack] = {}
         self._netns: list[str] = []
+
+    def swarm_gpus(self, index: int) -> list[str]:
+        """Node `index`'s GPUs given to swarm: its first `gpus_per_node`."""
+        return [uuid(index, k) for k in range(self.gpus_per_node)]
 
     def node_netns(self, index: int) -> str:
         return f"{self.name}-n{index}"

@@ -165,10 +165,16 @@ def test_a_local_volume_over_the_device_directory_is_refused() -> None:
 # ------------------------------------------------------------------ the shim's pin
 
 
-def test_pin_adds_void_last_and_replaces_any_other_value() -> None:
-    pinned = services.pin(spec(env=("A=1", "NVIDIA_VISIBLE_DEVICES=all")))
+def test_pin_adds_void_to_a_spec_that_sets_none() -> None:
+    pinned = services.pin(spec(env=("A=1",)))
     assert services.container_spec(pinned)["Env"] == ["A=1", PIN]
     assert judge(pinned) is None
+
+
+def test_pin_keeps_a_value_of_the_specs_own_to_be_refused() -> None:
+    pinned = services.pin(spec(env=("NVIDIA_VISIBLE_DEVICES=all",)))
+    assert services.container_spec(pinned)["Env"] == ["NVIDIA_VISIBLE_DEVICES=all"]
+    assert judge(pinned) is not None
 
 
 def test_pin_leaves_a_pinned_spec_as_it_is_and_strips_gpu_alloc_labels() -> None:
