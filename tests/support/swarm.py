@@ -337,7 +337,8 @@ class SwarmLab:
             self.docker(1, "service", "rm", *names)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if not any(self.docker(i, "ps", "-q").stdout.split() for i in self.nodes):
+            tasks = ("ps", "-q", "--filter", "label=com.docker.swarm.task")
+            if not any(self.docker(i, *tasks).stdout.split() for i in self.nodes):
                 return
             time.sleep(0.3)
 
