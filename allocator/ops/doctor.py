@@ -108,7 +108,7 @@ def check_engine(cfg: Config) -> Line:
         return Line(FAIL, f"Engine: {e}", f"start docker, or fix engine.socket in {cfg.source}")
     default = info.get("DefaultRuntime") or "runc"
     runtimes = sorted(info.get("Runtimes") or {})
-    if EngineView.from_info(info).default_is_nvidia:
+    if EngineView.from_info(info).default_is_nvidia and not cfg.swarm.configured:
         return Line(
             FAIL,
             f"Engine: default runtime is '{default}': images' own "

@@ -158,3 +158,9 @@ def test_status_on_a_worker_shows_the_swarm_tasks_holding_their_gpus(clean: Swar
     for r in runs:
         assert r.resource() in status.stdout
     assert status.stdout.count("hold.") >= 2 and "swarm task" in status.stdout, status.stdout
+
+
+def test_doctor_accepts_nvidia_as_the_default_runtime_of_a_swarm_node(swarm_lab: SwarmLab) -> None:
+    done = engine.gpu_alloc(swarm_lab.stacks[2], "doctor")
+    assert "default runtime is 'nvidia'" not in done.stdout, done.stdout
+    assert "default runtime nvidia" in done.stdout, done.stdout
