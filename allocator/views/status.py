@@ -69,7 +69,10 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
         if c and c.get("Names"):
             shown["name"] = c["Names"][0].lstrip("/")
 
+    withheld = alloc.rules.withheld  # given to swarm: never grantable here
+
     def row(s: GpuState, g: GPU) -> dict[str, Any]:
+        swarm = g.uuid in withheld or g.parent in withheld
         holder = holder_of.get(g.uuid)
         if holder is None and g.busy:
             holder = {"container": None, "name": None, "why": HOST}
@@ -77,7 +80,8 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
             holder = {"container": None, "name": None, "why": MIG_MODE}
         return {
             **g.to_dict(),
-            "free": s.free,  # grantable now
+            "free": s.free and not swarm,  # grantable now
+            "swarm": swarm,
             "state": s.state,
             "container_state": s.container_state,
             "holder": holder,

@@ -158,6 +158,8 @@ def test_status_on_a_worker_shows_the_swarm_tasks_holding_their_gpus(clean: Swar
     for r in runs:
         assert r.resource() in status.stdout
     assert status.stdout.count("hold.") >= 2 and "swarm task" in status.stdout, status.stdout
+    assert "free: 1 of 3 GPUs (GPU 2)" in status.stdout, status.stdout
+    assert "given to Docker Swarm (swarm.gpus), never leased here: GPU 0,1" in status.stdout
 
 
 def test_doctor_accepts_nvidia_as_the_default_runtime_of_a_swarm_node(swarm_lab: SwarmLab) -> None:
