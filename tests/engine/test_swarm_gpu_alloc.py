@@ -166,3 +166,15 @@ def test_doctor_accepts_nvidia_as_the_default_runtime_of_a_swarm_node(swarm_lab:
     done = engine.gpu_alloc(swarm_lab.stacks[2], "doctor")
     assert "default runtime is 'nvidia'" not in done.stdout, done.stdout
     assert "default runtime nvidia" in done.stdout, done.stdout
+
+
+def test_stack_deploy_through_the_shim_runs_a_compose_file_with_generic_resources(
+    clean: SwarmLab,
+) -> None:
+    path = swarm.stack_file(clean.dir, [("job", 2, 1)])
+    done = docker_cli(clean.shim(1), "stack", "deploy", "--resolve-image", "never", "-c",
+                      str(path), "st")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    runs = task_runs(clean, "st_job", 2)
+    given = {(r.node, r.resource()) for r in runs}
+    assert len(given) == 2 and all(r.env.get("NVIDIA_VISIBLE_DEVICES") == "void" for r in runs)
