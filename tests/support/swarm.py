@@ -50,6 +50,18 @@ mount --rbind /sys/fs/cgroup "$d/cg" && mount -t sysfs sysfs /sys &&
 exec env -i PATH="$PATH" HOME=/root DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 "$@"
 """
 
+# The same inside a root Engine's Debian root (engine_root.py): the root bound on itself,
+# its own proc, /dev, a fresh sysfs with the host's cgroups, private /run and /tmp, the
+# lab's directory at its own path inside; then dockerd chrooted.
+_ROOT_WRAPPER = """
+h=$1; r=$2; lab=$3; p=$4; shift 4; hostname "$h"
+mount --bind "$r" "$r" && mount -t proc proc "$r/proc" && mount --rbind /dev "$r/dev" &&
+  mount -t sysfs sysfs "$r/sys" && mount --rbind /sys/fs/cgroup "$r/sys/fs/cgroup" &&
+  mount -t tmpfs tmpfs "$r/run" && mount -t tmpfs tmpfs "$r/tmp" &&
+  mkdir -p "$r$lab" && mount --bind "$lab" "$r$lab" || exit 1
+exec chroot "$r" env -i PATH="$p" HOME=/root DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 "$@"
+"""
+
 # The fake nvidia runtime: on `create`, log the node, the container id and the GPU env of
 # the bundle's config.json, then exec runc.
 _RUNTIME = """#!/bin/sh
@@ -75,8 +87,6 @@ def uuid(node: int, index: int) -> str:
 
 def missing_requirements() -> str | None:
     """Why the lab cannot run here, or None: a private dockerd, iproute2, util-linux."""
-    if engine_root.selected().root is not None:
-        return "the swarm lab runs the host's dockerd 20.10 only"
     why = engine.missing_requirements()
     if why:
         return why
@@ -123,7 +133,7 @@ class SwarmDockerd(Dockerd):
         runtime.write_text(
             _RUNTIME.replace("NODE", str(self.index))
             .replace("LOG", str(self.lab.runtime_log))
-            .replace("RUNC", engine.find_runc() or "runc")
+            .replace("RUNC", self._runc())
         )
         runtime.chmod(0o755)
         daemon: dict[str, object] = {"runtimes": {"nvidia": {"path": str(runtime)}}}
@@ -134,23 +144,43 @@ class SwarmDockerd(Dockerd):
             daemon["default-runtime"] = "nvidia"
         (self.dir / "daemon.json").write_text(json.dumps(daemon) + "\n")
 
+    def _runc(self) -> str:
+        root = engine_root.ensure_root(self.engine) if self.engine.root else None
+        if root is not None:
+            return engine_root.find_in_root(root, "/usr/sbin/runc", "/usr/bin/runc") or "runc"
+        return engine.find_runc() or "runc"
+
+    def _namespaces(self) -> list[str]:
+        """Into the node's netns, in a private mount and UTS namespace."""
+        netns = f"/run/netns/{self.lab.node_netns(self.index)}"
+        return ["unshare", "-m", "-u", "--propagation", "private", "nsenter", f"--net={netns}"]
+
     def argv(self) -> list[str]:
-        if not (self.dir / "daemon.json").exists():
-            self.write_daemon_json()
+        """dockerd's command line: for the host's Engine, wrapped in the node's namespaces;
+        for a root Engine, dockerd's own (`root_launcher` wraps it)."""
         (self.dir / "cg").mkdir(exist_ok=True)
         # dockerd checks the file's default runtime before it merges the flags: the nvidia
         # runtime is declared in the file, so not as a flag.
         inner = [a for a in super().argv() if not a.startswith("--add-runtime=nvidia=")]
+        if self.engine.root is not None:
+            return inner  # it has its --cgroup-parent already
         inner.append(f"--cgroup-parent=/{self.namespace}")
-        netns = f"/run/netns/{self.lab.node_netns(self.index)}"
         return [
-            "unshare", "-m", "-u", "--propagation", "private", "nsenter", f"--net={netns}",
-            "sh", "-c", _WRAPPER, "sh", str(self.dir), self.hostname, *inner,
+            *self._namespaces(), "sh", "-c", _WRAPPER, "sh", str(self.dir), self.hostname,
+            *inner,
+        ]  # fmt: skip
+
+    def root_launcher(self, root: Path, path: str) -> list[str]:
+        return [
+            *self._namespaces(), "sh", "-c", _ROOT_WRAPPER, "sh", self.hostname, str(root),
+            str(self.lab.dir), path, *self.argv(),
         ]  # fmt: skip
 
     def start(self) -> SwarmDockerd:
+        if not (self.dir / "daemon.json").exists():  # else `gpu-alloc swarm configure` wrote it
+            self.write_daemon_json()
         super().start()
-        if self.proc is not None:
+        if self.proc is not None and self._mnt_ns is None:  # a root Engine's is held already
             self._mnt_ns = engine_root.hold_namespace(self.proc.pid)
         return self
 
