@@ -11,7 +11,8 @@ one log (`SwarmLab.runs`), then execs runc.
 
 A node is a `tests.support.engine.Dockerd` run through the namespace wrapper
 (`SwarmDockerd`); with ``gpu_alloc=True`` it is a `Stack` (plugin + dockerd + shim)
-whose dockerd is one.  The host's dockerd 20.10 only.  Everything the lab makes
+whose dockerd is one.  The Engine of the run: the host's 20.10, or 26 and 28 chrooted
+into their Debian roots inside the node's namespaces.  Everything the lab makes
 carries a name unique to it and is removed by `SwarmLab.stop`, in the order the
 recipe gives, whatever failed first.
 """
