@@ -166,6 +166,7 @@ def test_doctor_accepts_nvidia_as_the_default_runtime_of_a_swarm_node(swarm_lab:
     done = engine.gpu_alloc(swarm_lab.stacks[2], "doctor")
     assert "default runtime is 'nvidia'" not in done.stdout, done.stdout
     assert "default runtime nvidia" in done.stdout, done.stdout
+    assert "swarm: 2 GPU(s) given to swarm as 'gpu'" in done.stdout, done.stdout
 
 
 def test_stack_deploy_through_the_shim_runs_a_compose_file_with_generic_resources(

@@ -55,7 +55,10 @@ def node(tmp_path: Path) -> Path:
     (tmp_path / "daemon.json").write_text('{"log-level": "warn"}\n')
     (tmp_path / "config.toml").write_text(SHIPPED_TOML)
     config = {
-        "engine": {"daemon_json": str(tmp_path / "daemon.json")},
+        "engine": {
+            "daemon_json": str(tmp_path / "daemon.json"),
+            "socket": str(tmp_path / "no-engine.sock"),
+        },
         "state_dir": str(tmp_path / "state"),
         "swarm": {"gpus": list(GPUS), "toolkit_config": str(tmp_path / "config.toml")},
     }
@@ -81,3 +84,34 @@ def test_configure_writes_both_files_once_and_is_idempotent(tmp_path: Path) -> N
     assert 'swarm-resource = "DOCKER_RESOURCE_GPU"' in (tmp_path / "config.toml").read_text()
     again = gpu_alloc(config, "swarm", "configure")
     assert again.returncode == 0 and "already configured" in again.stdout
+
+
+# ------------------------------------------------------------------ doctor's swarm line
+
+
+def doctor(tmp_path: Path) -> tuple[str, str, str]:
+    from allocator.host.config import load
+    from allocator.ops import swarm_doctor
+
+    return swarm_doctor.check(load(str(tmp_path / "config.yaml")))
+
+
+def test_doctor_fails_a_node_whose_files_lack_its_swarm_gpus(tmp_path: Path) -> None:
+    node(tmp_path)
+    status, what, fix = doctor(tmp_path)
+    assert status == "FAIL" and "daemon.json" in what and "swarm configure" in fix
+
+
+def test_doctor_says_to_drain_a_node_whose_swarm_gpu_is_unhealthy(tmp_path: Path) -> None:
+    from allocator.core.health import GpuEvent, GpuHealth
+    from allocator.host.health import HealthFile
+    from allocator.host.ledger import Ledger
+
+    assert gpu_alloc(node(tmp_path), "swarm", "configure").returncode == 0
+    assert doctor(tmp_path)[0] == "ok"
+    sick = GpuHealth(healthy=False, event=GpuEvent(GPUS[1], "xid", 0.0, 79))
+    with HealthFile(Ledger(tmp_path / "state")).transaction() as box:
+        box[0] = box[0].with_gpu(GPUS[1], sick)
+    status, what, fix = doctor(tmp_path)
+    assert status == "warn" and "GPU-bbbb (Xid 79" in what
+    assert "docker node update --availability drain" in fix and "health clear GPU-bbbb" in fix
