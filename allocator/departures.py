@@ -4,7 +4,7 @@ A container removed by ``--rm``, by its name or through another socket ends with
 a request that names its lease, so for the shim's whole life this follows the
 Engine's container ``destroy`` events and ends the lease of each container that
 goes, proving it gone the way a removal does (its full id answers 404,
-`Allocator.settle` with `Forget`).  A container adopted as a claim, or one whose
+`LeaseBook.settle` with `Forget`).  A container adopted as a claim, or one whose
 GPUs went back while it stopped, is settled by a reconcile instead.
 
 The Engine does not replay what happened while the stream was down, so every
@@ -69,7 +69,7 @@ class Departures:
         """One reconcile for whatever went while nobody listened; a failure (the GPU
         inventory unreadable, say) is logged and the removals still followed."""
         try:
-            self.alloc.reconcile()
+            self.alloc.reconciler.reconcile()
         except Exception as e:
             log.warning("reconcile after (re)connecting to the Engine's events failed: %s", e)
 
@@ -79,6 +79,6 @@ class Departures:
             return
         state = self.alloc.ledger.read()
         if cid in state.claims or cid in state.expired:
-            self.alloc.reconcile()
+            self.alloc.reconciler.reconcile()
         elif any(le.container == cid for le in state.leases.values()):
-            self.alloc.settle(Forget(cid))
+            self.alloc.book.settle(Forget(cid))

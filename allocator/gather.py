@@ -1,11 +1,12 @@
 """The facts a decision is made against, gathered from the host and the Engine.
 
-The service (allocator/service.py) decides nothing itself: it asks this class for
+One part of the composed service (allocator/service.py): the other parts ask it for
 facts (the inventory, what the Engine says it is, the host's filesystem answers, the
-policy in force), hands them to the pure core, and applies what the core returns.
-Each fact is cached for as long as it stays true: the simulated GPU file until it
-changes, NVML and the Engine's view for a few seconds, the policy until its file
-changes; an unreadable inventory is itself a fact, so work that touches no GPU goes on.
+policy in force, the GPUs' health), hand them to the pure core, and apply what the core
+returns.  It records nothing and holds no ledger.  Each fact is cached for as long as
+it stays true: the simulated GPU file until it changes, NVML and the Engine's view for a
+few seconds, the policy until its file changes; an unreadable inventory is itself a
+fact, so work that touches no GPU goes on.
 """
 
 from __future__ import annotations
@@ -16,59 +17,47 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypedDict, Unpack, cast
+from typing import TypeVar
 
-from allocator.core import cpus, defaults, events
-from allocator.core.facts import EngineView, HostFacts
+from allocator.core import cpus
+from allocator.core.facts import EngineView, Need, NotAsked
 from allocator.core.inventory import Inventory, InventoryError
-from allocator.core.leases import Lease
-from allocator.core.placement import POLICIES
 from allocator.core.policy import Rules, missing_pool_gpus
-from allocator.core.queue import Waiter
-from allocator.core.reconcile import Report
-from allocator.core.verdicts import (
-    Facts,
-)
+from allocator.core.verdicts import Facts, unread
 from allocator.host import config as configmod
 from allocator.host import cpus as host_cpus
-from allocator.host import ledger
-from allocator.host.audit import AuditLog
 from allocator.host.config import Config, ConfigError
-from allocator.host.engine import Engine, EngineError
+from allocator.host.engine import Engine
 from allocator.host.engineroot import EngineRoot
 from allocator.host.filesystem import Host, engine_paths
 from allocator.host.health import HealthFile
 from allocator.host.inventory import load as load_inventory
-from allocator.host.ledger import Ledger
 
 INVENTORY_MAX_AGE = 10.0
 POLICY_CHECK_EVERY = 2.0  # seconds between the running services' looks at the config file
 log = logging.getLogger("gpu-alloc")
 ENGINE_VIEW_MAX_AGE = 30.0
+T = TypeVar("T")
 ACTIVATED = "gpu-alloc.activated"  # touched when dockerd activates the plugin: a new dockerd
 
 
-class AuditFields(TypedDict, total=False):
-    """What `Gatherer.record` passes on to `events.record`."""
-
-    gpus: tuple[str, ...] | list[str]
-    container: str | None
-    name: str
-    owner: str | None
-    reason: str
-
-
 class Gatherer:
-    """The service's state and its view of the world."""
+    """The facts a decision is made against, each cached for as long as it stays true.
 
-    def __init__(self, config: Config, engine: Engine | None = None, host: Host | None = None):
+    ``engine`` None: no Engine to ask (tests of the ledger alone, `gpu-alloc health`).
+    ``health``: the GPUs' health file, read by `unhealthy`.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine | None,
+        health: HealthFile,
+        host: Host | None = None,
+    ):
         self.config = config
         self.engine = engine
-        self.ledger = Ledger(config.state_dir, config.policy.lock_timeout)
-        self.audit = AuditLog(config.state_dir)
-        self.health = HealthFile(self.ledger)
-        self.health.listeners.append(self._health_turned)
-        self.policy = POLICIES[config.policy.placement]
+        self.health = health
         # gpu-alloc's state and its plugin's socket, then (once asked) the Engine's own
         # paths.  The shim's socket is the users' way in and vets every call: not protected.
         # Paths as dockerd sees them; without an Engine (tests, `gpu-alloc health`), as we do.
@@ -77,59 +66,22 @@ class Gatherer:
         self.host = host.with_protected(config.state_dir, config.plugin.socket)
         self._inventory: tuple[object, Inventory | InventoryError] | None = None
         self._view: tuple[float, object, EngineView, Host] | None = None
-        self._no_gpu: set[str] = set()  # containers inspected and found without GPUs
         self._lock = threading.Lock()  # held for no I/O: an event loop may wait on it
         self._loading = threading.Lock()  # held while NVML or the GPU file is read
-        self._reconciling = threading.Condition()
-        self._reconcile_running = False
-        self._last_reconcile: tuple[float, bool, Report] | None = None
         self._rules = config.policy.rules
         self._policy_lock = threading.RLock()  # re-entrant: SIGHUP runs on the main thread
         self._rules_stamp = self._config_stamp()
         self._topology: cpus.Topology | None = None
-        # Called (from any thread) after a lease ends here: the shim's queue wakes up.
-        self.listeners: list[Callable[[], None]] = []
-        # The creates waiting in line (the shim's Waitline sets it): what they keep, every
-        # lease leaves alone (allocator/lineup.py).
-        self.waiting: Callable[[], list[Waiter]] = list
 
-    def record(self, kind: str, lease: Lease | None = None, **fields: Unpack[AuditFields]) -> None:
-        """One audit line for a decision already applied (never under the ledger lock)."""
-        if lease is not None:
-            fields = {
-                "gpus": lease.gpus,
-                "container": lease.container,
-                "name": lease.name,
-                "owner": lease.owner,
-                **fields,
-            }
-        gpus = fields.get("gpus") or ()
-        indices = {}
-        if gpus:
-            try:
-                indices = {g.uuid: g.index for g in self.inventory().gpus}
-            except InventoryError:  # the record matters more than the index
-                indices = {}
-        lease_id = lease.id if lease is not None else None
-        self.audit.write(
-            events.record(kind, ledger.now(), indices=indices, lease=lease_id, **fields)
-        )
-
-    def _health_turned(self, uuid: str, healthy: bool, what: str) -> None:
-        self.record("health", gpus=(uuid,), reason=f"GPU {what}")
-
-    def inventory(self, cached: bool = False) -> Inventory:
+    def inventory(self) -> Inventory:
         """NVML is asked again every few seconds; a simulated file whenever it changes.
 
         A failure is remembered as long as a success would be, so a host whose NVML
-        fails does not ask it again for every call that touches no GPU.  ``cached``:
-        `Unasked` rather than load it now.
+        fails does not ask it again for every call that touches no GPU.
         """
         stamp = self._inventory_stamp()
         known = self._inventory
         if known is None or known[0] != stamp:
-            if cached:
-                raise Unasked("the GPU inventory")
             with self._loading:  # one load at a time; `_inventory` is read without waiting
                 known = self._inventory
                 if known is None or known[0] != stamp:
@@ -213,7 +165,7 @@ class Gatherer:
             self._view = (time.monotonic(), stamp, view, host)
         return view, host
 
-    def facts(self, engine_view: EngineView | None = None) -> Facts:
+    def facts(self) -> Facts:
         """The facts for a decision; an unreadable inventory is one of them, not an error."""
         with_engine = self.engine is not None
         try:
@@ -223,7 +175,7 @@ class Gatherer:
         view, host = self._engine_facts()
         return Facts(
             inventory,
-            engine_view or view,
+            view,
             host,
             mounts_of=self._bind_mounts if with_engine else None,
             inventory_error=missing,
@@ -233,38 +185,52 @@ class Gatherer:
             swarm_kind=self.config.swarm.kind,
         )
 
-    def lazy_facts(self) -> Facts:
-        """`facts`, read on first use: most calls are judged without the inventory or /info."""
-        return cast(Facts, _LazyFacts(self))
+    def decide(self, verdict: Callable[[Facts], T], reads: bool = True) -> T:
+        """``verdict`` on the facts: those at hand when they suffice (`at_hand`), else on
+        the facts read now, asked once more.  ``reads`` False: the core says the verdict
+        reads no fact (`verdicts.reads_facts`), so none is read for it.  The one way a
+        decision gets its facts."""
+        if not reads:
+            facts = unread()
+            given = verdict(facts)
+            if not facts.needs:
+                return given
+        got = self.at_hand(verdict)
+        return verdict(self.facts()) if isinstance(got, Need) else got
 
-    def cached_facts(self) -> Facts:
-        """The facts as this process knows them already, for a decision on an event loop.
+    def at_hand(self, verdict: Callable[[Facts], T]) -> T | Need:
+        """``verdict`` on the facts this process holds already, for a decision where
+        nothing may wait (an event loop); `Need`, naming the fact, when it asked for one
+        not at hand: the Engine's view gone stale, the inventory changed since it was
+        read, or the host's filesystem and the Engine's lookups (`NotAsked`).
 
         Nothing is asked of the Engine or NVML, and of the filesystem only whether the
-        simulated GPU file changed (a stat): a decision that needs a fact not at hand (the
-        Engine's view gone stale, a bind's source, a volume, another container's mounts)
-        raises `Unasked`, and is made again with `facts` where waiting blocks nobody.
+        simulated GPU file or the Engine's files changed (stats).
         """
-        try:
-            inventory, missing = self.inventory(cached=True), ""
-        except InventoryError as e:
-            inventory, missing = None, str(e)
         known = self._known_view()
         if known is None:
-            raise Unasked("the Engine's view")
+            return Need("the Engine's view")
+        held = self._inventory
+        if held is None or held[0] != self._inventory_stamp():
+            return Need("the GPU inventory")
+        found = held[1]
+        inventory = None if isinstance(found, InventoryError) else found
         view, host = known
+        unasked = NotAsked(host.protected)
         with_engine = self.engine is not None
-        return Facts(
+        facts = Facts(
             inventory,
             view,
-            cast(HostFacts, _UnaskedHost(host.protected)),
-            mounts_of=_unasked if with_engine else None,
-            inventory_error=missing,
-            volume_of=_unasked if with_engine else None,
+            unasked,
+            mounts_of=unasked.mounts_of if with_engine else None,
+            inventory_error=str(found) if inventory is None else "",
+            volume_of=unasked.volume_of if with_engine else None,
             shim_socket=self.config.shim.socket,
             privileged_mode=self._rules.privileged,
             swarm_kind=self.config.swarm.kind,
         )
+        got = verdict(facts)
+        return Need(facts.needs) if facts.needs else got
 
     def _volume(self, name: str) -> tuple[str, dict[str, str]] | None:
         """(driver, options) of the named volume; None when the Engine knows no such one."""
@@ -347,15 +313,6 @@ class Gatherer:
             return None  # built in code (tests) or the defaults: nothing to re-read
         return _file_stamp(self.config.source)
 
-    def start_failure_note(self, ref: str, message: str) -> str:
-        """What to add to a start's failure ``message`` (`core.defaults.start_note`): one
-        inspect, on the failure path only."""
-        try:
-            info = self.engine.inspect(ref) if self.engine else None
-        except EngineError:
-            return ""
-        return defaults.start_note(message, ((info or {}).get("Config") or {}).get("Labels"))
-
     def unhealthy(self) -> dict[str, str]:
         """UUID -> its event; nothing when the operator turned health off."""
         return {} if self.config.health.disabled else self.health.read().unhealthy()
@@ -366,37 +323,6 @@ def check_pools(source: str, rules: Rules, inventory: Inventory) -> None:
     bad = missing_pool_gpus(rules, inventory)
     if bad is not None:
         raise ConfigError(f"{source}: key '{bad[0]}': {bad[1]}")
-
-
-class _LazyFacts:
-    """Stands in for `Facts`; computes them on the first attribute read."""
-
-    def __init__(self, alloc: Gatherer):
-        self._alloc = alloc
-        self._facts: Facts | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        if self._facts is None:
-            self._facts = self._alloc.facts()
-        return getattr(self._facts, name)
-
-
-class Unasked(Exception):
-    """A fact `Gatherer.cached_facts` does not have: decide again with `Gatherer.facts`."""
-
-
-def _unasked(*_: object) -> Any:
-    raise Unasked("a lookup")
-
-
-class _UnaskedHost:
-    """The host's filesystem, never asked: any question means the decision waits."""
-
-    def __init__(self, protected: tuple[str, ...]):
-        self.protected = protected
-
-    def __getattr__(self, name: str) -> Any:
-        return _unasked
 
 
 def _file_stamp(path: str) -> tuple[int, int, int] | None:

@@ -11,65 +11,44 @@ copy of the state so that nothing is granted.  The line itself lives in the shim
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol, Unpack
+from collections.abc import Callable
 
 from allocator.core import policy, queue
 from allocator.core.holders import Holder
 from allocator.core.leases import Lease, State
 from allocator.core.placement import usable
 from allocator.core.policy import Refusal
+from allocator.gather import Gatherer
 from allocator.host import metrics
-
-if TYPE_CHECKING:
-    from allocator.core import cpus
-    from allocator.core.inventory import Inventory
-    from allocator.core.placement import Shortage
-    from allocator.core.policy import Rules
-    from allocator.gather import AuditFields
-    from allocator.host.config import Config
-    from allocator.host.ledger import Ledger
-    from allocator.service import LeaseRequest
-
-
-class _Service(Protocol):
-    """What the line uses of the `allocator.service.Allocator` it is a part of."""
-
-    ledger: Ledger
-    config: Config
-    waiting: Callable[[], list[queue.Waiter]]
-
-    @property
-    def rules(self) -> Rules: ...
-    def record(
-        self, kind: str, lease: Lease | None = None, **fields: Unpack[AuditFields]
-    ) -> None: ...
-    def inventory(self, cached: bool = False) -> Inventory: ...
-    def unhealthy(self) -> dict[str, str]: ...
-    def cpu_topology(self) -> cpus.Topology: ...
-    def _attempt(self, state: State) -> queue.Attempt: ...
-    def _take(
-        self,
-        state: State,
-        req: LeaseRequest,
-        scope: tuple[Inventory, str | None],
-        topology: cpus.Topology | None,
-        kept: Mapping[str, Holder] | None = None,
-    ) -> tuple[Lease, str, Lease | None] | Shortage | Refusal: ...
-
+from allocator.host.ledger import Ledger
+from allocator.placer import LeaseRequest, Placer
+from allocator.recorder import Recorder
 
 _KEPT = Holder(None, "", "kept for a create ahead in the queue", owner="the queue")
 
 
 class Lineup:
+    """The line's grants (`serve_waiters`) and what it keeps from others (`kept`).
+
+    ``waiting`` returns the creates waiting in line; the shim's Waitline sets it, and
+    elsewhere the line is empty.
+    """
+
+    def __init__(self, ledger: Ledger, gather: Gatherer, placer: Placer, recorder: Recorder):
+        self.ledger = ledger
+        self.gather = gather
+        self.placer = placer
+        self.recorder = recorder
+        self.waiting: Callable[[], list[queue.Waiter]] = list
+
     def serve_waiters(
-        self: _Service, waiters: list[queue.Waiter]
+        self, waiters: list[queue.Waiter]
     ) -> list[tuple[queue.Waiter, tuple[Lease, str]]]:
         """Grant what the queue allows now, in its order, under one ledger transaction.
 
         Each ``waiter.ask`` is a `LeaseRequest`.  The placement and limits are
-        `_take`'s, so a waiter is granted exactly as a create arriving now would be,
-        minus the GPUs kept for waiters ahead of it (`core.queue.serve`).
+        `Placer.take`'s, so a waiter is granted exactly as a create arriving now would
+        be, minus the GPUs kept for waiters ahead of it (`core.queue.serve`).
         """
         if not waiters:
             return []
@@ -78,17 +57,18 @@ class Lineup:
             granted = queue.serve(waiters, held, self._attempt(state))
         for _, placed in granted:
             metrics.request("granted")
-            self.record("grant", placed.result[0], reason="served from the queue")
+            self.recorder.record("grant", placed.result[0], reason="served from the queue")
         return [(w, placed.result) for w, placed in granted]
 
-    def kept(self: _Service, state: State, req: LeaseRequest) -> dict[str, Holder]:
+    def kept(self, state: State, req: LeaseRequest) -> dict[str, Holder]:
         """GPU -> who keeps it from ``req``, a create arriving now: the waiters ahead of it
         in the line's order (rule 4 of `core.queue`)."""
         waiters = self.waiting()
         if not waiters:
             return {}
         owner, last = req.owner, max(w.arrived for w in waiters)
-        newcomer = queue.Waiter("", owner.user, policy.priority_of(owner, self.rules), last + 1, 0)
+        rules = self.gather.rules
+        newcomer = queue.Waiter("", owner.user, policy.priority_of(owner, rules), last + 1, 0)
         held = {w.owner: state.held_by(w.owner) for w in (*waiters, newcomer)}
         ahead = queue.ahead_of(newcomer, waiters, held)
         if not ahead:
@@ -96,10 +76,11 @@ class Lineup:
         keeps = queue.kept(ahead, self._attempt(copy.deepcopy(state)))
         return {uuid: queue.keeper(w, w.ask.name) for uuid, w in keeps.items()}
 
-    def _attempt(self: _Service, state: State) -> queue.Attempt:
-        """Place a waiter in ``state`` as `_take` places any create, besides ``blocked``."""
-        rules, inventory = self.rules, self.inventory()
-        sick, mig = self.unhealthy(), self.config.policy.mig
+    def _attempt(self, state: State) -> queue.Attempt:
+        """Place a waiter in ``state`` as `Placer.take` places any create, besides
+        ``blocked``."""
+        rules, inventory = self.gather.rules, self.gather.inventory()
+        sick, mig = self.gather.unhealthy(), self.gather.config.policy.mig
 
         def attempt(
             w: queue.Waiter, blocked: frozenset[str]
@@ -108,13 +89,13 @@ class Lineup:
             scope = policy.eligible(inventory, req.want, req.owner, rules, req.ask.required)
             if not isinstance(scope, tuple):
                 return queue.OverLimit(scope.msg)
-            topology = self.cpu_topology() if req.resources.any else None
-            taken = self._take(state, req, scope, topology, dict.fromkeys(blocked, _KEPT))
+            topology = self.gather.cpu_topology() if req.resources.any else None
+            taken = self.placer.take(state, req, scope, topology, dict.fromkeys(blocked, _KEPT))
             if isinstance(taken, tuple):
                 return queue.Placed(taken[0].gpus, taken[:2])
             if isinstance(taken, Refusal):
                 return queue.OverLimit(taken.msg)
-            holders = state.holders(inventory.uuids)
+            holders = self.placer.reserved(state.holders(inventory.uuids), req.owner, req.limit)
             return queue.Short(usable(req.ask, scope[0], holders, sick, mig))
 
         return attempt

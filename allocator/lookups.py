@@ -12,17 +12,29 @@ import os
 from functools import cached_property
 from typing import Any
 
+from allocator.core import defaults
 from allocator.core.inflight import Target
 from allocator.core.leases import Phase, State
 from allocator.core.policy import Owner
 from allocator.core.verdicts import Facts
 from allocator.gather import Gatherer
+from allocator.host.config import Config
+from allocator.host.engine import Engine, EngineError
 from allocator.host.images import ImageConfigs
+from allocator.host.ledger import Ledger
 from allocator.host.owners import Owners
 from allocator.host.peers import Peer
 
 
-class Lookups(Gatherer):
+class Lookups:
+    """The adapters' questions, each answered by the one call it needs."""
+
+    def __init__(self, config: Config, engine: Engine | None, ledger: Ledger, gather: Gatherer):
+        self.config = config
+        self.engine = engine
+        self.ledger = ledger
+        self.gather = gather
+
     @property
     def has_engine(self) -> bool:
         """An Engine answers (without one, in tests of the ledger alone, nothing resolves
@@ -72,7 +84,7 @@ class Lookups(Gatherer):
     def plugin_judges(self, facts: Facts | None = None) -> bool:
         """Whether dockerd runs gpu-alloc's plugin, by ``facts`` or else as the Engine
         said lately (no call): it then judges every write on every socket."""
-        view = self.known_engine_view() if facts is None else facts.engine
+        view = self.gather.known_engine_view() if facts is None else facts.engine
         return view is not None and self.config.plugin.name in view.authz_plugins
 
     def ledger_state(self) -> State:
@@ -87,3 +99,12 @@ class Lookups(Gatherer):
         except OSError:
             return None
         return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def start_failure_note(self, ref: str, message: str) -> str:
+        """What to add to a start's failure ``message`` (`core.defaults.start_note`): one
+        inspect, on the failure path only."""
+        try:
+            info = self.engine.inspect(ref) if self.engine else None
+        except EngineError:
+            return ""
+        return defaults.start_note(message, ((info or {}).get("Config") or {}).get("Labels"))

@@ -5,7 +5,7 @@ holds the lock), then, under the lock, applies `allocator.core.reconcile.apply`:
 frees leases whose container is gone, binds pending leases whose container turned
 up (found by label), frees pending leases past their deadline with no container,
 expires stopped ones past ``release_stopped_after``, and adopts unknown containers'
-GPU access as claims.  Every lease that ends is one audit line (`Gatherer.record`).
+GPU access as claims.  Every lease that ends is one audit line (`Recorder.ended`).
 
 A stopped container whose lease expires still exists, and dockerd starts it again at
 its own start if its restart policy says so, without asking the plugin: the policy is
@@ -16,6 +16,7 @@ whose container's policy cannot be turned off is kept until a later run can.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -23,25 +24,29 @@ from typing import Any
 from allocator.core import access, labels, policy, privileged, restarts
 from allocator.core.leases import Claim, Lease, Phase, State
 from allocator.core.reconcile import STOPPED, Report, apply
-from allocator.core.verdicts import (
-    Facts,
-)
+from allocator.core.verdicts import Facts
 from allocator.gather import Gatherer
-from allocator.host import ledger, metrics
-from allocator.host.engine import EngineError, go_time
+from allocator.host import ledger
+from allocator.host.engine import Engine, EngineError, go_time
+from allocator.host.ledger import Ledger
+from allocator.recorder import Recorder
 
 log = logging.getLogger("gpu-alloc")
 
 
-class Reconciler(Gatherer):
-    """Reconcile, on top of the gathered facts."""
+class Reconciler:
+    """``reconcile`` the ledger with the Engine; ``without_gpus`` are the containers it
+    inspected and found holding no GPU (never inspected again while they exist)."""
 
-    def _ended(self, lease: Lease | None, reason: str) -> None:
-        if lease is not None:
-            metrics.lease_ended(ledger.now() - lease.created)
-            self.record("release", lease, reason=reason)
-            for listener in self.listeners:
-                listener()
+    def __init__(self, engine: Engine | None, ledger: Ledger, gather: Gatherer, recorder: Recorder):
+        self.engine = engine
+        self.ledger = ledger
+        self.gather = gather
+        self.recorder = recorder
+        self.without_gpus: set[str] = set()
+        self._reconciling = threading.Condition()
+        self._reconcile_running = False
+        self._last_reconcile: tuple[float, bool, Report] | None = None
 
     def reconcile(self, adopt: bool = False) -> Report:
         """Make the ledger agree with the Engine; see the module docstring.
@@ -85,7 +90,7 @@ class Reconciler(Gatherer):
             listed.update((c["Id"], c) for c in self.engine.containers(ids=list(snapshot.claims)))
         if adopt:
             listed.update((c["Id"], c) for c in self.engine.containers())
-        facts = self.facts()
+        facts = self.gather.facts()
         facts.require_inventory()  # which GPUs a claim holds needs the inventory
         by_label: dict[str, str] = {}
         for cid, c in listed.items():
@@ -96,19 +101,19 @@ class Reconciler(Gatherer):
         if adopt:
             known = {le.container for le in snapshot.leases.values()} | set(snapshot.claims)
             known |= set(snapshot.expired)  # their GPUs went back: never adopt them
-            for cid in listed.keys() - known - self._no_gpu - set(by_label.values()):
+            for cid in listed.keys() - known - self.without_gpus - set(by_label.values()):
                 claim = self._claim_of(cid, facts)
                 if claim is None:
-                    self._no_gpu.add(cid)
+                    self.without_gpus.add(cid)
                 else:
                     found[cid] = claim
-            self._no_gpu &= set(listed)
+            self.without_gpus &= set(listed)
         stopped, policies = self._stopped_since(snapshot, listed)
         due = policy.expired(
             [(le.id, le.container or "") for le in snapshot.leases.values()],
             stopped,
             ledger.now(),
-            self.rules,
+            self.gather.rules,
         )
         held_down = {
             lease_id: snapshot.leases[lease_id]
@@ -120,7 +125,9 @@ class Reconciler(Gatherer):
             now = ledger.now()
             report = apply(state, snapshot, listed, by_label, found, now)
             bound = [(le.id, le.container or "") for le in state.leases.values()]
-            expired = [i for i in policy.expired(bound, stopped, now, self.rules) if i in held_down]
+            expired = [
+                i for i in policy.expired(bound, stopped, now, self.gather.rules) if i in held_down
+            ]
             for lease_id in expired:
                 state.expire(lease_id, now)
                 report.freed.append(lease_id)
@@ -138,10 +145,10 @@ class Reconciler(Gatherer):
             why = "container gone" if lease and lease.container else "create never completed"
             if lease_id in expired:
                 why = "stopped longer than policy.release_stopped_after"
-            self._ended(lease, f"reconcile: {why}")
+            self.recorder.ended(lease, f"reconcile: {why}")
         for cid in report.adopted:
             claim = found[cid]
-            self.record(
+            self.recorder.record(
                 "adoption", gpus=claim.gpus or (), container=cid, name=claim.name, reason=claim.why
             )
         return report
@@ -157,7 +164,7 @@ class Reconciler(Gatherer):
         """
         since: dict[str, float] = {}
         policies: dict[str, str] = {}
-        if self.rules.release_stopped_after is None or self.engine is None:
+        if self.gather.rules.release_stopped_after is None or self.engine is None:
             return since, policies
         leased = {
             le.container
@@ -194,7 +201,9 @@ class Reconciler(Gatherer):
         was = policies.get(str(lease.container))
         if was:
             log.info("container %s: restart policy %s turned off (%s)", lease.name, was, why)
-            self.record("restart-off", lease, reason=f"restart policy {was} turned off: {why}")
+            self.recorder.record(
+                "restart-off", lease, reason=f"restart policy {was} turned off: {why}"
+            )
 
     def _carries(self, cid: str, lease: Lease, facts: Facts) -> bool:
         """Does this container really hold the lease's GPUs (not a label copied by commit)?"""

@@ -16,16 +16,36 @@ from typing import Any
 
 from allocator.core import policy, restarts, starts
 from allocator.core.leases import State, StateError
+from allocator.gather import Gatherer
 from allocator.host import ledger
-from allocator.host.engine import EngineError, go_time
+from allocator.host.engine import Engine, EngineError, go_time
+from allocator.host.ledger import Ledger
 from allocator.reconciler import Reconciler
+from allocator.recorder import Recorder
 
 log = logging.getLogger("gpu-alloc")
 _INSPECT = object()  # start_refusal's default: inspect the reference itself
 
 
-class Restarts(Reconciler):
-    """Starts, asked and standing, on top of reconcile."""
+class Restarts:
+    """Starts, asked (`start_refusal`) and standing (the restart policies).
+
+    ``reconciler`` says which containers hold no GPU (`check_restarts` skips them).
+    """
+
+    def __init__(
+        self,
+        engine: Engine | None,
+        ledger: Ledger,
+        gather: Gatherer,
+        recorder: Recorder,
+        reconciler: Reconciler,
+    ):
+        self.engine = engine
+        self.ledger = ledger
+        self.gather = gather
+        self.recorder = recorder
+        self.reconciler = reconciler
 
     def start_refusal(
         self, ref: str, info: dict | object | None = _INSPECT, state: State | None = None
@@ -50,14 +70,14 @@ class Restarts(Reconciler):
             info = self.engine.inspect(ref) if self.engine else None
         assert info is None or isinstance(info, dict)
         if info and not isinstance(ledger, str) and info["Id"] in ledger.expired:
-            return policy.expired_text(ref, self.rules)
+            return policy.expired_text(ref, self.gather.rules)
         old_info = None
         if info is not None and not isinstance(ledger, str) and self.engine is not None:
             lease = ledger.lease_of(str(info.get("Id") or ""))
             old = ledger.predecessor_of(lease.id) if lease else None
             if old is not None and old.container:
                 old_info = self.engine.inspect(old.container)  # by full id: None if gone
-        facts = self.facts()
+        facts = self.gather.facts()
         return starts.refusal(
             ref, info, ledger, facts.engine, facts.known_gpus, facts.host, old_info, facts.volume_of
         )
@@ -74,7 +94,7 @@ class Restarts(Reconciler):
     def _expiring(self, info: dict[str, Any]) -> str | None:
         """A stopped container whose lease is due to end (`policy.release_stopped_after`):
         a policy set now could land after reconcile turned it off for the expiry."""
-        after = self.rules.release_stopped_after
+        after = self.gather.rules.release_stopped_after
         st = info.get("State") or {}
         if after is None or st.get("Running"):
             return None
@@ -110,7 +130,9 @@ class Restarts(Reconciler):
         if restarts.described(was):
             why = f"restart policy {restarts.described(was)} turned off: lent its GPUs to {by}"
             log.info("container %s: %s", predecessor[1], why)
-            self.record("restart-off", container=predecessor[0], name=predecessor[1], reason=why)
+            self.recorder.record(
+                "restart-off", container=predecessor[0], name=predecessor[1], reason=why
+            )
 
     def put_back(self, container: str, was: dict[str, Any]) -> None:
         """Give back the restart policy `hold_down` turned off, when no hand-over came."""
@@ -133,7 +155,7 @@ class Restarts(Reconciler):
         turned = []
         for c in self.engine.containers():
             cid = c["Id"]
-            info = None if cid in self._no_gpu else self.engine.inspect(cid)
+            info = None if cid in self.reconciler.without_gpus else self.engine.inspect(cid)
             had = restarts.standing(info) if info else ""
             why = self.start_refusal(cid, info, state) if had else None
             if why is None:
@@ -145,7 +167,7 @@ class Restarts(Reconciler):
                 log.warning("restart policy %s of %s left on: %s", had, name, e)
                 continue
             log.warning("container %s: restart policy %s turned off: %s", name, had, why)
-            self.record(
+            self.recorder.record(
                 "restart-off",
                 container=cid,
                 name=name,

@@ -21,9 +21,9 @@ call that could change what it names (rename, removal, prune, named create) are
 kept in flight between their AuthZReq and AuthZRes, and never overlap
 (plugin/inflight.py, allocator/core/inflight.py).
 
-`Dispatcher.dispatch` is the one function both calls go through: the envelope
-is parsed once and the route classified once per call, and Flask is left only
-the activation handshake.
+`Dispatcher.answer` is the one function every plugin call goes through, the
+activation handshake included: the envelope is parsed once and the route
+classified once per call.  plugin/worker.py frames its answers in HTTP.
 
 Any error on the way (corrupt state, lock timeout, Engine not answering)
 denies the request with the reason: dockerd shows ``Msg`` to the user.
@@ -41,10 +41,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from flask import Flask, Response
-
 from allocator.core import outcomes
 from allocator.core import verdicts as decide
+from allocator.core.facts import Need
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
 from allocator.core.routes import Check, Route
@@ -57,9 +56,7 @@ from plugin.inflight import InFlight
 log = logging.getLogger("gpu-alloc.plugin")
 _ALLOW = json.dumps({"Allow": True}).encode()
 _ACTIVATE = json.dumps({"Implements": ["authz"]}).encode()
-_MIME = "application/vnd.docker.plugins.v1+json"
 _FAILURES = (StateError, EngineError, InventoryError)
-DISPATCHER = "gpu-alloc.dispatcher"
 
 
 def _deny(msg: str) -> bytes:
@@ -95,13 +92,15 @@ _METHOD = re.compile(rb'"RequestMethod":"([A-Z]+)"')
 
 
 Later = Callable[[], bytes]
+Asked = Callable[[decide.Facts], decide.Decision]
 # A create body decoded on the event loop at most (base64): the CLI's and Compose's are
 # a few KiB; a bigger one (dockerd passes a plugin up to 4 MiB) is decoded on the pool.
 _QUICK_BODY = 64 << 10
 
 
 class Dispatcher:
-    """``answer(path, raw envelope)``: the one place an authz call is decided.
+    """``answer(path, raw envelope)``: the one place a plugin call is answered (the
+    activation handshake, and every authz call's decision).
 
     The envelope is parsed once and the route classified once per call.  Calls that
     touch no GPU are answered at once, from the route table: no lock, no file, no
@@ -114,7 +113,8 @@ class Dispatcher:
     def __init__(self, alloc: Allocator):
         self.alloc = alloc
         self.inflight = InFlight(alloc)
-        self._routes = {
+        self._routes: dict[str, Callable[[bytes], bytes | Later]] = {
+            "/Plugin.Activate": self.activate,
             "/AuthZPlugin.AuthZReq": self.authz_req,
             "/AuthZPlugin.AuthZRes": self.authz_res,
         }
@@ -126,9 +126,25 @@ class Dispatcher:
         return self._routes[path](raw)
 
     def dispatch(self, path: str, raw: bytes) -> bytes:
-        """The whole answer, waiting for it here (a WSGI server's thread)."""
+        """The whole answer, waiting for it here (a caller's own thread)."""
         answer = self.answer(path, raw)
         return answer if isinstance(answer, bytes) else answer()
+
+    def activate(self, raw: bytes) -> Later:
+        """dockerd's handshake: the answer is a constant, the work it starts writes files
+        (on the pool)."""
+        return self._activated
+
+    def _activated(self) -> bytes:
+        # dockerd activates its plugins once per life: whatever was in flight belonged to
+        # a dockerd that is gone (a restart mid-call), and no AuthZRes will end it.  The
+        # new one may run other runtimes: every worker and the shim read /info again.
+        self.alloc.gather.engine_activated()
+        try:
+            self.inflight.registry.clear()
+        except StateError as e:
+            log.warning("in-flight registry not cleared at activation: %s", e)
+        return _ACTIVATE
 
     def authz_req(self, raw: bytes) -> bytes | Later:
         try:
@@ -149,32 +165,47 @@ class Dispatcher:
             return self._quick(route, method, uri, req)
         return partial(self._decide, route, method, uri, req)
 
-    def _verdict(
-        self, route: Route, method: str, uri: str, req: dict[str, Any], facts: decide.Facts
-    ) -> decide.Decision:
-        asked = decide.authz_request(route, method, uri, _body(req), facts, _headers(req))
-        return self.alloc.resolve(asked)
+    def _asked(self, route: Route, method: str, uri: str, req: dict[str, Any]) -> Asked:
+        """The core's verdict on the call, for `Gatherer.decide` to give its facts."""
+        body, headers = _body(req), _headers(req)
+        return partial(decide.authz_request, route, method, uri, body, headers=headers)
+
+    def _verdict(self, route: Route, method: str, uri: str, req: dict[str, Any]) -> decide.Decision:
+        asked = self.alloc.gather.decide(
+            self._asked(route, method, uri, req), decide.reads_facts(route)
+        )
+        return self.alloc.admission.resolve(asked)
 
     def _quick(self, route: Route, method: str, uri: str, req: dict[str, Any]) -> bytes | Later:
-        """An unnamed create, allowed here when the facts at hand suffice: the Engine's
-        view and the inventory as cached, and the ledger's files (read without the lock:
-        no wait, no write).  A create that needs a fact not at hand, fails, or is refused
-        (the refusal goes to the audit trail) goes to `_decide`."""
+        """An unnamed create, decided here when the facts at hand suffice
+        (`Gatherer.at_hand`: the Engine's view and the inventory as cached) and allowed
+        by the ledger's files (read without the lock: no wait, no write).  A create that
+        needs a fact not at hand, or whose decision fails, goes to `_decide`; one refused
+        goes there with its decision, for the audit trail."""
         began = time.perf_counter()
         try:
-            decision: decide.Decision | None = self._verdict(
-                route, method, uri, req, self.alloc.cached_facts()
-            )
-        except Exception:  # a fact not at hand, or any failure: decided in full, and logged
+            asked = self.alloc.gather.at_hand(self._asked(route, method, uri, req))
+            decision = None if isinstance(asked, Need) else self.alloc.admission.resolve(asked)
+        except Exception:  # any failure: decided in full, and logged
             decision = None
         if not isinstance(decision, decide.Allow):
-            return partial(self._decide, route, method, uri, req)
+            return partial(self._decide, route, method, uri, req, decision)
         metrics.decision(time.perf_counter() - began)
         return _ALLOW
 
-    def _decide(self, route: Route, method: str, uri: str, req: dict[str, Any]) -> bytes:
+    def _decide(
+        self,
+        route: Route,
+        method: str,
+        uri: str,
+        req: dict[str, Any],
+        decided: decide.Decision | None = None,
+    ) -> bytes:
+        """The call decided where waiting blocks nobody; ``decided``: already, at hand."""
         began = time.perf_counter()
-        verdict = partial(self._verdict, route, method, uri, req, self.alloc.lazy_facts())
+        verdict: Callable[[], decide.Decision] = partial(self._verdict, route, method, uri, req)
+        if decided is not None:
+            verdict = partial(_given, decided)
         try:
             decision = self.inflight.judge(route, method, uri, verdict)
         except _FAILURES as e:
@@ -184,7 +215,9 @@ class Dispatcher:
             log.info("denied %s %s: %s", method, uri, decision.msg)
             metrics.request("denied")
             metrics.denial(decision.field)
-            self.alloc.record("denial", reason=decision.msg, name=f"{method} {uri.split('?')[0]}")
+            self.alloc.recorder.record(
+                "denial", reason=decision.msg, name=f"{method} {uri.split('?')[0]}"
+            )
             return _deny(decision.msg)
         return _ALLOW
 
@@ -225,54 +258,17 @@ class Dispatcher:
                 log.exception("could not end %s %s in flight", method, uri)
         if outcome is not None:
             try:
-                self.alloc.settle(outcome)
+                self.alloc.book.settle(outcome)
             except StateError as e:
                 # The container exists already; reconcile binds it by label later.
                 log.error("could not settle %s %s: %s", method, uri, e)
         return _ALLOW
 
 
-def create_app(config: Config, allocator: Allocator | None = None) -> Flask:
-    alloc = allocator or connect(config)
-    app = Flask("gpu-alloc-plugin")
-
-    dispatcher = Dispatcher(alloc)
-
-    @app.post("/Plugin.Activate")
-    def activate() -> Response:
-        # dockerd activates its plugins once per life: whatever was in flight belonged to
-        # a dockerd that is gone (a restart mid-call), and no AuthZRes will end it.  The
-        # new one may run other runtimes: every worker and the shim read /info again.
-        alloc.engine_activated()
-        try:
-            dispatcher.inflight.registry.clear()
-        except StateError as e:
-            log.warning("in-flight registry not cleared at activation: %s", e)
-        return Response(_ACTIVATE, status=200, mimetype=_MIME)
-
-    app.extensions[DISPATCHER] = dispatcher  # plugin.worker answers authz calls with it
-    # Flask documents wrapping wsgi_app as its middleware hook; its types call it a method.
-    app.wsgi_app = _Authz(app.wsgi_app, dispatcher)  # type: ignore[method-assign]
-    return app
+def _given(decision: decide.Decision) -> decide.Decision:
+    return decision
 
 
-class _Authz:
-    """WSGI: authz calls go straight to the dispatcher, without a Flask dispatch.
-
-    dockerd calls the plugin twice for every API call on the host; a Flask dispatch
-    costs more than the decision for most of them.  Everything else (activation,
-    unknown paths) goes on to Flask.
-    """
-
-    def __init__(self, app: Any, dispatcher: Dispatcher):
-        self.app = app
-        self.dispatcher = dispatcher
-
-    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
-        path = environ.get("PATH_INFO") or ""
-        if environ.get("REQUEST_METHOD") != "POST" or not self.dispatcher.handles(path):
-            return self.app(environ, start_response)
-        raw = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
-        answer = self.dispatcher.dispatch(path, raw)
-        start_response("200 OK", [("Content-Type", _MIME), ("Content-Length", str(len(answer)))])
-        return [answer]
+def create_dispatcher(config: Config, allocator: Allocator | None = None) -> Dispatcher:
+    """The plugin's calls, answered by the allocator ``config`` names (or ``allocator``)."""
+    return Dispatcher(allocator or connect(config))

@@ -1,6 +1,6 @@
 """The plugin's side of the in-flight rule (allocator/core/inflight.py): announce, then allow.
 
-A start or restart is judged first (`Allocator.resolve`: the inspect it judged says
+A start or restart is judged first (`Admission.resolve`: the inspect it judged says
 which container its reference named), then put in flight once no conflicting rename,
 removal, prune or named create is; a change is put in flight before its own verdict,
 once no start it could redirect is.  Each leaves when its AuthZRes arrives (`end`,
@@ -41,7 +41,9 @@ ASK_EVERY = 0.1  # seconds between asking the Engine whether a restart was looke
 class InFlight:
     def __init__(self, alloc: Allocator, registry: Registry | None = None):
         self.alloc = alloc
-        self.resolves = alloc.has_engine  # an Engine resolves references (fixed for its life)
+        self.resolves = (
+            alloc.lookups.has_engine
+        )  # an Engine resolves references (fixed for its life)
         self.registry = registry or Registry(
             runtime_dir(alloc.config), alloc.config.policy.lock_timeout
         )
@@ -103,11 +105,11 @@ class InFlight:
     def _recheck(self, start: Start, moved: bool) -> str | None:
         """What can still be wrong once the start is in flight, nothing can move it now."""
         if moved:
-            now = Start(start.verb, start.ref, self.alloc.target_of(start.ref))
+            now = Start(start.verb, start.ref, self.alloc.lookups.target_of(start.ref))
             if now != start:
                 return inflight.moved_text(start)
         if inflight.needs_name_check(start):
-            named = self.alloc.ids_named(start.ref)
+            named = self.alloc.lookups.ids_named(start.ref)
             if named:
                 return inflight.named_like_id_text(start, named[0])
         return None
@@ -126,7 +128,7 @@ class InFlight:
                 return False
             asked[entry] = now
             try:
-                return alloc.signalled(target.id, entry.began)
+                return alloc.lookups.signalled(target.id, entry.began)
             except EngineError:
                 return False  # no word from the Engine: the restart holds the call off
 

@@ -5,6 +5,7 @@ a thread pool): dockerd's plugin client keeps connections alive, and a handler
 that waits (for the ledger lock) must not stop the same worker from answering
 the calls that touch no GPU, including the ones its own Engine calls cause.
 gunicorn's arbiter restarts a worker that dies; ``timeout`` kills one that hangs.
+No WSGI app: the worker answers every call through `plugin.app.Dispatcher`.
 
 gunicorn removes whatever socket is at its bind path, and unlinks it again on exit:
 a second plugin started by hand would leave the live one deaf.  `listener.claim`
@@ -33,11 +34,13 @@ class _Server(BaseApplication):
             self.cfg.set(key, value)
 
     def load(self):
-        from plugin.app import DISPATCHER, create_app
+        """What each worker serves (`plugin.worker` asks for it after its fork): the
+        Dispatcher, not a WSGI app; gunicorn here keeps the processes, not the HTTP."""
+        from plugin.app import create_dispatcher
 
-        app = create_app(self.gpu_config)
-        app.extensions[DISPATCHER].alloc.watch_policy()  # in each worker, after its fork
-        return app
+        dispatcher = create_dispatcher(self.gpu_config)
+        dispatcher.alloc.gather.watch_policy()  # in each worker, after its fork
+        return dispatcher
 
 
 def options(config: Config) -> dict[str, Any]:

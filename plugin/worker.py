@@ -20,8 +20,10 @@ shape with gpu-alloc's decisions in it:
   runs on a thread pool, so while it waits this worker keeps answering every other
   call, including the ones its own Engine inspects make dockerd send back to it;
 * answers go out in request order on each connection;
-* anything that is not an authz call (``Plugin.Activate``) goes to the Flask app
-  through WSGI, on the pool.
+* the activation handshake is one more route of the dispatcher (a constant answer;
+  the files it touches are touched on the pool); any other call gets a 404 in the
+  plugin protocol's error format (``{"Err": ...}``, which dockerd shows).  No web
+  framework: there is no other route to serve.
 
 gunicorn still owns the processes: the arbiter forks the workers, restarts one
 that dies, and kills one whose heartbeat stops (`notify` below, every second).
@@ -30,10 +32,9 @@ that dies, and kills one whose heartbeat stops (`notify` below, every second).
 from __future__ import annotations
 
 import asyncio
-import io
+import json
 import os
 import signal
-import sys
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -43,7 +44,7 @@ from typing import Any
 import httptools
 from gunicorn.workers import base
 
-from plugin.app import DISPATCHER, Dispatcher
+from plugin.app import Dispatcher
 
 _MAX_BODY = 16 << 20  # dockerd sends at most 4 MiB of a body to a plugin
 _THREADS = 64  # decisions that wait (for the lock, for the Engine) at the same time
@@ -61,8 +62,16 @@ def _reply(status: int, body: bytes, content_type: bytes) -> bytes:
     )
 
 
-_AUTHZ_TYPE = b"application/vnd.docker.plugins.v1+json"
-_BAD = _reply(400, b"malformed request\n", b"text/plain")
+_MIME = b"application/vnd.docker.plugins.v1+json"  # what dockerd's plugin client sends
+
+
+def _error(status: int, msg: str) -> bytes:
+    """An error as dockerd's plugin client reads one: it shows ``Err``."""
+    return _reply(status, json.dumps({"Err": msg}).encode(), _MIME)
+
+
+_BAD = _error(400, "gpu-alloc plugin: malformed HTTP request")
+_FAILED = _error(500, "gpu-alloc plugin: the answer failed; the plugin's log says why")
 
 
 class _Connection(asyncio.Protocol):
@@ -111,12 +120,12 @@ class _Connection(asyncio.Protocol):
         if method == "POST" and dispatcher.handles(path):
             answer = dispatcher.answer(path, raw)
             if isinstance(answer, bytes):
-                self._answer(_reply(200, answer, _AUTHZ_TYPE))
+                self._answer(_reply(200, answer, _MIME))
                 return
             self._queue(self.worker.later(partial(_framed, answer)))
         else:
-            environ = _environ(method, self.url, raw, self.parser)
-            self._queue(self.worker.later(lambda: _wsgi(self.worker.wsgi, environ)))
+            self._answer(_error(404, _unknown(method, path)))
+            return
         if not self.parser.should_keep_alive():
             self.queue[-1].add_done_callback(lambda _: self._close())
 
@@ -143,7 +152,7 @@ class _Connection(asyncio.Protocol):
             error = future.exception()
             if error is not None:
                 self.worker.log.error("plugin answer failed: %r", error)
-                self._send(_reply(500, b"gpu-alloc plugin error\n", b"text/plain"))
+                self._send(_FAILED)
             else:
                 self._send(future.result())
 
@@ -158,45 +167,14 @@ class _Connection(asyncio.Protocol):
 
 def _framed(later: Callable[[], bytes]) -> bytes:
     """A decision and its HTTP framing, both on the pool: the loop only sends the bytes."""
-    return _reply(200, later(), _AUTHZ_TYPE)
+    return _reply(200, later(), _MIME)
 
 
-def _environ(method: str, url: bytes, body: bytes, parser: Any) -> dict[str, Any]:
-    parsed = httptools.parse_url(url)
-    return {
-        "REQUEST_METHOD": method,
-        "PATH_INFO": (parsed.path or b"/").decode("latin-1"),
-        "QUERY_STRING": (parsed.query or b"").decode("latin-1"),
-        "CONTENT_LENGTH": str(len(body)),
-        "CONTENT_TYPE": "application/json",
-        "SERVER_NAME": "gpu-alloc",
-        "SERVER_PORT": "0",
-        "SERVER_PROTOCOL": f"HTTP/{parser.get_http_version()}",
-        "wsgi.version": (1, 0),
-        "wsgi.url_scheme": "http",
-        "wsgi.input": io.BytesIO(body),
-        "wsgi.errors": sys.stderr,
-        "wsgi.multithread": True,
-        "wsgi.multiprocess": True,
-        "wsgi.run_once": False,
-    }
-
-
-def _wsgi(app: Any, environ: dict[str, Any]) -> bytes:
-    """One WSGI call, collected into a whole HTTP response (activation and the like)."""
-    started: list[str] = []
-
-    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
-        started[:] = [status]
-        started.extend(f"{k}: {v}" for k, v in headers if k.lower() != "content-length")
-
-    chunks = app(environ, start_response)
-    try:
-        body = b"".join(chunks)
-    finally:
-        getattr(chunks, "close", lambda: None)()
-    head = [f"HTTP/1.1 {started[0]}", *started[1:], f"Content-Length: {len(body)}"]
-    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+def _unknown(method: str, path: str) -> str:
+    return (
+        f"gpu-alloc plugin: no {method} {path}; it answers POST /Plugin.Activate,"
+        " /AuthZPlugin.AuthZReq and /AuthZPlugin.AuthZRes"
+    )
 
 
 class Worker(base.Worker):
@@ -217,9 +195,12 @@ class Worker(base.Worker):
         super().init_process()
 
     def load_wsgi(self) -> None:
-        super().load_wsgi()
-        # types-gunicorn knows the app only as a WSGI callable; ours is plugin.app's Flask app.
-        self.dispatcher: Dispatcher = self.wsgi.extensions[DISPATCHER]  # type: ignore[attr-defined]
+        """gunicorn loads the application in each worker, after its fork: ours is no WSGI
+        callable but the `Dispatcher` (`plugin.serve`)."""
+        dispatcher = self.app.wsgi()
+        if not isinstance(dispatcher, Dispatcher):
+            raise TypeError(f"plugin.worker serves a Dispatcher, not {dispatcher!r}")
+        self.dispatcher: Dispatcher = dispatcher
 
     def init_signals(self) -> None:
         for s in self.SIGNALS:

@@ -66,7 +66,7 @@ class Admin:
 
     def _status(self) -> dict:
         """``gpu-alloc status``, reconciled first, with the queue this shim holds."""
-        self.alloc.reconcile()
+        self.alloc.reconciler.reconcile()
         snap = status.snapshot(self.alloc, self.live)
         snap["queue"] = self.waitline.snapshot()
         return snap
@@ -74,8 +74,8 @@ class Admin:
     def _explain(self, request: Request) -> dict:
         """``gpu-alloc explain`` for the peer itself; "short" is as of now."""
         asked_gpus, pairs = wire.explain_request(request.target)
-        self.alloc.reconcile()
-        who = self.alloc.owner_of(request.peer)
+        self.alloc.reconciler.reconcile()
+        who = self.alloc.lookups.owner_of(request.peer)
         return explain.explain(self.alloc, None, asked_gpus, pairs, who)
 
 

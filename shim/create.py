@@ -11,10 +11,13 @@ into an `Ask`, leased under the ledger lock, rewritten to explicit UUIDs with a
 lease label and a ``NVIDIA_VISIBLE_DEVICES`` guard, and only then forwarded, as
 the canonical body that was checked, with the lease's token in the
 ``X-Gpu-Alloc-Lease`` header for the plugin (never on the container; any such
-header a client sent is dropped).  A create that surely asks for no GPU, by the facts
-this process has cached, goes on from the event loop with the guard alone; every other
-is judged on a thread, where the facts may be read, the lock waited for and a refusal
-audited.
+header a client sent is dropped).  The create's transaction (its ask, checks, lease,
+body, the grant made durable and the answer settled) is the library's
+(`allocator.creates.Creates`); this module keeps the HTTP: the request read, the
+status codes, the forwarding and the waiting line.  A create that surely asks for no
+GPU, by the facts at hand, goes on from the event loop with the guard alone; every
+other is judged on a thread, where the facts may be read, the lock waited for and a
+refusal audited.
 
 A start or restart goes on by the full id of the container judged, so no rename
 or removal in between can make dockerd start another one.  Behind gpu-alloc's
@@ -37,12 +40,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from functools import partial
 from urllib.parse import parse_qs, urlsplit
 
-from allocator.core import cuda, defaults, errors, gojson, labels, outcomes, policy, services
+from allocator.core import errors, gojson, labels, policy, services
 from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
-from allocator.core.cpus import Placed, Resources, conflicts
 from allocator.core.createbody import decode_create
 from allocator.core.holders import ago
 from allocator.core.inventory import InventoryError
@@ -50,11 +53,12 @@ from allocator.core.leases import Lease, StateError
 from allocator.core.placement import Shortage
 from allocator.core.rewrite import rewrite, strip_labels
 from allocator.core.routes import Check, Route, by_id, needs_check
-from allocator.host import metrics
+from allocator.creates import Asked
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
-from allocator.host.peers import Peer
-from allocator.service import Allocator, LeaseRequest
+from allocator.placer import LeaseRequest
+from allocator.reserving import time_limit
+from allocator.service import Allocator
 from shim.framing import Request, Response, UpstreamError
 from shim.waitline import Gone, Stopping, Waitline
 
@@ -108,20 +112,20 @@ class CreateInterceptor:
         message = errors.message_of(response.body)
         if message is None:
             return response
-        note = await asyncio.to_thread(self.alloc.start_failure_note, route.name, message)
+        note = await asyncio.to_thread(self.alloc.lookups.start_failure_note, route.name, message)
         return replace(response, body=errors.body(message + note)) if note else response
 
     def _plugin_judges(self) -> bool:
         """dockerd runs gpu-alloc's plugin (as the Engine said lately): it judges every
         write this shim would, starts included (and keeps a start's reference from
         moving), so judging here too would only double the inspect."""
-        return self.alloc.plugin_judges()
+        return self.alloc.lookups.plugin_judges()
 
     def _judge(self, route: Route, request: Request) -> decide.Decision:
         """The plugin's verdict, with facts read only where the check needs them."""
-        facts = self.alloc.lazy_facts()
-        decision = decide.authz_request(route, request.method, request.target, request.body, facts)
-        return self.alloc.resolve(decision)
+        asked = partial(decide.authz_request, route, request.method, request.target, request.body)
+        decision = self.alloc.gather.decide(asked, decide.reads_facts(route))
+        return self.alloc.admission.resolve(decision)
 
     async def _create(self, request: Request, forward: Forward) -> Response:
         try:
@@ -137,133 +141,69 @@ class CreateInterceptor:
         if isinstance(resources, str):
             return error(400, f"gpu-alloc refused the container create: {resources}")
         wait = policy.wait_of(
-            given_labels if isinstance(given_labels, dict) else None, self.alloc.rules_in_force
+            given_labels if isinstance(given_labels, dict) else None,
+            self.alloc.gather.rules_in_force,
         )
+        limit = time_limit(given_labels if isinstance(given_labels, dict) else None)
         if isinstance(wait, policy.Invalid):
             return error(400, wait.msg)
         spec = strip_labels(decoded)
         name = _name(request.target)
-        known = self._at_hand(spec) if len(request.body) <= _AT_HAND_BODY else None
+        creates = self.alloc.creates
+        known = creates.at_hand(spec) if len(request.body) <= _AT_HAND_BODY else None
         if known and not resources.any and isinstance(known[1], Ask) and not known[1].any:
             return await forward(_with_body(request, rewrite(spec, (), None), None))
         got = await asyncio.to_thread(
-            self._lease_for, spec, name, request.peer, want, profile, resources, known, bool(wait)
+            creates.lease_for,
+            spec,
+            name,
+            request.peer,
+            want,
+            profile,
+            resources,
+            known,
+            bool(wait),
+            limit,
         )
-        if isinstance(got, Response):
-            return got
         if got is None:
             return await forward(_with_body(request, rewrite(spec, (), None), None))
-        ask, owner, leased, plugin_settles = got
-        if (
-            isinstance(leased, Shortage | policy.Refusal)
-            and leased.waitable
-            and wait
-            and isinstance(want, policy.Wanted)  # always, once a lease was asked
-        ):
-            req = LeaseRequest(ask, name, owner, want, resources)
+        if not isinstance(got, Asked):
+            return error(_REFUSAL_STATUS[type(got)], got.msg)
+        req, leased = got.req, got.leased
+        if isinstance(leased, Shortage | policy.Refusal) and leased.waitable and wait:
             waited = await self._wait(req, wait, leased, request.gone)
             if isinstance(waited, Response):
                 return waited
             leased = waited
             if isinstance(leased, Shortage | policy.Refusal):  # its time ran out
-                await asyncio.to_thread(self.alloc.refused, leased, name, owner)
+                await asyncio.to_thread(self.alloc.recorder.refused, leased, name, req.owner)
         if not isinstance(leased, tuple):
-            log.info("refused create %r of %s: %s", name, owner.user, leased.msg)
+            log.info("refused create %r of %s: %s", name, req.owner.user, leased.msg)
             return error(_REFUSAL_STATUS[type(leased)], leased.msg)
-        lease, token = leased
-        label = labels.lease_label(lease.id)
-        placed = Placed(lease.cpus, lease.mems, lease.memory)
-        with_defaults = policy.with_defaults(spec, self.alloc.rules)
-        body = rewrite(with_defaults, lease.gpus, label, ask.caps, placed)
-        body["Labels"][policy.OWNER] = policy.owner_label(owner)
-        if added := defaults.added(spec, with_defaults):
-            body["Labels"][labels.DEFAULTS] = added
-        if lease.pool:
-            body["Labels"][policy.POOL] = lease.pool
+        grant = creates.granted(req, *leased, spec)
         # The grant goes to disk and to the audit trail while dockerd creates the
         # container; the client hears of neither before both are done.
-        synced = asyncio.ensure_future(asyncio.to_thread(self._finish, lease))
+        durable = asyncio.wrap_future(grant.durable)
         try:
-            response = await forward(
-                _with_body(request, body, labels.lease_header(lease.id, token))
-            )
+            response = await forward(_with_body(request, grant.body, grant.header))
         except UpstreamError as e:
-            await synced
+            await durable
             if not e.maybe_delivered:
-                await asyncio.to_thread(self.alloc.release, lease.id)
+                await asyncio.to_thread(creates.unsent, grant)
                 return error(502, f"gpu-alloc: the Engine is not answering: {e}")
-            log.warning("lease %s pending: create outcome unknown (%s)", lease.id, e)
+            log.warning("lease %s pending: create outcome unknown (%s)", grant.lease.id, e)
             return error(
                 504,
                 f"gpu-alloc: the Engine did not answer the create ({e}); "
                 "the container may exist: check 'docker ps -a'",
             )
-        await synced
-        if not (plugin_settles and response.status == 201):
+        await durable
+        if not (got.plugin_settles and response.status == 201):
             # Behind the plugin, its AuthZRes bound the lease before dockerd answered (and
             # a bind that failed there is reconcile's); other answers are settled here too.
-            await asyncio.to_thread(self._settle, lease.id, token, response)
+            await asyncio.to_thread(creates.settle, grant, response.status, response.body)
+        lease = grant.lease
         return replace(response, note=f"lease {lease.id}: GPUs {','.join(lease.gpus)}")
-
-    def _finish(self, lease: Lease) -> None:
-        """The grant's record on disk and its audit line (its log line is the create's)."""
-        try:
-            self.alloc.finish_grant(lease)
-        except StateError as e:  # granted all the same: only a power cut could lose it now
-            log.error("lease %s: %s", lease.id, e)
-
-    def _at_hand(self, spec: dict) -> tuple[decide.Facts, Ask | decide.Deny] | None:
-        """The create's ask by the facts this process has at hand (None: a fact is not,
-        or it failed; `_lease_for` then reads them).  One that asks for no GPU is
-        forwarded from the event loop, without a thread hop; the rest take this ask to
-        the thread, where a refusal is audited and a lease taken."""
-        try:
-            facts = self.alloc.cached_facts()
-            return facts, decide.shim_ask(spec, facts)
-        except Exception:  # Unasked, or any failure: decided (and reported) in full
-            return None
-
-    def _lease_for(
-        self,
-        spec: dict,
-        name: str,
-        peer: Peer | None,
-        want: policy.Wanted | policy.Invalid,
-        profile: str,
-        resources: Resources,
-        known: tuple[decide.Facts, Ask | decide.Deny] | None = None,
-        waits: bool = False,
-    ) -> Response | tuple[Ask, policy.Owner, Leased, bool] | None:
-        """Everything from a decoded create to its lease, in one thread hop: the facts
-        and the ask (unless ``known`` from the event loop), the policy checks, the image's
-        CUDA, the owner and the lease itself.  An error answer, None for a create that
-        asks for no GPU, or what was leased and whether dockerd runs gpu-alloc's plugin
-        (which then binds a 201 itself)."""
-        if known is None:
-            facts = self.alloc.facts()
-            known = facts, decide.shim_ask(spec, facts)
-        facts, ask = known
-        if isinstance(ask, decide.Deny):
-            self._refused(name, peer, ask.msg, ask.field)
-            return error(403, ask.msg)
-        ask = replace(ask, profile=profile)
-        refused = _resources_refusal(resources, ask.any, spec)
-        if refused:
-            return error(400, refused)
-        if not ask.any:
-            return None
-        refused = self._cuda_refusal(spec, facts)
-        if refused:
-            self._refused(name, peer, refused)
-            return error(403, refused)
-        if isinstance(want, policy.Invalid):
-            return error(400, want.msg)
-        owner = self.alloc.owner_of(peer)
-        given = spec.get("Labels") or {}
-        leased = self.alloc.lease(
-            ask, name, given, owner, want, resources, durable=False, waits=waits
-        )
-        return ask, owner, leased, self.alloc.plugin_judges(facts)
 
     async def _wait(
         self,
@@ -291,48 +231,11 @@ class CreateInterceptor:
         waited = f" (waited {ago(took)} in line, the most it asked for)"
         return replace(refused, msg=refused.msg + waited)
 
-    def _refused(self, name: str, peer: Peer | None, why: str, field: str = "") -> None:
-        """A create refused by policy (a field no lease covers, the image's CUDA)."""
-        metrics.request("policy")
-        if field:
-            metrics.denial(field)
-        self.alloc.record("refusal", name=name, owner=self.alloc.owner_of(peer).user, reason=why)
 
-    def _cuda_refusal(self, spec: dict, facts: decide.Facts) -> str | None:
-        """nvidia-docker v1's check: the image's CUDA against the driver's, before leasing."""
-        driver = facts.inventory.cuda_driver_version if facts.inventory else None
-        image = str(spec.get("Image") or "")
-        if driver is None or not image or not self.alloc.has_engine:
-            return None
-        env = spec.get("Env") or ()
-        config = self.alloc.image_config(image)  # None: not pulled; dockerd answers that
-        if cuda.refusal(driver, cuda.required(config or {}, env), image) is None:
-            return None
-        config = self.alloc.image_config(image, fresh=True)  # never refused by what was kept
-        return cuda.refusal(driver, cuda.required(config or {}, env), image)
-
-    def _settle(self, lease_id: str, token: str, response: Response) -> None:
-        if response.status != 201:
-            log.info("lease %s: the Engine answered %s", lease_id, response.status)
-        self.alloc.settle(outcomes.create_outcome(lease_id, token, response.status, response.body))
-
-
-_REFUSAL_STATUS = {Shortage: 409, policy.Refusal: 403, policy.Invalid: 400}
+_REFUSAL_STATUS = {Shortage: 409, policy.Refusal: 403, policy.Invalid: 400, decide.Deny: 403}
 # A create judged on the event loop at most: the CLI's and Compose's are a few KiB; a
 # bigger one (up to dockerd's 4 MiB) is judged on the thread, where it blocks nobody.
 _AT_HAND_BODY = 48 << 10
-Leased = tuple[Lease, str] | Shortage | policy.Refusal | policy.Invalid
-
-
-def _resources_refusal(want: Resources, gpus: bool, spec: dict) -> str | None:
-    """Cores and memory come with GPUs only, and never over fields the client set."""
-    if want.any and not gpus:
-        return (
-            "gpu-alloc refused the container create: io.gpu-alloc.request.cpus and "
-            ".memory lease cores and memory near the container's GPUs, and it asks for "
-            "none; add --gpus, or set --cpuset-cpus/--memory yourself"
-        )
-    return conflicts(want, spec.get("HostConfig"))
 
 
 def _as_judged(request: Request, route: Route, decision: decide.Decision) -> Request:

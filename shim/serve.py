@@ -24,8 +24,8 @@ EXPIRY_CHECK_MAX = 60.0  # seconds between release_stopped_after checks, at most
 
 def serve(config: Config, allocator: Allocator, claim: listener.Claim | None = None) -> None:
     # SIGHUP re-reads the policy now; a changed file is picked up within seconds anyway.
-    signal.signal(signal.SIGHUP, lambda *_: allocator.reload_policy())
-    allocator.watch_policy()
+    signal.signal(signal.SIGHUP, lambda *_: allocator.gather.reload_policy())
+    allocator.gather.watch_policy()
     threading.Thread(target=_expire, args=(allocator,), name="expire", daemon=True).start()
     live = LiveView(allocator)
     stop = threading.Event()
@@ -59,13 +59,13 @@ def serve(config: Config, allocator: Allocator, claim: listener.Claim | None = N
 def _expire(allocator: Allocator) -> None:
     """Reconcile now and then, so stopped containers lose their GPUs with nobody asking."""
     while True:
-        after = allocator.rules.release_stopped_after
+        after = allocator.gather.rules.release_stopped_after
         time.sleep(
             EXPIRY_CHECK_MAX if after is None else min(EXPIRY_CHECK_MAX, max(1.0, after / 4))
         )
         if after is None:
             continue
         try:
-            allocator.reconcile()
+            allocator.reconciler.reconcile()
         except Exception:  # a broken Engine or ledger is reported by the creates themselves
             log.warning("release_stopped_after check failed", exc_info=True)

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 A create that asked to wait (``io.gpu-alloc.wait`` or ``policy.wait.default``) and
 could not be granted yet is entered here and its handler awaits a future.  Every
-wake-up serves the whole queue at once with `Allocator.serve_waiters` (one ledger
+wake-up serves the whole queue at once with `Lineup.serve_waiters` (one ledger
 transaction, `core.queue` order), and resolves the futures of the waiters it
 granted.  Wake-ups come from:
 
@@ -14,7 +14,8 @@ granted.  Wake-ups come from:
   ``destroy`` events arrive (``--rm``, a removal by name or through another socket);
 - the state file: while anyone waits it is polled every `POLL` seconds for a new
   (mtime, size, inode), which catches the plugin's releases (other processes) and
-  ``gpu-alloc repair``.
+  ``gpu-alloc repair``;
+- the reservations, polled with it: one made or cancelled, beginning or ending.
 
 Nothing leaks: a waiter that leaves (timeout, client gone, handler cancelled) is
 removed from the queue, and a grant that reaches a waiter already gone is
@@ -37,7 +38,8 @@ from allocator.core.inventory import InventoryError
 from allocator.core.leases import Lease, StateError
 from allocator.host import metrics
 from allocator.host.engine import EngineError
-from allocator.service import Allocator, LeaseRequest
+from allocator.placer import LeaseRequest
+from allocator.service import Allocator
 from allocator.views import queue as queue_view
 
 log = logging.getLogger("gpu-alloc.shim")
@@ -69,8 +71,8 @@ class Waitline:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._kick: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
-        alloc.listeners.append(self.wake)
-        alloc.waiting = self.waiters
+        alloc.recorder.listeners.append(self.wake)
+        alloc.line.waiting = self.waiters
 
     # ---------------------------------------------------------------- waiting
 
@@ -85,7 +87,7 @@ class Waitline:
         assert self._loop is not None
         seq = next(self._seq)
         gpus = len(req.ask.required) + req.ask.count
-        rules = self.alloc.rules
+        rules = self.alloc.gather.rules
         waiter = queue.Waiter(
             f"w{seq}", req.owner.user, policy.priority_of(req.owner, rules), seq, gpus, req
         )
@@ -121,7 +123,7 @@ class Waitline:
                 self._give_back(future.result()[0])
 
     def waiters(self) -> list[queue.Waiter]:
-        """Who waits now, from any thread (`Allocator.kept`: what every lease leaves alone)."""
+        """Who waits now, from any thread (`Lineup.kept`: what every lease leaves alone)."""
         return [e.waiter for e in list(self._entries.values()) if not e.future.done()]
 
     def wake(self) -> None:
@@ -145,7 +147,9 @@ class Waitline:
         entries = [(e.waiter, e.since) for e in list(self._entries.values())]
         if not entries:
             return []
-        return queue_view.rows(entries, self.alloc.ledger_state(), self.alloc.rules, time.time())
+        return queue_view.rows(
+            entries, self.alloc.lookups.ledger_state(), self.alloc.gather.rules, time.time()
+        )
 
     # ---------------------------------------------------------------- serving
 
@@ -158,14 +162,14 @@ class Waitline:
 
     async def _run(self) -> None:
         assert self._kick is not None
-        stamp = self.alloc.ledger_stamp()
+        stamp = self._stamp()
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.poll if self._entries else None):
                     await self._kick.wait()
             kicked = self._kick.is_set()
             self._kick.clear()
-            now = self.alloc.ledger_stamp()
+            now = self._stamp()
             if not self._entries or not (kicked or now != stamp):
                 stamp = now
                 continue
@@ -177,11 +181,15 @@ class Waitline:
             except Exception:  # a bug must not stop the queue: the next wake-up tries again
                 log.exception("queue not served this time")
 
+    def _stamp(self) -> object:
+        """What moves when a waiter may fit: the ledger, and the reservations' phases."""
+        return self.alloc.lookups.ledger_stamp(), self.alloc.reservations.stamp()
+
     async def _serve(self) -> None:
         waiting = [e.waiter for e in self._entries.values() if not e.future.done()]
         if not waiting:
             return
-        granted = await asyncio.to_thread(self.alloc.serve_waiters, waiting)
+        granted = await asyncio.to_thread(self.alloc.line.serve_waiters, waiting)
         for waiter, got in granted:
             entry = self._entries.get(waiter.id)
             if entry is None or entry.future.done():
@@ -193,4 +201,6 @@ class Waitline:
     def _give_back(self, lease: Lease) -> None:
         """Release a grant nobody will use; in a thread, since this may run in a finally."""
         assert self._loop is not None
-        self._loop.run_in_executor(None, self.alloc.release, lease.id, "its waiting client left")
+        self._loop.run_in_executor(
+            None, self.alloc.book.release, lease.id, "its waiting client left"
+        )

@@ -22,6 +22,7 @@ from allocator.core.health import XID, GpuEvent, HealthPolicy, observe
 from allocator.core.policy import Pool, Rules
 from allocator.host import usage
 from allocator.host.config import Config
+from allocator.placer import LeaseRequest
 from allocator.service import Allocator
 from allocator.views import gpus
 from shim import metrics_server
@@ -55,13 +56,13 @@ def main(out: str) -> None:
                 "usage": USE[i]} for i, u in enumerate(UUIDS)]  # fmt: skip
     (d / "gpus.yaml").write_text(yaml.safe_dump(entries))
     alloc = Allocator(Config(state_dir=str(d / "state"), gpus=str(d / "gpus.yaml")))
-    alloc._rules = Rules(pools=POOLS)
+    alloc.gather._rules = Rules(pools=POOLS)
     with alloc.health.transaction() as box:
         xid = GpuEvent(UUIDS[SICK], XID, time.time() - 1800, 79)
         box[0] = observe(box[0], [xid], HealthPolicy())
     for (cid, _, name, age), uuid in zip(HOLDERS, UUIDS, strict=False):
-        lease, _ = alloc.lease(Ask((uuid,), 0, False, ("gpu",)), name)
-        alloc.bind(lease.id, cid)
+        lease, _ = alloc.book.lease(LeaseRequest(Ask((uuid,), 0, False, ("gpu",)), name))
+        alloc.book.bind(lease.id, cid)
         with alloc.ledger.transaction() as state:
             state.leases[lease.id] = replace(state.leases[lease.id], created=time.time() - age)
     engine = FakeEngine()
@@ -71,7 +72,7 @@ def main(out: str) -> None:
             cid=cid,
             labels_={"io.gpu-alloc.owner": owner, "com.docker.compose.project": "lab"},
         )
-    alloc.engine = engine  # type: ignore[assignment]
+    alloc = Allocator(alloc.config, engine)  # type: ignore[arg-type]
     usage.container_of = lambda pid, proc="/proc": {11: "a" * 64, 12: "c" * 64}.get(pid)
     port = free_port()
     server = metrics_server.serve(f"127.0.0.1:{port}", gpus.LiveView(alloc), lambda: LINE)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from allocator.core import privileged, services
 from allocator.core.access_ctx import MountsOf, VolumeOf
-from allocator.core.facts import EngineView, HostFacts
+from allocator.core.facts import EngineView, HostFacts, NotAsked
 from allocator.core.inflight import Target
 from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.plugins import PluginCheck
@@ -42,7 +42,9 @@ class Facts:
 
     The inventory is a fact that may be missing (a simulated file gone, NVML failing):
     work that touches no GPU goes on without it, and only a grant is refused, naming
-    ``inventory_error``.
+    ``inventory_error``.  The host's filesystem and the Engine's lookups may be
+    `NotAsked` (``host``, ``mounts_of`` and ``volume_of`` all its): ``needs`` then says
+    whether a decision asked for one of them.
     """
 
     inventory: Inventory | None
@@ -60,6 +62,12 @@ class Facts:
         """The inventory, or no GPUs at all: enough to tell whether a request touches a
         GPU (every GPU source is a grant with or without an inventory), never to grant."""
         return self.inventory if self.inventory is not None else NO_GPUS
+
+    @property
+    def needs(self) -> str:
+        """The fact a decision made against these asked for and they lack (`NotAsked`);
+        empty when they lacked none it asked for."""
+        return self.host.needs if isinstance(self.host, NotAsked) else ""
 
     def require_inventory(self) -> Inventory:
         if self.inventory is None:

@@ -1,5 +1,6 @@
 """Audit records as data: one dict per grant, release, refusal, denial, hand-over, adoption,
-a GPU's health turning, and a restart policy gpu-alloc turned off.
+a GPU's health turning, a restart policy gpu-alloc turned off, and a reservation made or
+cancelled.
 
 The record is built here from plain values (no clock, no file): the service passes
 the time in, the host's `audit` module writes the line.  Keys are fixed, so
@@ -21,6 +22,8 @@ KINDS = (
     "adoption",
     "health",
     "restart-off",
+    "reserve",
+    "reserve-cancel",
 )
 _INDEX = re.compile(r"\[\d+\]")
 

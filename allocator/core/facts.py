@@ -144,3 +144,67 @@ class HostFacts(Protocol):
     def dynamic_majors(self) -> frozenset[int]: ...
 
     def mounts(self) -> Iterable[Mount]: ...
+
+
+HOST_FILES = "the host's filesystem"
+CONTAINER_MOUNTS = "another container's mounts"
+VOLUME_OPTIONS = "a volume's options"
+
+
+class NotAsked:
+    """The host's filesystem and the Engine's lookups, not asked: the facts of a decision
+    made where nothing may wait (an event loop).
+
+    Each question is answered as an empty host would answer it, and the first one asked
+    is kept in ``needs``: a verdict made against facts whose ``needs`` is set is not
+    given, but made again with the facts read (`allocator.gather.Gatherer.decide`).
+    ``protected`` is known without asking.  One per decision.
+    """
+
+    def __init__(self, protected: tuple[str, ...]):
+        self.protected = protected
+        self.needs = ""
+
+    def _ask(self, what: str) -> None:
+        self.needs = self.needs or what
+
+    def resolve(self, path: str) -> str:
+        self._ask(HOST_FILES)
+        return path
+
+    def node(self, path: str) -> Node | None:
+        self._ask(HOST_FILES)
+        return None
+
+    def walk(self, top: str) -> Iterable[str]:
+        self._ask(HOST_FILES)
+        return ()
+
+    def drm_bus_id(self, minor: int) -> str | None:
+        self._ask(HOST_FILES)
+        return None
+
+    def dynamic_majors(self) -> frozenset[int]:
+        self._ask(HOST_FILES)
+        return frozenset()
+
+    def mounts(self) -> Iterable[Mount]:
+        self._ask(HOST_FILES)
+        return ()
+
+    def mounts_of(self, container: str) -> Iterable[tuple[str, str]] | None:
+        """`access_ctx.MountsOf`, not asked."""
+        self._ask(CONTAINER_MOUNTS)
+        return None
+
+    def volume_of(self, name: str) -> tuple[str, Mapping[str, str]] | None:
+        """`access_ctx.VolumeOf`, not asked."""
+        self._ask(VOLUME_OPTIONS)
+        return None
+
+
+@dataclass(frozen=True)
+class Need:
+    """A decision not given: it asked for ``what``, a fact not at hand."""
+
+    what: str

@@ -34,6 +34,7 @@ MIN_MEMORY = PREFIX + "request.min-memory"
 OWNER = PREFIX + "owner"  # set by gpu-alloc only: "<uid>:<user>"
 DEFAULTS = PREFIX + "defaults"  # set by gpu-alloc only: what policy.gpu_defaults added
 WAIT = PREFIX + "wait"  # a client's ask: wait this long for GPUs instead of a 409
+TIME = PREFIX + "time"  # a client's ask: the most it runs (allocator/reserving.time_limit)
 # The labels a client may set to ask gpu-alloc for something, and the ones gpu-alloc sets
 # itself (a client's own are stripped by the shim, and name no lease on the real socket).
 # Any other key under `PREFIX` is a typo that would be ignored: refused by name.
@@ -42,6 +43,7 @@ REQUESTS = (
     MODEL,
     MIN_MEMORY,
     WAIT,
+    TIME,
     REQUEST_CPUS,
     REQUEST_MEMORY,
     REQUEST_TOPOLOGY,

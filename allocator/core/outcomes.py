@@ -2,7 +2,7 @@
 
 The response phase: the plugin's ``AuthZRes`` and the shim, after forwarding a
 leased create, both come here, so the two sockets follow one rule
-(`create_outcome`); `allocator.service.Allocator.settle` applies what it returns.
+(`create_outcome`); `allocator.leasebook.LeaseBook.settle` applies what it returns.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Forget:
     """A container ``ref`` was removed.  ``ref`` is what the client typed, which dockerd
     resolved as full id, then exact name, then unique id prefix: it only says which
     leases to ask about.  A lease ends only once the Engine answers 404 for its
-    container's full id (`Allocator.settle`)."""
+    container's full id (`LeaseBook.settle`)."""
 
     ref: str
 

@@ -231,6 +231,12 @@ def wait_of(given: Mapping[str, Any] | None, rules: Rules) -> float | Invalid:
     return seconds
 
 
+def given_to_swarm(gpu: GPU, rules: Rules) -> bool:
+    """Whether ``gpu`` (or the GPU a slice is cut from) is in ``swarm.gpus``: swarm
+    schedules it, so nothing here leases or reserves it."""
+    return gpu.uuid in rules.withheld or gpu.parent in rules.withheld
+
+
 def eligible(
     inventory: Inventory, want: Wanted, owner: Owner, rules: Rules, required: Sequence[str] = ()
 ) -> tuple[Inventory, str | None] | Refusal | Invalid:
@@ -244,9 +250,7 @@ def eligible(
     gpus: Sequence[GPU] = inventory.gpus
     migs: Sequence[GPU] = inventory.migs  # a slice is in a pool with its GPU (same index)
     if rules.withheld:
-        swarm = [
-            g for g in (*gpus, *migs) if g.uuid in rules.withheld or g.parent in rules.withheld
-        ]
+        swarm = [g for g in (*gpus, *migs) if given_to_swarm(g, rules)]
         given = [g for g in swarm if g.uuid in required]
         if given:
             return Refusal(

@@ -41,6 +41,7 @@ from allocator.core.decisions import (
     UpdateCheck,
     context_hint,
 )
+from allocator.core.facts import EngineView, NotAsked
 from allocator.core.grants import Access, Grant, Refusal
 from allocator.core.route_checks import CHECKS, needs_body
 from allocator.core.routes import CLEARED, Check, Route, RouteError, classify
@@ -92,6 +93,33 @@ def cleared(route: Route) -> bool:
     return route.check in CLEARED
 
 
+# The checks whose verdict reads facts (the inventory, the Engine's view, the host's
+# filesystem): a create, a plugin's install or settings, a volume's options.  Every other
+# verdict is made from the request alone, and the ledger or the Engine after it.
+READS_FACTS = frozenset(
+    {
+        Check.CREATE,
+        Check.PLUGIN_INSTALL,
+        Check.PLUGIN_UPGRADE,
+        Check.PLUGIN_ENABLE,
+        Check.PLUGIN_DISABLE,
+        Check.PLUGIN_CREATE,
+        Check.PLUGIN_SET,
+        Check.VOLUME_CREATE,
+    }
+)
+
+
+def reads_facts(route: Route) -> bool:
+    """Whether `authz_request` reads ``facts`` for ``route`` (else `unread` will do)."""
+    return route.check in READS_FACTS and not cleared(route)
+
+
+def unread() -> Facts:
+    """Facts for a verdict that reads none (`reads_facts` False): nothing is in them."""
+    return Facts(None, EngineView(), NotAsked(()), inventory_error="not read")
+
+
 def authz_request(
     route: Route,
     method: str,
@@ -102,7 +130,7 @@ def authz_request(
 ) -> Decision:
     """The verdict on a call before the Engine acts (the plugin's AuthZReq; the shim's
     non-create writes).  Reads and harmless writes return before any parsing, and
-    ``facts`` may be lazy: only the checks that need them read them.  ``headers``: the
+    touch no fact.  ``headers``: the
     request's, where a leased create carries its lease token (creates alone read it)."""
     if cleared(route):
         return ALLOW

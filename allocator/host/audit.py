@@ -3,22 +3,23 @@
 Several processes write it (the shim, each plugin worker, the CLI's reconcile).
 Each line goes out in one ``write()`` on an ``O_APPEND`` descriptor, which the
 kernel appends atomically for a regular file, and under a small lock of its own
-(never the ledger's), so that rotation (rename ``audit.jsonl`` -> ``.1`` -> ...)
-cannot happen between another writer's size check and its write.  Writing is
-best effort: a full disk is logged, never turned into a refused GPU.
+(``audit.lock``, a `store.Lock`; never the ledger's), so that rotation (rename
+``audit.jsonl`` -> ``.1`` -> ...) cannot happen between another writer's size check
+and its write.  Writing is best effort: a full disk or a lock not free in time is
+logged, never turned into a refused GPU.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from allocator.core.leases import StateError
+from allocator.host import store
 
 log = logging.getLogger("gpu-alloc.audit")
 MAX_BYTES = 10 * 1024 * 1024
@@ -26,36 +27,17 @@ KEEP = 5
 LOCK_TIMEOUT = 2.0
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """flock with a deadline (plain fcntl: portalocker's wrapper costs more than the flock)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        deadline = time.monotonic() + LOCK_TIMEOUT
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{path}: lock not free after {LOCK_TIMEOUT:g}s") from None
-                time.sleep(0.002)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
 class AuditLog:
     def __init__(self, state_dir: str, max_bytes: int = MAX_BYTES, keep: int = KEEP) -> None:
         self.path = Path(state_dir, "audit.jsonl")
-        self.lock_path = Path(state_dir, "audit.lock")
+        self.lock = store.Lock(Path(state_dir, "audit.lock"), LOCK_TIMEOUT)
         self.max_bytes = max_bytes
         self.keep = keep
 
     def write(self, entry: dict[str, Any]) -> None:
         line = (json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n").encode()
         try:
-            with _locked(self.lock_path):
+            with self.lock.held():
                 self._rotate_if_full(len(line))
                 fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o640)
                 try:
@@ -65,7 +47,7 @@ class AuditLog:
                     os.write(fd, line)
                 finally:
                     os.close(fd)
-        except OSError as e:
+        except (OSError, StateError) as e:  # a full disk, or the lock not free in time
             log.error("audit: could not record %s: %s", entry.get("event"), e)
 
     def _rotate_if_full(self, adding: int) -> None:

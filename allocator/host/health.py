@@ -1,8 +1,8 @@
 """The health file: `allocator.core.health.Health` in ``state_dir/health.json``.
 
-It sits beside the ledger and under the ledger's lock, with the same atomic
-replace, so the shim's watcher, the plugin workers and the CLI all see one
-answer.  A missing file means every GPU is healthy; an unreadable one means
+It sits beside the ledger and under the ledger's lock, replaced atomically and
+fsync'd (`store.replace`), so the shim's watcher, the plugin workers and the CLI all
+see one answer.  A missing file means every GPU is healthy; an unreadable one means
 no GPU can be proven healthy, so placement stops (fail closed) with a message
 naming the file.
 """
@@ -13,12 +13,12 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from allocator.core.health import Health, turns
 from allocator.core.leases import StateError
+from allocator.host import store
 from allocator.host.ledger import Ledger
 
 HEALTH_FILE = "health.json"
@@ -41,7 +41,7 @@ class HealthFile:
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if self._cache is not None and self._cache[0] == stamp:
                 return self._cache[1]
-            raw = self.path.read_bytes()
+            raw = store.read(self.path)
         except FileNotFoundError:
             return Health()
         except OSError as e:
@@ -77,19 +77,9 @@ class HealthFile:
 
     def _write(self, health: Health) -> None:
         data = json.dumps(health.to_json(), indent=1, sort_keys=True).encode()
-        tmp = None
-        try:
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".health.", suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)  # health is no secret: status for docker-group users
-            os.replace(tmp, self.path)
+        try:  # health is no secret: status for docker-group users
+            store.replace(self.path, data, mode=0o644)
         except OSError as e:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
             raise StateError(f"{self.path}: cannot write GPU health: {e.strerror}") from None
 
 

@@ -11,9 +11,9 @@ GPU.
 
 Rules
 -----
-1. Decisions are made under the lock (``flock`` on the file itself), from the file as
-   it is then.  Reads without the lock are hints only (is anything in the way yet? did
-   anything change?), and a torn one counts as "yes".
+1. Decisions are made under the lock (a `store.Lock` on the file itself, kept open),
+   from the file as it is then.  Reads without the lock are hints only (is anything in
+   the way yet? did anything change?), and a torn one counts as "yes".
 2. The file is rewritten in place, with no fsync: the board holds seconds of calls, and
    after a crash its entries have ended or expire (`inflight.TTL`).  So a begin or an
    end is a small write to a tmpfs, and only the start and removal routes make one.
@@ -26,26 +26,20 @@ Rules
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from allocator.core import inflight
 from allocator.core.inflight import Board, Entry, Hold
 from allocator.core.leases import StateError
+from allocator.host import store
 from allocator.host.config import Config
 
 BOARD_FILE = "gpu-alloc.inflight"
-POLL = 0.005  # seconds between looks at the board while waiting, or at a held lock
-
-
-class Busy(StateError):
-    """The registry's lock was not free in time."""
+POLL = 0.005  # seconds between looks at the board while waiting
 
 
 def runtime_dir(config: Config) -> str:
@@ -57,15 +51,12 @@ class Registry:
     def __init__(self, directory: str | os.PathLike[str], lock_timeout: float = 5.0):
         self.dir = Path(directory)
         self.path = self.dir / BOARD_FILE
-        self.lock_timeout = lock_timeout
-        self._threads = threading.Lock()
-        self._fd: int | None = None
-        self._pid = 0  # a forked worker opens its own: flock is per open file
+        self.lock = store.Lock(self.path, lock_timeout, keep_open=True)
 
     def read(self) -> Board | None:
         """The board without the lock; None when it cannot be read whole just now."""
         try:
-            raw = self.path.read_bytes()
+            raw = store.read(self.path)
         except FileNotFoundError:
             return Board()
         except OSError:
@@ -106,7 +97,7 @@ class Registry:
                 or hint.blocker(hold, now, done) is None
                 or time.monotonic() >= deadline
             ):
-                with self._locked() as fd:
+                with self.lock.held() as fd:
                     board = _board(fd)
                     blocker = board.blocker(hold, now, done)
                     if blocker is None:
@@ -125,11 +116,11 @@ class Registry:
         if hint is not None and all(e.key != key for e in hint.entries):
             return True
         try:
-            with self._locked(self.lock_timeout if wait else 0.0) as fd:
+            with self.lock.held(None if wait else 0.0) as fd:
                 board = _board(fd).without(key, time.time())
                 if board is not None:
                     _write(fd, board)
-        except Busy:
+        except store.LockTimeout:
             if wait:
                 raise
             return False
@@ -138,58 +129,10 @@ class Registry:
     def clear(self) -> None:
         """dockerd (re)activated the plugin: the calls in flight were the previous
         dockerd's, and their AuthZRes will never come."""
-        with self._locked() as fd:
+        with self.lock.held() as fd:
             board = _board(fd)
             if board.entries:
                 _write(fd, inflight.Board(board.generation + 1))
-
-    @contextlib.contextmanager
-    def _locked(self, timeout: float | None = None) -> Iterator[int]:
-        timeout = self.lock_timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        if not self._threads.acquire(timeout > 0, timeout if timeout > 0 else -1):
-            raise self._timeout(timeout)
-        try:
-            fd = self._open()
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise self._timeout(timeout) from None
-                    time.sleep(POLL)
-            try:
-                yield fd
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            self._threads.release()
-
-    def _open(self) -> int:
-        """The board file, kept open; opened again if someone replaced or removed it, and
-        in a forked child (a lock on a shared open file would not exclude the parent)."""
-        fd, self._fd = self._fd, None
-        if fd is not None and self._pid == os.getpid():
-            try:
-                if os.fstat(fd).st_ino == os.stat(self.path).st_ino:
-                    self._fd = fd
-                    return fd
-            except OSError:
-                pass
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        try:
-            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            self._pid = os.getpid()
-        except OSError as e:
-            raise StateError(f"{self.path}: cannot open: {e.strerror}") from None
-        return self._fd
-
-    def _timeout(self, timeout: float) -> Busy:
-        return Busy(f"{self.path}: lock not acquired within {timeout:g}s; retry")
 
 
 def _board(fd: int) -> Board:

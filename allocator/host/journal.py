@@ -2,10 +2,10 @@
 
 One small file per lease: ``grants/<lease id>`` holds a lease a grant added without
 rewriting the file, with the generation of the file it was granted on, and
-``binds/<lease id>`` holds the container a create's 201 named.  Rules 5 to 7 of
-allocator/host/ledger.py say when they are written, read and folded; this module
-writes, reads and lays them over a state, by bare system calls: a busy host lays its
-journal over the file at every read.
+``binds/<lease id>`` holds the container a create's 201 named.  The tables at the top
+of allocator/host/ledger.py say when they are written, read and folded, and what each
+on-disk combination means; this module writes, reads and lays them over a state, by
+bare system calls: a busy host lays its journal over the file at every read.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 
 
 def sync_grant(grants: Path, lease_id: str) -> None:
-    """Make lease ``lease_id``'s grant record durable (rule 6); a record folded into
+    """Make lease ``lease_id``'s grant record durable (the grant step); a record folded into
     the file already is (every full write is fsync'd)."""
     if not LEASE_ID.fullmatch(lease_id):
         return
@@ -45,7 +45,7 @@ def sync_grant(grants: Path, lease_id: str) -> None:
 
 
 def record_bind(binds: Path, lease_id: str, container: str) -> bool:
-    """The Engine answered lease ``lease_id``'s create with ``container`` (rule 5).
+    """The Engine answered lease ``lease_id``'s create with ``container`` (the bind step).
 
     The first record wins (O_EXCL); a second for the same container is no news, one
     for another container is refused, as `State.bind` would.

@@ -1,72 +1,95 @@
-"""The ledger file: `allocator.core.leases.State` kept in one JSON file under ``state_dir``.
+"""The ledger: `allocator.core.leases.State` kept under ``state_dir``, a file and two journals.
 
 Rules
 -----
-1. Every change happens under an exclusive file lock (portalocker) taken with
-   a deadline; a lock we cannot get in time is an error, never a guess.
-2. The file is replaced atomically (write a temp file, fsync it, rename it over the
-   old one), so a process killed at any instant leaves the old or the new state,
-   never half of one.
-3. A file we cannot read, or one written by a newer schema, stops allocation:
+1. Every change is made under the ledger's lock (`store.Lock` on ``state_dir/lock``,
+   with a deadline: a lock not got in time is an error, never a guess).  Readers take
+   no lock: they read the journals, then the file, as the tables below say.
+2. A file or record that cannot be read, or a file of a newer schema, stops allocation:
    `StateError` names the file and the repair command.
-4. Tokens are stored only as SHA-256 hashes: reading the file (or a container's
-   labels) never gives anyone a usable token.
-5. A create's 201 is recorded in the bind journal (`record_bind`): one small file per
-   lease, ``binds/<lease id>``, holding the container id, made with O_EXCL, no lock and
-   no fsync.  Every read lays the journal over the state; every transaction folds it
-   in and removes what it folded.  A record lost to a power cut (or left empty) only
-   leaves its lease pending, which reconcile binds from the container's label.
-6. A transaction that only adds leases (a grant, `transaction(grant=True)`) records
-   each in the grant journal, ``grants/<lease id>``, instead of rewriting the file;
-   the caller makes it durable with `sync_grant`, which a create runs while dockerd
-   works on it.  A record belongs to the file it was granted on (its ``generation``):
-   the next full write folds it in under a new generation, so a record left behind
-   by a crash is recognised as folded and never brings back a lease that ended.
-   Readers read the grants before the file, so a fold in between hides a grant from
-   nobody.  Only an incomplete record counts as no lease; one that cannot be read
-   stops the read (rule 3), and a file of no generation (new, or schema 1's) is
-   written whole before any record names one.  A record lost to a power cut leaves a
-   container whose lease is gone, which reconcile adopts by its GPUs.
-7. Readers read both journals before the file: a full write replaces the file before it
-   removes the records it folded, so a record gone when looked for is in the file read
-   after it (read the other way round, a fold in between showed a bound lease pending).
-   Each process keeps the records it read whole, by name: a record is written once under
-   its name (a lease id is never reused, and a bind record holds the container of its
-   lease's one create), so a busy journal is read once, not at every lease.
+3. Tokens are stored only as SHA-256 hashes: reading the files (or a container's labels)
+   never gives anyone a usable token.
 
-Every full write is fsync'd before it replaces the file; a create's grant is fsync'd
-while dockerd works on the create, and before its answer reaches the client.
+The files and their writes
+--------------------------
+``state.json`` holds every lease under a *generation*, a random id each full write
+makes.  Beside it, one small record a lease: ``grants/<id>`` a lease a grant added
+without rewriting the file, with the generation it was granted on; ``binds/<id>`` the
+container that lease's create made (its 201).
 
-`State` (the pure lease life) lives in allocator/core/leases.py; this is its file shell.
-The journals' records are written, read and laid over a state by allocator/host/journal.py;
-when, under which lock and in which order is decided here.
+========== ====================== ===== ================================= ======================
+step       when                   lock  writes, in this order             durable
+========== ====================== ===== ================================= ======================
+grant      a transaction that     held  ``grants/<id>``: O_EXCL, in       fsync'd (`sync_grant`)
+           only adds leases, on         place; dockerd is asked only      while dockerd creates,
+           a file of a                  once it is whole                  before the client
+           generation, while                                              hears of it
+           `MAX_JOURNAL` allows
+bind       a create's 201         none  ``binds/<id>``: O_EXCL, the       never
+                                        first one wins
+full write any other change (a    held  1. ``state.json`` under a new     the file, fsync'd
+           repair: `write`)             generation, every live record     before its rename; not
+                                        folded in (`store.replace`)       the directory
+                                        2. removes the records it folded
+                                        (a repair: every record)
+========== ====================== ===== ================================= ======================
+
+What a reader concludes from what is on disk (at any instant, or after a crash)
+-------------------------------------------------------------------------------
+======================================== ==============================================
+on disk                                  the reader concludes
+======================================== ==============================================
+grant record whole, of the file's        lease <id> is live (not folded yet)
+generation
+grant record whole, of another           nothing: folded into the file, or ended since
+generation                               (a full write is removing it, or died first)
+grant record empty or cut short          no lease: being written, or lost to a power cut
+                                         before its create was answered
+grant record that cannot be read         `StateError` (rule 2): a lease left out would
+                                         let its GPUs be granted again
+bind record, its lease in the state      the lease is bound to that container
+bind record empty                        the lease stays pending: reconcile binds it by
+                                         the container's label
+bind record of an ended lease, or one    nothing
+bound to another container
+a record listed, gone when read          folded: the file, read after it, holds it
+``.state.json.*.tmp``                    a full write that died before its rename: the
+                                         file is the previous one
+the previous ``state.json`` after a      the rename was lost (the directory is not
+power cut                                fsync'd): grants since are dead, and reconcile
+                                         adopts their containers by their GPUs
+======================================== ==============================================
+
+Records are read before the file because a full write replaces the file before it
+removes the records it folded: read the other way round, a fold in between would hide a
+grant, or show a bound lease pending.  A record is written once under its name (a lease
+id is never reused; a bind record holds its lease's one create), so each process keeps
+the records it read whole, by name, and a busy journal is read once, not at every read.
+A file of no generation (new, or schema 1's) is written whole before a record names one.
+
+`State` (the pure lease life) lives in allocator/core/leases.py; the records are
+written, read and laid over a state by allocator/host/journal.py; the locking and the
+atomic write are allocator/host/store.py's.  When, and in which order, is decided here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import secrets
-import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import portalocker
-
 from allocator.core.leases import REPAIR_HINT, Lease, State, StateError
-from allocator.host import journal
+from allocator.host import journal, store
 
 __all__ = ["Ledger", "State", "StateError", "now"]
 
 STATE_FILE = "state.json"
 MAX_JOURNAL = 32  # records beside the file before a grant folds them in (reads read each)
 LOCK_FILE = "lock"
-LOCK_POLL = 0.003  # seconds between tries for a lock another process holds
-_EXCLUSIVE_NOW = portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLOCKING
 
 
 class Ledger:
@@ -78,13 +101,12 @@ class Ledger:
         self.binds = self.dir / journal.BINDS_DIR
         self.grants = self.dir / journal.GRANTS_DIR
         self.lock_path = self.dir / LOCK_FILE
-        self.lock_timeout = lock_timeout
-        self._threads = threading.Lock()
+        self._lock = store.Lock(self.lock_path, lock_timeout)
         self._dir_ready = False
         # The last state this process read or wrote, with the file's bytes: a file that
         # reads back the same bytes is that state, so it is not decoded again.
         self._known: tuple[bytes, State] = (_EMPTY, State())
-        # Journal records this process read whole, by name (rule 7): a busy host's journal
+        # Journal records this process read whole, by name: a busy host's journal
         # holds up to `MAX_JOURNAL` records, and every lease lays them all over the file.
         self._granted_seen: dict[str, tuple[Path, str, Lease]] = {}
         self._bound_seen: dict[str, tuple[Path, str]] = {}
@@ -108,12 +130,12 @@ class Ledger:
         return self._load()[0]
 
     def sync_grant(self, lease_id: str) -> None:
-        """Make lease ``lease_id``'s grant record durable (rule 6): `journal.sync_grant`."""
+        """Make lease ``lease_id``'s grant record durable (the grant step): `journal.sync_grant`."""
         journal.sync_grant(self.grants, lease_id)
 
     def record_bind(self, lease_id: str, container: str) -> bool:
-        """The Engine answered lease ``lease_id``'s create with ``container`` (rule 5):
-        `journal.record_bind`."""
+        """The Engine answered lease ``lease_id``'s create with ``container`` (the bind
+        step): `journal.record_bind`."""
         return journal.record_bind(self.binds, lease_id, container)
 
     def _granted(self) -> list[tuple[Path, str, Lease | None]]:
@@ -142,7 +164,7 @@ class Ledger:
         """Lease ``lease_id`` as `read` has it, from the file and that lease's own records
         alone: a create's admission asks about one lease, and listing both journals and
         reading every record would cost it more than the rest of its judgement.  The records are
-        read before the file (rule 7); a record that is not this lease's by its content
+        read before the file; a record that is not this lease's by its content
         counts for nothing here, so a stray one only refuses.  Other leases' records are
         not read, so one that cannot be read does not stop this read: an admission grants
         no GPU."""
@@ -187,8 +209,7 @@ class Ledger:
     def _load(self) -> tuple[State, bytes, list[Path], int, int]:
         """The state with the journals laid over it, the bytes of the file it was read
         from (an empty state's, with no file), the journal records it folded in, and how
-        many grants and binds of them are live.  The records are read before the file
-        (rules 6 and 7).
+        many grants and binds of them are live.  The records are read before the file.
 
         The same file and the same records lay over into the same state: that is kept,
         so a busy host's journal is laid over once, not at every read."""
@@ -211,7 +232,7 @@ class Ledger:
 
     def _file(self) -> tuple[State, bytes]:
         try:
-            raw = _whole(self.path)
+            raw = store.read(self.path)
         except FileNotFoundError:
             return State(), _EMPTY
         except OSError as e:
@@ -229,49 +250,10 @@ class Ledger:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """The exclusive lock: threads of this process queue, other processes poll briefly.
-
-        portalocker's default poll is 0.25 s; under contention that, not the work, would
-        set the pace, so waiters poll every few milliseconds.  The lock file is opened
-        for each transaction, as a bare descriptor (its file object and portalocker's
-        `Lock` cost more than the lock): one kept open would pin the state directory's
-        filesystem (and need reopening in every forked child).
-        """
+        """The ledger's lock (rule 1), for a transaction and for the stores kept under it."""
         self.ensure_dir()
-        deadline = time.monotonic() + self.lock_timeout
-        if not self._threads.acquire(timeout=self.lock_timeout):
-            raise self._timeout()
-        try:
-            try:
-                fd = os.open(self.lock_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            except OSError as e:
-                raise StateError(f"{self.lock_path}: cannot open the lock: {e.strerror}") from None
-            try:
-                while True:
-                    try:
-                        portalocker.lock(fd, _EXCLUSIVE_NOW)
-                        break
-                    except portalocker.LockException as e:
-                        if not _held(e):
-                            why = getattr(e.__cause__, "strerror", None) or e
-                            raise StateError(f"{self.lock_path}: cannot lock: {why}") from None
-                        if time.monotonic() >= deadline:
-                            raise self._timeout() from None
-                        time.sleep(LOCK_POLL)
-                try:
-                    yield
-                finally:  # unlocked before closed: a child forked meanwhile shares the fd
-                    portalocker.unlock(fd)
-            finally:
-                os.close(fd)
-        finally:
-            self._threads.release()
-
-    def _timeout(self) -> StateError:
-        return StateError(
-            f"{self.lock_path}: lock not acquired within {self.lock_timeout:g}s "
-            "(another gpu-alloc process holds it); try again"
-        )
+        with self._lock.held():
+            yield
 
     @contextlib.contextmanager
     def transaction(self, *, grant: bool = False) -> Iterator[State]:
@@ -279,15 +261,15 @@ class Ledger:
 
         "Changed" is decided on the encoded bytes against the file's own, and none is
         written when nothing changed.  With ``grant``, a change that only adds leases is
-        recorded in the grant journal instead (rule 6), while few records are live.
+        recorded in the grant journal instead (the grant step), while few records are live.
         """
         with self.locked():
             state, raw, folded, grants, binds = self._load()
             base = state.copy() if grant else None
             yield state
             added = state.added_since(base) if base is not None else None
-            # A file of no generation (none yet, or written by schema 1) is written whole
-            # first: a record always names a generation a full write made.
+            # The grant step.  A file of no generation (none yet, or written by schema 1)
+            # is written whole first: a record always names a generation a full write made.
             if (
                 added
                 and state.generation
@@ -295,11 +277,13 @@ class Ledger:
                 and journal.write_grants(self.grants, added, state.generation)
             ):
                 return
-            # Folding a grant takes a new generation even where the file would read the
-            # same (the lease ended meanwhile): its record must be dead from now on.
+            # The full write, 1: the file.  Folding a grant takes a new generation even
+            # where the file would read the same (the lease ended meanwhile): its record
+            # must be dead from now on.
             if grants or _encode(state) != raw:
                 self._commit(state)
-            for record in folded:  # in the state file now, or of no more use
+            # 2: the records it folded (in the file now, or of no more use).
+            for record in folded:
                 with contextlib.suppress(OSError):
                     record.unlink()
 
@@ -315,53 +299,19 @@ class Ledger:
         the old one is in it, or ended."""
         state.generation = secrets.token_hex(8)
         data = _encode(state)
-        self._write(data)
-        self._known = (data, state.copy())
-
-    def _write(self, data: bytes) -> None:
-        tmp = None
         try:
-            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".state.", suffix=".tmp")  # 0600
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            # No fsync of the directory: a rename lost to a power cut leaves the previous
-            # state, and the lease it lacks is adopted back from the container's labels.
-            os.replace(tmp, self.path)
+            store.replace(self.path, data)
         except OSError as e:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
             raise StateError(
                 f"{self.path}: cannot write the state ({e.strerror}); the previous state is "
                 "kept; free space or fix permissions on the state directory"
             ) from None
+        self._known = (data, state.copy())
 
 
 def _encode(state: State) -> bytes:
     # Compact: json's C encoder runs only without indent (indent takes the pure-Python one).
     return json.dumps(state.to_json(), sort_keys=True, separators=(",", ":")).encode()
-
-
-def _held(e: portalocker.LockException) -> bool:
-    """Another holds the lock (portalocker 4 says AlreadyLocked; older ones wrap EAGAIN)."""
-    cause = e.__cause__
-    return isinstance(e, portalocker.AlreadyLocked) or (
-        isinstance(cause, OSError) and cause.errno in (errno.EAGAIN, errno.EACCES)
-    )
-
-
-def _whole(path: Path) -> bytes:
-    """A file's bytes by bare system calls (no file object: it costs more than the read)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 _EMPTY = _encode(State())

@@ -9,7 +9,9 @@ cannot both pass), refuses if the socket answers a connect (a copy that does not
 the lock, an older version), and only then removes a stale socket file.
 
 The lock file is never removed: removing it would let a third copy lock a new file
-while the second still holds the old one.
+while the second still holds the old one.  It is no store's lock (`store.Lock`): it is
+never waited for, is held for the life of the process rather than around a change,
+and lives beside the socket, not under the state directory.
 """
 
 from __future__ import annotations

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ import yaml
 
 from allocator.core.inventory import InventoryError
 from allocator.core.usage import Process, Usage, container_of_cgroup
+from allocator.host import store
 
 MIB = 1024 * 1024
 
@@ -79,7 +78,9 @@ class Activity:
     """``state_dir/activity.json``: UUID -> the last time (epoch) the GPU was seen in use.
 
     Written only when a value moves by more than ``resolution`` seconds, so a busy
-    GPU sampled every few seconds does not rewrite the file every time.
+    GPU sampled every few seconds does not rewrite the file every time; replaced
+    atomically without an fsync (`store.replace`): a value lost to a power cut only
+    moves an idle mark.
     """
 
     def __init__(self, state_dir: str) -> None:
@@ -87,7 +88,7 @@ class Activity:
 
     def read(self) -> dict[str, float]:
         try:
-            data = json.loads(self.path.read_text())
+            data = json.loads(store.read(self.path))
         except (OSError, ValueError):
             return {}
         return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
@@ -99,8 +100,5 @@ class Activity:
             return seen
         seen.update(dict.fromkeys(moved, now))
         with contextlib.suppress(OSError):  # only the idle mark depends on it
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".activity.")
-            with os.fdopen(fd, "w") as f:
-                json.dump(seen, f)
-            os.replace(tmp, self.path)
+            store.replace(self.path, json.dumps(seen).encode(), sync=False)
         return seen

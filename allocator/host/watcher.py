@@ -212,7 +212,7 @@ def watch(alloc: Any) -> threading.Thread | None:
         return None
 
     def held() -> set[str]:
-        return set(alloc.ledger.read().holders(alloc.inventory().uuids))
+        return set(alloc.ledger.read().holders(alloc.gather.inventory().uuids))
 
     log.info("health watcher started (period %gs)", cfg.health.period)
     policy = cfg.health.policy()

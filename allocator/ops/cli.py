@@ -22,6 +22,7 @@ from allocator.host import config as configmod
 from allocator.host.config import Config, ConfigError
 from allocator.host.engine import EngineError
 from allocator.host.inventory import load as load_inventory
+from allocator.ops import reserve
 from allocator.service import Allocator, connect
 
 EXIT_FAIL = 1
@@ -152,6 +153,7 @@ def _parser() -> argparse.ArgumentParser:
     c = hs.add_parser("clear", help="mark a GPU healthy again (index, UUID or UUID prefix)")
     c.add_argument("gpu")
     hl.set_defaults(func=cmd_health)
+    reserve.register(add)
     add("doctor", "check the host end to end and say what to fix").set_defaults(func=cmd_doctor)
     sw = add("swarm", "give this node's swarm.gpus to Docker Swarm").add_subparsers(
         dest="action", required=True
@@ -227,14 +229,14 @@ def cmd_shim(cfg: Config, args: argparse.Namespace) -> int:
             watch(alloc)
         log = logging.getLogger("gpu-alloc.shim")
         try:
-            report = alloc.reconcile(adopt=True)
+            report = alloc.reconciler.reconcile(adopt=True)
         except InventoryError as e:
             # Work that touches no GPU goes on; GPU creates are refused with this reason.
             log.warning("not reconciled at start: %s", e)
         else:
             if report:
                 log.info("reconciled at start: %s", report)
-        alloc.check_restarts()  # what a dockerd restart would start must be leased
+        alloc.restarts.check_restarts()  # what a dockerd restart would start must be leased
         from shim.serve import serve
 
         serve(cfg, alloc, claim)
@@ -253,7 +255,7 @@ def cmd_status(cfg: Config, args: argparse.Namespace) -> int:
     try:
         if not args.no_reconcile:
             try:
-                alloc.reconcile(adopt=True)
+                alloc.reconciler.reconcile(adopt=True)
             except EngineError as e:
                 warning = f"showing the ledger only: {e}"
         snap = snapshot(alloc)
@@ -318,7 +320,8 @@ def cmd_explain(cfg: Config, args: argparse.Namespace) -> int:
     alloc = connect(cfg)
     try:
         try:
-            alloc.reconcile()  # frees what removed containers left, so "short" is current
+            # frees what removed containers left, so "short" is current
+            alloc.reconciler.reconcile()
         except EngineError as e:
             logging.getLogger("gpu-alloc").warning("answering from the ledger only: %s", e)
         answer = explain(alloc, args.user, args.gpus, args.label)
@@ -335,7 +338,7 @@ def cmd_health(cfg: Config, args: argparse.Namespace) -> int:
     from allocator.core import health
 
     alloc = Allocator(cfg)
-    inventory = alloc.inventory()
+    inventory = alloc.gather.inventory()
     if args.action == "clear":
         try:
             gpu = inventory.resolve(args.gpu)

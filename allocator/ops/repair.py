@@ -22,13 +22,13 @@ def repair(alloc: Allocator, reset: bool = False) -> str:
     if reset and alloc.ledger.path.exists():
         # Every lease ends: what dockerd would restart goes off first, so a crash before
         # the containers are adopted leaves nothing dockerd starts on GPUs nobody holds.
-        turned = set(alloc.check_restarts(State()))
+        turned = set(alloc.restarts.check_restarts(State()))
         aside = alloc.ledger.path.with_suffix(f".corrupt-{int(time.time())}")
         with alloc.ledger.locked():
             shutil.move(alloc.ledger.path, aside)
         notes.append(f"moved {alloc.ledger.path} to {aside}")
-    report = alloc.reconcile(adopt=True)
-    turned |= set(alloc.check_restarts())
+    report = alloc.reconciler.reconcile(adopt=True)
+    turned |= set(alloc.restarts.check_restarts())
     notes.append(
         f"freed {len(report.freed)} lease(s), bound {len(report.bound)}, "
         f"adopted {len(report.adopted)} container(s), dropped {len(report.dropped)}, "

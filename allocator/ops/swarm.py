@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from allocator.core import swarm_files
+from allocator.host import store
 from allocator.host.config import Config
 
 EXIT_FAIL = 1
@@ -84,14 +83,4 @@ def _write(path: Path, text: str) -> None:
         mode = path.stat().st_mode & 0o7777
     except FileNotFoundError:
         mode = 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    store.replace(path, text.encode(), mode=mode)

@@ -14,10 +14,13 @@ import pwd
 from typing import Any
 
 from allocator.core import labels as gpu_labels
+from allocator.core import reservations
 from allocator.core import verdicts as decide
 from allocator.core.holders import ago
 from allocator.core.placement import Shortage
 from allocator.core.policy import Invalid, Owner, Refusal, priority_of, wait_of, wanted
+from allocator.host import ledger
+from allocator.reserving import time_limit
 from allocator.service import Allocator
 
 FITS, FAILED, SHORT, INVALID, REFUSED, WAITS = 0, 1, 2, 3, 4, 5
@@ -113,15 +116,15 @@ def explain(
     want = wanted(given)
     if isinstance(want, Invalid):
         return base | _answer(INVALID, want.msg)
-    ask = decide.shim_ask(spec, alloc.facts())
+    ask = decide.shim_ask(spec, alloc.gather.facts())
     if isinstance(ask, decide.Deny):
         return base | _answer(INVALID, ask.msg)
-    result = alloc.explain(ask, who, want)
-    wait = wait_of(given, alloc.rules)
+    result = alloc.book.explain(ask, who, want, time_limit(given))
+    wait = wait_of(given, alloc.gather.rules)
     if isinstance(wait, Invalid):
         return base | _answer(INVALID, wait.msg)
     if isinstance(result, Shortage | Refusal) and result.waitable and wait:
-        rank = priority_of(who, alloc.rules)
+        rank = priority_of(who, alloc.gather.rules)
         return (
             base
             | _answer(
@@ -138,12 +141,14 @@ def explain(
     if isinstance(result, Invalid):
         return base | _answer(INVALID, result.msg)
     uuids, pool = result
-    index = {g.uuid: g.index for g in alloc.inventory().gpus}
+    index = {g.uuid: g.index for g in alloc.gather.inventory().gpus}
     shown = ", ".join(f"GPU {index[u]} ({u})" for u in uuids)
     where = f" from pool '{pool}'" if pool else ""
+    now = ledger.now()
+    later = reservations.later(alloc.reservations.current(now), uuids, who, now, index)
     return (
         base
-        | _answer(FITS, f"would be granted now{where}: {shown}")
+        | _answer(FITS, f"would be granted now{where}: {shown}" + (f"; {later}" if later else ""))
         | {
             "gpus": [{"index": index[u], "uuid": u} for u in uuids],
             "pool": pool,

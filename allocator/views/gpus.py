@@ -47,7 +47,7 @@ class LiveView:
 
     def read(self, now: float | None = None) -> Reading:
         now = ledger.now() if now is None else now
-        inventory = self.alloc.inventory()
+        inventory = self.alloc.gather.inventory()
         state = self.alloc.ledger.read()
         try:
             use = usage.read(self.alloc.config.gpus)
@@ -70,7 +70,7 @@ class LiveView:
 
     def snapshot(self, now: float | None = None) -> dict[str, Any]:
         got = self.read(now)
-        pools = {name: list(p.gpus) for name, p in sorted(self.alloc.rules.pools.items())}
+        pools = {name: list(p.gpus) for name, p in sorted(self.alloc.gather.rules.pools.items())}
         rows = [self._row(s, got, pools) for s in got.gpus if s.gpu and not s.gpu.is_slice]
         departed = [self._row(s, got, pools) for s in got.gpus if s.gpu is None]
         return {

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
+from allocator.core import policy
 from allocator.core.gpu_states import GpuState
 from allocator.core.health import GpuHealth
 from allocator.core.inventory import GPU
@@ -69,10 +70,10 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
         if c and c.get("Names"):
             shown["name"] = c["Names"][0].lstrip("/")
 
-    withheld = alloc.rules.withheld  # given to swarm: never grantable here
+    rules = alloc.gather.rules
 
     def row(s: GpuState, g: GPU) -> dict[str, Any]:
-        swarm = g.uuid in withheld or g.parent in withheld
+        swarm = policy.given_to_swarm(g, rules)  # never grantable here
         holder = holder_of.get(g.uuid)
         if holder is None and g.busy:
             holder = {"container": None, "name": None, "why": HOST}

@@ -22,6 +22,7 @@ import pytest
 from allocator.core.ask import Ask
 from allocator.host import config as configmod
 from allocator.host.ledger import Ledger
+from allocator.placer import LeaseRequest
 from allocator.service import Allocator
 from tests.conftest import require_engine
 from tests.support import engine
@@ -352,7 +353,9 @@ def short_ttl_stack() -> Iterator[FaultStack]:
 def test_a_pending_lease_whose_create_never_came_is_freed_after_its_deadline(short_ttl_stack):
     stack = short_ttl_stack
     alloc = Allocator(configmod.load(str(stack.config_path)))  # no Engine: no reconcile
-    leased = alloc.lease(Ask(required=(), count=2, every=False, caps=("gpu",)), "ghost")
+    leased = alloc.book.lease(
+        LeaseRequest(Ask(required=(), count=2, every=False, caps=("gpu",)), "ghost")
+    )
     lease, _token = leased  # type: ignore[misc]
     # Until the deadline, nobody gets its GPUs, reconcile or not.
     snap = status(stack)

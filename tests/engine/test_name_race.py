@@ -238,7 +238,7 @@ def test_behind_the_plugin_the_shim_leaves_a_start_to_it(stack, pair):
     still), so the shim forwards it as sent, without an inspect of its own."""
     config = configmod.load(str(stack.config_path))
     alloc = Allocator(config, Engine(stack.engine_sock))
-    alloc.facts()  # the Engine's view, as the shim has it after any create
+    alloc.gather.facts()  # the Engine's view, as the shim has it after any create
     shim = CreateInterceptor(alloc)
     sent: list[Request] = []
 

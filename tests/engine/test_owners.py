@@ -23,7 +23,7 @@ from allocator.core.leases import StateError
 from allocator.core.policy import POOL
 from allocator.host import unixhttp
 from allocator.ops import cli
-from allocator.service import Allocator
+from allocator.reconciler import Reconciler
 from allocator.views.wire import explain_target as explain_route
 from tests.support import engine
 from tests.support.engine import gpu_alloc
@@ -247,7 +247,7 @@ def test_explain_asks_the_shim_when_the_state_cannot_be_read(stack, monkeypatch,
     def unreadable(self, adopt: bool = False):
         raise StateError("state.json: cannot read: Permission denied")
 
-    monkeypatch.setattr(Allocator, "reconcile", unreadable)
+    monkeypatch.setattr(Reconciler, "reconcile", unreadable)
     monkeypatch.setattr(cli.os, "access", lambda *a: False)  # not root
     assert cli.main(["explain", "--config", str(stack.config_path), "--gpus", "1", "--json"]) == 0
     answer = json.loads(capsys.readouterr().out)

@@ -26,12 +26,14 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from allocator import gather
 from allocator.core.inflight import Start, Target
 from allocator.host.inflight import Registry
+from allocator.service import Allocator
 from plugin.app import _ALLOW, Dispatcher
 from shim.framing import Request, Response
 from tests.root.test_enforcement import DEVDIR, World
@@ -77,7 +79,7 @@ def audit_trail(world: World) -> str:
 def world(tmp_path: Path) -> World:
     make_nodes(DEVDIR)
     w = World(tmp_path)
-    w.alloc.facts()  # the Engine's view, as the plugin's first calls leave it cached
+    w.alloc.gather.facts()  # the Engine's view, as the plugin's first calls leave it cached
     return w
 
 
@@ -146,8 +148,8 @@ def test_a_stale_engine_view_sends_the_create_to_the_pool(
 
 
 def test_a_named_create_goes_to_the_pool_when_names_can_move(world: World) -> None:
-    world.alloc.engine = FakeEngine()  # type: ignore[assignment]
-    world.alloc.facts()
+    world.alloc = Allocator(world.config, FakeEngine())  # type: ignore[arg-type]
+    world.alloc.gather.facts()
     plugin = Dispatcher(world.alloc)
     assert isinstance(plugin.answer(REQ, envelope(PLAIN_CREATE)), bytes)
     named = plugin.answer(REQ, envelope(PLAIN_CREATE, UNNAMED + "?name=job"))
@@ -163,10 +165,15 @@ def test_a_big_create_body_is_decoded_on_the_pool(world: World) -> None:
 def test_a_failure_on_the_quick_path_leaves_the_decision_to_the_pool(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken() -> None:
-        raise RuntimeError("a bug of the quick path")
+    real, failed = world.alloc.gather.at_hand, []
 
-    monkeypatch.setattr(world.alloc, "cached_facts", broken)
+    def broken_once(verdict: Any) -> Any:
+        if not failed:
+            failed.append(verdict)
+            raise RuntimeError("a bug of the quick path")
+        return real(verdict)
+
+    monkeypatch.setattr(world.alloc.gather, "at_hand", broken_once)
     answer = Dispatcher(world.alloc).answer(REQ, envelope(PLAIN_CREATE))
     assert on_the_pool(answer) == {"Allow": True}
 
@@ -186,7 +193,7 @@ def test_the_loop_never_waits_for_an_inventory_being_read(
     monkeypatch.setattr(gather, "load_inventory", slow)
     gpus = Path(world.config.gpus)
     gpus.write_text(gpus.read_text() + "\n")  # changed: the next facts read it again
-    loader = threading.Thread(target=world.alloc.facts)
+    loader = threading.Thread(target=world.alloc.gather.facts)
     loader.start()
     try:
         assert reading.wait(10)
@@ -203,7 +210,7 @@ def test_the_loop_never_waits_for_an_inventory_being_read(
 
 def in_flight_start(world: World, tmp_path: Path) -> tuple[Dispatcher, bytes]:
     """A plugin with a start of ``job`` on its board, and that start's AuthZRes."""
-    world.alloc.engine = FakeEngine()  # type: ignore[assignment]
+    world.alloc = Allocator(world.config, FakeEngine())  # type: ignore[arg-type]
     plugin = Dispatcher(world.alloc)
     plugin.inflight.registry = Registry(tmp_path)
     uri = "/v1.41/containers/job/start"
@@ -254,15 +261,16 @@ class Forwarded:
 def through_shim(
     world: World, payload: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[list[str], list[dict]]:
-    """The create through the shim: which took the thread (`_lease_for`), what went on."""
+    """The create through the shim: which took the thread (`Creates.lease_for`), what went
+    on."""
     threaded: list[str] = []
-    real = world.shim._lease_for
+    real = world.alloc.creates.lease_for
 
     def lease_for(*args: object) -> object:
         threaded.append(json.loads(payload).get("Image", ""))
         return real(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(world.shim, "_lease_for", lease_for)
+    monkeypatch.setattr(world.alloc.creates, "lease_for", lease_for)
     forward = Forwarded()
     req = Request("POST", UNNAMED, [("Content-Type", "application/json")], payload)
     response = asyncio.run(world.shim.handle(req, forward))

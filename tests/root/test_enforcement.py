@@ -1,7 +1,7 @@
 """No GPU without a lease, however the request is written, judged at both layers.
 
 The shim's decision runs through its real interceptor (with a stand-in for the
-Engine that answers 201); the plugin's through its real Flask endpoint, with
+Engine that answers 201); the plugin's through its real dispatcher (what its worker serves), with
 AuthZReq bodies built the way dockerd builds them.  The real-Engine subset is
 in test_enforcement_engine.py.
 """
@@ -24,8 +24,9 @@ from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
 from allocator.core.rewrite import rewrite
 from allocator.host import config as configmod
+from allocator.placer import LeaseRequest
 from allocator.service import Allocator
-from plugin.app import create_app
+from plugin.app import create_dispatcher
 from shim.create import CreateInterceptor
 from shim.framing import Request, Response
 from tests.support import engine
@@ -38,7 +39,7 @@ CREATE_URI = "/v1.41/containers/create?name=job"
 
 
 class World:
-    """A config, 4 simulated GPUs, an empty ledger, the plugin app and the interceptor."""
+    """A config, 4 simulated GPUs, an empty ledger, the plugin's dispatcher and the interceptor."""
 
     def __init__(self, root: Path, gpus: int = 4, policy: dict | None = None):
         engine.write_sim_gpus(root / "gpus.yaml", gpus)
@@ -47,7 +48,7 @@ class World:
         (root / "config.yaml").write_text(yaml.safe_dump(cfg))
         self.config = configmod.load(str(root / "config.yaml"))
         self.alloc = Allocator(self.config)  # no Engine: ledger and inventory only
-        self.plugin = create_app(self.config, self.alloc).test_client()
+        self.plugin = create_dispatcher(self.config, self.alloc)
         self.shim = CreateInterceptor(self.alloc)
         self.forwarded: list[Request] = []
 
@@ -61,9 +62,7 @@ class World:
         if payload is not None:
             req["RequestBody"] = base64.b64encode(payload).decode()
         # dockerd sends no Content-Type: the plugin must read the body regardless.
-        answer = self.plugin.post("/AuthZPlugin.AuthZReq", data=json.dumps(req))
-        assert answer.status_code == 200
-        return answer.get_json(force=True)
+        return json.loads(self.plugin.dispatch("/AuthZPlugin.AuthZReq", json.dumps(req).encode()))
 
     def via_shim(self, payload: bytes, method: str = "POST", uri: str = CREATE_URI) -> Response:
         async def forward(req: Request) -> Response:
@@ -175,7 +174,7 @@ def test_a_made_up_lease_label_gets_nothing(world: World):
 def test_a_lease_header_on_a_create_that_asks_for_no_gpu_is_refused(world: World):
     """Only the shim sets the header, on GPU creates: elsewhere it is made up, and the
     answer to such a create must never settle the lease it names."""
-    lease, _ = world.alloc.lease(Ask((), 1, False, ("gpu",)))
+    lease, _ = world.alloc.book.lease(LeaseRequest(Ask((), 1, False, ("gpu",))))
     made_up = {labels.LEASE_HEADER: f"{lease.id}.guessed-token"}
     answer = world.authz("POST", CREATE_URI, body(), made_up)
     assert answer["Allow"] is False
@@ -184,7 +183,7 @@ def test_a_lease_header_on_a_create_that_asks_for_no_gpu_is_refused(world: World
 
 
 def test_a_pending_lease_admits_only_its_own_gpus(world: World):
-    lease, token = world.alloc.lease(Ask((), 1, False, ("gpu",)))
+    lease, token = world.alloc.book.lease(LeaseRequest(Ask((), 1, False, ("gpu",))))
     other = next(u for u in map(engine.sim_gpu_uuid, range(4)) if u not in lease.gpus)
     spec = json.loads(body(HostConfig={"DeviceRequests": [request(ids=[other])]}))
     spec["Env"] = [f"NVIDIA_VISIBLE_DEVICES={other}"]
@@ -364,7 +363,7 @@ def test_calls_that_touch_no_gpu_never_read_the_ledger(world: World, monkeypatch
 
     monkeypatch.setattr(world.alloc.ledger, "read", boom)
     monkeypatch.setattr(world.alloc.ledger, "transaction", boom)
-    monkeypatch.setattr(world.alloc, "inventory", boom)
+    monkeypatch.setattr(world.alloc.gather, "inventory", boom)
     for method, uri in (
         ("GET", "/v1.41/containers/json"),
         ("POST", "/v1.41/containers/x/stop"),
@@ -414,7 +413,7 @@ def _fresh_world() -> World:
 def _leased_body(w: World) -> tuple[bytes, dict[str, str]]:
     """A body the shim leased and its lease header, before the plugin saw them."""
     spec = decide.decode_create(json.dumps(LEGIT).encode())
-    lease, token = w.alloc.lease(Ask((), 1, False, ("gpu",)))
+    lease, token = w.alloc.book.lease(LeaseRequest(Ask((), 1, False, ("gpu",))))
     body = json.dumps(rewrite(spec, lease.gpus, labels.lease_label(lease.id))).encode()
     return body, {labels.LEASE_HEADER: labels.lease_header(lease.id, token)}
 
@@ -452,7 +451,7 @@ def test_mutations_of_a_leased_body_never_widen_the_grant(data):
     assert set(answer) <= {"Allow", "Msg", "Err"}  # an answer, never a crash
     if answer["Allow"]:
         spec = decide.decode_create(bytes(b))
-        facts = w.alloc.facts()
+        facts = w.alloc.gather.facts()
         from allocator.core import access
 
         granted = access.of_create(spec, facts.engine, facts.inventory, facts.host)

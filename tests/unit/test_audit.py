@@ -18,6 +18,7 @@ from allocator.host.audit import AuditLog
 from allocator.host.config import Config
 from allocator.ops import cli
 from allocator.ops.history import render_table
+from allocator.placer import LeaseRequest
 from allocator.service import Allocator
 from allocator.views import history
 from tests.support.fake_engine import FakeEngine
@@ -34,8 +35,8 @@ def sim_allocator(tmp_path: Path) -> Allocator:
     return Allocator(Config(state_dir=str(state), gpus=str(gpus)))
 
 
-def _write_many(state_dir: str, who: int, n: int) -> None:
-    log = AuditLog(state_dir, max_bytes=1 << 30)
+def _write_many(state_dir: str, who: int, n: int, max_bytes: int = 1 << 30) -> None:
+    log = AuditLog(state_dir, max_bytes=max_bytes, keep=100)
     for k in range(n):
         log.write(events.record("denial", 0.0, name=f"w{who}-{k}", reason="x" * 5000))
 
@@ -50,6 +51,23 @@ def test_concurrent_writers_never_interleave_lines(tmp_path: Path) -> None:
     assert len(lines) == 300
     names = {json.loads(line)["name"] for line in lines}  # every line parses whole
     assert names == {f"w{w}-{k}" for w in range(6) for k in range(50)}
+
+
+def test_concurrent_writers_lose_no_line_to_rotation(tmp_path: Path) -> None:
+    # About ten lines a file: the writers rotate it many times over between them.
+    args = [(str(tmp_path), w, 50, 50_000) for w in range(6)]
+    procs = [FORK.Process(target=_write_many, args=a) for a in args]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    log = AuditLog(str(tmp_path), keep=100)
+    assert len(log.files()) >= 20
+    lines = [line for f in [*log.files(), log.path] for line in f.read_bytes().splitlines()]
+    assert len(lines) == 300
+    names = [json.loads(line)["name"] for line in lines]  # every line parses whole
+    assert sorted(names) == sorted(f"w{w}-{k}" for w in range(6) for k in range(50))
+    assert all(f.stat().st_size <= 50_000 for f in [*log.files(), log.path])
 
 
 def test_rotation_keeps_a_bounded_number_of_bounded_files(tmp_path: Path) -> None:
@@ -74,20 +92,38 @@ def test_a_torn_line_is_skipped_and_the_rest_read(tmp_path: Path) -> None:
 
 
 def test_an_unwritable_audit_file_never_fails_the_decision(tmp_path: Path) -> None:
-    log = AuditLog(str(tmp_path / "missing-dir"))
+    (tmp_path / "file").write_text("")
+    log = AuditLog(str(tmp_path / "file" / "state"))  # not a directory, even for root
     log.write(events.record("grant", 1.0))  # logged, not raised
+
+
+def test_an_audit_lock_not_free_in_time_never_fails_the_decision(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = AuditLog(str(tmp_path))
+    log.lock.timeout = 0.1
+    other = AuditLog(str(tmp_path))
+    with other.lock.held():
+        log.write(events.record("grant", 1.0))  # logged, not raised
+    assert "audit: could not record grant" in caplog.text
+    assert "lock not acquired within 0.1s" in caplog.text
+    assert list(log.read()) == []
 
 
 def test_the_service_records_grant_refusal_and_release_with_times_and_gpus(
     tmp_path: Path,
 ) -> None:
     alloc = sim_allocator(tmp_path)
-    lease, _ = alloc.lease(Ask((), 3, False, ("gpu",)), "train")
+    lease, _ = alloc.book.lease(LeaseRequest(Ask((), 3, False, ("gpu",)), "train"))
     bob = Owner(1001, "bob")
-    assert isinstance(alloc.lease(Ask((), 2, False, ("gpu",)), "second", owner=bob), Shortage)
+    assert isinstance(
+        alloc.book.lease(LeaseRequest(Ask((), 2, False, ("gpu",)), "second", owner=bob)), Shortage
+    )
     # one waiting in line is not refused (yet): the shim tells if its time runs out
-    assert isinstance(alloc.lease(Ask((), 2, False, ("gpu",)), "patient", waits=True), Shortage)
-    alloc.release(lease.id, "container removed")
+    assert isinstance(
+        alloc.book.lease(LeaseRequest(Ask((), 2, False, ("gpu",)), "patient"), waits=True), Shortage
+    )
+    alloc.book.release(lease.id, "container removed")
     got = list(alloc.audit.read())
     assert [e["event"] for e in got] == ["grant", "refusal", "release"]
     grant, refusal, release = got
@@ -101,9 +137,13 @@ def test_the_service_records_grant_refusal_and_release_with_times_and_gpus(
 
 def test_a_pool_that_is_not_open_to_its_asker_is_a_recorded_refusal(tmp_path: Path) -> None:
     alloc = sim_allocator(tmp_path)
-    alloc._rules = replace(alloc.rules, pools={"staff": Pool(gpus=(0, 1), users=("alice",))})
-    got = alloc.lease(Ask((), 1, False, ("gpu",)), "job", owner=Owner(1001, "bob"),
-                      want=Wanted(pool="staff"))  # fmt: skip
+    alloc.gather._rules = replace(
+        alloc.gather.rules, pools={"staff": Pool(gpus=(0, 1), users=("alice",))}
+    )
+    asked = LeaseRequest(
+        Ask((), 1, False, ("gpu",)), "job", Owner(1001, "bob"), Wanted(pool="staff")
+    )
+    got = alloc.book.lease(asked)
     assert isinstance(got, Refusal)
     (line,) = alloc.audit.read()
     assert (line["event"], line["owner"], line["name"]) == ("refusal", "bob", "job")
@@ -126,7 +166,7 @@ def test_a_gpus_health_turning_is_recorded_with_its_index(tmp_path: Path) -> Non
 def test_reads_and_calls_that_touch_no_gpu_write_nothing(tmp_path: Path) -> None:
     alloc = sim_allocator(tmp_path)
     alloc.ledger.read()
-    assert alloc.resolve(ALLOW) is ALLOW
+    assert alloc.admission.resolve(ALLOW) is ALLOW
     assert not (tmp_path / "state" / "audit.jsonl").exists()
 
 
@@ -208,8 +248,8 @@ def test_reconcile_records_the_adoption_of_a_container_it_never_leased(tmp_path:
     alloc = sim_allocator(tmp_path)
     engine = FakeEngine()
     legacy = engine.add("legacy", gpus=(UUIDS[2],))
-    alloc.engine = engine  # type: ignore[assignment]
-    assert alloc.reconcile(adopt=True).adopted == [legacy]
+    alloc = Allocator(alloc.config, engine)  # type: ignore[arg-type]
+    assert alloc.reconciler.reconcile(adopt=True).adopted == [legacy]
     [adoption] = list(alloc.audit.read())
     assert adoption["event"] == "adoption" and adoption["gpus"] == [UUIDS[2]]
     assert (adoption["container"], adoption["name"], adoption["indices"]) == (

@@ -19,7 +19,7 @@ from allocator.host import config as configmod
 from allocator.ops.status import render_json, render_table
 from allocator.service import Allocator
 from allocator.views import status
-from plugin.app import create_app
+from plugin.app import create_dispatcher
 from shim.create import CreateInterceptor
 from shim.framing import Response
 from tests.root.test_enforcement import DEVDIR, World
@@ -45,7 +45,7 @@ class Machine(World):
         (root / "config.yaml").write_text(yaml.safe_dump(cfg))
         self.config = configmod.load(str(root / "config.yaml"))
         self.alloc = Allocator(self.config)
-        self.plugin = create_app(self.config, self.alloc).test_client()
+        self.plugin = create_dispatcher(self.config, self.alloc)
         self.shim = CreateInterceptor(self.alloc)
 
     def create(self, gpus: int = 2, hc: dict | None = None, **asked: str) -> Response:
@@ -213,47 +213,6 @@ def test_an_unreadable_ledger_does_not_stop_cpuset_updates(machine: Machine) -> 
     machine.alloc.ledger.path.write_text("{not json")
     update = json.dumps({"CpusetCpus": "0-3"}).encode()
     assert machine.authz("POST", f"/v1.41/containers/{'c' * 64}/update", update)["Allow"] is True
-
-
-def inspect_of(labels_: dict, **host_config) -> dict:
-    return {"Config": {"Labels": labels_}, "HostConfig": host_config}
-
-
-LEASED = {labels.LEASE: "1a2b3c"}
-
-
-@pytest.mark.parametrize(
-    ("container", "held"),
-    [
-        (inspect_of({**LEASED, labels.PLACED: "cpus"}, CpusetCpus="2-3"), {"cpus": (2, 3)}),
-        (
-            inspect_of(
-                {**LEASED, labels.PLACED: "cpus,memory"},
-                CpusetCpus="0",
-                Memory=GIB,
-                CpusetMems="1",
-            ),
-            {"cpus": (0,), "memory": GIB, "mems": (1,)},
-        ),
-        # an image's label on a container no lease made: nothing
-        (inspect_of({labels.PLACED: "cpus,memory"}, CpusetCpus="0-63", Memory=GIB), {}),
-        # the shim's own empty label over an image's: nothing
-        (inspect_of({**LEASED, labels.PLACED: ""}, CpusetCpus="0-63"), {}),
-        # one unreadable value costs only itself
-        (
-            inspect_of(
-                {**LEASED, labels.PLACED: "cpus,memory"},
-                CpusetCpus="x",
-                Memory=GIB,
-                CpusetMems="0",
-            ),
-            {"memory": GIB, "mems": (0,)},
-        ),
-        (inspect_of({**LEASED, labels.PLACED: "memory"}, Memory=GIB), {}),  # on no node
-    ],
-)
-def test_an_adopted_container_holds_what_its_placed_label_says(container, held) -> None:
-    assert labels.placed_of(container) == held
 
 
 def test_every_leased_create_says_what_was_placed_even_nothing(machine: Machine) -> None:

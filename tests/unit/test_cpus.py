@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core import labels
 from allocator.core.cpus import (
     Node,
     Placed,
@@ -101,29 +100,6 @@ def test_the_gpus_node_is_the_one_with_most_of_them() -> None:
 
 
 # --- labels and conflicts --------------------------------------------------------------------
-
-LABELS = {
-    "nothing asked": ({}, Resources()),
-    "cores": ({labels.REQUEST_CPUS: "8"}, Resources(cpus=8)),
-    "memory in docker's format": ({labels.REQUEST_MEMORY: "4g"}, Resources(memory=4 * GIB)),
-    "strict": (
-        {labels.REQUEST_CPUS: "2", labels.REQUEST_TOPOLOGY: "strict"},
-        Resources(2, 0, True),
-    ),
-    "a fraction of cores": ({labels.REQUEST_CPUS: "1.5"}, "expected a whole number"),
-    "negative cores": ({labels.REQUEST_CPUS: "-1"}, "expected a whole number"),
-    "a bad size": ({labels.REQUEST_MEMORY: "lots"}, "'lots' is not a size"),
-    "a bad topology": ({labels.REQUEST_TOPOLOGY: "loose"}, "expected prefer or strict"),
-}
-
-
-@pytest.mark.parametrize(("given", "expected"), LABELS.values(), ids=LABELS.keys())
-def test_request_labels(given: dict[str, str], expected: Resources | str) -> None:
-    got = labels.resources(given)
-    if isinstance(expected, str):
-        assert isinstance(got, str) and expected in got and got.startswith("io.gpu-alloc.request.")
-    else:
-        assert got == expected
 
 
 def test_a_create_setting_a_field_the_lease_sets_is_refused() -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from allocator.core.ask import Ask
 from allocator.core.policy import Pool, Rules
+from allocator.placer import LeaseRequest
 from allocator.service import Allocator
 from allocator.views import gpus
 from shim import metrics_server
@@ -50,15 +51,15 @@ class ChangingView(gpus.LiveView):
         snap = super().snapshot(now)
         self.calls += 1
         if self.calls == 1:
-            lease, _ = self.alloc.lease(Ask(("GPU-00000001-0000-0000-0000-000000000000",), 0,
-                                            False, ("gpu",)), "eval")  # fmt: skip
-            self.alloc.bind(lease.id, OTHER)
+            ask = Ask(("GPU-00000001-0000-0000-0000-000000000000",), 0, False, ("gpu",))
+            lease, _ = self.alloc.book.lease(LeaseRequest(ask, "eval"))
+            self.alloc.book.bind(lease.id, OTHER)
         return snap
 
 
 def test_the_page_shows_every_gpu_and_its_holder_and_follows_a_new_lease(world) -> None:
     alloc, gpus_file = world
-    alloc.engine = holders({CID: "alice", OTHER: "bob"})
+    alloc = Allocator(alloc.config, holders({CID: "alice", OTHER: "bob"}))
     write_gpus(gpus_file, {0: {"utilization": 0.8, "memory_used_mib": 40960,
                                "processes": [{"pid": 4242}]}})  # fmt: skip
     view = ChangingView(alloc)
@@ -85,7 +86,7 @@ def test_an_unhealthy_gpu_is_marked_on_the_page_with_the_line_and_the_pools(worl
     alloc, _ = world
     for index in (0, 2):  # GPU 0 is alice's, GPU 2 is free: both turn unhealthy
         mark_unhealthy(alloc, UUIDS[index])
-    alloc._rules = Rules(pools={"big": Pool((0, 1)), "small": Pool((2,))})  # as configured
+    alloc.gather._rules = Rules(pools={"big": Pool((0, 1)), "small": Pool((2,))})  # as configured
     waiting = [{"position": 1, "owner": "carol", "name": "sweep", "gpus": 2, "all": False,
                 "pool": "big", "priority": 0, "since": 0, "waited_s": 95,
                 "held_back_by": None}]  # fmt: skip

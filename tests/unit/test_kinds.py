@@ -1,8 +1,10 @@
 """A test's kind is its directory: every test file is in one, each directory marks only its
-own tests, and `make test` runs each directory somewhere."""
+own tests, and `make test` runs each directory somewhere.  Every core module has its own
+pure test file."""
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from tests.support import kinds
 
 TESTS = Path(__file__).resolve().parents[1]
 KINDS = ("unit", "root", "engine", "installed")
+CORE = TESTS.parent / "allocator" / "core"
 
 
 @dataclass
@@ -51,3 +54,49 @@ def test_the_engine_facing_suites_are_real_engine_files_that_exist() -> None:
         assert Path(path).parent == Path("tests/engine"), path
         assert (TESTS.parent / path).is_file(), path
     assert run_engines.INSTALL_TIER == "tests/installed"
+
+
+def core_test_file(module: Path) -> tuple[str, Path]:
+    """A core module's dotted name and its test file: allocator/core/queue.py ->
+    tests/unit/test_queue.py; a package's module allocator/core/placement/numa.py ->
+    test_placement_numa.py, and its __init__.py -> test_placement.py."""
+    parts = module.relative_to(CORE).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(("allocator", "core", *parts)), TESTS / "unit" / f"test_{'_'.join(parts)}.py"
+
+
+def imported(test: Path) -> set[str]:
+    """Every module a file imports, and every name it imports from one, dotted."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(test.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def test_a_core_modules_test_file_is_named_after_it() -> None:
+    assert core_test_file(CORE / "queue.py") == (
+        "allocator.core.queue",
+        TESTS / "unit" / "test_queue.py",
+    )
+    assert core_test_file(CORE / "placement" / "numa.py")[1].name == "test_placement_numa.py"
+    assert core_test_file(CORE / "placement" / "__init__.py") == (
+        "allocator.core.placement",
+        TESTS / "unit" / "test_placement.py",
+    )
+
+
+def test_every_core_module_has_its_own_test_file_that_imports_it() -> None:
+    """The pure tests of allocator/core/x.py are in tests/unit/test_x.py (tests/README.md)."""
+    modules = [m for m in sorted(CORE.rglob("*.py")) if m != CORE / "__init__.py"]
+    assert len(modules) > 40
+    missing = []
+    for module in modules:
+        dotted, test = core_test_file(module)
+        if not test.is_file() or dotted not in imported(test):
+            missing.append(f"{module.relative_to(TESTS.parent)}: {test.relative_to(TESTS.parent)}")
+    assert missing == []

@@ -1,4 +1,5 @@
-"""allocator.ledger: lease life, hashed tokens, atomic writes, fail-closed reads, the lock."""
+"""allocator/host/ledger.py: the file (hashed tokens, atomic writes, fail-closed reads), the
+lock, the journals; the lease life as plain data is in test_leases.py."""
 
 import errno
 import json
@@ -7,7 +8,6 @@ import os
 import random
 import signal
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ from allocator.core.ask import Ask
 from allocator.core.inventory import GPU, Inventory
 from allocator.core.leases import REPAIR_HINT, SCHEMA_VERSION, Claim, State, StateError
 from allocator.core.placement import POLICIES, Shortage, place
-from allocator.host import journal, ledger
+from allocator.host import journal, ledger, store
 from allocator.host.ledger import Ledger
 
 A, B, C, D = (f"GPU-{c * 8}" for c in "abcd")
@@ -33,49 +33,6 @@ def with_one_lease(state_dir: Path) -> tuple[Ledger, str]:
     with led.transaction() as st:
         st.new_lease((A,), now=100.0, ttl=60.0)
     return led, led.path.read_text()
-
-
-# --- lease life (State is plain data) ----------------------------------------------------------
-
-
-def test_a_new_lease_is_pending_on_its_gpus_until_its_deadline() -> None:
-    st = State()
-    lease, token = st.new_lease((A, B), now=100.0, ttl=30.0)
-    assert st.leases == {lease.id: lease}
-    assert (lease.gpus, lease.state, lease.container) == ((A, B), "pending", None)
-    assert (lease.created, lease.deadline) == (100.0, 130.0)
-    assert lease.token_matches(token)
-    assert not lease.token_matches(token + "x")
-
-
-def test_each_lease_gets_its_own_id_and_token() -> None:
-    st = State()
-    (l1, t1), (l2, t2) = st.new_lease((A,), 0, 1), st.new_lease((B,), 0, 1)
-    assert l1.id != l2.id and t1 != t2
-    assert not l1.token_matches(t2)
-
-
-def test_the_full_lease_life_pending_bound_released() -> None:
-    st = State()
-    lease, token = st.new_lease((A, B), now=0, ttl=60)
-    assert st.admits(lease.id, token, frozenset({B, A})) is None
-    assert st.leases[lease.id].state == "pending"  # admitting writes nothing
-    assert st.bind(lease.id, "c0ffee" * 10, name="train")
-    bound = st.leases[lease.id]
-    assert (bound.state, bound.container, bound.name) == ("bound", "c0ffee" * 10, "train")
-    assert st.lease_of("c0ffee" * 10) == bound
-    assert st.release(lease.id) == bound
-    assert st.leases == {}
-    assert st.release(lease.id) is None
-    assert st.lease_of("c0ffee" * 10) is None
-
-
-def test_a_bound_lease_admits_no_more_creates() -> None:
-    st = State()
-    lease, token = st.new_lease((A,), 0, 60)
-    assert st.bind(lease.id, "c" * 64)
-    why = st.admits(lease.id, token, frozenset({A}))
-    assert why is not None and "admitted its create already" in why and "bound" in why
 
 
 def test_a_lease_authorized_by_0_1_admits_nothing_and_still_binds(tmp_path: Path) -> None:
@@ -115,30 +72,6 @@ def test_a_refused_admission_leaves_the_lease_pending_and_usable(
     assert reason is not None and why in reason
     assert st.leases[lease.id].state == "pending"
     assert st.admits(lease.id, real, frozenset({A, B})) is None
-
-
-def test_bind_refuses_a_second_container_and_unknown_leases() -> None:
-    st = State()
-    lease, _ = st.new_lease((A,), 0, 60)
-    assert st.bind(lease.id, "one")
-    assert st.bind(lease.id, "one")  # the same answer twice is fine
-    assert not st.bind(lease.id, "two")
-    assert st.leases[lease.id].container == "one"
-    assert not st.bind("missing", "one")
-
-
-def test_holders_names_leases_and_claims_and_an_unpinned_claim_holds_every_gpu() -> None:
-    st = State()
-    pending, _ = st.new_lease((A,), 0, 60)
-    bound, _ = st.new_lease((B,), 0, 60)
-    st.bind(bound.id, "b" * 64, name="web")
-    st.claims["c" * 64] = Claim("c" * 64, "legacy", None, "privileged")
-    held = st.holders(frozenset({A, B, C, D}))
-    assert set(held) == {A, B, C, D}
-    assert pending.id in held[A].describe() and "pending" in held[A].describe()
-    assert "b" * 12 in held[B].describe() and "'web'" in held[B].describe()
-    assert held[C] == held[D] and "c" * 12 in held[C].describe()
-    assert "privileged" in held[C].describe()
 
 
 # --- the file ----------------------------------------------------------------------------------
@@ -303,7 +236,7 @@ def _raise_enospc(*args: object, **kwargs: object) -> None:
 
 @pytest.mark.parametrize(
     ("target", "name"),
-    [(os, "replace"), (os, "fsync"), (ledger.tempfile, "mkstemp")],
+    [(os, "replace"), (os, "fsync"), (store.tempfile, "mkstemp")],
     ids=["os.replace", "os.fsync", "mkstemp (unwritable directory)"],
 )
 def test_a_failing_write_is_a_state_error_and_keeps_the_previous_state(
@@ -526,22 +459,6 @@ def test_a_writer_killed_at_random_moments_leaves_a_parseable_state(
     assert Ledger(tmp_path).read().leases == {}
 
 
-def test_a_state_file_from_before_cpu_leases_still_loads() -> None:
-    old = {"id": "x", "gpus": [A], "token_sha256": "", "state": "bound", "container": "c" * 64}
-    lease = State.from_json({"version": 1, "leases": {"x": old}, "claims": {}}, "f").leases["x"]
-    assert (lease.cpus, lease.mems, lease.memory) == ((), (), 0)
-
-
-def test_leased_cpus_and_memory_round_trip_and_count_only_live_leases() -> None:
-    st = State()
-    a, _ = st.new_lease((A,), 0, 60)
-    st.leases[a.id] = replace(a, cpus=(0, 16), mems=(0,), memory=1 << 30)
-    again = State.from_json(json.loads(json.dumps(st.to_json())), "f")
-    assert again.leases[a.id].cpus == (0, 16) and again.leases[a.id].mems == (0,)
-    assert (again.leased_cpus(), again.leased_memory()) == ({0, 16}, {0: 1 << 30})
-    assert (again.leased_cpus(but=a.id), again.leased_memory(but=a.id)) == (set(), {})
-
-
 # --- the bind journal --------------------------------------------------------------------------
 
 
@@ -670,8 +587,39 @@ def test_a_grant_record_a_power_cut_left_empty_is_no_lease_and_is_cleared(
     assert sorted(p.name for p in led.grants.iterdir()) == []
 
 
+def test_a_full_write_a_power_cut_lost_leaves_the_previous_file_and_kills_later_grants(
+    tmp_path: Path,
+) -> None:
+    """The rename is not made durable (the directory is not fsync'd): after a power cut
+    the previous file may be back, and a grant recorded on the lost one is no lease
+    (reconcile adopts its container by its GPUs), never a lease of the file read now."""
+    led = written(tmp_path)
+    kept = grant(led, A)
+    with led.transaction() as st:
+        st.bind(kept, "c" * 64)  # a full write: generation 2, the grant folded in
+    previous = led.path.read_bytes()
+    with led.transaction() as st:
+        st.release(kept)  # generation 3
+    lost = grant(led, B)  # a record naming generation 3
+    led.path.write_bytes(previous)  # the power cut: generation 3's rename never happened
+    fresh = Ledger(tmp_path)
+    assert set(fresh.read().leases) == {kept}
+    assert fresh.lease(lost) is None
+    with fresh.transaction() as st:
+        assert st.holders({A, B}).keys() == {A}
+    assert grant_records(led) == []  # the dead record is cleared
+
+
+def test_a_temp_file_a_killed_write_left_is_never_read(tmp_path: Path) -> None:
+    led = written(tmp_path)
+    lease_id = grant(led)
+    (tmp_path / ".state.json.k1ll3d.tmp").write_bytes(b'{"version": 2, "lea')
+    (led.grants / ".half.tmp").write_bytes(b"{")
+    assert set(Ledger(tmp_path).read().leases) == {lease_id}
+
+
 def test_a_fold_between_a_readers_two_reads_hides_no_grant(tmp_path: Path, monkeypatch) -> None:
-    """Rule 6: grants are read before the file, so a fold in between loses nothing."""
+    """Grants are read before the file, so a fold in between loses nothing."""
     writer, reader = written(tmp_path), Ledger(tmp_path)
     lease_id = grant(writer)
     file_of = reader._file
@@ -900,7 +848,7 @@ def test_an_empty_bind_record_is_read_again_until_it_is_whole(tmp_path: Path) ->
 def test_a_fold_just_after_a_readers_file_read_shows_no_bound_lease_pending(
     tmp_path: Path, monkeypatch
 ) -> None:
-    """Rule 7: a full write replaces the file, then removes the records it folded.  Read
+    """A full write replaces the file, then removes the records it folded.  Read
     file first and records after, a fold in between showed the lease pending, and a
     pending lease admits a create."""
     writer, reader = written(tmp_path), Ledger(tmp_path)

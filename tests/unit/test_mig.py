@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from allocator.core import access, labels
+from allocator.core import access
 from allocator.core.ask import Ask
 from allocator.core.facts import EngineView, Node
 from allocator.core.grants import Refusal
@@ -270,9 +270,3 @@ def test_policy_mig_defaults_to_none_and_is_validated() -> None:
     assert configmod.parse("policy: {mig: mixed}").policy.mig == "mixed"
     with pytest.raises(configmod.ConfigError, match=r"key 'policy\.mig': must be one of none"):
         configmod.parse("policy: {mig: all}")
-
-
-def test_the_profile_label_is_read_before_client_labels_are_stripped() -> None:
-    given = {labels.MIG_REQUEST: " 1g.10gb ", "team": "a"}
-    assert labels.mig_profile(given) == "1g.10gb"
-    assert labels.strip(given) == {"team": "a"}

@@ -19,11 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from allocator.core.ask import Ask
 from allocator.core.health import XID, GpuEvent, HealthPolicy, observe
-from allocator.core.usage import container_of_cgroup, idle_since
 from allocator.host import ledger, metrics, usage
 from allocator.host.config import Config, ConfigError, PolicyConfig
 from allocator.ops import gpus as gpus_table
 from allocator.ops import status as status_table
+from allocator.placer import LeaseRequest
 from allocator.service import Allocator
 from allocator.views import gpus, status
 from shim import metrics_server
@@ -64,9 +64,9 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Allocator, P
         policy=PolicyConfig(idle_after=60.0),
     )
     alloc = Allocator(config)
-    lease, _ = alloc.lease(ONE, "train")
-    alloc.bind(lease.id, CID)
-    alloc.engine = holders({CID: "alice"})  # type: ignore[assignment]
+    lease, _ = alloc.book.lease(LeaseRequest(ONE, "train"))
+    alloc.book.bind(lease.id, CID)
+    alloc = Allocator(config, holders({CID: "alice"}))  # type: ignore[arg-type]
     monkeypatch.setattr(
         usage, "container_of", lambda pid, proc="/proc": CID if pid == 4242 else None
     )
@@ -76,36 +76,11 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Allocator, P
 # ------------------------------------------------------------------------- parsing
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        f"0::/system.slice/docker-{CID}.scope\n",  # cgroup v2, systemd driver
-        f"0::/docker/{CID}\n",  # cgroup v2, cgroupfs driver
-        f"12:memory:/docker/{CID}\n11:cpu:/docker/{CID}\n",  # cgroup v1
-        f"0::/docker/{CID}/init.scope\n",  # a container running systemd
-    ],
-)
-def test_a_process_cgroup_names_its_container(text: str) -> None:
-    assert container_of_cgroup(text) == CID
-
-
-def test_a_host_process_has_no_container() -> None:
-    assert container_of_cgroup("0::/user.slice/user-1000.slice/session-2.scope\n") is None
-
-
 def test_container_of_reads_proc_pid_cgroup_and_a_gone_pid_is_none(tmp_path: Path) -> None:
     (tmp_path / "4242").mkdir()
     (tmp_path / "4242" / "cgroup").write_text(f"0::/system.slice/docker-{CID}.scope\n")
     assert usage.container_of(4242, proc=str(tmp_path)) == CID
     assert usage.container_of(4243, proc=str(tmp_path)) is None
-
-
-def test_idle_counts_from_the_later_of_grant_and_last_use() -> None:
-    assert idle_since(100.0, None, False, 159.0, 60.0) is None
-    assert idle_since(100.0, None, False, 160.0, 60.0) == 100.0
-    assert idle_since(100.0, 150.0, False, 200.0, 60.0) is None
-    assert idle_since(100.0, 150.0, False, 210.0, 60.0) == 150.0
-    assert idle_since(100.0, None, True, 1e9, 60.0) is None
 
 
 # ---------------------------------------------------------------------------- the view

@@ -3,8 +3,9 @@
 No dockerd: the tests speak dockerd's side of the plugin protocol over the socket.
 What they pin: calls that touch no GPU are answered while a decision waits for the
 Engine (a start inspects its container); answers on one connection come back in
-request order; activation still goes through Flask; a malformed request gets a 400,
-not a hang.
+request order; activation answers dockerd's handshake (and clears what a previous
+dockerd left in flight) on a kept-alive connection; a call the plugin does not serve gets
+a 404 in the plugin protocol's error format; a malformed request gets a 400, not a hang.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import ClassVar
 import pytest
 import yaml
 
+from allocator.core.inflight import Start
+from allocator.host.inflight import Registry
 from tests.support import engine
 
 
@@ -112,25 +115,31 @@ def slow_engine() -> Iterator[threading.Event]:
     _Engine.RELEASE.set()
 
 
-def _read_answers(conn: socket.socket, count: int, timeout: float = 10) -> list[dict]:
+def _read_replies(conn: socket.socket, count: int, timeout: float = 10) -> list[tuple[str, bytes]]:
+    """``count`` whole HTTP responses: each one's head and body."""
     conn.settimeout(timeout)
-    buf, answers = b"", []
-    while len(answers) < count:
+    buf, replies = b"", []
+    while len(replies) < count:
         head_end = buf.find(b"\r\n\r\n")
         if head_end >= 0:
             head = buf[:head_end].decode()
             length = int(head.lower().split("content-length:")[1].split("\r\n")[0])
             if len(buf) >= head_end + 4 + length:
-                status = int(head.split()[1])
-                payload = buf[head_end + 4 : head_end + 4 + length]
-                answers.append({"status": status, **json.loads(payload)})
+                replies.append((head, buf[head_end + 4 : head_end + 4 + length]))
                 buf = buf[head_end + 4 + length :]
                 continue
         chunk = conn.recv(65536)
         if not chunk:
-            raise ConnectionError(f"closed after {len(answers)} answers")
+            raise ConnectionError(f"closed after {len(replies)} answers")
         buf += chunk
-    return answers
+    return replies
+
+
+def _read_answers(conn: socket.socket, count: int, timeout: float = 10) -> list[dict]:
+    return [
+        {"status": int(head.split()[1]), **json.loads(body)}
+        for head, body in _read_replies(conn, count, timeout)
+    ]
 
 
 def _connect(sock: str) -> socket.socket:
@@ -173,11 +182,50 @@ def test_answers_on_one_connection_keep_request_order(
     assert [a["Allow"] for a in answers] == [True, True, False]
 
 
-def test_activation_goes_through_flask(plugin: tuple[str, Path, subprocess.Popen]) -> None:
+def _activate() -> bytes:
+    """dockerd's handshake, as its plugin client sends it (pkg/plugins: POST, JSON, no body)."""
+    return (
+        b"POST /Plugin.Activate HTTP/1.1\r\nHost: plugin\r\n"
+        b"Accept: application/vnd.docker.plugins.v1.2+json\r\nContent-Length: 0\r\n\r\n"
+    )
+
+
+def test_activation_answers_the_handshake_and_the_connection_serves_on(
+    plugin: tuple[str, Path, subprocess.Popen],
+) -> None:
     sock, _, _ = plugin
     conn = _connect(sock)
-    conn.sendall(b"POST /Plugin.Activate HTTP/1.1\r\nHost: plugin\r\nContent-Length: 0\r\n\r\n")
+    conn.sendall(_activate() + _authz("GET", "/_ping"))
+    (head, body), (_, allowed) = _read_replies(conn, 2)
+    assert head.startswith("HTTP/1.1 200 ")
+    assert "content-type: application/vnd.docker.plugins.v1+json" in head.lower()
+    assert json.loads(body) == {"Implements": ["authz"]}
+    assert json.loads(allowed) == {"Allow": True}
+
+
+def test_activation_clears_what_a_previous_dockerd_left_in_flight(
+    plugin: tuple[str, Path, subprocess.Popen], tmp_path: Path
+) -> None:
+    sock, _, _ = plugin
+    board = Registry(tmp_path)  # beside the plugin's socket
+    assert board.begin("k1", Start("start", "job", None))[0] is None
+    conn = _connect(sock)
+    conn.sendall(_activate())
     assert _read_answers(conn, 1) == [{"status": 200, "Implements": ["authz"]}]
+    assert board.read().entries == ()
+
+
+def test_a_call_the_plugin_does_not_serve_gets_a_404_dockerd_can_show(
+    plugin: tuple[str, Path, subprocess.Popen],
+) -> None:
+    sock, _, _ = plugin
+    conn = _connect(sock)
+    unknown = b"POST /VolumeDriver.Create HTTP/1.1\r\nHost: plugin\r\nContent-Length: 2\r\n\r\n{}"
+    conn.sendall(unknown + _authz("GET", "/_ping"))
+    missing, allowed = _read_answers(conn, 2)
+    assert missing["status"] == 404
+    assert "POST /VolumeDriver.Create" in missing["Err"]  # pkg/plugins shows Err
+    assert allowed == {"status": 200, "Allow": True}
 
 
 def test_a_malformed_request_gets_a_400_and_the_worker_keeps_serving(

@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from allocator.core import labels, policy, privileged
-from allocator.core import verdicts as decide
-from allocator.core.facts import EngineView
+from allocator.core import labels, policy
 from allocator.core.inventory import GPU, Inventory
 from allocator.host import config as configmod
 from allocator.host.config import ConfigError
@@ -68,12 +66,6 @@ def test_a_mistyped_gpu_alloc_label_is_refused_by_name_on_both_sockets(world: Wo
     assert f"label {key} is not a gpu-alloc label" in real["Msg"]
 
 
-def test_a_label_far_from_any_known_one_is_listed_without_a_guess():
-    why = labels.unknown({"io.gpu-alloc.colour": "red", "app": "x"})
-    assert why is not None and "did you mean" not in why
-    assert why.startswith("label io.gpu-alloc.colour is not a gpu-alloc label")
-
-
 def test_known_labels_and_other_prefixes_pass(world: World):
     asks = {labels.MODEL: "simulated", labels.MIN_MEMORY: "40g", labels.WAIT: "1s"}
     gpu = world.via_shim(body(Labels=asks, HostConfig={"DeviceRequests": [request(1)]}))
@@ -106,12 +98,12 @@ def write_policy(root: Path, **keys: object) -> None:
 
 def test_a_reload_with_a_bad_pool_keeps_the_policy_in_force(world, tmp_path, caplog):
     write_policy(tmp_path, pools={"a": {"gpus": [0, 1]}})
-    world.alloc.refresh_policy()
-    assert set(world.alloc.rules.pools) == {"a"}
+    world.alloc.gather.refresh_policy()
+    assert set(world.alloc.gather.rules.pools) == {"a"}
     write_policy(tmp_path, pools={"a": {"gpus": [0, 1]}, "b": {"gpus": [12]}})
     with caplog.at_level(logging.ERROR):
-        world.alloc.refresh_policy()
-    assert set(world.alloc.rules.pools) == {"a"}
+        world.alloc.gather.refresh_policy()
+    assert set(world.alloc.gather.rules.pools) == {"a"}
     assert "policy not reloaded, the one in force stays" in caplog.text
     assert "key 'policy.pools.b.gpus': GPU 12 is not on this host" in caplog.text
     line = doctor.check_pools(configmod.load(str(tmp_path / "config.yaml")))
@@ -127,10 +119,10 @@ def test_a_bad_pool_stops_the_service_at_start(tmp_path):
 
 
 def test_an_edit_is_in_force_within_seconds_with_no_request(world, tmp_path):
-    world.alloc.watch_policy(every=0.1)
+    world.alloc.gather.watch_policy(every=0.1)
     write_policy(tmp_path, limits={"default": {"gpus": 1}})
     deadline = time.monotonic() + 5
-    while world.alloc.rules_in_force.default_limit != 1:
+    while world.alloc.gather.rules_in_force.default_limit != 1:
         assert time.monotonic() < deadline, "the edit was not picked up"
         time.sleep(0.05)
 
@@ -170,25 +162,6 @@ def test_the_real_socket_still_refuses_privileged_under_lease_all(lease_all: Wor
     answer = lease_all.authz("POST", CREATE_URI, PRIVILEGED)
     assert answer["Allow"] is False
     assert "a privileged container sees every device" in answer["Msg"]
-
-
-def test_the_plugin_admits_a_privileged_create_only_for_a_lease_of_the_whole_host():
-    spec = {"Env": [f"NVIDIA_VISIBLE_DEVICES={','.join(UUIDS[:3])}"]}
-    grants = decide.access.of_create({"HostConfig": {"Privileged": True}}, EngineView(), GPUS, None)
-    assert privileged.asked(grants)
-    assert isinstance(privileged.leased(spec, grants, GPUS), str)  # GPU 3 left out
-    spec = {"Env": [f"NVIDIA_VISIBLE_DEVICES={','.join(UUIDS)}"]}
-    assert privileged.leased(spec, grants, GPUS) == frozenset(UUIDS)
-
-
-def test_every_mig_slice_counts_as_the_host():
-    parent = GPU("GPU-m", 1, mig_mode=True)
-    slices = tuple(GPU(f"MIG-{k}", 1, parent="GPU-m", mig_index=k) for k in range(2))
-    inv = Inventory((GPU("GPU-0", 0), parent), migs=slices)
-    assert privileged.covers_host(inv, ["GPU-0", "MIG-0", "MIG-1"])
-    assert privileged.covers_host(inv, ["GPU-0"])  # policy.mig: none leases no slice
-    assert not privileged.covers_host(inv, ["GPU-0", "MIG-0"])  # one slice left to others
-    assert not privileged.covers_host(inv, ["MIG-0", "MIG-1"])
 
 
 def test_policy_privileged_takes_refuse_or_lease_all(tmp_path):

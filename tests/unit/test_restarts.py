@@ -21,6 +21,7 @@ from allocator.core.verdicts import UpdateCheck
 from allocator.host import config as configmod
 from allocator.host.engine import EngineError
 from allocator.ops.repair import repair
+from allocator.placer import LeaseRequest
 from allocator.service import Allocator
 from tests.support.fake_engine import FakeEngine
 from tests.unit.test_service import GPUS, create, leased, one
@@ -70,7 +71,7 @@ def bound(alloc: Allocator, fake: Recorder, name: str = "job", **kw) -> tuple[st
     """A container made for a lease and bound to it, with ``restart: always``; (id, lease)."""
     lease, token = leased(alloc, 1, name, kw.get("labels_"))
     cid = create(fake, lease, token, name, **kw)
-    alloc.settle(outcomes.Bind(lease.id, cid, token))
+    alloc.book.settle(outcomes.Bind(lease.id, cid, token))
     fake.by_id[cid]["HostConfig"]["RestartPolicy"] = dict(ALWAYS)
     return cid, lease.id
 
@@ -88,7 +89,7 @@ def audit(alloc: Allocator, kind: str = "restart-off") -> list[dict]:
 def test_an_expiring_lease_ends_only_after_its_containers_policy_is_off(alloc, fake) -> None:
     cid, lease_id = bound(alloc, fake)
     stop(fake, cid)
-    assert alloc.reconcile().freed == [lease_id]
+    assert alloc.reconciler.reconcile().freed == [lease_id]
     assert fake.seen[0] == (cid, Phase.BOUND.value)  # still leased when it went off
     assert fake.by_id[cid]["HostConfig"]["RestartPolicy"] == {"Name": "no"}
     assert cid in alloc.ledger.read().expired
@@ -102,10 +103,10 @@ def test_a_lease_whose_policy_cannot_be_turned_off_is_kept(alloc, fake) -> None:
     cid, lease_id = bound(alloc, fake)
     stop(fake, cid)
     fake.fails = True
-    assert alloc.reconcile().freed == []
+    assert alloc.reconciler.reconcile().freed == []
     assert alloc.ledger.read().leases[lease_id].phase is Phase.BOUND
     fake.fails = False
-    assert alloc.reconcile().freed == [lease_id]  # the next run tries again
+    assert alloc.reconciler.reconcile().freed == [lease_id]  # the next run tries again
 
 
 def test_a_container_without_a_policy_is_turned_off_too_but_not_audited(alloc, fake) -> None:
@@ -113,7 +114,7 @@ def test_a_container_without_a_policy_is_turned_off_too_but_not_audited(alloc, f
     cid, lease_id = bound(alloc, fake)
     fake.by_id[cid]["HostConfig"]["RestartPolicy"] = {"Name": "no"}
     stop(fake, cid)
-    assert alloc.reconcile().freed == [lease_id]
+    assert alloc.reconciler.reconcile().freed == [lease_id]
     assert fake.seen[0] == (cid, Phase.BOUND.value) and audit(alloc) == []
 
 
@@ -140,7 +141,7 @@ def test_a_predecessor_that_lends_nothing_gets_its_policy_back(alloc, fake) -> N
     fake.by_id[old_id]["State"] = {"Running": False, "Status": "exited"}
     fake.by_id[old_id]["Name"] = f"/{old_id[:12]}_p_train_1"
     # Two GPUs: the predecessor's one is not enough, so it lends nothing.
-    assert not isinstance(alloc.lease(one(2), "p_train_1", given), tuple)
+    assert not isinstance(alloc.book.lease(LeaseRequest(one(2), "p_train_1", labels=given)), tuple)
     assert [c for c, _ in fake.seen] == [old_id, old_id]  # off, then back
     assert fake.by_id[old_id]["HostConfig"]["RestartPolicy"] == ALWAYS
     assert alloc.ledger.read().leases[old_lease].phase is Phase.BOUND
@@ -168,11 +169,13 @@ def test_an_update_is_judged_when_it_sets_a_restart_policy(body, asked) -> None:
 def test_a_restart_policy_is_refused_where_a_start_would_be(alloc, fake) -> None:
     cid, _ = bound(alloc, fake)
     plain = fake.add("plain")
-    fake.add("unleased", gpus=(alloc.inventory().gpus[1].uuid,))  # no lease
-    assert alloc.resolve(UpdateCheck(cid, (), "always")) == decide.ALLOW  # its own lease
-    assert alloc.resolve(UpdateCheck(plain, (), "always")) == decide.ALLOW  # no GPU
-    assert alloc.resolve(UpdateCheck("gone", (), "always")) == decide.ALLOW  # dockerd: 404
-    refused = alloc.resolve(UpdateCheck("unleased", (), "on-failure:3"))
+    fake.add("unleased", gpus=(alloc.gather.inventory().gpus[1].uuid,))  # no lease
+    assert alloc.admission.resolve(UpdateCheck(cid, (), "always")) == decide.ALLOW  # its own lease
+    assert alloc.admission.resolve(UpdateCheck(plain, (), "always")) == decide.ALLOW  # no GPU
+    assert (
+        alloc.admission.resolve(UpdateCheck("gone", (), "always")) == decide.ALLOW
+    )  # dockerd: 404
+    refused = alloc.admission.resolve(UpdateCheck("unleased", (), "on-failure:3"))
     assert isinstance(refused, decide.Deny)
     assert refused.msg.startswith(
         "gpu-alloc refused the container update: restart policy on-failure:3 would have "
@@ -183,11 +186,11 @@ def test_a_restart_policy_is_refused_where_a_start_would_be(alloc, fake) -> None
 
 def test_the_start_up_check_turns_off_only_what_a_start_would_refuse(alloc, fake) -> None:
     cid, _ = bound(alloc, fake)
-    unleased = fake.add("unleased", gpus=(alloc.inventory().gpus[1].uuid,))
+    unleased = fake.add("unleased", gpus=(alloc.gather.inventory().gpus[1].uuid,))
     plain = fake.add("plain")
     for c in (unleased, plain):
         fake.by_id[c]["HostConfig"]["RestartPolicy"] = dict(ALWAYS)
-    assert alloc.check_restarts() == [unleased]
+    assert alloc.restarts.check_restarts() == [unleased]
     assert fake.by_id[cid]["HostConfig"]["RestartPolicy"] == ALWAYS
     assert fake.by_id[plain]["HostConfig"]["RestartPolicy"] == ALWAYS
     (line,) = audit(alloc)
@@ -220,7 +223,7 @@ def test_an_update_to_a_container_whose_lease_is_due_to_end_is_refused(alloc, fa
     set now could land after that reconcile turned it off."""
     cid, _ = bound(alloc, fake)
     stop(fake, cid)  # stopped in 2020: long past the 1 s rule
-    refused = alloc.resolve(UpdateCheck(cid, (), "always"))
+    refused = alloc.admission.resolve(UpdateCheck(cid, (), "always"))
     assert isinstance(refused, decide.Deny)
     assert "stayed stopped longer than policy.release_stopped_after" in refused.msg
 
@@ -229,6 +232,6 @@ def test_an_expired_containers_policy_goes_off_again_after_the_lease_ends(alloc,
     """An update judged while the lease still held may land after the first turn-off."""
     cid, lease_id = bound(alloc, fake)
     stop(fake, cid)
-    assert alloc.reconcile().freed == [lease_id]
+    assert alloc.reconciler.reconcile().freed == [lease_id]
     assert fake.seen == [(cid, Phase.BOUND.value), (cid, None)]
     assert fake.by_id[cid]["HostConfig"]["RestartPolicy"] == {"Name": "no"}

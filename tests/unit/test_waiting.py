@@ -1,4 +1,4 @@
-"""Waiting in line: `Allocator.serve_waiters` and `shim.waitline` against a FakeEngine.
+"""Waiting in line: `Lineup.serve_waiters` and `shim.waitline` against a FakeEngine.
 
 The order itself is pinned in test_queue.py; here the service grants the queue
 under the ledger lock with the same placement and limits as a create arriving
@@ -25,7 +25,8 @@ from allocator.core.policy import Owner, Refusal, Wanted
 from allocator.core.queue import Waiter
 from allocator.host import config as configmod
 from allocator.ops import status
-from allocator.service import Allocator, LeaseRequest
+from allocator.placer import LeaseRequest
+from allocator.service import Allocator
 from allocator.views import explain
 from shim import create as shim_create
 from shim import server
@@ -60,18 +61,18 @@ def fake() -> FakeEngine:
 
 def hold(alloc: Allocator, fake: FakeEngine, owner: Owner, n: int = 1) -> str:
     """A running container of ``owner`` with ``n`` leased GPUs; its container id."""
-    got = alloc.lease(one(n), f"held-{owner.user}", None, owner)
+    got = alloc.book.lease(LeaseRequest(one(n), f"held-{owner.user}", owner=owner))
     assert isinstance(got, tuple), got
     lease, token = got
     cid = fake.add(lease.name, gpus=lease.gpus, lease=labels.lease_label(lease.id))
-    alloc.settle(outcomes.Bind(lease.id, cid, token))
+    alloc.book.settle(outcomes.Bind(lease.id, cid, token))
     return cid
 
 
 def free(alloc: Allocator, fake: FakeEngine, cid: str) -> None:
     """``docker rm -f``: the container goes and the plugin's AuthZRes ends its lease."""
     fake.remove(cid)
-    alloc.settle(outcomes.Forget(cid))
+    alloc.book.settle(outcomes.Forget(cid))
 
 
 def waiter(owner: Owner, arrived: int, n: int = 1, priority: int = 0, **want: Any) -> Waiter:
@@ -93,18 +94,20 @@ def test_waiters_are_granted_by_priority_then_fair_share_then_arrival(tmp_path, 
     a = waiter(ALICE, 1)  # first to arrive
     b = waiter(BOB, 2)
     c = waiter(CAROL, 3, priority=10)  # highest priority: first despite arriving last
-    assert alloc.serve_waiters([a, b, c]) == []  # every GPU held: all wait
+    assert alloc.line.serve_waiters([a, b, c]) == []  # every GPU held: all wait
     order = []
     for cid in held[:3]:
         free(alloc, fake, cid)
-        order += [w.id for w, _ in alloc.serve_waiters([w for w in (a, b, c) if w.id not in order])]
+        order += [
+            w.id for w, _ in alloc.line.serve_waiters([w for w in (a, b, c) if w.id not in order])
+        ]
     # After carol: alice holds 1 (one of hers was freed), bob 2: alice goes before bob.
     assert order == ["w3", "w1", "w2"]
 
 
 def test_no_gpu_is_granted_twice_in_one_serving(tmp_path, fake) -> None:
     alloc = make(tmp_path, fake)
-    granted = alloc.serve_waiters([waiter(ALICE, i) for i in range(6)])
+    granted = alloc.line.serve_waiters([waiter(ALICE, i) for i in range(6)])
     assert len(granted) == GPUS
     gpus = live_gpus(alloc)
     assert len(gpus) == len(set(gpus)) == GPUS
@@ -117,9 +120,9 @@ def test_a_larger_waiter_ahead_keeps_the_gpus_it_could_use(tmp_path, fake) -> No
     cids = [hold(alloc, fake, BOB) for _ in range(GPUS)]
     free(alloc, fake, cids[0])
     big, small = waiter(ALICE, 1, n=2), waiter(CAROL, 2, n=1)
-    assert alloc.serve_waiters([big, small]) == []  # the free GPU waits for alice's pair
+    assert alloc.line.serve_waiters([big, small]) == []  # the free GPU waits for alice's pair
     free(alloc, fake, cids[1])
-    assert [w.id for w, _ in alloc.serve_waiters([big, small])] == ["w1"]
+    assert [w.id for w, _ in alloc.line.serve_waiters([big, small])] == ["w1"]
 
 
 def named(index: int) -> Ask:
@@ -137,15 +140,15 @@ def test_a_create_behind_the_line_may_not_take_what_a_waiter_keeps(tmp_path, fak
     free(alloc, fake, cids[0])
     (spare,) = set(sim.sim_gpu_uuid(i) for i in range(GPUS)) - set(live_gpus(alloc))
     big = waiter(ALICE, 1, n=2)
-    alloc.waiting = lambda: [big]
+    alloc.line.waiting = lambda: [big]
     for ask in (one(1), named(sim_index(spare))):  # --gpus 1, and --gpus device=N
-        got = alloc.lease(ask, "late", None, CAROL)
+        got = alloc.book.lease(LeaseRequest(ask, "late", owner=CAROL))
         assert isinstance(got, Shortage), got
         assert "kept for alice's create 'w1' waiting in line for 2 GPUs" in got.msg
         assert "wait in line too (--label io.gpu-alloc.wait=30m" in got.msg
     assert spare not in live_gpus(alloc)
     free(alloc, fake, cids[1])
-    ((w, (lease, _)),) = alloc.serve_waiters([big])  # the waiter does get them
+    ((w, (lease, _)),) = alloc.line.serve_waiters([big])  # the waiter does get them
     assert w is big and spare in lease.gpus and len(lease.gpus) == 2
 
 
@@ -153,12 +156,12 @@ def test_a_stream_of_small_creates_never_starves_a_waiter_for_every_gpu(tmp_path
     alloc = make(tmp_path, fake)
     cid = hold(alloc, fake, BOB)
     whole = Waiter("w1", "alice", 0, 1, 0, LeaseRequest(every(), "all", ALICE, Wanted()))
-    alloc.waiting = lambda: [whole]
+    alloc.line.waiting = lambda: [whole]
     for _ in range(GPUS):
-        got = alloc.lease(one(1), "small", None, CAROL)
+        got = alloc.book.lease(LeaseRequest(one(1), "small", owner=CAROL))
         assert isinstance(got, Shortage) and "waiting in line for all GPUs" in got.msg, got
     free(alloc, fake, cid)
-    ((_, (lease, _)),) = alloc.serve_waiters([whole])
+    ((_, (lease, _)),) = alloc.line.serve_waiters([whole])
     assert len(lease.gpus) == GPUS
 
 
@@ -167,10 +170,10 @@ def test_a_waiter_that_fits_now_keeps_only_what_it_will_be_given(tmp_path, fake)
     alloc = make(tmp_path, fake)
     hold(alloc, fake, BOB, 2)
     first = waiter(ALICE, 1, n=1)
-    alloc.waiting = lambda: [first]
-    got = alloc.lease(one(1), "late", None, CAROL)
+    alloc.line.waiting = lambda: [first]
+    got = alloc.book.lease(LeaseRequest(one(1), "late", owner=CAROL))
     assert isinstance(got, tuple), got
-    ((_, (lease, _)),) = alloc.serve_waiters([first])
+    ((_, (lease, _)),) = alloc.line.serve_waiters([first])
     assert not set(lease.gpus) & set(got[0].gpus)
 
 
@@ -181,8 +184,8 @@ def test_a_create_ahead_of_the_waiters_takes_what_it_likes(tmp_path, fake) -> No
     cids = [hold(alloc, fake, BOB) for _ in range(GPUS)]
     free(alloc, fake, cids[0])
     big = waiter(ALICE, 1, n=2)
-    alloc.waiting = lambda: [big]
-    assert isinstance(alloc.lease(one(1), "vip", None, CAROL), tuple)
+    alloc.line.waiting = lambda: [big]
+    assert isinstance(alloc.book.lease(LeaseRequest(one(1), "vip", owner=CAROL)), tuple)
 
 
 def sim_index(uuid: str) -> int:
@@ -193,7 +196,7 @@ def test_a_waiter_at_its_limit_waits_without_blocking_others(tmp_path, fake) -> 
     alloc = make(tmp_path, fake, limits={"users": {"alice": {"gpus": 1}}})
     hold(alloc, fake, ALICE)
     limited, other = waiter(ALICE, 1), waiter(BOB, 2)
-    granted = alloc.serve_waiters([limited, other])
+    granted = alloc.line.serve_waiters([limited, other])
     assert [w.id for w, _ in granted] == ["w2"]
 
 
@@ -201,26 +204,26 @@ def test_a_waiter_whose_pool_has_room_is_served_past_a_short_head(tmp_path, fake
     pools = {"a": {"gpus": [0, 1]}, "b": {"gpus": [2, 3]}}
     alloc = make(tmp_path, fake, pools=pools)
     for _ in range(2):
-        got = alloc.lease(one(), "x", None, BOB, Wanted(pool="a"))
+        got = alloc.book.lease(LeaseRequest(one(), "x", owner=BOB, want=Wanted(pool="a")))
         assert isinstance(got, tuple)
     head, other = waiter(ALICE, 1, pool="a"), waiter(CAROL, 2, pool="b")
-    assert [w.id for w, _ in alloc.serve_waiters([head, other])] == ["w2"]
+    assert [w.id for w, _ in alloc.line.serve_waiters([head, other])] == ["w2"]
 
 
 def test_more_gpus_than_the_host_has_cannot_wait(tmp_path, fake) -> None:
     alloc = make(tmp_path, fake)
-    got = alloc.lease(one(GPUS + 1), "huge", None, ALICE)
+    got = alloc.book.lease(LeaseRequest(one(GPUS + 1), "huge", owner=ALICE))
     assert isinstance(got, Shortage) and not got.waitable and "has only 4" in got.msg
     hold(alloc, fake, BOB, GPUS)
-    short = alloc.lease(one(), "small", None, ALICE)
+    short = alloc.book.lease(LeaseRequest(one(), "small", owner=ALICE))
     assert isinstance(short, Shortage) and short.waitable
 
 
 def test_only_a_limit_that_can_pass_is_worth_waiting_for(tmp_path, fake) -> None:
     alloc = make(tmp_path, fake, limits={"default": {"gpus": 2}})
     hold(alloc, fake, ALICE, 2)
-    now = alloc.lease(one(), "next", None, ALICE)
-    never = alloc.lease(one(3), "too-big", None, BOB)
+    now = alloc.book.lease(LeaseRequest(one(), "next", owner=ALICE))
+    never = alloc.book.lease(LeaseRequest(one(3), "too-big", owner=BOB))
     assert isinstance(now, Refusal) and now.waitable
     assert isinstance(never, Refusal) and not never.waitable
 
@@ -331,7 +334,7 @@ def test_many_waiters_random_releases_and_cancels_keep_the_invariants(tmp_path, 
             ended[f"w{i}"] = "granted"
             await asyncio.sleep(rng.uniform(0, 0.05))
             cid = fake.add(lease.name, gpus=lease.gpus, lease=labels.lease_label(lease.id))
-            await asyncio.to_thread(alloc.settle, outcomes.Bind(lease.id, cid, token))
+            await asyncio.to_thread(alloc.book.settle, outcomes.Bind(lease.id, cid, token))
             cids.append(cid)
 
         async def releaser() -> None:
@@ -374,9 +377,9 @@ def test_explain_counts_the_gpus_the_line_keeps(tmp_path, fake) -> None:
     alloc = make(tmp_path, fake)
     cids = [hold(alloc, fake, BOB) for _ in range(GPUS)]
     free(alloc, fake, cids[0])
-    assert isinstance(alloc.explain(one(1), CAROL, Wanted()), tuple)
-    alloc.waiting = lambda: [waiter(ALICE, 1, n=2)]
-    answer = alloc.explain(one(1), CAROL, Wanted())
+    assert isinstance(alloc.book.explain(one(1), CAROL, Wanted()), tuple)
+    alloc.line.waiting = lambda: [waiter(ALICE, 1, n=2)]
+    answer = alloc.book.explain(one(1), CAROL, Wanted())
     assert isinstance(answer, Shortage) and "kept for alice's create" in answer.msg
 
 
@@ -458,6 +461,6 @@ def test_a_removal_the_plugin_never_saw_does_not_count_against_the_limit(tmp_pat
     alloc = make(tmp_path, fake, limits={"default": {"gpus": 1}}, exempt=[])
     first = hold(alloc, fake, ALICE)
     fake.remove(first)  # --rm: no DELETE passes the plugin
-    second = alloc.lease(one(), "again", None, ALICE)
+    second = alloc.book.lease(LeaseRequest(one(), "again", owner=ALICE))
     assert isinstance(second, tuple), second
     assert [le.name for le in alloc.ledger.read().leases.values()] == ["again"]

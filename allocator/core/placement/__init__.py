@@ -16,6 +16,7 @@ from allocator.core.holders import Holder
 from allocator.core.inventory import GPU, Inventory
 from allocator.core.placement import best_effort, first_fit, numa
 from allocator.core.queue import Kept
+from allocator.core.reservations import Reserved
 
 Policy = Callable[[Sequence[GPU], Sequence[GPU], int], list[GPU] | None]
 
@@ -222,6 +223,7 @@ def _shortage_text(
             f"{instead[1:]}, or wait for these; 'gpu-alloc status' shows who holds what"
             + _stopped_hint([h for k, h in stopped.items() if k in shown])
             + _kept_hint([held.get(g.uuid) for g in taken])
+            + _reserved_hint([held.get(g.uuid) for g in taken])
         )
     holders = "; ".join(f"{_named(gs)}: {text}" for gs, text in by_holder.values())
     return (
@@ -232,6 +234,7 @@ def _shortage_text(
         "shows who holds what"
         + _stopped_hint(list(stopped.values()))
         + _kept_hint([held.get(g.uuid) for g in units if g not in free])
+        + _reserved_hint([held.get(g.uuid) for g in units if g not in free])
     )
 
 
@@ -243,6 +246,24 @@ def _kept_hint(holders: Sequence[Holder | None]) -> str:
         ". GPUs kept for a create waiting in line go to it first: to be served after it, "
         "wait in line too (--label io.gpu-alloc.wait=30m, or the operator's "
         "policy.wait.default)"
+    )
+
+
+def _reserved_hint(holders: Sequence[Holder | None]) -> str:
+    """Said once: what to do about GPUs a reservation keeps (`core.reservations`)."""
+    reserved = [h for h in holders if isinstance(h, Reserved)]
+    if not reserved:
+        return ""
+    later = any(h.upcoming for h in reserved)
+    return (
+        ". A reserved GPU goes only to its reservation's holder during the window"
+        + (
+            ", and before it only to a create whose time limit ends by its start "
+            "(--label io.gpu-alloc.time=DURATION)"
+            if later
+            else ""
+        )
+        + ": ask for other GPUs, or wait until it ends; 'gpu-alloc reservations' lists them"
     )
 
 

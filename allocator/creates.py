@@ -1,0 +1,197 @@
+"""The create flow: from a decoded create to its lease, its body, its grant and its end.
+
+One part of the composed service (allocator/service.py); the shim calls it and keeps
+the HTTP (reading the request, forwarding it, the status codes).  A create is judged
+by the core (`verdicts.shim_ask`, through `Gatherer.decide`: on the facts at hand when
+they suffice), checked against the policy and the image's CUDA, and leased by the
+`LeaseBook`; refusals go to the audit trail here.  `granted` turns a lease into the body
+dockerd gets and starts making the grant durable (its record on disk, its audit line)
+on a thread of its own, while dockerd creates the container: the caller waits for
+`Grant.durable` before it tells the client anything.  `settle` and `unsent` end the
+transaction by the Engine's answer (`outcomes.create_outcome`), or the lack of one.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any
+
+from allocator.core import cuda, defaults, labels, outcomes, policy
+from allocator.core import verdicts as decide
+from allocator.core.ask import Ask
+from allocator.core.cpus import Placed, Resources, conflicts
+from allocator.core.facts import Need
+from allocator.core.leases import Lease, StateError
+from allocator.core.placement import Shortage
+from allocator.core.rewrite import rewrite
+from allocator.gather import Gatherer
+from allocator.host import metrics
+from allocator.host.peers import Peer
+from allocator.leasebook import LeaseBook
+from allocator.lookups import Lookups
+from allocator.placer import LeaseRequest
+from allocator.recorder import Recorder
+
+log = logging.getLogger("gpu-alloc")
+Judged = tuple[decide.Facts, Ask | decide.Deny]  # a create's ask, and the facts it was made on
+Leased = tuple[Lease, str] | Shortage | policy.Refusal | policy.Invalid
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A create that asks for GPUs, and what `LeaseBook.lease` answered it.
+
+    ``plugin_settles``: dockerd runs gpu-alloc's plugin, whose AuthZRes binds a 201.
+    """
+
+    req: LeaseRequest
+    leased: Leased
+    plugin_settles: bool
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A lease granted to a create: the body dockerd gets (``body``, with ``header`` as
+    the lease header) and ``durable``, done once the grant is on disk and audited."""
+
+    lease: Lease
+    token: str
+    body: dict[str, Any]
+    header: str
+    durable: Future[None]
+
+
+class Creates:
+    """The create flow over ``gather`` (facts), ``book`` (the lease), ``lookups`` (owner,
+    image) and ``recorder`` (refusals)."""
+
+    def __init__(self, gather: Gatherer, recorder: Recorder, book: LeaseBook, lookups: Lookups):
+        self.gather = gather
+        self.recorder = recorder
+        self.book = book
+        self.lookups = lookups
+        # The grants' fsyncs, beside dockerd's create: one thread per create in flight.
+        self._durability = ThreadPoolExecutor(thread_name_prefix="grant")
+
+    def at_hand(self, spec: dict[str, Any]) -> Judged | None:
+        """The create's ask by the facts at hand (`Gatherer.at_hand`), for an event loop;
+        None when a fact is not at hand or the decision failed (`lease_for` decides it
+        with the facts read)."""
+        try:
+            judged = self.gather.at_hand(partial(_judged, spec))
+        except Exception:  # any failure: decided (and reported) in full
+            return None
+        return None if isinstance(judged, Need) else judged
+
+    def lease_for(
+        self,
+        spec: dict[str, Any],
+        name: str,
+        peer: Peer | None,
+        want: policy.Wanted | policy.Invalid,
+        profile: str,
+        resources: Resources,
+        known: Judged | None = None,
+        waits: bool = False,
+        limit: float | None = None,
+    ) -> Asked | decide.Deny | policy.Invalid | None:
+        """Everything from a decoded create to its lease: the ask (``known``, or decided
+        here), the policy checks, the image's CUDA, the owner and the lease itself.  A
+        refusal (`decide.Deny`, audited here; `policy.Invalid`: the request is malformed),
+        None for a create that asks for no GPU, or what was leased (`Asked`).  ``waits``:
+        the create waits in line if refused for now (`LeaseBook.lease`); ``limit``: how long
+        it may run (`LeaseRequest.limit`)."""
+        facts, ask = known or self.gather.decide(partial(_judged, spec))
+        if isinstance(ask, decide.Deny):
+            self._refused(name, peer, ask.msg, ask.field)
+            return ask
+        ask = replace(ask, profile=profile)
+        refused = _resources_refusal(resources, ask.any, spec)
+        if refused:
+            return policy.Invalid(refused)
+        if not ask.any:
+            return None
+        refused = self._cuda_refusal(spec, facts)
+        if refused:
+            self._refused(name, peer, refused)
+            return decide.Deny(refused)
+        if isinstance(want, policy.Invalid):
+            return want
+        owner = self.lookups.owner_of(peer)
+        given = spec.get("Labels") or {}
+        req = LeaseRequest(ask, name, owner, want, resources, given, limit)
+        leased = self.book.lease(req, durable=False, waits=waits)
+        return Asked(req, leased, self.lookups.plugin_judges(facts))
+
+    def granted(self, req: LeaseRequest, lease: Lease, token: str, spec: dict[str, Any]) -> Grant:
+        """The create as dockerd gets it, for ``lease``: explicit GPUs, the lease label,
+        the policy's defaults, the owner and the pool; its grant made durable meanwhile."""
+        placed = Placed(lease.cpus, lease.mems, lease.memory)
+        with_defaults = policy.with_defaults(spec, self.gather.rules)
+        body = rewrite(
+            with_defaults, lease.gpus, labels.lease_label(lease.id), req.ask.caps, placed
+        )
+        body["Labels"][policy.OWNER] = policy.owner_label(req.owner)
+        if added := defaults.added(spec, with_defaults):
+            body["Labels"][labels.DEFAULTS] = added
+        if lease.pool:
+            body["Labels"][policy.POOL] = lease.pool
+        durable = self._durability.submit(self._finish, lease)
+        return Grant(lease, token, body, labels.lease_header(lease.id, token), durable)
+
+    def settle(self, grant: Grant, status: int, body: bytes | None) -> None:
+        """The Engine answered the create with ``status``: bind the lease, or free it once
+        no container has it (`outcomes.create_outcome`)."""
+        if status != 201:
+            log.info("lease %s: the Engine answered %s", grant.lease.id, status)
+        self.book.settle(outcomes.create_outcome(grant.lease.id, grant.token, status, body))
+
+    def unsent(self, grant: Grant) -> None:
+        """The create never reached the Engine: its lease ends."""
+        self.book.release(grant.lease.id)
+
+    def _finish(self, lease: Lease) -> None:
+        """The grant's record on disk and its audit line (its log line is the create's)."""
+        try:
+            self.book.finish_grant(lease)
+        except StateError as e:  # granted all the same: only a power cut could lose it now
+            log.error("lease %s: %s", lease.id, e)
+
+    def _refused(self, name: str, peer: Peer | None, why: str, field: str = "") -> None:
+        """A create refused by policy (a field no lease covers, the image's CUDA)."""
+        metrics.request("policy")
+        if field:
+            metrics.denial(field)
+        owner = self.lookups.owner_of(peer).user
+        self.recorder.record("refusal", name=name, owner=owner, reason=why)
+
+    def _cuda_refusal(self, spec: dict[str, Any], facts: decide.Facts) -> str | None:
+        """nvidia-docker v1's check: the image's CUDA against the driver's, before leasing."""
+        driver = facts.inventory.cuda_driver_version if facts.inventory else None
+        image = str(spec.get("Image") or "")
+        if driver is None or not image or not self.lookups.has_engine:
+            return None
+        env = spec.get("Env") or ()
+        config = self.lookups.image_config(image)  # None: not pulled; dockerd answers that
+        if cuda.refusal(driver, cuda.required(config or {}, env), image) is None:
+            return None
+        config = self.lookups.image_config(image, fresh=True)  # never refused by what was kept
+        return cuda.refusal(driver, cuda.required(config or {}, env), image)
+
+
+def _judged(spec: dict[str, Any], facts: decide.Facts) -> Judged:
+    return facts, decide.shim_ask(spec, facts)
+
+
+def _resources_refusal(want: Resources, gpus: bool, spec: dict[str, Any]) -> str | None:
+    """Cores and memory come with GPUs only, and never over fields the client set."""
+    if want.any and not gpus:
+        return (
+            "gpu-alloc refused the container create: io.gpu-alloc.request.cpus and "
+            ".memory lease cores and memory near the container's GPUs, and it asks for "
+            "none; add --gpus, or set --cpuset-cpus/--memory yourself"
+        )
+    return conflicts(want, spec.get("HostConfig"))

@@ -1,0 +1,292 @@
+"""The lease book: every change to a lease, over the ledger.
+
+One part of the composed service (allocator/service.py).  A lease is taken under the
+ledger lock from the GPUs no lease or claim holds (`lease`, placed by `Placer.take`),
+bound to its container when the Engine answers the create (`settle`, `bind`), and
+ended when its container is proven gone (`settle` with `Forget`, `release`).  The common
+path makes no Engine call: the ledger knows every lease, and claims of containers
+gpu-alloc did not create are adopted once, by `Reconciler.reconcile`, which runs
+whenever a create finds too few free GPUs: a GPU freed by ``docker rm`` or ``--rm``
+(which never pass the plugin with the container's GPUs) is therefore reclaimed exactly
+when someone needs it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from allocator.core import compose, cpus, labels, policy
+from allocator.core.ask import Ask
+from allocator.core.inventory import Inventory
+from allocator.core.leases import Lease
+from allocator.core.outcomes import Bind, Forget, Unanswered
+from allocator.core.placement import Shortage
+from allocator.core.policy import Invalid, Owner, Refusal, Wanted
+from allocator.gather import Gatherer
+from allocator.host import metrics
+from allocator.host.engine import Engine, EngineError
+from allocator.host.ledger import Ledger
+from allocator.lineup import Lineup
+from allocator.placer import LeaseRequest, Placer
+from allocator.reconciler import Reconciler
+from allocator.recorder import Recorder
+from allocator.restarts import Restarts
+
+log = logging.getLogger("gpu-alloc")
+
+
+class LeaseBook:
+    """Grants (`lease`, `finish_grant`, `explain`) and their ends (`settle`, `bind`,
+    `release`), each written to the ledger and told to the `Recorder`.
+
+    It asks the ``reconciler`` before saying "short", the ``line`` what its waiters
+    keep, and ``restarts`` to hold a Compose predecessor's restart policy down.
+    """
+
+    def __init__(
+        self,
+        engine: Engine | None,
+        ledger: Ledger,
+        gather: Gatherer,
+        recorder: Recorder,
+        placer: Placer,
+        line: Lineup,
+        reconciler: Reconciler,
+        restarts: Restarts,
+    ):
+        self.engine = engine
+        self.ledger = ledger
+        self.gather = gather
+        self.recorder = recorder
+        self.placer = placer
+        self.line = line
+        self.reconciler = reconciler
+        self.restarts = restarts
+
+    def lease(
+        self, req: LeaseRequest, *, durable: bool = True, waits: bool = False
+    ) -> tuple[Lease, str] | Shortage | Refusal | Invalid:
+        """Place and record a pending lease; on shortage, reconcile once and retry.
+
+        The grant is on disk and in the audit trail when this returns, unless
+        ``durable`` is False: then the caller runs `finish_grant` before it tells anyone
+        (the shim, while dockerd creates the container).  A refusal is in the audit trail
+        too, unless the create ``waits`` in line for it to pass: then the caller tells
+        `Recorder.refused` if it never did.
+
+        The policy decides first: the pool and request labels narrow the GPUs, and the
+        owner's limit counts every GPU their leases hold, under the lock.
+
+        A create that replaces a stopped container of the same Compose service (compose
+        stops the old one and renames it ``<short id>_<name>`` before creating the new
+        one) may take over the old container's GPUs, so recreating a service on a full
+        host needs no more free GPUs than it had.  The old container's restart policy
+        is turned off before (`Restarts.hold_down`): dockerd would start it unasked.
+        """
+        ask, name, owner = req.ask, req.name, req.owner
+        scope = policy.eligible(
+            self.gather.inventory(), req.want, owner, self.gather.rules, ask.required
+        )
+        if not isinstance(scope, tuple):
+            self.recorder.refused(scope, name, owner)
+            return scope
+        topology = self.gather.cpu_topology() if req.resources.any else None
+        defer = not durable
+        result = self._try_lease(req, scope, topology, defer=defer)
+        # A removal that never passed the plugin (--rm, the daemon's own) still holds a
+        # lease until reconciled: before saying "short" or "over your limit", reconcile.
+        # Its listing says which holders are stopped: a shortage is placed again to say
+        # so, when that is all it learnt (no Engine call: a stopped holder looks unused).
+        stopped: dict[str, str] = {}
+        if isinstance(result, Shortage | Refusal) and self.engine is not None:
+            report = self.reconciler.reconcile()
+            stopped = report.stopped
+            if report or (isinstance(result, Shortage) and stopped):
+                result = self._try_lease(req, scope, topology, stopped=stopped, defer=defer)
+        # A Compose recreate may take over its predecessor's GPUs: when the host is full,
+        # and when the owner is at their limit (the old container's GPUs count there).
+        if isinstance(result, Shortage | Refusal) and self.engine is not None:
+            predecessor = self._compose_predecessor(name, req.labels or {})
+            was = self.restarts.hold_down(predecessor[0]) if predecessor is not None else None
+            if predecessor is not None and was is not None:
+                retry = self._try_lease(
+                    req, scope, topology, predecessor, stopped=stopped, defer=defer
+                )
+                if isinstance(retry, tuple):
+                    self.restarts.held_down(predecessor, was, name)
+                    result = retry
+                else:
+                    self.restarts.put_back(predecessor[0], was)
+                    if isinstance(result, Shortage) and isinstance(retry, Shortage):
+                        result = retry
+        if isinstance(result, tuple):
+            metrics.request("granted")
+        elif not (waits and result.waitable):
+            self.recorder.refused(result, name, owner)
+        if durable and isinstance(result, tuple):
+            self.ledger.sync_grant(result[0].id)
+        return result
+
+    def finish_grant(self, lease: Lease) -> None:
+        """What a grant made with ``durable=False`` still owes: its record on disk, then
+        its audit line."""
+        try:
+            self.ledger.sync_grant(lease.id)
+        finally:
+            self.recorder.record("grant", lease)
+
+    def explain(
+        self, ask: Ask, owner: Owner, want: Wanted, limit: float | None = None
+    ) -> tuple[list[str], str | None] | Shortage | Refusal | Invalid:
+        """What `lease` would answer now, taking nothing: (GPUs, pool) or the refusal.
+        ``limit``: how long it would run (`LeaseRequest.limit`).
+
+        The ledger is read without the lock, so the answer can be stale by one create.
+        """
+        rules = self.gather.rules
+        scope = policy.eligible(self.gather.inventory(), want, owner, rules, ask.required)
+        if not isinstance(scope, tuple):
+            return scope
+        inventory, pool = scope
+        state = self.ledger.read()
+        asking = len(inventory.gpus) if ask.every else len(ask.required) + ask.count
+        refused = policy.over_limit(owner, state.held_by(owner.user), asking, rules)
+        if refused is not None:
+            return refused
+        held = state.holders(self.gather.inventory().uuids)
+        for uuid, keeper in self.line.kept(state, LeaseRequest(ask, "", owner, want)).items():
+            held.setdefault(uuid, keeper)
+        picked = self.placer.place(ask, inventory, held, want.where(pool), owner, limit)
+        if isinstance(picked, Shortage):
+            return picked
+        return [g.uuid for g in picked], pool
+
+    def _try_lease(
+        self,
+        req: LeaseRequest,
+        scope: tuple[Inventory, str | None],
+        topology: cpus.Topology | None,
+        predecessor: tuple[str, str] | None = None,
+        *,
+        stopped: Mapping[str, str] | None = None,
+        defer: bool = False,
+    ) -> tuple[Lease, str] | Shortage | Refusal:
+        """`Placer.take` under the ledger lock, and its audit lines.  ``stopped``: container ->
+        status, for the holders reconcile last listed not running (`Holder.stopped`)."""
+        with self.ledger.transaction(grant=True) as state:
+            kept = self.line.kept(state, req)
+            taken = self.placer.take(
+                state, req, scope, topology, kept, predecessor=predecessor, stopped=stopped
+            )
+        if not isinstance(taken, tuple):
+            return taken
+        lease, token, old = taken
+        if not defer:
+            self.recorder.record("grant", lease)
+        if old is not None and predecessor is not None:
+            self.recorder.record(
+                "hand-over", old, reason=f"to lease {lease.id} replacing it ({req.name})"
+            )
+        return lease, token
+
+    def _compose_predecessor(self, name: str, given: Mapping[str, str]) -> tuple[str, str] | None:
+        """(id, current name) of the container this Compose create replaces, if any."""
+        project = given.get(compose.PROJECT)
+        if not (name and project and given.get(compose.SERVICE) and self.engine is not None):
+            return None
+        listed = self.engine.containers(label=f"{compose.PROJECT}={project}")
+        return compose.predecessor(name, given, listed)
+
+    def settle_unanswered(self, lease_id: str, label: str, token: str) -> None:
+        """A create got an answer other than 201: free the lease only if no container has it.
+
+        dockerd may have created the container and then failed the call (the plugin's
+        AuthZRes broke, say), so an error status alone proves nothing.  Only the lease's
+        own create counts: a failed create with a made-up header for it frees nothing.
+        """
+        lease = self.ledger.read().leases.get(lease_id)
+        if lease is None or not lease.token_matches(token):
+            return
+        if self.engine is None:
+            self.release(lease_id, "the Engine refused the create")
+            return
+        try:
+            made = self.engine.containers(label=f"{labels.LEASE}={label}")
+        except EngineError as e:
+            log.warning("lease %s stays pending until reconciled: %s", lease_id, e)
+            return
+        if made:
+            self.bind(lease_id, made[0]["Id"])
+            log.warning(
+                "lease %s: the create failed but container %s exists; bound to it",
+                lease_id,
+                made[0]["Id"][:12],
+            )
+        else:
+            self.release(lease_id, "the Engine refused the create; no container has it")
+
+    def bind(
+        self, lease_id: str, container: str, token: str | None = None, admitted: bool = False
+    ) -> bool:
+        """Bind the lease to ``container``; with ``token``, only if it is the lease's (a
+        create's answer: its lease header could have been made up), unless the plugin
+        ``admitted`` the create by it already (`outcomes.Bind`)."""
+        if token is not None and admitted:
+            return self.ledger.record_bind(lease_id, container)
+        lease = self.ledger.read().leases.get(lease_id)
+        if lease is not None and token is not None and not lease.token_matches(token):
+            log.warning("lease %s: a create with a forged lease header was answered", lease_id)
+            return False
+        if lease is not None and lease.container == container:
+            return True  # the plugin's AuthZRes bound it already: no lock, no write
+        if token is not None:
+            if lease is None or lease.container is not None:
+                return False  # gone, or the Engine named another container for it already
+            return self.ledger.record_bind(lease_id, container)
+        with self.ledger.transaction() as state:
+            return state.bind(lease_id, container)
+
+    def release(self, lease_id: str, reason: str = "the create failed") -> Lease | None:
+        with self.ledger.transaction() as state:
+            lease = state.release(lease_id)
+        self.recorder.ended(lease, reason)
+        return lease
+
+    def settle(self, outcome: Bind | Unanswered | Forget | None) -> None:
+        """Apply what the Engine's answer to a create or a removal means for the ledger
+        (`outcomes.create_outcome` is the rule; the shim and the plugin both come here)."""
+        if isinstance(outcome, Bind):
+            self.bind(outcome.lease_id, outcome.container, outcome.token, outcome.admitted)
+        elif isinstance(outcome, Unanswered):
+            self.settle_unanswered(outcome.lease_id, outcome.label, outcome.token)
+        elif isinstance(outcome, Forget):
+            self._forget(outcome.ref)
+
+    def _forget(self, ref: str) -> None:
+        """After ``DELETE /containers/ref``: end the leases whose container is proven gone.
+
+        dockerd resolved ``ref`` as full id, exact name, then unique id prefix, so a
+        decoy named like another container's id prefix is what it removed.  ``ref``
+        only picks the leases to ask about; each ends once its container's full id
+        answers 404.  A lease missed here (a stale name) is freed by reconcile.
+        """
+        if self.engine is None:
+            return
+        name = ref.lstrip("/")
+        asked = [
+            le
+            for le in self.ledger.read().leases.values()
+            if le.container and (le.container.startswith(ref) or le.name == name)
+        ]
+        gone = [le for le in asked if self.engine.inspect(str(le.container)) is None]
+        if not gone:
+            return
+        ended = []
+        with self.ledger.transaction() as state:
+            for le in gone:
+                now = state.leases.get(le.id)
+                if now is not None and now.container == le.container:
+                    ended.append(state.release(le.id))
+        for lease in ended:
+            self.recorder.ended(lease, "container removed")

@@ -1,0 +1,214 @@
+"""Reservations' part of the allocator: making and cancelling them, and what they keep.
+
+One part of the composed service (allocator/service.py).  `keep` is the one hook
+placement goes through (`Placer.place`, which `Placer.take`, `LeaseBook.explain` and
+what a waiter could use in `Lineup` call): it adds the GPUs reservations keep from a
+request to the GPUs held, so a refusal names the reservation and a count request goes to
+other free GPUs (`core.reservations` has the rules).  A ``--gpus N`` reservation whose
+GPU turned unhealthy is re-picked as it is read, the same way in every process, and the
+re-pick is written at the next `reserve` or `cancel`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from allocator.core import labels, policy
+from allocator.core import reservations as rsv
+from allocator.core.holders import Holder
+from allocator.core.leases import StateError
+from allocator.core.placement import POLICIES
+from allocator.core.policy import Owner, parse_duration
+from allocator.host import ledger
+from allocator.host.reservations import ReservationFile
+
+if TYPE_CHECKING:
+    from allocator.core.ask import Ask
+    from allocator.core.inventory import GPU
+    from allocator.gather import Gatherer
+    from allocator.host.config import Config
+    from allocator.host.ledger import Ledger
+    from allocator.recorder import Recorder
+
+TIME_LABEL = labels.TIME
+_ELSEWHERE = Holder(None, "", "left free: the holder's own reserved GPUs answer it")
+
+
+def time_limit(labels: Mapping[str, Any] | None) -> float | None:
+    """A request's time limit in seconds (None: unlimited), from its ``io.gpu-alloc.time``
+    label only; the shim's create and ``explain`` call it with the client's labels.
+    MERGE: becomes ``core.timelimits.limit_for(rules, owner, pool, labels)``, which also
+    reads ``policy.time_limit``; a malformed label is that code's 400, and counts as no
+    limit here (the strict side for a reservation)."""
+    raw = (labels or {}).get(TIME_LABEL)
+    try:
+        return None if raw in (None, "") else parse_duration(str(raw))
+    except ValueError:
+        return None
+
+
+class Reservations:
+    """Reservations made (`reserve`), cancelled (`cancel`), read (`current`), and what
+    they keep from a request (`keep`)."""
+
+    def __init__(self, config: Config, ledger: Ledger, gather: Gatherer, recorder: Recorder):
+        self.config = config
+        self.ledger = ledger
+        self.gather = gather
+        self.recorder = recorder
+        self.file = ReservationFile(ledger)
+        self.policy = POLICIES[config.policy.placement]
+
+    def current(self, now: float) -> list[rsv.Reservation]:
+        """Those not over yet, each ``--gpus N`` one re-picked around unhealthy GPUs."""
+        stored = self.file.read()
+        if not stored:
+            return []
+        sick = self.gather.unhealthy()
+        out = rsv.current(stored, now)
+        for i, r in enumerate(out):
+            if r.count and sick and any(u in sick for u in r.gpus):
+                candidates, _ = self._candidates(r.pool)
+                out[i] = rsv.repick(r, candidates, sick, out, (), self.policy)  # in order
+        return out
+
+    def stamp(self) -> object:
+        """Moves when a reservation is made or cancelled, and when one begins or ends: a
+        create waiting in line that it kept may fit then (the shim's Waitline polls it)."""
+        try:
+            stored = self.file.read()
+        except StateError:
+            return None
+        now = ledger.now()
+        return tuple((r.id, r.gpus, now >= r.start, now >= r.end) for r in stored)
+
+    def keep(
+        self,
+        held: dict[str, Holder],
+        owner: Owner,
+        limit: float | None,
+        now: float,
+        ask: Ask | None = None,
+    ) -> dict[str, Holder]:
+        """``held`` (UUID -> holder) with the GPUs reservations keep from this request;
+        for a holder's count ``ask`` during its window, every GPU but its own free
+        reserved ones (`core.reservations.prefer`)."""
+        found = self.current(now)
+        if not found:
+            return held
+        for uuid, who in rsv.blocked(found, owner, limit, now).items():
+            held.setdefault(uuid, who)
+        if ask is not None and ask.count and not (ask.required or ask.every or ask.profile):
+            sick, mig = self.gather.unhealthy(), self.config.policy.mig
+            free = [
+                g.uuid
+                for g in self.gather.inventory().units(mig)
+                if g.uuid not in held and g.uuid not in sick and not g.busy
+            ]
+            for uuid in rsv.prefer(found, owner, ask.count, free, now):
+                held.setdefault(uuid, _ELSEWHERE)
+        return held
+
+    def _candidates(self, pool: str | None) -> tuple[list[GPU], str]:
+        """The units a ``--gpus N`` reservation picks among (its pool, else the default
+        pool, else the host), and what to call them."""
+        rules = self.gather.rules
+        units = [
+            g
+            for g in self.gather.inventory().units(self.config.policy.mig)
+            if not policy.given_to_swarm(g, rules)
+        ]
+        name = pool or rules.default_pool
+        spec = rules.pools.get(name) if name else None
+        if spec is None:
+            return units, "this host"
+        return [g for g in units if g.index in spec.gpus], f"pool '{name}'"
+
+    def reserve(
+        self,
+        holder: str,
+        window: tuple[float, float],
+        *,
+        gpus: tuple[str, ...] = (),
+        count: int = 0,
+        pool: str | None = None,
+        note: str = "",
+        by: str = "",
+    ) -> rsv.Reservation | str:
+        """Make a reservation (``gpus``: named GPUs, as index or UUID; else ``count`` in
+        ``pool``), or say why not.  Written under the ledger lock, then audited."""
+        now = ledger.now()
+        inventory = self.gather.inventory()
+        named: list[GPU] = []
+        for ident in gpus:
+            try:
+                named.append(inventory.resolve(ident))
+            except LookupError as e:
+                return str(e)
+            if policy.given_to_swarm(named[-1], self.gather.rules):
+                return (
+                    f"{named[-1].label()} is given to Docker Swarm (swarm.gpus): swarm "
+                    "schedules it, so it is never leased here; reserve another GPU"
+                )
+        if pool is not None and pool not in self.gather.rules.pools:
+            known = ", ".join(sorted(self.gather.rules.pools)) or "none"
+            return f"there is no GPU pool '{pool}' (pools: {known})"
+        candidates, where = self._candidates(pool)
+        held = self.ledger.read().holders(inventory.uuids)
+        with self.file.transaction() as box:
+            others = self.current(now)
+            box[:] = others
+            got = rsv.plan(
+                named,
+                count,
+                candidates,
+                where,
+                window,
+                now,
+                others,
+                self.gather.unhealthy(),
+                held,
+                self.policy,
+            )
+            if isinstance(got, str):
+                return got
+            made = rsv.Reservation(
+                secrets.token_hex(4),
+                holder,
+                got,
+                window[0],
+                window[1],
+                0 if named else count,
+                None if named else pool,
+                note,
+                by,
+                now,
+            )
+            box.append(made)
+        self.recorder.record("reserve", gpus=made.gpus, owner=holder, reason=_said(made, now))
+        return made
+
+    def cancel(self, ident: str, by: str = "") -> rsv.Reservation | str:
+        """Cancel the reservation ``ident`` names (its id or a unique prefix of it)."""
+        now = ledger.now()
+        with self.file.transaction() as box:
+            box[:] = self.current(now)
+            found = [r for r in box if r.id.startswith(ident)] if ident else []
+            if len(found) != 1:
+                known = ", ".join(r.id for r in box) or "none"
+                why = "matches several" if found else "is not a current reservation"
+                return (
+                    f"'{ident}' {why} (reservations: {known}); 'gpu-alloc reservations' lists them"
+                )
+            box.remove(found[0])
+        reason = _said(found[0], now) + (f"; cancelled by {by}" if by else "")
+        self.recorder.record(
+            "reserve-cancel", gpus=found[0].gpus, owner=found[0].holder, reason=reason
+        )
+        return found[0]
+
+
+def _said(r: rsv.Reservation, now: float) -> str:
+    return f"{rsv.held_text(r, now)}" + (f", made by {r.by}" if r.by else "")

@@ -1,0 +1,81 @@
+"""Gatherer.decide and at_hand: a verdict gets the facts at hand, and the facts read only
+when it asked for one not at hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from allocator.core import verdicts as decide
+from allocator.core.ask import Ask
+from allocator.core.facts import HOST_FILES, Need, NotAsked
+from allocator.host import config as configmod
+from allocator.host.filesystem import Host
+from allocator.service import Allocator
+from tests.support import engine as sim
+from tests.support.enforcement_cases import body, request
+from tests.support.fake_engine import FakeEngine
+
+GPU_CREATE = json.loads(body(HostConfig={"DeviceRequests": [request(1)]}))
+BIND_CREATE = json.loads(body(HostConfig={"Binds": ["/srv/data:/data"]}))
+
+
+@pytest.fixture
+def alloc(tmp_path: Path) -> Allocator:
+    cfg = {"state_dir": str(tmp_path / "state"),
+           "gpus": str(sim.write_sim_gpus(tmp_path / "gpus.yaml", 2)),
+           "engine": {"socket": str(tmp_path / "none.sock")}}  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return Allocator(configmod.load(str(tmp_path / "config.yaml")), FakeEngine())  # type: ignore[arg-type]
+
+
+def verdict_on(spec: dict, seen: list[decide.Facts]):
+    def verdict(facts: decide.Facts) -> Ask | decide.Deny:
+        seen.append(facts)
+        return decide.shim_ask(spec, facts)
+
+    return verdict
+
+
+def test_nothing_is_at_hand_before_the_engine_was_asked(alloc: Allocator) -> None:
+    assert alloc.gather.at_hand(verdict_on(GPU_CREATE, [])) == Need("the Engine's view")
+
+
+def test_a_gpu_create_is_decided_once_on_the_facts_at_hand(alloc: Allocator) -> None:
+    alloc.gather.facts()  # the Engine's view and the inventory, as the first calls leave them
+    seen: list[decide.Facts] = []
+    got = alloc.gather.decide(verdict_on(GPU_CREATE, seen))
+    assert isinstance(got, Ask) and got.count == 1
+    assert len(seen) == 1 and isinstance(seen[0].host, NotAsked)  # the host never asked
+
+
+def test_a_create_that_needs_the_host_is_decided_again_on_the_facts_read(
+    alloc: Allocator,
+) -> None:
+    alloc.gather.facts()
+    seen: list[decide.Facts] = []
+    assert alloc.gather.at_hand(verdict_on(BIND_CREATE, seen)) == Need(HOST_FILES)
+    got = alloc.gather.decide(verdict_on(BIND_CREATE, seen))
+    assert isinstance(got, Ask | decide.Deny)  # judged on the host as read, found or not
+    assert len(seen) == 3 and isinstance(seen[-1].host, Host)
+
+
+def test_a_verdict_that_reads_no_fact_reads_none(
+    alloc: Allocator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom() -> None:
+        raise AssertionError("a fact was read")
+
+    monkeypatch.setattr(alloc.gather, "facts", boom)
+    monkeypatch.setattr(alloc.gather, "inventory", boom)
+    route = decide.route_of("POST", "/v1.41/containers/job/start")
+    assert not isinstance(route, decide.Deny)
+    uri = "/v1.41/containers/job/start"
+    got = alloc.gather.decide(
+        lambda facts: decide.authz_request(route, "POST", uri, None, facts),
+        decide.reads_facts(route),
+    )
+    assert got == decide.StartCheck("job")

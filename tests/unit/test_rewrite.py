@@ -1,0 +1,57 @@
+"""The canonical create body the shim forwards (allocator/core/rewrite.py)."""
+
+from __future__ import annotations
+
+from allocator.core import labels
+from allocator.core.cpus import Placed
+from allocator.core.rewrite import rewrite, strip_labels
+
+GPUS = ("GPU-a", "GPU-b")
+ASKED = {"Count": 2, "Capabilities": [["gpu"]]}
+
+
+def spec(**extra: object) -> dict:
+    return {"Image": "busybox", "Env": ["NVIDIA_VISIBLE_DEVICES=all", "A=1"],
+            "Labels": {"team": "a", labels.LEASE: "forged"},
+            "HostConfig": {"DeviceRequests": [ASKED]}, **extra}  # fmt: skip
+
+
+def test_a_leased_create_gets_its_gpus_by_uuid_the_guard_env_and_the_lease_label() -> None:
+    out = rewrite(spec(), GPUS, "l1", caps=("gpu", "utility"))
+    assert out["HostConfig"]["DeviceRequests"] == [{
+        "Driver": "nvidia", "Count": 0, "DeviceIDs": ["GPU-a", "GPU-b"],
+        "Capabilities": [["gpu", "utility"]], "Options": {},
+    }]  # fmt: skip
+    assert out["Env"] == [
+        "A=1",
+        "NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b",
+        "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+    ]
+    assert out["Labels"] == {"team": "a", labels.PLACED: "", labels.LEASE: "l1"}
+
+
+def test_a_cuda_device_order_the_user_set_is_kept() -> None:
+    out = rewrite(spec(Env=["CUDA_DEVICE_ORDER=FASTEST_FIRST"]), GPUS, "l1")
+    assert [e for e in out["Env"] if e.startswith("CUDA_DEVICE_ORDER=")] == [
+        "CUDA_DEVICE_ORDER=FASTEST_FIRST"
+    ]
+
+
+def test_a_create_without_gpus_gets_only_the_void_guard_and_no_gpu_alloc_label() -> None:
+    out = rewrite(spec(), (), None)
+    assert out["Env"] == ["A=1", "NVIDIA_VISIBLE_DEVICES=void"]
+    assert out["Labels"] == {"team": "a"}
+    assert out["HostConfig"]["DeviceRequests"] == [ASKED]
+
+
+def test_cores_and_memory_placed_with_the_gpus_are_set_and_labelled() -> None:
+    out = rewrite(spec(), GPUS, "l1", placed=Placed(cpus=(0, 1, 16, 17), mems=(0,), memory=1 << 30))
+    hc = out["HostConfig"]
+    assert (hc["CpusetCpus"], hc["CpusetMems"], hc["Memory"]) == ("0-1,16-17", "0", 1 << 30)
+    assert out["Labels"][labels.PLACED] == "cpus,memory"
+
+
+def test_client_labels_under_the_prefix_are_dropped_and_others_kept() -> None:
+    assert strip_labels(spec())["Labels"] == {"team": "a"}
+    untouched = {"Labels": {"team": "a"}}
+    assert strip_labels(untouched) is untouched

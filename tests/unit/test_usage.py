@@ -1,0 +1,35 @@
+"""Live use read from the host's facts (allocator/core/usage.py): a process's container,
+the idle mark."""
+
+from __future__ import annotations
+
+import pytest
+
+from allocator.core.usage import container_of_cgroup, idle_since
+
+CID = "c0ffee" + "0" * 58
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"0::/system.slice/docker-{CID}.scope\n",  # cgroup v2, systemd driver
+        f"0::/docker/{CID}\n",  # cgroup v2, cgroupfs driver
+        f"12:memory:/docker/{CID}\n11:cpu:/docker/{CID}\n",  # cgroup v1
+        f"0::/docker/{CID}/init.scope\n",  # a container running systemd
+    ],
+)
+def test_a_process_cgroup_names_its_container(text: str) -> None:
+    assert container_of_cgroup(text) == CID
+
+
+def test_a_host_process_has_no_container() -> None:
+    assert container_of_cgroup("0::/user.slice/user-1000.slice/session-2.scope\n") is None
+
+
+def test_idle_counts_from_the_later_of_grant_and_last_use() -> None:
+    assert idle_since(100.0, None, False, 159.0, 60.0) is None
+    assert idle_since(100.0, None, False, 160.0, 60.0) == 100.0
+    assert idle_since(100.0, 150.0, False, 200.0, 60.0) is None
+    assert idle_since(100.0, 150.0, False, 210.0, 60.0) == 150.0
+    assert idle_since(100.0, None, True, 1e9, 60.0) is None
