@@ -16,7 +16,8 @@ from allocator.core import decisions, gojson, route_checks, services
 from allocator.core.decisions import Deny, Facts
 from allocator.core.facts import EngineView, Node
 from allocator.core.routes import classify
-from tests.unit.test_access_core import INVENTORY, TableHost
+from tests.support.table_host import TableHost
+from tests.unit.test_access import INVENTORY
 
 ENGINE = EngineView(version=(20, 10, 24))
 PIN = "NVIDIA_VISIBLE_DEVICES=void"

@@ -16,7 +16,7 @@ from allocator.core.inventory import GPU, Inventory
 from allocator.core.policy import Owner, Refusal, Wanted
 from allocator.host.config import ConfigError, parse
 from allocator.ops.cli import StartupError, check_default_runtime
-from tests.unit.test_access_core import TableHost
+from tests.support.table_host import TableHost
 
 UUIDS = [f"GPU-0000000{k}-0000-0000-0000-000000000000" for k in range(4)]
 INVENTORY = Inventory(tuple(GPU(u, k, minor=k) for k, u in enumerate(UUIDS)))
