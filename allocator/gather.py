@@ -182,6 +182,7 @@ class Gatherer:
             volume_of=self._volume if with_engine else None,
             shim_socket=self.config.shim.socket,
             privileged_mode=self._rules.privileged,
+            swarm_kind=self.config.swarm.kind,
         )
 
     def decide(self, verdict: Callable[[Facts], T], reads: bool = True) -> T:
@@ -226,6 +227,7 @@ class Gatherer:
             volume_of=unasked.volume_of if with_engine else None,
             shim_socket=self.config.shim.socket,
             privileged_mode=self._rules.privileged,
+            swarm_kind=self.config.swarm.kind,
         )
         got = verdict(facts)
         return Need(facts.needs) if facts.needs else got

@@ -14,6 +14,7 @@ from __future__ import annotations
 import secrets
 from typing import TYPE_CHECKING
 
+from allocator.core import policy
 from allocator.core import reservations as rsv
 from allocator.core.holders import Holder
 from allocator.core.leases import StateError
@@ -98,9 +99,14 @@ class Reservations:
     def _candidates(self, pool: str | None) -> tuple[list[GPU], str]:
         """The units a ``--gpus N`` reservation picks among (its pool, else the default
         pool, else the host), and what to call them."""
-        units = list(self.gather.inventory().units(self.config.policy.mig))
-        name = pool or self.gather.rules.default_pool
-        spec = self.gather.rules.pools.get(name) if name else None
+        rules = self.gather.rules
+        units = [
+            g
+            for g in self.gather.inventory().units(self.config.policy.mig)
+            if not policy.given_to_swarm(g, rules)
+        ]
+        name = pool or rules.default_pool
+        spec = rules.pools.get(name) if name else None
         if spec is None:
             return units, "this host"
         return [g for g in units if g.index in spec.gpus], f"pool '{name}'"
@@ -126,6 +132,11 @@ class Reservations:
                 named.append(inventory.resolve(ident))
             except LookupError as e:
                 return str(e)
+            if policy.given_to_swarm(named[-1], self.gather.rules):
+                return (
+                    f"{named[-1].label()} is given to Docker Swarm (swarm.gpus): swarm "
+                    "schedules it, so it is never leased here; reserve another GPU"
+                )
         if pool is not None and pool not in self.gather.rules.pools:
             known = ", ".join(sorted(self.gather.rules.pools)) or "none"
             return f"there is no GPU pool '{pool}' (pools: {known})"

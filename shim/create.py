@@ -43,7 +43,7 @@ from dataclasses import replace
 from functools import partial
 from urllib.parse import parse_qs, urlsplit
 
-from allocator.core import errors, gojson, labels, policy
+from allocator.core import errors, gojson, labels, policy, services
 from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
 from allocator.core.createbody import decode_create
@@ -89,6 +89,8 @@ class CreateInterceptor:
         if isinstance(route, decide.Deny):
             return error(400, route.msg)
         try:
+            if route.check is Check.SERVICE:
+                request = _pinned(request)
             if route.check is not Check.CREATE:
                 if self._plugin_judges():
                     # by the same verdict, on every socket
@@ -240,6 +242,12 @@ def _as_judged(request: Request, route: Route, decision: decide.Decision) -> Req
     if isinstance(decision, decide.AllowStart) and decision.target is not None:
         return replace(request, target=by_id(request.target, route, decision.target.id))
     return request
+
+
+def _pinned(request: Request) -> Request:
+    """A service as forwarded: its tasks' env pinned to NVIDIA_VISIBLE_DEVICES=void."""
+    body = services.pinned_body(request.body)
+    return request if body is None else replace(request, body=body)
 
 
 def _name(target: str) -> str:

@@ -117,10 +117,19 @@ def _selected_caps(capabilities: Iterable[Any]) -> tuple[str, ...] | None:
 
 
 def _swarm_resources(ctx: Ctx) -> None:
-    """The toolkit's swarm-resource option reads DOCKER_RESOURCE_* before the request."""
+    """The toolkit's swarm-resource option reads DOCKER_RESOURCE_* before the request.
+
+    Refused at a create; on an existing container (a swarm task's, given its GPUs by
+    swarm's scheduler) it holds the GPUs its value names."""
     for entry in ctx.view.env:
         if entry.startswith("DOCKER_RESOURCE_"):
-            ctx.refuse("Config.Env", f"{entry.split('=')[0]} can select GPUs in the toolkit")
+            name, _, value = entry.partition("=")
+            if ctx.strict:
+                ctx.refuse("Config.Env", f"{name} can select GPUs in the toolkit")
+                continue
+            ids = tuple(v.strip() for v in value.split(",") if v.strip())
+            gpus = resolve_ids(ctx, "Config.Env", ids) if ids else set()
+            ctx.add("Config.Env", f"{name}={value} (GPUs a swarm task was given)", gpus)
 
 
 def _hook_env(ctx: Ctx, fld: str, why: str) -> None:
@@ -169,7 +178,10 @@ def _runtime_env(ctx: Ctx) -> None:
         raise Refusal(f"{fld}: {VISIBLE} is set {len(values)} times; set it once")
     if not values:
         if not ctx.view.env_complete:
-            ctx.add(fld, f"runtime {name} without {VISIBLE}: the image's ENV decides", None)
+            # Under the default runtime the create asked for no GPU: the shim's void pin
+            # makes it safe (swarm nodes run nvidia as the default); the real socket cannot.
+            detail = f"runtime {name} without {VISIBLE}: the image's ENV decides"
+            ctx.add(fld, detail, None, guarded=not runtime)
         elif _legacy_cuda_image(ctx.view.env):
             ctx.add(fld, f"runtime {name}, legacy CUDA image without {VISIBLE}: all GPUs", None)
         return

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from allocator.core import privileged
+from allocator.core import privileged, services
 from allocator.core.access_ctx import MountsOf, VolumeOf
 from allocator.core.facts import EngineView, HostFacts, NotAsked
 from allocator.core.inflight import Target
@@ -55,6 +55,7 @@ class Facts:
     volume_of: VolumeOf | None = None  # a named volume's driver and options
     shim_socket: str = DEFAULT_SHIM_SOCKET  # for the hint on the real socket
     privileged_mode: str = privileged.REFUSE  # policy.privileged, as the shim leases by it
+    swarm_kind: str = services.DEFAULT_KIND  # swarm.kind: the generic resource of GPUs
 
     @property
     def known_gpus(self) -> Inventory:

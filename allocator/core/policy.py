@@ -75,6 +75,7 @@ class Rules:
     time_users: Mapping[str, float] = field(default_factory=dict)
     time_groups: Mapping[str, float] = field(default_factory=dict)
     reclaim_idle_after: float | None = None  # seconds; None: idle containers are left alone
+    withheld: frozenset[str] = frozenset()  # swarm.gpus: scheduled by swarm, never leased here
 
 
 @dataclass(frozen=True)
@@ -253,17 +254,35 @@ def wait_of(given: Mapping[str, Any] | None, rules: Rules) -> float | Invalid:
     return seconds
 
 
+def given_to_swarm(gpu: GPU, rules: Rules) -> bool:
+    """Whether ``gpu`` (or the GPU a slice is cut from) is in ``swarm.gpus``: swarm
+    schedules it, so nothing here leases or reserves it."""
+    return gpu.uuid in rules.withheld or gpu.parent in rules.withheld
+
+
 def eligible(
     inventory: Inventory, want: Wanted, owner: Owner, rules: Rules, required: Sequence[str] = ()
 ) -> tuple[Inventory, str | None] | Refusal | Invalid:
     """The GPUs this request may be placed on, and the pool it is placed in.
 
     A request without a pool label goes to ``default_pool`` (none: every GPU).
-    GPUs named explicitly (``device=``) must lie inside that set.
+    GPUs named explicitly (``device=``) must lie inside that set.  GPUs given to swarm
+    (``rules.withheld``) are in no set.
     """
     pool_name = want.pool or rules.default_pool
     gpus: Sequence[GPU] = inventory.gpus
     migs: Sequence[GPU] = inventory.migs  # a slice is in a pool with its GPU (same index)
+    if rules.withheld:
+        swarm = [g for g in (*gpus, *migs) if given_to_swarm(g, rules)]
+        given = [g for g in swarm if g.uuid in required]
+        if given:
+            return Refusal(
+                f"gpu-alloc refused the container create: {given[0].label()} is given to "
+                "Docker Swarm (swarm.gpus), whose services reserve it with generic resources; "
+                "ask for another GPU, or run the work as a swarm service"
+            )
+        gpus = [g for g in gpus if g not in swarm]
+        migs = [m for m in migs if m not in swarm]
     if pool_name is not None:
         pool = rules.pools.get(pool_name)
         if pool is None:

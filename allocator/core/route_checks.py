@@ -11,10 +11,11 @@ from __future__ import annotations
 import functools
 from typing import Any, overload
 
-from allocator.core import fields, gojson, mounts, plugins, restarts
-from allocator.core.decisions import ALLOW, HINT, Decision, Deny, Facts, StartCheck, UpdateCheck
+from allocator.core import fields, gojson, mounts, plugins, restarts, services
+from allocator.core.decisions import ALLOW, Decision, Deny, Facts, StartCheck, UpdateCheck
 from allocator.core.facts import HostFacts, Unresolvable
 from allocator.core.routes import Check, Route
+from allocator.core.service_fields import SERVICE_SPEC
 
 DEVICE_FIELDS = ("Devices", "DeviceRequests", "DeviceCgroupRules")
 MIN_START_BODY_FREE_API = (1, 24)  # below it, start may carry a HostConfig
@@ -104,11 +105,15 @@ def _exec(route: Route, method: str, uri: str, body: bytes | None, facts: Facts)
 
 
 def _service(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
-    return Deny(
-        "gpu-alloc refused the swarm service: swarm tasks are created by the daemon without "
-        "passing the authorization plugin, so their GPU access cannot be leased; run the "
-        f"containers directly ({HINT})"
+    """A service create or update: its tasks never pass a plugin, so their spec is judged
+    here, for every node (`services.refusal`)."""
+    spec = _body_as(route, method, uri, body, SERVICE_SPEC, "swarm service")
+    if isinstance(spec, Deny):
+        return spec
+    why = services.refusal(
+        spec or {}, facts.swarm_kind, facts.engine, facts.known_gpus, facts.host, facts.volume_of
     )
+    return Deny(f"gpu-alloc refused the swarm service: {why}") if why else ALLOW
 
 
 def _plugin_create(

@@ -9,7 +9,7 @@ too, so a typo (``state-dir``) never silently falls back to a default.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,8 @@ from allocator.core.health import DEFAULT_IGNORED_XIDS, HealthPolicy
 from allocator.core.policy import Pool, Rules, Ulimit, parse_size
 from allocator.core.privileged import MODES as PRIVILEGED_MODES
 from allocator.core.privileged import REFUSE
-from allocator.host import config_times
+from allocator.host import config_times, swarm_config
+from allocator.host.swarm_config import SwarmConfig
 
 DEFAULT_PATH = "/etc/gpu-alloc/config.yaml"
 ENV_VAR = "GPU_ALLOC_CONFIG"
@@ -92,6 +93,7 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    swarm: SwarmConfig = field(default_factory=SwarmConfig)
     state_dir: str = "/var/lib/gpu-alloc"
     gpus: str = "nvml"
     sysfs: str = "/sys"  # where the CPU topology is read; tests point it at a fake tree
@@ -135,6 +137,7 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "recheck_after": (int, float),
         "period": (int, float),
     },
+    "swarm": swarm_config.KEYS,
 }
 _RULE_KEYS = (
     "limits",
@@ -273,6 +276,9 @@ def _build(data: dict[str, Any], path: str) -> Config:
         host, colon, port = listen.rpartition(":")
         if not (colon and host and port.isdigit() and 0 < int(port) < 65536):
             raise _fail(path, "metrics.listen", f"expected host:port, got '{listen}'")
+    swarm = swarm_config.parse(sections["swarm"])
+    if isinstance(swarm, tuple):
+        raise _fail(path, *swarm)
     gpus = data.get("gpus", "nvml")
     if gpus != "nvml" and not gpus.startswith("/"):
         gpus = str((Path(path).parent / gpus).resolve())
@@ -281,10 +287,12 @@ def _build(data: dict[str, Any], path: str) -> Config:
         shim=ShimConfig(**shim),
         plugin=PluginConfig(**sections["plugin"]),
         policy=PolicyConfig(
-            **{k: v for k, v in policy.items() if k not in _RULE_KEYS}, rules=_rules(path, policy)
+            **{k: v for k, v in policy.items() if k not in _RULE_KEYS},
+            rules=replace(_rules(path, policy), withheld=frozenset(swarm.gpus)),
         ),
         metrics=MetricsConfig(**sections["metrics"]),
         health=HealthConfig(**health),
+        swarm=swarm,
         state_dir=data.get("state_dir", Config.state_dir),
         gpus=gpus,
         sysfs=data.get("sysfs", Config.sysfs),

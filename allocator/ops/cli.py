@@ -158,6 +158,12 @@ def _parser() -> argparse.ArgumentParser:
     hl.set_defaults(func=cmd_health)
     reserve.register(add)
     add("doctor", "check the host end to end and say what to fix").set_defaults(func=cmd_doctor)
+    sw = add("swarm", "give this node's swarm.gpus to Docker Swarm").add_subparsers(
+        dest="action", required=True
+    )
+    sc = sw.add_parser("configure", help="write daemon.json's and the toolkit's swarm settings")
+    sc.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
+    sc.set_defaults(func=cmd_swarm)
     w = add("ready", "wait until the plugin's or the shim's socket (from the config) answers")
     w.add_argument("role", choices=("plugin", "shim"))
     w.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
@@ -177,7 +183,11 @@ def check_pools(cfg: Config) -> None:
 
 
 def check_default_runtime(cfg: Config, info: dict[str, Any] | None = None) -> None:
-    """Refuse to run where every container would get the toolkit (and so the image's ENV)."""
+    """Refuse to run where every container would get the toolkit (and so the image's ENV),
+    but on a node that gives GPUs to swarm (whose tasks get no runtime of their own): there
+    every create is judged as under the nvidia runtime, and needs a lease or the void pin."""
+    if cfg.swarm.configured:
+        return
     if info is not None:
         view = EngineView.from_info(info)
     else:
@@ -193,7 +203,8 @@ def check_default_runtime(cfg: Config, info: dict[str, Any] | None = None) -> No
             f"the Engine's default runtime is '{view.default_runtime}': every container "
             "would run the NVIDIA hook and an image's own NVIDIA_VISIBLE_DEVICES could grant "
             f'GPUs. Remove "default-runtime" from {cfg.engine.daemon_json}, restart Docker, '
-            "and request GPUs with --gpus instead"
+            "and request GPUs with --gpus instead (or, on a Docker Swarm node, give it GPUs "
+            "in the swarm: section, which makes every create pin NVIDIA_VISIBLE_DEVICES=void)"
         )
 
 
@@ -370,6 +381,12 @@ def cmd_doctor(cfg: Config, args: argparse.Namespace) -> int:
         print(line.render())
     print("healthy" if healthy else "problems found: apply the fixes above, then run doctor again")
     return 0 if healthy else EXIT_FAIL
+
+
+def cmd_swarm(cfg: Config, args: argparse.Namespace) -> int:
+    from allocator.ops import swarm
+
+    return swarm.configure(cfg, args.dry_run)
 
 
 def cmd_ready(cfg: Config, args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
 from allocator.host.health import HealthFile
 from allocator.host.ledger import Ledger
+from allocator.ops import swarm_doctor
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -108,7 +109,7 @@ def check_engine(cfg: Config) -> Line:
         return Line(FAIL, f"Engine: {e}", f"start docker, or fix engine.socket in {cfg.source}")
     default = info.get("DefaultRuntime") or "runc"
     runtimes = sorted(info.get("Runtimes") or {})
-    if EngineView.from_info(info).default_is_nvidia:
+    if EngineView.from_info(info).default_is_nvidia and not cfg.swarm.configured:
         return Line(
             FAIL,
             f"Engine: default runtime is '{default}': images' own "
@@ -380,6 +381,10 @@ def check_health(cfg: Config) -> Line:
     return Line(OK, f"GPU health: every GPU healthy; {len(inv.migs)} MIG slice(s)")
 
 
+def check_swarm(cfg: Config) -> Line:
+    return Line(*swarm_doctor.check(cfg))
+
+
 CHECKS: tuple[Callable[[Config], Line], ...] = (
     check_inventory,
     check_pools,
@@ -392,6 +397,7 @@ CHECKS: tuple[Callable[[Config], Line], ...] = (
     check_shim,
     check_state,
     check_health,
+    check_swarm,
     check_context,
 )
 

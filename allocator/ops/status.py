@@ -41,6 +41,11 @@ def render_table(snap: dict[str, Any]) -> str:
     )
     if busy:
         lines.append(f"busy with host processes: GPU {','.join(busy)}")
+    swarm = [str(g["index"]) for g in snap["gpus"] if g.get("swarm")]
+    if swarm:
+        lines.append(
+            f"given to Docker Swarm (swarm.gpus), never leased here: GPU {','.join(swarm)}"
+        )
     for g in snap["gpus"]:
         if g.get("mig_mode"):
             free_slices = [

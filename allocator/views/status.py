@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from allocator import shares
-from allocator.core import timelimits
+from allocator.core import policy, timelimits
 from allocator.core.gpu_states import GpuState
 from allocator.core.health import GpuHealth
 from allocator.core.inventory import GPU
@@ -76,7 +76,10 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
         if c and c.get("Names"):
             shown["name"] = c["Names"][0].lstrip("/")
 
+    rules = alloc.gather.rules
+
     def row(s: GpuState, g: GPU) -> dict[str, Any]:
+        swarm = policy.given_to_swarm(g, rules)  # never grantable here
         holder = holder_of.get(g.uuid)
         if holder is None and g.busy:
             holder = {"container": None, "name": None, "why": HOST}
@@ -84,7 +87,8 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
             holder = {"container": None, "name": None, "why": MIG_MODE}
         return {
             **g.to_dict(),
-            "free": s.free,  # grantable now
+            "free": s.free and not swarm,  # grantable now
+            "swarm": swarm,
             "state": s.state,
             "container_state": s.container_state,
             "holder": holder,

@@ -200,6 +200,8 @@ def test_a_create_without_a_body_is_denied(world: World):
     assert "no request body" in answer["Msg"]
 
 
+SERVICE_ENV = b'{"TaskTemplate":{"ContainerSpec":{"Env":["DOCKER_RESOURCE_GPU=GPU-1"]}}}'
+SERVICE_CAP = b'{"TaskTemplate":{"ContainerSpec":{"CapabilityAdd":["SYS_ADMIN"]}}}'
 ROUTES = [
     # (method, uri, body, allowed?, word in the denial)
     ("GET", "/v1.41/containers/json?all=1", None, True, ""),
@@ -240,8 +242,8 @@ ROUTES = [
         "letter case",
     ),
     ("POST", "/v1.41/containers/abc/exec", None, False, "no request body"),
-    ("POST", "/v1.41/services/create", b'{"Name":"s"}', False, "swarm"),
-    ("POST", "/v1.41/services/x/update", b"{}", False, "swarm"),
+    ("POST", "/v1.41/services/create", SERVICE_ENV, False, "DOCKER_RESOURCE_GPU"),
+    ("POST", "/v1.41/services/x/update", SERVICE_CAP, False, "SYS_ADMIN"),
     (
         "POST",
         "/v1.41/plugins/pull?remote=x",

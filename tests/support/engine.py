@@ -316,6 +316,11 @@ class Dockerd:
                 out.append(d)
         return out
 
+    def root_launcher(self, root: Path, path: str) -> list[str]:
+        """The command line that runs dockerd inside a root Engine's `root` with `path` as
+        its PATH (a swarm node puts its own namespaces around it: tests/support/swarm.py)."""
+        return engine_root.root_launcher(root, self._binds(), path, self.argv())
+
     def start(self) -> Dockerd:
         try:
             self._start()
@@ -348,7 +353,7 @@ class Dockerd:
         else:
             # The fake hook must be on dockerd's PATH when it starts, or no nvidia driver.
             path = f"{bin_dir}:{engine_root.ROOT_PATH}"
-            argv = engine_root.root_launcher(root, self._binds(), path, self.argv())
+            argv = self.root_launcher(root, path)
         self.proc = _spawn(argv, self.log, env)
         wait_until(lambda: ping(self.sock), "dockerd", self.proc, self.log, self.start_timeout)
         if root is not None:

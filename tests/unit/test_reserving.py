@@ -250,3 +250,17 @@ def test_two_reservations_repicked_at_once_never_share_a_gpu(tmp_path) -> None:
             box[0] = box[0].with_gpu(uuid, health.GpuHealth(healthy=False))
     picked = [r.gpus for r in alloc.reservations.current(ledger.now())]
     assert picked.count((sim.sim_gpu_uuid(2),)) == 1, picked
+
+
+def test_a_gpu_given_to_swarm_is_never_reserved(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["swarm"] = {"gpus": [UUIDS[0]]}
+    path.write_text(yaml.safe_dump(cfg))
+    alloc = Allocator(configmod.load(str(path)), FakeEngine())  # type: ignore[arg-type]
+    now = ledger.now()
+    refused = alloc.reservations.reserve("root", (now, now + 60), gpus=("0",))
+    assert isinstance(refused, str) and "given to Docker Swarm" in refused
+    made = alloc.reservations.reserve("root", (now, now + 60), count=1)
+    assert not isinstance(made, str) and made.gpus == (UUIDS[1],)
+    assert isinstance(alloc.reservations.reserve("root", (now, now + 60), count=1), str)

@@ -52,9 +52,12 @@ def test_a_privileged_exec_is_refused() -> None:
     assert judge("POST", "/v1.41/containers/job/exec", {"Cmd": ["sh"]}) is ALLOW
 
 
-def test_a_swarm_service_is_refused_since_its_tasks_pass_no_plugin() -> None:
+def test_a_swarm_service_is_judged_on_its_spec_and_needs_the_void_pin() -> None:
     got = judge("POST", "/v1.41/services/create", {"Name": "s"})
-    assert isinstance(got, Deny) and "swarm tasks are created by the daemon" in got.msg
+    assert isinstance(got, Deny) and "NVIDIA_VISIBLE_DEVICES=void" in got.msg
+    env = ["NVIDIA_VISIBLE_DEVICES=void"]
+    pinned = {"Name": "s", "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Env": env}}}
+    assert judge("POST", "/v1.41/services/create", pinned) is ALLOW
 
 
 def test_a_local_volume_binding_dev_is_refused_and_a_plain_one_allowed() -> None:

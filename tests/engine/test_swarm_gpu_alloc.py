@@ -1,0 +1,181 @@
+"""A swarm whose every node runs gpu-alloc (tests/support/swarm.py with gpu_alloc=True).
+
+Each node gives two fake GPUs to swarm (``swarm.gpus``, written into daemon.json by
+`gpu-alloc swarm configure`, nvidia the default runtime) and keeps one for local leases.
+Services are judged on the manager's two sockets; task containers never pass a worker's
+plugin, so their GPUs are what swarm's scheduler reserved, recorded by the fake runtime.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.support import engine, swarm
+from tests.support.busybox_image import busybox_rootfs_tar
+from tests.support.clients import docker_cli
+from tests.support.swarm import SwarmLab
+
+ALL_IMAGE = "gpu-alloc-test/cuda-like:latest"  # an image whose ENV asks for every GPU
+
+
+def make_swarm_lab() -> SwarmLab:
+    return SwarmLab(nodes=2, gpus_per_node=2, gpu_alloc=True, local_gpus=1)
+
+
+def service(lab: SwarmLab, sock: str, name: str, *args: str, image: str = engine.BUSYBOX_TAG):
+    """`docker service create` of a sleeping busybox on the host network (no overlay: see
+    swarm.stack_file), stopped by SIGKILL."""
+    return docker_cli(
+        sock, "service", "create", "-d", "--name", name, "--stop-signal", "KILL",
+        "--no-resolve-image", "--network", "host", *args, image, "sleep", "600",
+    )  # fmt: skip
+
+
+def task_runs(lab: SwarmLab, name: str, count: int) -> list[swarm.Run]:
+    """The runtime's record of the service's running task containers, once `count` run."""
+    deadline = time.monotonic() + 60
+    while True:
+        ids = {
+            (i, cid)
+            for i in lab.nodes
+            for cid in lab.docker(
+                i,
+                "ps",
+                "-q",
+                "--no-trunc",
+                "--filter",
+                f"label=com.docker.swarm.service.name={name}",
+            ).stdout.split()
+        }
+        runs = [r for r in lab.runs() if (r.node, r.container) in ids]
+        if len(runs) >= count or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.3)
+
+
+@pytest.fixture
+def clean(swarm_lab: SwarmLab):
+    yield swarm_lab
+    swarm_lab.remove_services()
+    for i in swarm_lab.nodes:
+        engine.remove_all_containers(swarm_lab.sock(i))
+
+
+def test_a_service_through_the_shim_is_pinned_and_its_tasks_get_only_their_reservation(
+    clean: SwarmLab,
+) -> None:
+    done = service(clean, clean.shim(1), "train", "--replicas", "3", "--generic-resource", "gpu=1")
+    assert done.returncode == 0, done.stderr
+    runs = task_runs(clean, "train", 3)
+    assert len(runs) == 3, clean.runs()
+    given = [(r.node, r.resource()) for r in runs]
+    assert len(set(given)) == 3 and all(g in clean.swarm_gpus(n) for n, g in given), given
+    assert all(r.env.get("NVIDIA_VISIBLE_DEVICES") == "void" for r in runs), runs
+
+
+def test_a_service_without_a_reservation_whose_image_asks_for_all_gets_no_gpu(
+    clean: SwarmLab,
+) -> None:
+    for i in clean.nodes:
+        done = docker_cli(
+            clean.sock(i), "import", "--change", "ENV NVIDIA_VISIBLE_DEVICES=all",
+            "--change", 'CMD ["sh"]', "-", ALL_IMAGE, input=busybox_rootfs_tar(),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    done = service(clean, clean.shim(1), "plain", "--replicas", "2", image=ALL_IMAGE)
+    assert done.returncode == 0, done.stderr
+    runs = task_runs(clean, "plain", 2)
+    assert len(runs) == 2
+    assert all(r.env == {"NVIDIA_VISIBLE_DEVICES": "void"} for r in runs), runs
+
+
+FORBIDDEN = {
+    "its own swarm variable": ["--env", f"DOCKER_RESOURCE_GPU={swarm.uuid(2, 0)}"],
+    "every GPU by env": ["--env", "NVIDIA_VISIBLE_DEVICES=all"],
+    "MIG control devices": ["--env", "NVIDIA_MIG_CONFIG_DEVICES=all"],
+    "SYS_ADMIN": ["--cap-add", "SYS_ADMIN"],
+    "the device directory": ["--mount", "type=bind,source=/dev,target=/hostdev"],
+    "the Engine's state": ["--mount", "type=bind,source=/var/lib/docker,target=/d"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("args", FORBIDDEN.values(), ids=FORBIDDEN.keys())
+def test_each_forbidden_service_spec_is_refused_on_both_sockets_of_the_manager(
+    clean: SwarmLab, args: list[str]
+) -> None:
+    for sock in (clean.shim(1), clean.sock(1)):
+        done = service(clean, sock, "bad", "--generic-resource", "gpu=1", *args)
+        assert done.returncode != 0, (sock, done.stdout)
+        assert "gpu-alloc refused the swarm service" in done.stderr, done.stderr
+    assert clean.docker(1, "service", "ls", "-q").stdout.split() == []
+
+
+def test_an_update_adding_a_forbidden_field_is_refused(clean: SwarmLab) -> None:
+    done = service(clean, clean.shim(1), "upd", "--generic-resource", "gpu=1")
+    assert done.returncode == 0, done.stderr
+    for sock in (clean.shim(1), clean.sock(1)):
+        bad = docker_cli(sock, "service", "update", "-d", "--cap-add", "SYS_ADMIN", "upd")
+        assert bad.returncode != 0 and "SYS_ADMIN" in bad.stderr, bad.stderr
+    ok = docker_cli(clean.shim(1), "service", "scale", "-d", "upd=2")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_a_service_the_real_socket_gets_without_the_pin_is_refused_with_the_fix(
+    clean: SwarmLab,
+) -> None:
+    done = service(clean, clean.sock(1), "nopin", "--generic-resource", "gpu=1")
+    assert done.returncode != 0
+    assert "add --env NVIDIA_VISIBLE_DEVICES=void" in done.stderr, done.stderr
+    pinned = service(clean, clean.sock(1), "pinned", "--generic-resource", "gpu=1",
+                     "--env", "NVIDIA_VISIBLE_DEVICES=void")  # fmt: skip
+    assert pinned.returncode == 0, pinned.stderr
+
+
+def test_a_local_gpu_run_on_a_node_never_gets_a_swarm_gpu(clean: SwarmLab) -> None:
+    first = docker_cli(
+        clean.shim(2), "run", "-d", "--gpus", "1", engine.BUSYBOX_TAG, "sleep", "600"
+    )
+    assert first.returncode == 0, first.stderr
+    local = swarm.uuid(2, 2)  # the one GPU node 2 keeps
+    run = next(r for r in clean.runs() if r.container == first.stdout.strip())
+    assert run.env.get("NVIDIA_VISIBLE_DEVICES") == local, run
+    second = docker_cli(clean.shim(2), "run", "-d", "--gpus", "1", engine.BUSYBOX_TAG, "true")
+    assert second.returncode != 0, "swarm's GPUs are free, but never leased locally"
+    named = docker_cli(clean.shim(2), "run", "-d", "--gpus", f'"device={swarm.uuid(2, 0)}"',
+                       engine.BUSYBOX_TAG, "true")  # fmt: skip
+    assert named.returncode != 0 and "given to Docker Swarm" in named.stderr, named.stderr
+
+
+def test_status_on_a_worker_shows_the_swarm_tasks_holding_their_gpus(clean: SwarmLab) -> None:
+    done = service(clean, clean.shim(1), "hold", "--replicas", "4", "--generic-resource", "gpu=1")
+    assert done.returncode == 0, done.stderr
+    runs = [r for r in task_runs(clean, "hold", 4) if r.node == 2]
+    assert len(runs) == 2, clean.runs()
+    status = engine.gpu_alloc(clean.stacks[2], "status")
+    assert status.returncode == 0, status.stderr
+    for r in runs:
+        assert r.resource() in status.stdout
+    assert status.stdout.count("hold.") >= 2 and "swarm task" in status.stdout, status.stdout
+    assert "free: 1 of 3 GPUs (GPU 2)" in status.stdout, status.stdout
+    assert "given to Docker Swarm (swarm.gpus), never leased here: GPU 0,1" in status.stdout
+
+
+def test_doctor_accepts_nvidia_as_the_default_runtime_of_a_swarm_node(swarm_lab: SwarmLab) -> None:
+    done = engine.gpu_alloc(swarm_lab.stacks[2], "doctor")
+    assert "default runtime is 'nvidia'" not in done.stdout, done.stdout
+    assert "default runtime nvidia" in done.stdout, done.stdout
+    assert "swarm: 2 GPU(s) given to swarm as 'gpu'" in done.stdout, done.stdout
+
+
+def test_stack_deploy_through_the_shim_runs_a_compose_file_with_generic_resources(
+    clean: SwarmLab,
+) -> None:
+    path = swarm.stack_file(clean.dir, [("job", 2, 1)])
+    done = docker_cli(clean.shim(1), "stack", "deploy", "--resolve-image", "never", "-c",
+                      str(path), "st")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    runs = task_runs(clean, "st_job", 2)
+    given = {(r.node, r.resource()) for r in runs}
+    assert len(given) == 2 and all(r.env.get("NVIDIA_VISIBLE_DEVICES") == "void" for r in runs)
