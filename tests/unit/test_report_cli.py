@@ -35,7 +35,8 @@ def config(tmp_path: Path) -> Path:
     ]:  # fmt: skip
         log.write(e)
     samples = Samples(str(tmp_path), bucket=3 * 3600)
-    samples.add(now - 3, {A: Usage(utilization=0.5), B: Usage(utilization=0.0)})
+    for at in (now - 7199, now - 3):  # the 3 h buckets are aligned: the held hours span two
+        samples.add(at, {A: Usage(utilization=0.5), B: Usage(utilization=0.0)})
     path = tmp_path / "config.yaml"
     path.write_text(f"state_dir: {tmp_path}\n")
     return path
