@@ -12,72 +12,53 @@ import asyncio
 import logging
 import time
 
-import httptools
-
-from shim.framing import (
-    Request,
-    UpstreamError,
-    _Body,
-    _encode_response,
-    _error_bytes,
-    _Framing,
-    _Head,
-)
-from shim.upstream import (
-    _P_AHEAD,
-    _RQ_COLLECT,
-    _RQ_HEAD,
-    _RQ_INTERCEPT,
-    ClientState,
-)
+from shim.flow import Pause
+from shim.framing import Request, UpstreamError, encode_response, error_bytes
+from shim.states import Ev
+from shim.upstream import ClientState
 
 log = logging.getLogger(__name__)
 
 
 class InterceptSide(ClientState):
-    """The interception half of `shim.splice._Client`."""
+    """The interception half of `shim.splice.Connection`."""
 
-    def _start_collect(
-        self,
-        parser: httptools.HttpRequestParser | None,
-        head: _Head,
-        framing: _Framing,
-        method: str,
-        target: str,
-        keep: bool,
-        end: int,
-    ) -> None:
+    def start_collect(self, method: str, target: str, keep: bool, end: int) -> None:
+        """Buffer the body of the request whose head (buf[:end]) the parser just read."""
+        p = self.parser
         cap = self.proxy.max_body
-        if framing.length is not None and framing.length > cap:
+        if p.framing.length is not None and p.framing.length > cap:
             self.reply_error(413, f"request body too large for gpu-alloc (limit {cap} bytes)")
             return
-        headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in head.headers]
+        headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in p.headers]
         if any(n.lower() == "expect" and v.lower() == "100-continue" for n, v in headers):
             assert self.ct is not None  # the client's bytes came on it
             self.ct.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         self.pending = (method, target, headers, keep, method == "HEAD")
-        self.body = _Body(parser, head, framing, [])
+        p.parts = []
         buf = self.buf
-        pos = self.body.take(buf, end)
+        pos = p.body(buf, end)
         self.size = pos - end
         self.buf = buf[pos:]
-        self.rq = _RQ_COLLECT
-        self._collected()
+        self.req.fire(Ev.COLLECT)
+        self.collected()
 
-    def _collected(self) -> None:
-        body = self.body
-        assert body is not None and body.parts is not None and self.pending is not None
+    def collected(self) -> None:
+        """The body grew: hand the request to the interceptor once it is whole."""
+        p = self.parser
+        assert p.parts is not None and self.pending is not None
         if self.size > self.proxy.max_body:
             limit = self.proxy.max_body
             self.reply_error(413, f"request body too large for gpu-alloc (limit {limit} bytes)")
             return
-        if not body.done:
+        if not p.done:
             return
         method, target, headers, keep, head_req = self.pending
-        self.body = self.pending = None
-        self.rq = _RQ_INTERCEPT
+        body = b"".join(p.parts)
+        self.pending = p.parts = None
+        self.req.fire(Ev.COLLECTED)
         self.gone = asyncio.Event()
-        request = Request(method, target, headers, b"".join(body.parts), self.peer, self.gone)
+        request = Request(method, target, headers, body, self.peer, self.gone)
         self.task = asyncio.create_task(self._intercept(request, keep, head_req))
         if self.ut is None and self.connecting is None:
             # Connect to the Engine while the interceptor leases: `forward` finds the
@@ -90,7 +71,7 @@ class InterceptSide(ClientState):
         note = ""
         try:
             response = await self.proxy.interceptor.handle(request, self.forward)
-            out = _encode_response(response, head_only=head_req, close=not keep)
+            out = encode_response(response, head_only=head_req, close=not keep)
             status, note = response.status, response.note
         except Exception as e:
             if isinstance(e, UpstreamError):
@@ -100,7 +81,7 @@ class InterceptSide(ClientState):
                 log.exception("%s %s: interceptor failed", request.method, request.target)
                 msg = f"gpu-alloc shim: internal error: {type(e).__name__}: {e}"
             status = 500
-            out = _error_bytes(500, msg, close=not keep)
+            out = error_bytes(500, msg, close=not keep)
         elapsed = (time.monotonic() - started) * 1000
         self.task = None
         if not self.closed:
@@ -116,8 +97,8 @@ class InterceptSide(ClientState):
         if not keep:
             self.close()
             return
-        self.rq = _RQ_HEAD
-        self.resume_client(_P_AHEAD)
+        self.req.fire(Ev.ANSWERED)
+        self.flow.resume_client(Pause.AHEAD)
         self.advance()
 
 

@@ -13,57 +13,35 @@ from __future__ import annotations
 
 import logging
 
-from shim.framing import (
-    _CRLF2,
-    _NO_BODY_STATUS,
-    MAX_HEAD,
-    _BadMessage,
-    _Body,
-    _Framing,
-    _keep_alive,
-    _parse_response,
-    quick_response,
-)
-from shim.upstream import (
-    _P_AHEAD,
-    _RQ_BODY,
-    _RQ_HEAD,
-    _RQ_SENT,
-    _RS_BODY,
-    _RS_COLLECT,
-    _RS_HEAD,
-    _RS_IDLE,
-    _RS_UNTIL_CLOSE,
-    ClientState,
-    _Upstream,
-)
+from shim.flow import Pause
+from shim.framing import MAX_HEAD, NO_BODY_STATUS, BadMessage
+from shim.states import Ev, Req, Resp
+from shim.upstream import ClientState, Upstream
 
 log = logging.getLogger(__name__)
 
+_CRLF2 = b"\r\n\r\n"
+
 
 class ResponseSide(ClientState):
-    """The response half of `shim.splice._Client`: frame, pass on, hijack, upstream EOFs."""
+    """The response half of `shim.splice.Connection`: frame, pass on, hijack, upstream EOFs."""
 
-    def up_data(self, up: _Upstream, data: bytes) -> None:
+    def up_data(self, up: Upstream, data: bytes) -> None:
         if up is not self.up:
             return
         ct = self.ct
         assert ct is not None  # the client connected before its upstream did
-        if self.raw:
+        state = self.resp.state
+        if state is Resp.RAW:
             ct.write(data)
-            return
-        if self.rs == _RS_HEAD and not self.ubuf and not self.head_req and quick_response(data):
-            self.rsent = True
-            ct.write(data)
-            self._response_done(True)
             return
         self.ubuf = self.ubuf + data if self.ubuf else data
-        if self.rs == _RS_COLLECT:
-            self._collect()
+        if state is Resp.COLLECTING:
+            self.collect()
             return
         try:
             self._respond()
-        except _BadMessage as e:
+        except BadMessage as e:
             log.warning("closing connection: %s", e)
             self.close(abort=True)
         except Exception:
@@ -73,72 +51,75 @@ class ResponseSide(ClientState):
     def _respond(self) -> None:
         ct = self.ct
         assert ct is not None
+        p = self.rparser
         while self.ubuf:
             ubuf = self.ubuf
-            rs = self.rs
-            if rs == _RS_BODY:
-                body = self.rbody
-                assert body is not None
-                end = body.take(ubuf, 0)
+            state = self.resp.state
+            if state is Resp.BODY:
+                end = p.body(ubuf, 0)
                 ct.write(ubuf if end == len(ubuf) else memoryview(ubuf)[:end])
                 self.ubuf = ubuf[end:]
-                if body.done:
-                    self._response_done(self.rkeep)
+                if p.done:
+                    self._response_done(p.keep_alive)
                 return
-            if rs == _RS_UNTIL_CLOSE:
+            if state is Resp.UNTIL_CLOSE:
                 ct.write(ubuf)
                 self.ubuf = b""
                 return
-            if rs != _RS_HEAD:
-                raise _BadMessage(f"the Engine sent {len(ubuf)} bytes nobody asked for")
+            if state is not Resp.HEAD:
+                raise BadMessage(f"the Engine sent {len(ubuf)} bytes nobody asked for")
             end = ubuf.find(_CRLF2)
             if end < 0:
                 if len(ubuf) > MAX_HEAD:
-                    raise _BadMessage("response header section too large")
+                    raise BadMessage("response header section too large")
                 return
             end += 4
-            parser, head = _parse_response(ubuf, end)
-            status = parser.get_status_code() if parser is not None else 101
+            if not p.head(ubuf, end):
+                self.ubuf = ubuf[end:]
+                continue
+            status = p.status
             self.rsent = True
             if 100 <= status < 200 and status != 101:  # interim (100 Continue): pass it on
                 ct.write(memoryview(ubuf)[:end])
                 self.ubuf = ubuf[end:]
                 continue
-            framing = _Framing(head.headers)
-            if status == 101 or (
-                status == 200
-                and framing.raw_type
-                and framing.length is None
-                and not framing.chunked
+            framing = p.framing
+            if (
+                status == 101
+                or p.upgraded
+                or (
+                    status == 200
+                    and framing.raw_type
+                    and framing.length is None
+                    and not framing.chunked
+                )
             ):
                 ct.write(ubuf)
                 self.ubuf = b""
                 self._hijack()
                 return
-            if self.head_req or status in _NO_BODY_STATUS:
+            if self.head_req or status in NO_BODY_STATUS:
+                if self.head_req:
+                    p.skip_body()
                 ct.write(memoryview(ubuf)[:end] if end < len(ubuf) else ubuf)
                 self.ubuf = ubuf[end:]
-                self._response_done(_keep_alive(ubuf, framing))
+                self._response_done(p.keep_alive)
                 return
             if not framing.chunked and framing.length is None:
                 ct.write(ubuf)  # delimited by the Engine closing the connection
                 self.ubuf = b""
-                self.rs = _RS_UNTIL_CLOSE
+                self.resp.fire(Ev.UNTIL_CLOSE)
                 return
-            body = _Body(parser, head, framing)
-            pos = body.take(ubuf, end)
+            pos = p.body(ubuf, end)
             ct.write(ubuf if pos == len(ubuf) else memoryview(ubuf)[:pos])
             self.ubuf = ubuf[pos:]
-            if body.done:
-                self._response_done(_keep_alive(ubuf, framing))
+            if p.done:
+                self._response_done(p.keep_alive)
                 return
-            self.rbody = body
-            self.rkeep = _keep_alive(ubuf, framing)
-            self.rs = _RS_BODY
+            self.resp.fire(Ev.BODY)
 
     def _response_done(self, keep: bool) -> None:
-        self.rbody = None
-        self.rs = _RS_IDLE
+        self.resp.fire(Ev.RESPONSE_END)
         self.awaiting = False
         if self.ubuf:
             log.warning("the Engine sent %d bytes after a response", len(self.ubuf))
@@ -146,19 +127,17 @@ class ResponseSide(ClientState):
         if not (keep and self.req_keep) or self.eof_sent:
             self.close()
             return
-        if self.rq == _RQ_SENT:
-            self.rq = _RQ_HEAD
-            if self.cpause:
-                self.resume_client(_P_AHEAD)
+        if self.req.state is Req.SENT:
+            self.req.fire(Ev.RESPONSE_END)
+            if self.flow.reasons:
+                self.flow.resume_client(Pause.AHEAD)
             if self.buf or self.client_eof:
                 self.advance()
 
     def _hijack(self) -> None:
         """From now on both directions are raw byte pipes; EOFs pass on as write-EOFs."""
-        self.raw = True
-        self.rs = _RS_IDLE
-        self.rq = _RQ_HEAD
-        self.body = None
+        self.req.fire(Ev.HIJACK)
+        self.resp.fire(Ev.HIJACK)
         ut = self.ut
         assert ut is not None
         if self.buf:
@@ -167,12 +146,12 @@ class ResponseSide(ClientState):
         if self.client_eof and not self.eof_sent:
             self.eof_sent = True
             ut.write_eof()
-        self.resume_client(_P_AHEAD)
+        self.flow.resume_client(Pause.AHEAD)
 
-    def up_eof(self, up: _Upstream) -> bool:
+    def up_eof(self, up: Upstream) -> bool:
         if up is not self.up:
             return False
-        if self.raw:
+        if self.resp.state is Resp.RAW:
             if self.ct is not None and not self.ct.is_closing():
                 self.ct.write_eof()
             if self.client_eof:
@@ -181,26 +160,26 @@ class ResponseSide(ClientState):
         self._up_gone()
         return False
 
-    def up_lost(self, up: _Upstream) -> None:
+    def up_lost(self, up: Upstream) -> None:
         if up is not self.up:
             return
-        if self.raw:
+        if self.resp.state is Resp.RAW:
             self.close()
         elif not up.eof:
             self._up_gone()
 
     def _up_gone(self) -> None:
         """The Engine closed our upstream connection (outside a hijack)."""
-        rs = self.rs
-        if rs == _RS_COLLECT:
-            self._collect(eof=True)
+        state = self.resp.state
+        if state is Resp.COLLECTING:
+            self.collect(eof=True)
             return
-        if rs == _RS_UNTIL_CLOSE:
+        if state is Resp.UNTIL_CLOSE:
             self.close()
-        elif rs == _RS_HEAD and not self.rsent:
+        elif state is Resp.HEAD and not self.rsent:
             log.error("the Engine closed the connection before answering")
             self.reply_error(502, "gpu-alloc shim: the Engine closed the connection")
-        elif rs != _RS_IDLE or self.rq == _RQ_BODY:
+        elif state is not Resp.IDLE or self.req.state is Req.STREAMING:
             self.close()  # a truncated exchange: the client must see the connection end
         else:
             self.drop_upstream()  # idle: reconnect for the next request

@@ -12,69 +12,53 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-import httptools
-
+from shim.flow import FlowControl, Pause
 from shim.framing import (
-    _CRLF2,
-    _NO_BODY_STATUS,
     MAX_BODY,
     MAX_HEAD,
+    NO_BODY_STATUS,
+    BadMessage,
+    Closed,
     Request,
     Response,
     UpstreamError,
-    _BadMessage,
-    _Body,
-    _Closed,
-    _encode_request,
-    _Framing,
-    _Head,
-    _keep_alive,
-    _parse_response,
+    encode_request,
 )
+from shim.parser import Parser
+from shim.states import Ev, Machine, Req, Resp
 
 if TYPE_CHECKING:
     from allocator.host.peers import Peer
-    from shim.server import _Proxy
+    from shim.server import Proxy
 
 log = logging.getLogger(__name__)
 
-_RQ_HEAD = 0  # waiting for a request head
-_RQ_CONNECT = 1  # head waiting for the upstream connection
-_RQ_BODY = 2  # streaming a request body upstream
-_RQ_SENT = 3  # request sent, its response not finished: later bytes are held
-_RQ_COLLECT = 4  # buffering an intercepted request's body
-_RQ_INTERCEPT = 5  # the interceptor is handling a request
-# Response side states.
-_RS_IDLE = 0
-_RS_HEAD = 1
-_RS_BODY = 2
-_RS_UNTIL_CLOSE = 3
-_RS_COLLECT = 4  # reading a response for `forward`
-# Reasons to pause reading from the client (a bit each).
-_P_PEER = 1  # the Engine's socket is full
-_P_AHEAD = 2  # enough pipelined bytes held
-_P_CONNECT = 4  # no upstream yet
+_CRLF2 = b"\r\n\r\n"
 
 
-class _Collector:
+class Collector:
     """A response being buffered for `forward`."""
 
-    __slots__ = ("body", "future", "head", "head_req", "keep", "parser", "parts", "size", "status")
+    __slots__ = (
+        "future", "head_req", "headed", "headers", "keep", "parts", "reason", "size", "status",
+        "until_close",
+    )  # fmt: skip
 
     def __init__(self, future: asyncio.Future[Response], head_req: bool) -> None:
         self.future = future
         self.head_req = head_req
-        self.head: _Head | None = None
-        self.parser: httptools.HttpResponseParser | None = None
-        self.body: _Body | None = None  # None after the head: delimited by close
+        self.headed = False  # its final head has come
+        self.status = 0
+        self.reason = ""
+        self.headers: list[tuple[str, str]] = []
+        self.keep = True
+        self.until_close = False  # its body ends when the Engine closes the connection
         self.parts: list[bytes] = []
         self.size = 0
-        self.status = 0
-        self.keep = True
 
 
-class _Upstream(asyncio.Protocol):
-    """The Engine side of a connection: everything is handed to the owning _Client."""
+class Upstream(asyncio.Protocol):
+    """The Engine side of a connection: everything is handed to the owning connection."""
 
     __slots__ = ("client", "eof", "transport")
 
@@ -97,80 +81,80 @@ class _Upstream(asyncio.Protocol):
         self.client.up_lost(self)
 
     def pause_writing(self) -> None:
-        self.client.pause_client(_P_PEER)
+        self.client.flow.pause_client(Pause.PEER)
 
     def resume_writing(self) -> None:
-        self.client.resume_client(_P_PEER)
+        self.client.flow.resume_client(Pause.PEER)
 
 
 class ClientState:
-    """The state the parts of `shim.splice._Client` share, declared for the type checker:
-    `_Client.__init__` sets it, and the parts' methods read and change it."""
+    """The state the parts of `shim.splice.Connection` share, declared for the type
+    checker: `Connection.__init__` sets it, and the parts' methods read and change it."""
 
-    proxy: _Proxy
+    proxy: Proxy
     ct: asyncio.Transport | None
-    up: _Upstream | None
+    up: Upstream | None
     ut: asyncio.Transport | None
     buf: bytes
     ubuf: bytes
-    rq: int
-    rs: int
-    body: _Body | None
-    rbody: _Body | None
+    req: Machine[Req]
+    resp: Machine[Resp]
+    flow: FlowControl
+    parser: Parser
+    rparser: Parser
     awaiting: bool
     head_req: bool
     req_keep: bool
-    rkeep: bool
     rsent: bool
-    raw: bool
     client_eof: bool
     eof_sent: bool
-    cpause: int
-    upaused: bool
-    closed: bool
     size: int
     pending: tuple[str, str, list[tuple[str, str]], bool, bool] | None
-    collector: _Collector | None
+    collector: Collector | None
     task: asyncio.Task[None] | None
     gone: asyncio.Event | None
     connecting: asyncio.Future[None] | None
     peer: Peer | None
 
+    @property
+    def closed(self) -> bool:
+        return self.req.state is Req.CLOSED
+
     if TYPE_CHECKING:  # the methods one part calls on another
 
         def advance(self) -> None: ...
-        def resume_client(self, reason: int) -> None: ...
         def reply_error(self, status: int, message: str) -> None: ...
         def close(self, *, abort: bool = False) -> None: ...
-        def pause_client(self, reason: int) -> None: ...
-        def up_data(self, up: _Upstream, data: bytes) -> None: ...
-        def up_eof(self, up: _Upstream) -> bool: ...
-        def up_lost(self, up: _Upstream) -> None: ...
-        def _collect(self, eof: bool = False) -> None: ...
+        def up_data(self, up: Upstream, data: bytes) -> None: ...
+        def up_eof(self, up: Upstream) -> bool: ...
+        def up_lost(self, up: Upstream) -> None: ...
+        def collect(self, eof: bool = False) -> None: ...
         def drop_upstream(self) -> None: ...
         async def ensure_upstream(self) -> None: ...
         async def forward(self, request: Request, *, timeout: float | None = None) -> Response: ...
 
 
 class UpstreamSide(ClientState):
-    """The upstream half of `shim.splice._Client`: connect, forward, collect."""
+    """The upstream half of `shim.splice.Connection`: connect, forward, collect."""
 
     async def forward(self, request: Request, *, timeout: float | None = None) -> Response:
         """Send `request` on this connection's upstream; return the whole response."""
-        raw = _encode_request(request)
+        raw = encode_request(request)
         limit = self.proxy.forward_timeout if timeout is None else timeout
         written = False
         try:
             async with asyncio.timeout(limit):
+                if self.closed:
+                    raise Closed("client went away")
                 await self.ensure_upstream()
                 assert self.ut is not None
                 future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
-                self.collector = _Collector(future, request.method == "HEAD")
-                self.rs = _RS_COLLECT
+                self.collector = Collector(future, request.method == "HEAD")
+                self.resp.fire(Ev.FORWARD)
                 self.ut.write(raw)
                 written = True
                 return await future
-        except (TimeoutError, OSError, _Closed, _BadMessage) as e:
+        except (TimeoutError, OSError, Closed, BadMessage) as e:
             self.drop_upstream()
             what = "timed out" if isinstance(e, TimeoutError) else f"failed: {e}"
             raise UpstreamError(
@@ -178,79 +162,74 @@ class UpstreamSide(ClientState):
             ) from e
         finally:
             self.collector = None
-            if self.rs == _RS_COLLECT:
-                self.rs = _RS_IDLE
+            if self.resp.state is Resp.COLLECTING:
+                self.resp.fire(Ev.RESPONSE_END)
 
-    def _collect(self, eof: bool = False) -> None:
+    def collect(self, eof: bool = False) -> None:
         """Advance the buffered response for `forward`; settle its future when complete."""
         c = self.collector
         assert c is not None
         if c.future.done():
             return
+        p = self.rparser
         try:
-            while c.head is None:
+            while not c.headed:
                 end = self.ubuf.find(_CRLF2)
                 if end < 0:
                     if eof:
-                        raise _Closed("the Engine closed the connection before answering")
+                        raise Closed("the Engine closed the connection before answering")
                     if len(self.ubuf) > MAX_HEAD:
-                        raise _BadMessage("response header section too large")
+                        raise BadMessage("response header section too large")
                     return
                 end += 4
-                parser, head = _parse_response(self.ubuf, end)
-                if parser is None:
-                    raise _BadMessage("the Engine switched protocols on a forwarded request")
-                status = parser.get_status_code()
-                if status >= 200:
-                    framing = _Framing(head.headers)
-                    c.head, c.parser, c.status = head, parser, status
-                    c.keep = _keep_alive(self.ubuf, framing)
-                    if c.head_req or status in _NO_BODY_STATUS:
-                        c.body = _Body(None, head, _Framing([]))
-                    elif framing.chunked or framing.length is not None:
-                        if (framing.length or 0) > MAX_BODY:
-                            raise _BadMessage("response too large")
-                        c.body = _Body(parser, head, framing, c.parts)
-                        pos = c.body.take(self.ubuf, end)
-                        c.size = pos - end
-                        self.ubuf = self.ubuf[pos:]
-                        break
-                    else:
-                        c.keep = False
+                if p.head(self.ubuf, end) and (p.upgraded or p.status >= 200):
+                    self._headed(c, p)  # else an interim answer (100 Continue): skipped
                 self.ubuf = self.ubuf[end:]
-            if c.body is not None:
-                if self.ubuf and not c.body.done:
-                    pos = c.body.take(self.ubuf, 0)
-                    c.size += pos
-                    self.ubuf = self.ubuf[pos:]
-                if c.size > MAX_BODY:
-                    raise _BadMessage("response too large")
-                if not c.body.done:
-                    if eof:
-                        raise _Closed("the Engine closed the connection inside a response")
-                    return
-            else:
+            if c.until_close:
                 c.parts.append(self.ubuf)
                 c.size += len(self.ubuf)
                 self.ubuf = b""
                 if c.size > MAX_BODY:
-                    raise _BadMessage("response too large")
+                    raise BadMessage("response too large")
                 if not eof:
                     return
-        except (_Closed, _BadMessage) as e:
+            else:
+                if self.ubuf and not p.done:
+                    pos = p.body(self.ubuf, 0)
+                    c.size += pos
+                    self.ubuf = self.ubuf[pos:]
+                if c.size > MAX_BODY:
+                    raise BadMessage("response too large")
+                if not p.done:
+                    if eof:
+                        raise Closed("the Engine closed the connection inside a response")
+                    return
+        except (Closed, BadMessage) as e:
             c.future.set_exception(e)
             return
-        head = c.head
         if not c.keep or self.ubuf or eof:
             self.drop_upstream()
-        c.future.set_result(
-            Response(
-                c.status,
-                head.reason.decode("latin-1"),
-                [(n.decode("latin-1"), v.decode("latin-1")) for n, v in head.headers],
-                b"".join(c.parts),
-            )
-        )
+        c.future.set_result(Response(c.status, c.reason, c.headers, b"".join(c.parts)))
+
+    @staticmethod
+    def _headed(c: Collector, p: Parser) -> None:
+        """The final head of `forward`'s answer has been fed: take what it says."""
+        if p.upgraded:
+            raise BadMessage("the Engine switched protocols on a forwarded request")
+        c.headed = True
+        c.status, c.keep = p.status, p.keep_alive
+        c.reason = p.reason.decode("latin-1")
+        c.headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in p.headers]
+        framing = p.framing
+        if c.head_req:
+            p.skip_body()
+        elif c.status not in NO_BODY_STATUS:
+            if framing.chunked or framing.length is not None:
+                if (framing.length or 0) > MAX_BODY:
+                    raise BadMessage("response too large")
+                p.parts = c.parts
+            else:
+                c.until_close, c.keep = True, False
 
     # -- upstream
 
@@ -265,7 +244,7 @@ class UpstreamSide(ClientState):
         self.connecting = loop.create_future()
         try:
             transport, protocol = await loop.create_unix_connection(
-                lambda: _Upstream(self), self.proxy.upstream_path
+                lambda: Upstream(self), self.proxy.upstream_path
             )
         except OSError as e:
             raise UpstreamError(
@@ -277,13 +256,15 @@ class UpstreamSide(ClientState):
             self.connecting = None
         if self.closed:
             transport.abort()
-            raise _Closed("client went away")
+            raise Closed("client went away")
         self.ut, self.up = transport, protocol
+        self.rparser = Parser(response=True)
+        self.flow.attach_upstream(transport)
 
     def drop_upstream(self) -> None:
         if self.ut is not None:
             self.ut.abort()
         self.ut = self.up = None
         self.ubuf = b""
-        self.eof_sent = self.upaused = False
-        self.resume_client(_P_PEER)
+        self.eof_sent = False
+        self.flow.attach_upstream(None)
