@@ -28,12 +28,13 @@ class Pause(enum.Flag):
 class FlowControl:
     """Pauses and resumes reading on a connection's two transports."""
 
-    __slots__ = ("client", "reasons", "upstream", "upstream_paused")
+    __slots__ = ("client", "paused", "reasons", "upstream", "upstream_paused")
 
     def __init__(self) -> None:
         self.client: asyncio.Transport | None = None
         self.upstream: asyncio.Transport | None = None
         self.reasons = Pause(0)
+        self.paused = False  # reading the client is paused (for any reason): a cheap test
         self.upstream_paused = False
 
     def attach_client(self, transport: asyncio.Transport) -> None:
@@ -49,15 +50,18 @@ class FlowControl:
         self.resume_client(Pause.PEER)
 
     def pause_client(self, reason: Pause) -> None:
-        if not self.reasons and self.client is not None:
+        if not self.paused and self.client is not None:
             self.client.pause_reading()
         self.reasons |= reason
+        self.paused = True
 
     def resume_client(self, reason: Pause) -> None:
-        if self.reasons & reason:
+        if self.paused and self.reasons & reason:
             self.reasons &= ~reason
-            if not self.reasons and self.client is not None:
-                self.client.resume_reading()
+            if not self.reasons:
+                self.paused = False
+                if self.client is not None:
+                    self.client.resume_reading()
 
     def pause_upstream(self) -> None:
         """The client's socket is full: stop reading the Engine."""

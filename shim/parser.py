@@ -21,6 +21,9 @@ import httptools
 from shim.framing import BadMessage, Framing
 
 _CRLF2 = b"\r\n\r\n"
+# The lengths of the names `Framing` reads (Connection, Content-Type, Content-Length,
+# Transfer-Encoding): a cheap test that passes most other headers by.
+_FRAMING_NAMES = frozenset({10, 12, 14, 17})
 
 
 class Parser:
@@ -31,6 +34,7 @@ class Parser:
         "begun",
         "complete",
         "framing",
+        "framing_headers",
         "headers",
         "headers_done",
         "keep_alive",
@@ -61,6 +65,7 @@ class Parser:
         self.status = 0
         self.keep_alive = True
         self.headers: list[tuple[bytes, bytes]] = []
+        self.framing_headers: list[tuple[bytes, bytes]] = []
         self.framing = Framing([])
         self.parts: list[bytes] | None = None  # the body's data, where it is kept
         self.left = 0  # Content-Length bytes still to come
@@ -79,14 +84,16 @@ class Parser:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
+        if len(name) in _FRAMING_NAMES:
+            self.framing_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
         llhttp = self.llhttp
-        if isinstance(llhttp, httptools.HttpRequestParser):
-            self.method = llhttp.get_method()
+        if self.response:
+            self.status = llhttp.get_status_code()  # type: ignore[union-attr]
         else:
-            self.status = llhttp.get_status_code()
+            self.method = llhttp.get_method()  # type: ignore[union-attr]
         self.keep_alive = llhttp.should_keep_alive()
 
     def on_body(self, data: bytes) -> None:
@@ -103,7 +110,7 @@ class Parser:
 
     # -- feeding
 
-    def head(self, buf: bytes, end: int, *, keep_body: bool = False) -> bool:
+    def head(self, buf: bytes, end: int) -> bool:
         """Feed the head buf[:end] (it ends at its blank line); False when it held only the
         empty lines llhttp skips before a message.  Afterwards: the head's fields, and
         `complete` when the message has no body."""
@@ -111,7 +118,8 @@ class Parser:
         self.complete = self.headers_done = self.upgraded = False
         self.url = self.reason = b""
         self.headers = []
-        self.parts = [] if keep_body else None
+        self.framing_headers = []
+        self.parts = None
         self.tail = b""
         self._feed(memoryview(buf)[:end])
         if not self.begun:
@@ -119,7 +127,7 @@ class Parser:
         if not self.headers_done:
             raise BadMessage("the head did not end where llhttp ended it")
         try:
-            self.framing = Framing(self.headers)
+            self.framing = Framing(self.framing_headers)
         except ValueError as e:
             raise BadMessage(str(e)) from None
         self.left = self.framing.length or 0

@@ -129,7 +129,7 @@ class ResponseSide(ClientState):
             return
         if self.req.state is Req.SENT:
             self.req.fire(Ev.RESPONSE_END)
-            if self.flow.reasons:
+            if self.flow.paused:
                 self.flow.resume_client(Pause.AHEAD)
             if self.buf or self.client_eof:
                 self.advance()

@@ -17,6 +17,8 @@ from typing import Generic, TypeVar
 class Req(enum.Enum):
     """Where the client's side of a connection is."""
 
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash runs Python code
+
     IDLE = "idle"  # waiting for a request head
     CONNECTING = "connecting"  # a head waits for the upstream connection
     STREAMING = "streaming"  # a spliced request's body is streaming upstream
@@ -30,6 +32,8 @@ class Req(enum.Enum):
 class Resp(enum.Enum):
     """Where the Engine's side of a connection is."""
 
+    __hash__ = object.__hash__
+
     IDLE = "idle"  # nothing asked of the Engine
     HEAD = "head"  # waiting for the head of a spliced request's answer
     BODY = "body"  # passing on a framed body
@@ -41,6 +45,8 @@ class Resp(enum.Enum):
 
 class Ev(enum.Enum):
     """What happens to a connection."""
+
+    __hash__ = object.__hash__
 
     WAIT_UPSTREAM = "wait upstream"  # a spliced head found no upstream connection
     SEND = "send"  # a spliced request went upstream whole
