@@ -121,7 +121,7 @@ class Parser:
         self.framing_headers = []
         self.parts = None
         self.tail = b""
-        self._feed(memoryview(buf)[:end])
+        self._feed(buf if end == len(buf) else memoryview(buf)[:end])
         if not self.begun:
             return False
         if not self.headers_done:
@@ -151,11 +151,11 @@ class Parser:
             end = pos + min(self.left, n - pos)
             self.left -= end - pos
             if end > pos:
-                self._feed(memoryview(buf)[pos:end])
+                self._feed(buf if pos == 0 and end == n else memoryview(buf)[pos:end])
             return end
         while pos < n and not self.complete:
             stop = self._chunk_stop(buf, pos)
-            self._feed(memoryview(buf)[pos:stop])
+            self._feed(buf if pos == 0 and stop == n else memoryview(buf)[pos:stop])
             self.tail = (self.tail + buf[max(pos, stop - 3) : stop])[-3:]
             pos = stop
         return pos
@@ -180,7 +180,7 @@ class Parser:
         at = buf.find(_CRLF2, pos)
         return len(buf) if at < 0 else at + 4
 
-    def _feed(self, data: memoryview) -> None:
+    def _feed(self, data: bytes | memoryview) -> None:
         begun = self.begun
         try:
             self.llhttp.feed_data(data)

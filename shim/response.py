@@ -12,62 +12,76 @@ upstream protocol's callbacks, with no task switch.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from shim.flow import Pause
 from shim.framing import MAX_HEAD, NO_BODY_STATUS, BadMessage
 from shim.states import Ev, Req, Resp
-from shim.upstream import ClientState, Upstream
+
+if TYPE_CHECKING:
+    from shim.splice import Connection
+    from shim.upstream import Upstream
 
 log = logging.getLogger(__name__)
 
 _CRLF2 = b"\r\n\r\n"
 
 
-class ResponseSide(ClientState):
-    """The response half of `shim.splice.Connection`: frame, pass on, hijack, upstream EOFs."""
+class Relay:
+    """What a connection's upstream hears: answers framed and passed on, hijacks, EOFs."""
 
-    def up_data(self, up: Upstream, data: bytes) -> None:
-        if up is not self.up:
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def data(self, up: Upstream, data: bytes) -> None:
+        conn = self.conn
+        link = conn.link
+        if up is not link.up:
             return
-        ct = self.ct
-        assert ct is not None  # the client connected before its upstream did
-        state = self.resp.state
+        state = link.resp.state
         if state is Resp.RAW:
-            ct.write(data)
+            assert conn.ct is not None  # the client connected before its upstream did
+            conn.ct.write(data)
             return
-        self.ubuf = self.ubuf + data if self.ubuf else data
+        up.buf = up.buf + data if up.buf else data
         if state is Resp.COLLECTING:
-            self.collect()
+            link.collect(up)
             return
         try:
-            self._respond()
+            self._respond(up)
         except BadMessage as e:
             log.warning("closing connection: %s", e)
-            self.close(abort=True)
+            conn.close(abort=True)
         except Exception:
             log.exception("proxy error")
-            self.close(abort=True)
+            conn.close(abort=True)
 
-    def _respond(self) -> None:
-        ct = self.ct
+    def _respond(self, up: Upstream) -> None:
+        conn = self.conn
+        ct = conn.ct
+        resp = conn.link.resp
+        exchange = conn.exchange
         assert ct is not None
-        p = self.rparser
-        while self.ubuf:
-            ubuf = self.ubuf
-            state = self.resp.state
+        p = up.parser
+        while up.buf:
+            ubuf = up.buf
+            state = resp.state
             if state is Resp.BODY:
                 end = p.body(ubuf, 0)
                 ct.write(ubuf if end == len(ubuf) else memoryview(ubuf)[:end])
-                self.ubuf = ubuf[end:]
+                up.buf = ubuf[end:]
                 if p.done:
-                    self._response_done(p.keep_alive)
+                    self._response_done(up, p.keep_alive)
                 return
             if state is Resp.UNTIL_CLOSE:
                 ct.write(ubuf)
-                self.ubuf = b""
+                up.buf = b""
                 return
             if state is not Resp.HEAD:
                 raise BadMessage(f"the Engine sent {len(ubuf)} bytes nobody asked for")
+            assert exchange is not None  # a spliced request went upstream
             end = ubuf.find(_CRLF2)
             if end < 0:
                 if len(ubuf) > MAX_HEAD:
@@ -75,13 +89,13 @@ class ResponseSide(ClientState):
                 return
             end += 4
             if not p.head(ubuf, end):
-                self.ubuf = ubuf[end:]
+                up.buf = ubuf[end:]
                 continue
             status = p.status
-            self.rsent = True
+            exchange.answered = True
             if 100 <= status < 200 and status != 101:  # interim (100 Continue): pass it on
                 ct.write(memoryview(ubuf)[:end])
-                self.ubuf = ubuf[end:]
+                up.buf = ubuf[end:]
                 continue
             framing = p.framing
             if (
@@ -95,91 +109,98 @@ class ResponseSide(ClientState):
                 )
             ):
                 ct.write(ubuf)
-                self.ubuf = b""
-                self._hijack()
+                up.buf = b""
+                self._hijack(up)
                 return
-            if self.head_req or status in NO_BODY_STATUS:
-                if self.head_req:
+            if exchange.head_req or status in NO_BODY_STATUS:
+                if exchange.head_req:
                     p.skip_body()
                 ct.write(memoryview(ubuf)[:end] if end < len(ubuf) else ubuf)
-                self.ubuf = ubuf[end:]
-                self._response_done(p.keep_alive)
+                up.buf = ubuf[end:]
+                self._response_done(up, p.keep_alive)
                 return
             if not framing.chunked and framing.length is None:
                 ct.write(ubuf)  # delimited by the Engine closing the connection
-                self.ubuf = b""
-                self.resp.fire(Ev.UNTIL_CLOSE)
+                up.buf = b""
+                resp.fire(Ev.UNTIL_CLOSE)
                 return
             pos = p.body(ubuf, end)
             ct.write(ubuf if pos == len(ubuf) else memoryview(ubuf)[:pos])
-            self.ubuf = ubuf[pos:]
+            up.buf = ubuf[pos:]
             if p.done:
-                self._response_done(p.keep_alive)
+                self._response_done(up, p.keep_alive)
                 return
-            self.resp.fire(Ev.BODY)
+            resp.fire(Ev.BODY)
 
-    def _response_done(self, keep: bool) -> None:
-        self.resp.fire(Ev.RESPONSE_END)
-        self.awaiting = False
-        if self.ubuf:
-            log.warning("the Engine sent %d bytes after a response", len(self.ubuf))
+    def _response_done(self, up: Upstream, keep: bool) -> None:
+        conn = self.conn
+        conn.link.resp.fire(Ev.RESPONSE_END)
+        exchange = conn.exchange
+        assert exchange is not None
+        conn.exchange = None
+        if up.buf:
+            log.warning("the Engine sent %d bytes after a response", len(up.buf))
             keep = False
-        if not (keep and self.req_keep) or self.eof_sent:
-            self.close()
+        if not (keep and exchange.keep) or conn.link.eof_sent:
+            conn.close()
             return
-        if self.req.state is Req.SENT:
-            self.req.fire(Ev.RESPONSE_END)
-            if self.flow.paused:
-                self.flow.resume_client(Pause.AHEAD)
-            if self.buf or self.client_eof:
-                self.advance()
+        if conn.req.state is Req.SENT:
+            conn.req.fire(Ev.RESPONSE_END)
+            if conn.flow.paused:
+                conn.flow.resume_client(Pause.AHEAD)
+            if conn.buf or conn.client_eof:
+                conn.advance()
 
-    def _hijack(self) -> None:
+    def _hijack(self, up: Upstream) -> None:
         """From now on both directions are raw byte pipes; EOFs pass on as write-EOFs."""
-        self.req.fire(Ev.HIJACK)
-        self.resp.fire(Ev.HIJACK)
-        ut = self.ut
+        conn = self.conn
+        conn.req.fire(Ev.HIJACK)
+        conn.link.resp.fire(Ev.HIJACK)
+        ut = up.transport
         assert ut is not None
-        if self.buf:
-            ut.write(self.buf)
-            self.buf = b""
-        if self.client_eof and not self.eof_sent:
-            self.eof_sent = True
+        if conn.buf:
+            ut.write(conn.buf)
+            conn.buf = b""
+        if conn.client_eof and not conn.link.eof_sent:
+            conn.link.eof_sent = True
             ut.write_eof()
-        self.flow.resume_client(Pause.AHEAD)
+        conn.flow.resume_client(Pause.AHEAD)
 
-    def up_eof(self, up: Upstream) -> bool:
-        if up is not self.up:
+    def eof(self, up: Upstream) -> bool:
+        conn = self.conn
+        if up is not conn.link.up:
             return False
-        if self.resp.state is Resp.RAW:
-            if self.ct is not None and not self.ct.is_closing():
-                self.ct.write_eof()
-            if self.client_eof:
-                self.close()
+        if conn.link.resp.state is Resp.RAW:
+            if conn.ct is not None and not conn.ct.is_closing():
+                conn.ct.write_eof()
+            if conn.client_eof:
+                conn.close()
             return True
-        self._up_gone()
+        self._up_gone(up)
         return False
 
-    def up_lost(self, up: Upstream) -> None:
-        if up is not self.up:
+    def lost(self, up: Upstream) -> None:
+        conn = self.conn
+        if up is not conn.link.up:
             return
-        if self.resp.state is Resp.RAW:
-            self.close()
+        if conn.link.resp.state is Resp.RAW:
+            conn.close()
         elif not up.eof:
-            self._up_gone()
+            self._up_gone(up)
 
-    def _up_gone(self) -> None:
+    def _up_gone(self, up: Upstream) -> None:
         """The Engine closed our upstream connection (outside a hijack)."""
-        state = self.resp.state
+        conn = self.conn
+        state = conn.link.resp.state
         if state is Resp.COLLECTING:
-            self.collect(eof=True)
+            conn.link.collect(up, eof=True)
             return
         if state is Resp.UNTIL_CLOSE:
-            self.close()
-        elif state is Resp.HEAD and not self.rsent:
+            conn.close()
+        elif state is Resp.HEAD and not (conn.exchange and conn.exchange.answered):
             log.error("the Engine closed the connection before answering")
-            self.reply_error(502, "gpu-alloc shim: the Engine closed the connection")
-        elif state is not Resp.IDLE or self.req.state is Req.STREAMING:
-            self.close()  # a truncated exchange: the client must see the connection end
+            conn.reply_error(502, "gpu-alloc shim: the Engine closed the connection")
+        elif state is not Resp.IDLE or conn.req.state is Req.STREAMING:
+            conn.close()  # a truncated exchange: the client must see the connection end
         else:
-            self.drop_upstream()  # idle: reconnect for the next request
+            conn.link.drop()  # idle: reconnect for the next request

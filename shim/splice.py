@@ -19,9 +19,9 @@
   (bounded) for the next request.
 
 This module holds the client's side (its transport callbacks, requests, the
-connection's end); the Engine's answers are framed in shim/response.py, the upstream
-connection and `forward` are in shim/upstream.py, intercepted requests in
-shim/intercept.py.
+connection's end); the Engine's answers are framed in shim/response.py (`Relay`), the
+upstream connection and `forward` are in shim/upstream.py (`Link`), intercepted
+requests in shim/intercept.py (`Interception`).
 """
 
 from __future__ import annotations
@@ -35,20 +35,21 @@ from allocator.host import peers
 from shim.flow import FlowControl, Pause
 from shim.framing import READ_AHEAD, BadMessage, Closed, UpstreamError, error_bytes
 from shim.headlimit import HeadTooLarge, request_head_end
-from shim.intercept import InterceptSide
+from shim.intercept import Interception
 from shim.parser import Parser
-from shim.response import ResponseSide
-from shim.states import REQUEST, RESPONSE, Ev, Machine, Req, Resp
-from shim.upstream import UpstreamSide
+from shim.response import Relay
+from shim.states import REQUEST, Ev, Exchange, Machine, Req
+from shim.upstream import Link
 
 if TYPE_CHECKING:
+    from allocator.host.peers import Peer
     from shim.server import Proxy
 
 log = logging.getLogger(__name__)
 
 
-class Connection(InterceptSide, UpstreamSide, ResponseSide, asyncio.Protocol):
-    """One client connection and its upstream connection.
+class Connection(asyncio.Protocol):
+    """One client connection: its requests, and (through `link`) its upstream connection.
 
     The common path runs entirely inside data_received callbacks (no task switches): that is
     what keeps the added latency per call small.  Tasks exist only to connect upstream and to
@@ -57,29 +58,22 @@ class Connection(InterceptSide, UpstreamSide, ResponseSide, asyncio.Protocol):
 
     def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
-        self.ct = None
-        self.up = None
-        self.ut = None
+        self.ct: asyncio.Transport | None = None
+        self.peer: Peer | None = None
         self.buf = b""  # client bytes not yet forwarded
-        self.ubuf = b""  # Engine bytes not yet forwarded
-        self.req = Machine(REQUEST, Req.IDLE)
-        self.resp = Machine(RESPONSE, Resp.IDLE)
-        self.flow = FlowControl()
         self.parser = Parser()
-        self.rparser = Parser(response=True)
-        self.awaiting = False  # a forwarded request's response is not finished
-        self.head_req = False
-        self.req_keep = True
-        self.rsent = False  # bytes of the current response already went to the client
+        self.req = Machine(REQUEST, Req.IDLE)
+        self.flow = FlowControl()
+        self.link = Link(self)  # the Engine's side
+        self.relay = Relay(self)  # the Engine's answers, back to the client
+        self.intercepted = Interception(self)
+        self.exchange: Exchange | None = None  # the spliced request being answered
         self.client_eof = False
-        self.eof_sent = False  # the client's EOF went upstream as a write-EOF
-        self.size = 0  # intercepted body bytes so far
-        self.pending = None
-        self.collector = None
-        self.task = None
-        self.gone = None  # the intercepted request's client left
-        self.connecting = None
-        self.peer = None
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self.req.state is Req.CLOSED
 
     # -- client transport callbacks
 
@@ -101,8 +95,9 @@ class Connection(InterceptSide, UpstreamSide, ResponseSide, asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.req.state is Req.RAW:
-            assert self.ut is not None  # a hijack keeps its upstream until both are closed
-            self.ut.write(data)
+            ut = self.link.transport
+            assert ut is not None  # a hijack keeps its upstream until both are closed
+            ut.write(data)
             return
         self.buf = self.buf + data if self.buf else data
         self.advance()
@@ -110,22 +105,25 @@ class Connection(InterceptSide, UpstreamSide, ResponseSide, asyncio.Protocol):
     def eof_received(self) -> bool:
         self.client_eof = True
         state = self.req.state
+        ut = self.link.transport
         if state is Req.RAW:
-            if self.ut is not None and not self.ut.is_closing():
-                self.ut.write_eof()
-            if self.up is None or self.up.eof:
+            if ut is not None and not ut.is_closing():
+                ut.write_eof()
+            if self.link.up is None or self.link.up.eof:
                 self.close()
             return True
-        if state is Req.INTERCEPTING and self.gone is not None:
-            self.gone.set()  # a waiting create leaves the queue; others finish as before
-        if state in (Req.STREAMING, Req.COLLECTING) or (state is Req.IDLE and not self.awaiting):
+        gone = self.intercepted.gone
+        if state is Req.INTERCEPTING and gone is not None:
+            gone.set()  # a waiting create leaves the queue; others finish as before
+        waiting = self.exchange is not None
+        if state in (Req.STREAMING, Req.COLLECTING) or (state is Req.IDLE and not waiting):
             self.close()  # nothing to answer, or the request can never be completed
             return False
-        if self.awaiting and not self.buf and self.ut is not None and not self.eof_sent:
+        if waiting and not self.buf and ut is not None and not self.link.eof_sent:
             # Pass the half-close on: Go's server then cancels a streaming request (events,
             # logs -f) whose client has gone, and still answers one that only shut down writing.
-            self.eof_sent = True
-            self.ut.write_eof()
+            self.link.eof_sent = True
+            ut.write_eof()
         return True
 
     # -- requests
@@ -149,7 +147,7 @@ class Connection(InterceptSide, UpstreamSide, ResponseSide, asyncio.Protocol):
             buf = self.buf
             if state is Req.IDLE:
                 if not buf:
-                    if self.client_eof and not self.awaiting:
+                    if self.client_eof and self.exchange is None:
                         self.close()
                     return
                 end = request_head_end(buf)
@@ -162,22 +160,22 @@ class Connection(InterceptSide, UpstreamSide, ResponseSide, asyncio.Protocol):
             elif state is Req.STREAMING:
                 if not buf:
                     return
-                assert self.ut is not None
+                ut = self.link.transport
+                assert ut is not None
                 end = p.body(buf, 0)
-                self.ut.write(buf if end == len(buf) else memoryview(buf)[:end])
+                ut.write(buf if end == len(buf) else memoryview(buf)[:end])
                 self.buf = buf[end:]
                 if not p.done:
                     return
                 self.req.fire(Ev.BODY_SENT)
-                if not self.awaiting:  # the Engine answered before the body ended
+                if self.exchange is None:  # the Engine answered before the body ended
                     self.req.fire(Ev.RESPONSE_END)
             elif state is Req.COLLECTING:
                 if not buf:
                     return
                 end = p.body(buf, 0)
-                self.size += end
                 self.buf = buf[end:]
-                self.collected()
+                self.intercepted.collected(end)
             else:  # a response or the interceptor is pending, or the end: hold the bytes
                 if len(buf) > READ_AHEAD and state is not Req.CLOSED:
                     self.flow.pause_client(Pause.AHEAD)
@@ -195,33 +193,31 @@ class Connection(InterceptSide, UpstreamSide, ResponseSide, asyncio.Protocol):
             self.reply_error(500, "gpu-alloc shim: internal error")
             return
         if wanted:
-            self.start_collect(method, target, p.keep_alive, end)
-        elif self.ut is None or self.ut.is_closing() or self.up is None or self.up.eof:
+            self.intercepted.start(method, target, p.keep_alive, end)
+        elif not self.link.live:
             self.req.fire(Ev.WAIT_UPSTREAM)
             self.flow.pause_client(Pause.CONNECT)
-            send = partial(self._send, method == "HEAD", p.keep_alive, end)
+            send = partial(self._send, Exchange(method == "HEAD", p.keep_alive), end)
             self.task = asyncio.create_task(self._connect_then_send(send))
         else:
-            self._send(method == "HEAD", p.keep_alive, end)
+            self._send(Exchange(method == "HEAD", p.keep_alive), end)
 
-    def _send(self, head_req: bool, keep: bool, end: int) -> None:
+    def _send(self, exchange: Exchange, end: int) -> None:
         """Forward a request's head and the body bytes at hand; the rest streams later."""
         buf = self.buf
         pos = self.parser.body(buf, end)
-        assert self.ut is not None
-        self.ut.write(buf if pos == len(buf) else memoryview(buf)[:pos])
+        ut = self.link.transport
+        assert ut is not None
+        ut.write(buf if pos == len(buf) else memoryview(buf)[:pos])
         self.buf = buf[pos:]
-        self.awaiting = True
-        self.head_req = head_req
-        self.req_keep = keep
-        self.rsent = False
-        self.resp.fire(Ev.SEND)
+        self.exchange = exchange
+        self.link.resp.fire(Ev.SEND)
         self.req.fire(Ev.SEND if self.parser.done else Ev.SEND_PART)
 
     async def _connect_then_send(self, send: partial[None]) -> None:
         """Open the upstream connection, then send the held request and carry on."""
         try:
-            await self.ensure_upstream()
+            await self.link.ensure()
         except (UpstreamError, Closed) as e:
             log.error("%s", e)
             self.reply_error(502, f"gpu-alloc shim: {e}")
@@ -249,16 +245,18 @@ class Connection(InterceptSide, UpstreamSide, ResponseSide, asyncio.Protocol):
         if self.closed:
             return
         self.req.fire(Ev.CLOSE)
-        self.resp.fire(Ev.CLOSE)
-        if self.gone is not None:
-            self.gone.set()
+        self.link.resp.fire(Ev.CLOSE)
+        if self.intercepted.gone is not None:
+            self.intercepted.gone.set()
         if self.task is not None:
             self.task.cancel()
-        if self.collector is not None and not self.collector.future.done():
-            self.collector.future.set_exception(Closed("connection closed"))
+        collector = self.link.collector
+        if collector is not None and not collector.future.done():
+            collector.future.set_exception(Closed("connection closed"))
         if self.ct is not None:
             self.ct.abort() if abort else self.ct.close()
-        if self.ut is not None:
-            self.ut.abort() if abort else self.ut.close()
+        ut = self.link.transport
+        if ut is not None:
+            ut.abort() if abort else ut.close()
         if self.peer is not None:
             self.peer.close()

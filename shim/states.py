@@ -63,6 +63,17 @@ class Ev(enum.Enum):
     CLOSE = "close"
 
 
+class Exchange:
+    """A spliced request on its way: what passing its answer on needs to know."""
+
+    __slots__ = ("answered", "head_req", "keep")
+
+    def __init__(self, head_req: bool, keep: bool) -> None:
+        self.head_req = head_req  # a HEAD request: its answer has no body
+        self.keep = keep  # the client keeps the connection alive after it
+        self.answered = False  # bytes of its answer went to the client
+
+
 S = TypeVar("S", Req, Resp)
 
 
