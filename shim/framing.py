@@ -108,34 +108,35 @@ class Closed(Exception):
 
 
 class Framing:
-    """What a head llhttp accepted says about its body and its connection."""
+    """What a head llhttp accepted says about its body, taken header by header as llhttp
+    reads them (shim/parser.py)."""
 
-    __slots__ = ("chunked", "close", "length", "raw_type", "upgrade")
+    __slots__ = ("chunked", "coded", "length", "raw_type")
 
-    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """A new head: no header taken yet."""
         self.length: int | None = None
         self.chunked = False
-        self.close = False
-        self.upgrade = False
+        self.coded = False  # a Transfer-Encoding came: any Content-Length does not count
         self.raw_type = False
-        te = None
-        for name, value in headers:
-            n = name.lower()
-            if n == b"content-length":
+
+    def add(self, name: bytes, value: bytes) -> None:
+        """Take one header; those that do not frame the body change nothing."""
+        n = name.lower()
+        if n == b"content-length":
+            if not self.coded:
                 self.length = int(value)  # llhttp accepted it: digits only, not repeated
-            elif n == b"transfer-encoding":
-                te = value.lower()
-            elif n == b"connection":
-                tokens = value.lower()
-                self.close = self.close or b"close" in tokens
-                self.upgrade = self.upgrade or b"upgrade" in tokens
-            elif n == b"content-type":
-                self.raw_type = value.lower().startswith(HIJACK_TYPES)
-        if te is not None:
-            self.length = None
+        elif n == b"transfer-encoding":
             # A request's coding must end in chunked (llhttp enforces it); a response whose
             # coding does not is read until close.
-            self.chunked = te.rstrip().endswith(b"chunked")
+            self.coded = True
+            self.length = None
+            self.chunked = value.lower().rstrip().endswith(b"chunked")
+        elif n == b"content-type":
+            self.raw_type = value.lower().startswith(HIJACK_TYPES)
 
 
 def error_bytes(status: int, message: str, *, close: bool) -> bytes:

@@ -21,9 +21,9 @@ import httptools
 from shim.framing import BadMessage, Framing
 
 _CRLF2 = b"\r\n\r\n"
-# The lengths of the names `Framing` reads (Connection, Content-Type, Content-Length,
+# The lengths of the names `Framing` reads (Content-Type, Content-Length,
 # Transfer-Encoding): a cheap test that passes most other headers by.
-_FRAMING_NAMES = frozenset({10, 12, 14, 17})
+_FRAMING_NAMES = frozenset({12, 14, 17})
 
 
 class Parser:
@@ -34,7 +34,6 @@ class Parser:
         "begun",
         "complete",
         "framing",
-        "framing_headers",
         "headers",
         "headers_done",
         "keep_alive",
@@ -65,8 +64,7 @@ class Parser:
         self.status = 0
         self.keep_alive = True
         self.headers: list[tuple[bytes, bytes]] = []
-        self.framing_headers: list[tuple[bytes, bytes]] = []
-        self.framing = Framing([])
+        self.framing = Framing()
         self.parts: list[bytes] | None = None  # the body's data, where it is kept
         self.left = 0  # Content-Length bytes still to come
         self.tail = b""  # the last bytes fed of a chunked body: a CRLF CRLF may straddle feeds
@@ -85,7 +83,7 @@ class Parser:
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
         if len(name) in _FRAMING_NAMES:
-            self.framing_headers.append((name, value))
+            self.framing.add(name, value)
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
@@ -118,7 +116,7 @@ class Parser:
         self.complete = self.headers_done = self.upgraded = False
         self.url = self.reason = b""
         self.headers = []
-        self.framing_headers = []
+        self.framing.reset()
         self.parts = None
         self.tail = b""
         self._feed(buf if end == len(buf) else memoryview(buf)[:end])
@@ -126,10 +124,6 @@ class Parser:
             return False
         if not self.headers_done:
             raise BadMessage("the head did not end where llhttp ended it")
-        try:
-            self.framing = Framing(self.framing_headers)
-        except ValueError as e:
-            raise BadMessage(str(e)) from None
         self.left = self.framing.length or 0
         if self.upgraded and self.framing.chunked:
             # llhttp stops at an upgrading head; Go's server reads only a length-framed body
