@@ -11,7 +11,6 @@ touches a socket.
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -20,8 +19,6 @@ from typing import Protocol
 
 from allocator.core import errors
 from allocator.host.peers import Peer
-
-log = logging.getLogger(__name__)
 
 MAX_HEAD = 64 * 1024  # the Engine's response heads; requests: shim/headlimit.py
 MAX_BODY = 16 * 1024 * 1024  # cap for intercepted request bodies and forwarded responses

@@ -127,7 +127,7 @@ class Parser:
         self.left = self.framing.length or 0
         if self.upgraded and self.framing.chunked:
             # llhttp stops at an upgrading head; Go's server reads only a length-framed body
-            raise BadMessage("bad request: an upgrade request with a chunked body")
+            raise BadMessage("an upgrade request with a chunked body")
         return True
 
     def body(self, buf: bytes, pos: int) -> int:
@@ -181,7 +181,7 @@ class Parser:
         except httptools.HttpParserUpgrade:
             self.upgraded = True  # at the end of a head: what follows is the caller's
         except httptools.HttpParserError as e:
-            what = "bad response from the Engine" if self.response else "bad request"
-            raise BadMessage(f"{what}: {e}") from None
+            what = f"bad response from the Engine: {e}" if self.response else str(e)
+            raise BadMessage(what) from None
         if self.complete and self.begun > max(begun, 1):
             raise BadMessage("the message did not end where llhttp ended it")

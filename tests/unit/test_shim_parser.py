@@ -240,3 +240,14 @@ def test_the_engines_everyday_answers_are_framed_with_their_bodies() -> None:
         (b"200", len(PING), 200, b"OK"),
         (b"200", len(PING) + len(INSPECT), 200, b'{"Id":"abc"}\n'),
     ]
+
+
+def test_an_upgrade_request_the_engine_did_not_upgrade_leaves_the_next_request_readable() -> None:
+    # `docker attach` to a missing container: a 404, and the connection stays HTTP
+    parser = Parser()
+    attach = b"POST /containers/gone/attach HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n"
+    assert parser.head(attach, len(attach)) and parser.upgraded and parser.done
+    post = b"POST /containers/x/wait HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"
+    assert parser.head(post, len(post) - 2) and not parser.upgraded and not parser.done
+    assert parser.body(post, len(post) - 2) == len(post) and parser.done
+    assert (parser.method, parser.url) == (b"POST", b"/containers/x/wait")
