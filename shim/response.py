@@ -24,6 +24,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The members every answer reads, read once (see shim/splice.py).
+HEAD, BODY, UNTIL_CLOSE, RAW, COLLECTING = (
+    Resp.HEAD, Resp.BODY, Resp.UNTIL_CLOSE, Resp.RAW, Resp.COLLECTING,
+)  # fmt: skip
+RESPONSE_END, SENT = Ev.RESPONSE_END, Req.SENT
+
 _CRLF2 = b"\r\n\r\n"
 
 
@@ -41,12 +47,12 @@ class Relay:
         if up is not link.up:
             return
         state = link.resp.state
-        if state is Resp.RAW:
+        if state is RAW:
             assert conn.ct is not None  # the client connected before its upstream did
             conn.ct.write(data)
             return
         up.buf = up.buf + data if up.buf else data
-        if state is Resp.COLLECTING:
+        if state is COLLECTING:
             link.collect(up)
             return
         try:
@@ -68,18 +74,18 @@ class Relay:
         while up.buf:
             ubuf = up.buf
             state = resp.state
-            if state is Resp.BODY:
+            if state is BODY:
                 end = p.body(ubuf, 0)
                 ct.write(ubuf if end == len(ubuf) else memoryview(ubuf)[:end])
                 up.buf = ubuf[end:]
                 if p.done:
                     self._response_done(up, p.keep_alive)
                 return
-            if state is Resp.UNTIL_CLOSE:
+            if state is UNTIL_CLOSE:
                 ct.write(ubuf)
                 up.buf = b""
                 return
-            if state is not Resp.HEAD:
+            if state is not HEAD:
                 raise BadMessage(f"the Engine sent {len(ubuf)} bytes nobody asked for")
             assert exchange is not None  # a spliced request went upstream
             end = ubuf.find(_CRLF2)
@@ -134,7 +140,7 @@ class Relay:
 
     def _response_done(self, up: Upstream, keep: bool) -> None:
         conn = self.conn
-        conn.link.resp.fire(Ev.RESPONSE_END)
+        conn.link.resp.fire(RESPONSE_END)
         exchange = conn.exchange
         assert exchange is not None
         conn.exchange = None
@@ -144,8 +150,8 @@ class Relay:
         if not (keep and exchange.keep) or conn.link.eof_sent:
             conn.close()
             return
-        if conn.req.state is Req.SENT:
-            conn.req.fire(Ev.RESPONSE_END)
+        if conn.req.state is SENT:
+            conn.req.fire(RESPONSE_END)
             if conn.flow.paused:
                 conn.flow.resume_client(Pause.AHEAD)
             if conn.buf or conn.client_eof:

@@ -47,6 +47,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The members every call reads, read once: on Python 3.11 each `Req.X` runs EnumType's
+# Python-level __getattr__ hook.
+IDLE, STREAMING, COLLECTING, RAW, CLOSED = (
+    Req.IDLE, Req.STREAMING, Req.COLLECTING, Req.RAW, Req.CLOSED,
+)  # fmt: skip
+SEND, SEND_PART = Ev.SEND, Ev.SEND_PART
+
 
 class Connection(asyncio.Protocol):
     """One client connection: its requests, and (through `link`) its upstream connection.
@@ -73,7 +80,7 @@ class Connection(asyncio.Protocol):
 
     @property
     def closed(self) -> bool:
-        return self.req.state is Req.CLOSED
+        return self.req.state is CLOSED
 
     # -- client transport callbacks
 
@@ -94,7 +101,7 @@ class Connection(asyncio.Protocol):
         self.flow.resume_upstream()
 
     def data_received(self, data: bytes) -> None:
-        if self.req.state is Req.RAW:
+        if self.req.state is RAW:
             ut = self.link.transport
             assert ut is not None  # a hijack keeps its upstream until both are closed
             ut.write(data)
@@ -145,7 +152,7 @@ class Connection(asyncio.Protocol):
         while True:
             state = self.req.state
             buf = self.buf
-            if state is Req.IDLE:
+            if state is IDLE:
                 if not buf:
                     if self.client_eof and self.exchange is None:
                         self.close()
@@ -157,7 +164,7 @@ class Connection(asyncio.Protocol):
                     self._request(end)
                 else:  # only the empty lines llhttp skips before a request
                     self.buf = buf[end:]
-            elif state is Req.STREAMING:
+            elif state is STREAMING:
                 if not buf:
                     return
                 ut = self.link.transport
@@ -170,14 +177,14 @@ class Connection(asyncio.Protocol):
                 self.req.fire(Ev.BODY_SENT)
                 if self.exchange is None:  # the Engine answered before the body ended
                     self.req.fire(Ev.RESPONSE_END)
-            elif state is Req.COLLECTING:
+            elif state is COLLECTING:
                 if not buf:
                     return
                 end = p.body(buf, 0)
                 self.buf = buf[end:]
                 self.intercepted.collected(end)
             else:  # a response or the interceptor is pending, or the end: hold the bytes
-                if len(buf) > READ_AHEAD and state is not Req.CLOSED:
+                if len(buf) > READ_AHEAD and state is not CLOSED:
                     self.flow.pause_client(Pause.AHEAD)
                 return
 
@@ -211,8 +218,8 @@ class Connection(asyncio.Protocol):
         ut.write(buf if pos == len(buf) else memoryview(buf)[:pos])
         self.buf = buf[pos:]
         self.exchange = exchange
-        self.link.resp.fire(Ev.SEND)
-        self.req.fire(Ev.SEND if self.parser.done else Ev.SEND_PART)
+        self.link.resp.fire(SEND)
+        self.req.fire(SEND if self.parser.done else SEND_PART)
 
     async def _connect_then_send(self, send: partial[None]) -> None:
         """Open the upstream connection, then send the held request and carry on."""
