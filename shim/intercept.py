@@ -11,86 +11,83 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
-import httptools
+from shim.flow import Pause
+from shim.framing import Request, UpstreamError, encode_response, error_bytes
+from shim.states import Ev
 
-from shim.framing import (
-    Request,
-    UpstreamError,
-    _Body,
-    _encode_response,
-    _error_bytes,
-    _Framing,
-    _Head,
-)
-from shim.upstream import (
-    _P_AHEAD,
-    _RQ_COLLECT,
-    _RQ_HEAD,
-    _RQ_INTERCEPT,
-    ClientState,
-)
+if TYPE_CHECKING:
+    from shim.splice import Connection
 
 log = logging.getLogger(__name__)
 
 
-class InterceptSide(ClientState):
-    """The interception half of `shim.splice._Client`."""
+class Interception:
+    """A connection's intercepted request: its body as it is collected, then its handling."""
 
-    def _start_collect(
-        self,
-        parser: httptools.HttpRequestParser | None,
-        head: _Head,
-        framing: _Framing,
-        method: str,
-        target: str,
-        keep: bool,
-        end: int,
-    ) -> None:
-        cap = self.proxy.max_body
-        if framing.length is not None and framing.length > cap:
-            self.reply_error(413, f"request body too large for gpu-alloc (limit {cap} bytes)")
+    __slots__ = ("conn", "gone", "pending", "size")
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.pending: tuple[str, str, list[tuple[str, str]], bool] | None = None
+        self.size = 0  # body bytes so far
+        self.gone: asyncio.Event | None = None  # the intercepted request's client left
+
+    def start(self, method: str, target: str, keep: bool, end: int) -> None:
+        """Buffer the body of the request whose head (buf[:end]) the parser just read."""
+        conn = self.conn
+        p = conn.parser
+        cap = conn.proxy.max_body
+        if p.framing.length is not None and p.framing.length > cap:
+            conn.reply_error(413, f"request body too large for gpu-alloc (limit {cap} bytes)")
             return
-        headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in head.headers]
+        headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in p.headers]
         if any(n.lower() == "expect" and v.lower() == "100-continue" for n, v in headers):
-            assert self.ct is not None  # the client's bytes came on it
-            self.ct.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        self.pending = (method, target, headers, keep, method == "HEAD")
-        self.body = _Body(parser, head, framing, [])
-        buf = self.buf
-        pos = self.body.take(buf, end)
+            assert conn.ct is not None  # the client's bytes came on it
+            conn.ct.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self.pending = (method, target, headers, keep)
+        p.parts = []
+        buf = conn.buf
+        pos = p.body(buf, end)
         self.size = pos - end
-        self.buf = buf[pos:]
-        self.rq = _RQ_COLLECT
-        self._collected()
+        conn.buf = buf[pos:]
+        conn.req.fire(Ev.COLLECT)
+        self.collected(0)
 
-    def _collected(self) -> None:
-        body = self.body
-        assert body is not None and body.parts is not None and self.pending is not None
-        if self.size > self.proxy.max_body:
-            limit = self.proxy.max_body
-            self.reply_error(413, f"request body too large for gpu-alloc (limit {limit} bytes)")
+    def collected(self, more: int) -> None:
+        """`more` body bytes came: hand the request to the interceptor once it is whole."""
+        conn = self.conn
+        p = conn.parser
+        assert p.parts is not None and self.pending is not None
+        self.size += more
+        if self.size > conn.proxy.max_body:
+            limit = conn.proxy.max_body
+            conn.reply_error(413, f"request body too large for gpu-alloc (limit {limit} bytes)")
             return
-        if not body.done:
+        if not p.done:
             return
-        method, target, headers, keep, head_req = self.pending
-        self.body = self.pending = None
-        self.rq = _RQ_INTERCEPT
+        method, target, headers, keep = self.pending
+        body = b"".join(p.parts)
+        self.pending = p.parts = None
+        conn.req.fire(Ev.COLLECTED)
         self.gone = asyncio.Event()
-        request = Request(method, target, headers, b"".join(body.parts), self.peer, self.gone)
-        self.task = asyncio.create_task(self._intercept(request, keep, head_req))
-        if self.ut is None and self.connecting is None:
+        request = Request(method, target, headers, body, conn.peer, self.gone)
+        conn.task = asyncio.create_task(self._intercept(request, keep))
+        if conn.link.up is None and conn.link.connecting is None:
             # Connect to the Engine while the interceptor leases: `forward` finds the
             # connection made (or makes it, and reports why it cannot).
-            early = asyncio.ensure_future(self.ensure_upstream())
+            early = asyncio.ensure_future(conn.link.ensure())
             early.add_done_callback(_quiet)
 
-    async def _intercept(self, request: Request, keep: bool, head_req: bool) -> None:
+    async def _intercept(self, request: Request, keep: bool) -> None:
+        conn = self.conn
         started = time.monotonic()
         note = ""
+        head_req = request.method == "HEAD"  # as asked: the interceptor may rewrite it
         try:
-            response = await self.proxy.interceptor.handle(request, self.forward)
-            out = _encode_response(response, head_only=head_req, close=not keep)
+            response = await conn.proxy.interceptor.handle(request, conn.link.forward)
+            out = encode_response(response, head_only=head_req, close=not keep)
             status, note = response.status, response.note
         except Exception as e:
             if isinstance(e, UpstreamError):
@@ -100,25 +97,25 @@ class InterceptSide(ClientState):
                 log.exception("%s %s: interceptor failed", request.method, request.target)
                 msg = f"gpu-alloc shim: internal error: {type(e).__name__}: {e}"
             status = 500
-            out = _error_bytes(500, msg, close=not keep)
+            out = error_bytes(500, msg, close=not keep)
         elapsed = (time.monotonic() - started) * 1000
-        self.task = None
-        if not self.closed:
-            assert self.ct is not None  # set from connection_made until closed
-            self.ct.write(out)
+        conn.task = None
+        if not conn.closed:
+            assert conn.ct is not None  # set from connection_made until closed
+            conn.ct.write(out)
         # Logged once the answer is on its way: the client does not wait for the line.
         log.info(
             "%s %s -> %d (%.1f ms)%s", request.method, request.target, status, elapsed,
             f", {note}" if note else "",
         )  # fmt: skip
-        if self.closed:
+        if conn.closed:
             return
         if not keep:
-            self.close()
+            conn.close()
             return
-        self.rq = _RQ_HEAD
-        self.resume_client(_P_AHEAD)
-        self.advance()
+        conn.req.fire(Ev.ANSWERED)
+        conn.flow.resume_client(Pause.AHEAD)
+        conn.advance()
 
 
 def _quiet(task: asyncio.Future[None]) -> None:

@@ -12,195 +12,201 @@ upstream protocol's callbacks, with no task switch.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-from shim.framing import (
-    _CRLF2,
-    _NO_BODY_STATUS,
-    MAX_HEAD,
-    _BadMessage,
-    _Body,
-    _Framing,
-    _keep_alive,
-    _parse_response,
-    quick_response,
-)
-from shim.upstream import (
-    _P_AHEAD,
-    _RQ_BODY,
-    _RQ_HEAD,
-    _RQ_SENT,
-    _RS_BODY,
-    _RS_COLLECT,
-    _RS_HEAD,
-    _RS_IDLE,
-    _RS_UNTIL_CLOSE,
-    ClientState,
-    _Upstream,
-)
+from shim.flow import Pause
+from shim.framing import MAX_HEAD, NO_BODY_STATUS, BadMessage
+from shim.states import Ev, Req, Resp
+
+if TYPE_CHECKING:
+    from shim.splice import Connection
+    from shim.upstream import Upstream
 
 log = logging.getLogger(__name__)
 
+# The members every answer reads, read once (see shim/splice.py).
+HEAD, BODY, UNTIL_CLOSE, RAW, COLLECTING = (
+    Resp.HEAD, Resp.BODY, Resp.UNTIL_CLOSE, Resp.RAW, Resp.COLLECTING,
+)  # fmt: skip
+RESPONSE_END, SENT = Ev.RESPONSE_END, Req.SENT
 
-class ResponseSide(ClientState):
-    """The response half of `shim.splice._Client`: frame, pass on, hijack, upstream EOFs."""
+_CRLF2 = b"\r\n\r\n"
 
-    def up_data(self, up: _Upstream, data: bytes) -> None:
-        if up is not self.up:
+
+class Relay:
+    """What a connection's upstream hears: answers framed and passed on, hijacks, EOFs."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def data(self, up: Upstream, data: bytes) -> None:
+        conn = self.conn
+        link = conn.link
+        if up is not link.up:
             return
-        ct = self.ct
-        assert ct is not None  # the client connected before its upstream did
-        if self.raw:
-            ct.write(data)
+        state = link.resp.state
+        if state is RAW:
+            assert conn.ct is not None  # the client connected before its upstream did
+            conn.ct.write(data)
             return
-        if self.rs == _RS_HEAD and not self.ubuf and not self.head_req and quick_response(data):
-            self.rsent = True
-            ct.write(data)
-            self._response_done(True)
-            return
-        self.ubuf = self.ubuf + data if self.ubuf else data
-        if self.rs == _RS_COLLECT:
-            self._collect()
+        up.buf = up.buf + data if up.buf else data
+        if state is COLLECTING:
+            link.collect(up)
             return
         try:
-            self._respond()
-        except _BadMessage as e:
+            self._respond(up)
+        except BadMessage as e:
             log.warning("closing connection: %s", e)
-            self.close(abort=True)
+            conn.close(abort=True)
         except Exception:
             log.exception("proxy error")
-            self.close(abort=True)
+            conn.close(abort=True)
 
-    def _respond(self) -> None:
-        ct = self.ct
+    def _respond(self, up: Upstream) -> None:
+        conn = self.conn
+        ct = conn.ct
+        resp = conn.link.resp
+        exchange = conn.exchange
         assert ct is not None
-        while self.ubuf:
-            ubuf = self.ubuf
-            rs = self.rs
-            if rs == _RS_BODY:
-                body = self.rbody
-                assert body is not None
-                end = body.take(ubuf, 0)
+        p = up.parser
+        while up.buf:
+            ubuf = up.buf
+            state = resp.state
+            if state is BODY:
+                end = p.body(ubuf, 0)
                 ct.write(ubuf if end == len(ubuf) else memoryview(ubuf)[:end])
-                self.ubuf = ubuf[end:]
-                if body.done:
-                    self._response_done(self.rkeep)
+                up.buf = ubuf[end:]
+                if p.done:
+                    self._response_done(up, p.keep_alive)
                 return
-            if rs == _RS_UNTIL_CLOSE:
+            if state is UNTIL_CLOSE:
                 ct.write(ubuf)
-                self.ubuf = b""
+                up.buf = b""
                 return
-            if rs != _RS_HEAD:
-                raise _BadMessage(f"the Engine sent {len(ubuf)} bytes nobody asked for")
+            if state is not HEAD:
+                raise BadMessage(f"the Engine sent {len(ubuf)} bytes nobody asked for")
+            assert exchange is not None  # a spliced request went upstream
             end = ubuf.find(_CRLF2)
             if end < 0:
                 if len(ubuf) > MAX_HEAD:
-                    raise _BadMessage("response header section too large")
+                    raise BadMessage("response header section too large")
                 return
             end += 4
-            parser, head = _parse_response(ubuf, end)
-            status = parser.get_status_code() if parser is not None else 101
-            self.rsent = True
+            if not p.head(ubuf, end):
+                up.buf = ubuf[end:]
+                continue
+            status = p.status
+            exchange.answered = True
             if 100 <= status < 200 and status != 101:  # interim (100 Continue): pass it on
                 ct.write(memoryview(ubuf)[:end])
-                self.ubuf = ubuf[end:]
+                up.buf = ubuf[end:]
                 continue
-            framing = _Framing(head.headers)
-            if status == 101 or (
-                status == 200
-                and framing.raw_type
-                and framing.length is None
-                and not framing.chunked
+            framing = p.framing
+            if (
+                status == 101
+                or p.upgraded
+                or (
+                    status == 200
+                    and framing.raw_type
+                    and framing.length is None
+                    and not framing.chunked
+                )
             ):
                 ct.write(ubuf)
-                self.ubuf = b""
-                self._hijack()
+                up.buf = b""
+                self._hijack(up)
                 return
-            if self.head_req or status in _NO_BODY_STATUS:
+            if exchange.head_req or status in NO_BODY_STATUS:
+                if exchange.head_req:
+                    p.skip_body()
                 ct.write(memoryview(ubuf)[:end] if end < len(ubuf) else ubuf)
-                self.ubuf = ubuf[end:]
-                self._response_done(_keep_alive(ubuf, framing))
+                up.buf = ubuf[end:]
+                self._response_done(up, p.keep_alive)
                 return
             if not framing.chunked and framing.length is None:
                 ct.write(ubuf)  # delimited by the Engine closing the connection
-                self.ubuf = b""
-                self.rs = _RS_UNTIL_CLOSE
+                up.buf = b""
+                resp.fire(Ev.UNTIL_CLOSE)
                 return
-            body = _Body(parser, head, framing)
-            pos = body.take(ubuf, end)
+            pos = p.body(ubuf, end)
             ct.write(ubuf if pos == len(ubuf) else memoryview(ubuf)[:pos])
-            self.ubuf = ubuf[pos:]
-            if body.done:
-                self._response_done(_keep_alive(ubuf, framing))
+            up.buf = ubuf[pos:]
+            if p.done:
+                self._response_done(up, p.keep_alive)
                 return
-            self.rbody = body
-            self.rkeep = _keep_alive(ubuf, framing)
-            self.rs = _RS_BODY
+            resp.fire(Ev.BODY)
 
-    def _response_done(self, keep: bool) -> None:
-        self.rbody = None
-        self.rs = _RS_IDLE
-        self.awaiting = False
-        if self.ubuf:
-            log.warning("the Engine sent %d bytes after a response", len(self.ubuf))
+    def _response_done(self, up: Upstream, keep: bool) -> None:
+        conn = self.conn
+        conn.link.resp.fire(RESPONSE_END)
+        exchange = conn.exchange
+        assert exchange is not None
+        conn.exchange = None
+        if up.buf:
+            log.warning("the Engine sent %d bytes after a response", len(up.buf))
             keep = False
-        if not (keep and self.req_keep) or self.eof_sent:
-            self.close()
+        if not (keep and exchange.keep) or conn.link.eof_sent:
+            conn.close()
             return
-        if self.rq == _RQ_SENT:
-            self.rq = _RQ_HEAD
-            if self.cpause:
-                self.resume_client(_P_AHEAD)
-            if self.buf or self.client_eof:
-                self.advance()
+        if conn.req.state is SENT:
+            conn.req.fire(RESPONSE_END)
+            if conn.flow.paused:
+                conn.flow.resume_client(Pause.AHEAD)
+            if conn.buf or conn.client_eof:
+                conn.advance()
 
-    def _hijack(self) -> None:
+    def _hijack(self, up: Upstream) -> None:
         """From now on both directions are raw byte pipes; EOFs pass on as write-EOFs."""
-        self.raw = True
-        self.rs = _RS_IDLE
-        self.rq = _RQ_HEAD
-        self.body = None
-        ut = self.ut
+        conn = self.conn
+        conn.req.fire(Ev.HIJACK)
+        conn.link.resp.fire(Ev.HIJACK)
+        ut = up.transport
         assert ut is not None
-        if self.buf:
-            ut.write(self.buf)
-            self.buf = b""
-        if self.client_eof and not self.eof_sent:
-            self.eof_sent = True
+        if conn.buf:
+            ut.write(conn.buf)
+            conn.buf = b""
+        if conn.client_eof and not conn.link.eof_sent:
+            conn.link.eof_sent = True
             ut.write_eof()
-        self.resume_client(_P_AHEAD)
+        conn.flow.resume_client(Pause.AHEAD)
 
-    def up_eof(self, up: _Upstream) -> bool:
-        if up is not self.up:
+    def eof(self, up: Upstream) -> bool:
+        conn = self.conn
+        if up is not conn.link.up:
             return False
-        if self.raw:
-            if self.ct is not None and not self.ct.is_closing():
-                self.ct.write_eof()
-            if self.client_eof:
-                self.close()
+        if conn.link.resp.state is Resp.RAW:
+            if conn.ct is not None and not conn.ct.is_closing():
+                conn.ct.write_eof()
+            if conn.client_eof:
+                conn.close()
             return True
-        self._up_gone()
+        self._up_gone(up)
         return False
 
-    def up_lost(self, up: _Upstream) -> None:
-        if up is not self.up:
+    def lost(self, up: Upstream) -> None:
+        conn = self.conn
+        if up is not conn.link.up:
             return
-        if self.raw:
-            self.close()
+        if conn.link.resp.state is Resp.RAW:
+            conn.close()
         elif not up.eof:
-            self._up_gone()
+            self._up_gone(up)
 
-    def _up_gone(self) -> None:
+    def _up_gone(self, up: Upstream) -> None:
         """The Engine closed our upstream connection (outside a hijack)."""
-        rs = self.rs
-        if rs == _RS_COLLECT:
-            self._collect(eof=True)
+        conn = self.conn
+        state = conn.link.resp.state
+        if state is Resp.COLLECTING:
+            conn.link.collect(up, eof=True)
             return
-        if rs == _RS_UNTIL_CLOSE:
-            self.close()
-        elif rs == _RS_HEAD and not self.rsent:
+        if state is Resp.UNTIL_CLOSE:
+            conn.close()
+        elif state is Resp.HEAD and not (conn.exchange and conn.exchange.answered):
             log.error("the Engine closed the connection before answering")
-            self.reply_error(502, "gpu-alloc shim: the Engine closed the connection")
-        elif rs != _RS_IDLE or self.rq == _RQ_BODY:
-            self.close()  # a truncated exchange: the client must see the connection end
+            conn.reply_error(502, "gpu-alloc shim: the Engine closed the connection")
+        elif state is not Resp.IDLE or conn.req.state is Req.STREAMING:
+            conn.close()  # a truncated exchange: the client must see the connection end
         else:
-            self.drop_upstream()  # idle: reconnect for the next request
+            conn.link.drop()  # idle: reconnect for the next request

@@ -13,13 +13,16 @@ from typing import Any
 
 from allocator.host import listener
 from shim.framing import FORWARD_TIMEOUT, MAX_BODY, Interceptor
-from shim.splice import _Client
+from shim.splice import Connection
 
 log = logging.getLogger(__name__)
 STOP_GRACE = 0.1  # seconds for the answers to waiting creates to be written
 
 
-class _Proxy:
+class Proxy:
+    """What every connection of one server shares: where the Engine is, the interceptor,
+    the limits, and the open connections."""
+
     __slots__ = ("conns", "forward_timeout", "interceptor", "max_body", "upstream_path")
 
     def __init__(
@@ -29,7 +32,7 @@ class _Proxy:
         self.interceptor = interceptor
         self.forward_timeout = forward_timeout
         self.max_body = max_body
-        self.conns: set[_Client] = set()
+        self.conns: set[Connection] = set()
 
 
 def _gid(group: str) -> int:
@@ -63,12 +66,12 @@ async def serve(
     `listen_path` makes this one refuse (`listener.AlreadyRunning`) before it touches
     the socket; ``claim`` is that check made earlier by the caller.
     """
-    proxy = _Proxy(upstream_path, interceptor, forward_timeout, max_body)
+    proxy = Proxy(upstream_path, interceptor, forward_timeout, max_body)
     held = claim or listener.claim(listen_path, "gpu-alloc shim")
     loop = asyncio.get_running_loop()
     old_umask = os.umask(0o177)
     try:
-        server = await loop.create_unix_server(lambda: _Client(proxy), listen_path)
+        server = await loop.create_unix_server(lambda: Connection(proxy), listen_path)
     except BaseException:
         held.close()
         raise

@@ -1,9 +1,9 @@
 """The Engine side of a shim connection: one upstream connection per client connection.
 
 Opened lazily and reopened when the Engine closed it between requests, so the
-Engine sees the client's connection pattern.  `UpstreamSide.forward` is what the
+Engine sees the client's connection pattern.  `Link.forward` is what the
 interceptor calls to send a (rewritten) request and buffer its answer; spliced
-traffic never goes through it.
+traffic never goes through it (shim/response.py passes the Engine's answers on).
 """
 
 from __future__ import annotations
@@ -12,278 +12,236 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-import httptools
-
+from shim.flow import Pause
 from shim.framing import (
-    _CRLF2,
-    _NO_BODY_STATUS,
     MAX_BODY,
     MAX_HEAD,
+    NO_BODY_STATUS,
+    BadMessage,
+    Closed,
     Request,
     Response,
     UpstreamError,
-    _BadMessage,
-    _Body,
-    _Closed,
-    _encode_request,
-    _Framing,
-    _Head,
-    _keep_alive,
-    _parse_response,
+    encode_request,
 )
+from shim.parser import Parser
+from shim.states import RESPONSE, Ev, Machine, Resp
 
 if TYPE_CHECKING:
-    from allocator.host.peers import Peer
-    from shim.server import _Proxy
+    from shim.splice import Connection
 
 log = logging.getLogger(__name__)
 
-_RQ_HEAD = 0  # waiting for a request head
-_RQ_CONNECT = 1  # head waiting for the upstream connection
-_RQ_BODY = 2  # streaming a request body upstream
-_RQ_SENT = 3  # request sent, its response not finished: later bytes are held
-_RQ_COLLECT = 4  # buffering an intercepted request's body
-_RQ_INTERCEPT = 5  # the interceptor is handling a request
-# Response side states.
-_RS_IDLE = 0
-_RS_HEAD = 1
-_RS_BODY = 2
-_RS_UNTIL_CLOSE = 3
-_RS_COLLECT = 4  # reading a response for `forward`
-# Reasons to pause reading from the client (a bit each).
-_P_PEER = 1  # the Engine's socket is full
-_P_AHEAD = 2  # enough pipelined bytes held
-_P_CONNECT = 4  # no upstream yet
+_CRLF2 = b"\r\n\r\n"
 
 
-class _Collector:
-    """A response being buffered for `forward`."""
+class Upstream(asyncio.Protocol):
+    """One connection to the Engine: its unread bytes and the parser of its answers.
+    Everything it hears goes to the owning connection's relay (shim/response.py)."""
 
-    __slots__ = ("body", "future", "head", "head_req", "keep", "parser", "parts", "size", "status")
+    __slots__ = ("buf", "conn", "eof", "parser", "transport")
 
-    def __init__(self, future: asyncio.Future[Response], head_req: bool) -> None:
-        self.future = future
-        self.head_req = head_req
-        self.head: _Head | None = None
-        self.parser: httptools.HttpResponseParser | None = None
-        self.body: _Body | None = None  # None after the head: delimited by close
-        self.parts: list[bytes] = []
-        self.size = 0
-        self.status = 0
-        self.keep = True
-
-
-class _Upstream(asyncio.Protocol):
-    """The Engine side of a connection: everything is handed to the owning _Client."""
-
-    __slots__ = ("client", "eof", "transport")
-
-    def __init__(self, client: ClientState) -> None:
-        self.client = client
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
         self.eof = False
         self.transport: asyncio.Transport | None = None
+        self.buf = b""  # the Engine's bytes not yet passed on
+        self.parser = Parser(response=True)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # typeshed: BaseTransport
 
     def data_received(self, data: bytes) -> None:
-        self.client.up_data(self, data)
+        self.conn.relay.data(self, data)
 
     def eof_received(self) -> bool:
         self.eof = True
-        return self.client.up_eof(self)
+        return self.conn.relay.eof(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.client.up_lost(self)
+        self.conn.relay.lost(self)
 
     def pause_writing(self) -> None:
-        self.client.pause_client(_P_PEER)
+        self.conn.flow.pause_client(Pause.PEER)
 
     def resume_writing(self) -> None:
-        self.client.resume_client(_P_PEER)
+        self.conn.flow.resume_client(Pause.PEER)
 
 
-class ClientState:
-    """The state the parts of `shim.splice._Client` share, declared for the type checker:
-    `_Client.__init__` sets it, and the parts' methods read and change it."""
+class Collector:
+    """A response being buffered for `forward`."""
 
-    proxy: _Proxy
-    ct: asyncio.Transport | None
-    up: _Upstream | None
-    ut: asyncio.Transport | None
-    buf: bytes
-    ubuf: bytes
-    rq: int
-    rs: int
-    body: _Body | None
-    rbody: _Body | None
-    awaiting: bool
-    head_req: bool
-    req_keep: bool
-    rkeep: bool
-    rsent: bool
-    raw: bool
-    client_eof: bool
-    eof_sent: bool
-    cpause: int
-    upaused: bool
-    closed: bool
-    size: int
-    pending: tuple[str, str, list[tuple[str, str]], bool, bool] | None
-    collector: _Collector | None
-    task: asyncio.Task[None] | None
-    gone: asyncio.Event | None
-    connecting: asyncio.Future[None] | None
-    peer: Peer | None
+    __slots__ = (
+        "future", "head_req", "headed", "headers", "keep", "parts", "reason", "size", "status",
+        "until_close",
+    )  # fmt: skip
 
-    if TYPE_CHECKING:  # the methods one part calls on another
-
-        def advance(self) -> None: ...
-        def resume_client(self, reason: int) -> None: ...
-        def reply_error(self, status: int, message: str) -> None: ...
-        def close(self, *, abort: bool = False) -> None: ...
-        def pause_client(self, reason: int) -> None: ...
-        def up_data(self, up: _Upstream, data: bytes) -> None: ...
-        def up_eof(self, up: _Upstream) -> bool: ...
-        def up_lost(self, up: _Upstream) -> None: ...
-        def _collect(self, eof: bool = False) -> None: ...
-        def drop_upstream(self) -> None: ...
-        async def ensure_upstream(self) -> None: ...
-        async def forward(self, request: Request, *, timeout: float | None = None) -> Response: ...
+    def __init__(self, future: asyncio.Future[Response], head_req: bool) -> None:
+        self.future = future
+        self.head_req = head_req
+        self.headed = False  # its final head has come
+        self.status = 0
+        self.reason = ""
+        self.headers: list[tuple[str, str]] = []
+        self.keep = True
+        self.until_close = False  # its body ends when the Engine closes the connection
+        self.parts: list[bytes] = []
+        self.size = 0
 
 
-class UpstreamSide(ClientState):
-    """The upstream half of `shim.splice._Client`: connect, forward, collect."""
+class Link:
+    """A client connection's way to the Engine: the current upstream connection (if any),
+    the state of the Engine's side, and `forward` for the interceptor."""
+
+    __slots__ = ("collector", "conn", "connecting", "eof_sent", "resp", "up")
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.up: Upstream | None = None
+        self.resp = Machine(RESPONSE, Resp.IDLE)
+        self.connecting: asyncio.Future[None] | None = None
+        self.collector: Collector | None = None
+        self.eof_sent = False  # the client's EOF went upstream as a write-EOF
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        return self.up.transport if self.up is not None else None
+
+    @property
+    def live(self) -> bool:
+        """Whether a request can go upstream now, without connecting."""
+        up = self.up
+        return (
+            up is not None
+            and not up.eof
+            and up.transport is not None
+            and not (up.transport.is_closing())
+        )
 
     async def forward(self, request: Request, *, timeout: float | None = None) -> Response:
         """Send `request` on this connection's upstream; return the whole response."""
-        raw = _encode_request(request)
-        limit = self.proxy.forward_timeout if timeout is None else timeout
+        raw = encode_request(request)
+        proxy = self.conn.proxy
+        limit = proxy.forward_timeout if timeout is None else timeout
         written = False
         try:
             async with asyncio.timeout(limit):
-                await self.ensure_upstream()
-                assert self.ut is not None
+                if self.conn.closed:
+                    raise Closed("client went away")
+                await self.ensure()
+                assert self.up is not None and self.up.transport is not None
                 future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
-                self.collector = _Collector(future, request.method == "HEAD")
-                self.rs = _RS_COLLECT
-                self.ut.write(raw)
+                self.collector = Collector(future, request.method == "HEAD")
+                self.resp.fire(Ev.FORWARD)
+                self.up.transport.write(raw)
                 written = True
                 return await future
-        except (TimeoutError, OSError, _Closed, _BadMessage) as e:
-            self.drop_upstream()
+        except (TimeoutError, OSError, Closed, BadMessage) as e:
+            self.drop()
             what = "timed out" if isinstance(e, TimeoutError) else f"failed: {e}"
             raise UpstreamError(
                 f"{request.method} {request.target} {what}", maybe_delivered=written
             ) from e
         finally:
             self.collector = None
-            if self.rs == _RS_COLLECT:
-                self.rs = _RS_IDLE
+            if self.resp.state is Resp.COLLECTING:
+                self.resp.fire(Ev.RESPONSE_END)
 
-    def _collect(self, eof: bool = False) -> None:
+    def collect(self, up: Upstream, eof: bool = False) -> None:
         """Advance the buffered response for `forward`; settle its future when complete."""
         c = self.collector
         assert c is not None
         if c.future.done():
             return
+        p = up.parser
         try:
-            while c.head is None:
-                end = self.ubuf.find(_CRLF2)
+            while not c.headed:
+                end = up.buf.find(_CRLF2)
                 if end < 0:
                     if eof:
-                        raise _Closed("the Engine closed the connection before answering")
-                    if len(self.ubuf) > MAX_HEAD:
-                        raise _BadMessage("response header section too large")
+                        raise Closed("the Engine closed the connection before answering")
+                    if len(up.buf) > MAX_HEAD:
+                        raise BadMessage("response header section too large")
                     return
                 end += 4
-                parser, head = _parse_response(self.ubuf, end)
-                if parser is None:
-                    raise _BadMessage("the Engine switched protocols on a forwarded request")
-                status = parser.get_status_code()
-                if status >= 200:
-                    framing = _Framing(head.headers)
-                    c.head, c.parser, c.status = head, parser, status
-                    c.keep = _keep_alive(self.ubuf, framing)
-                    if c.head_req or status in _NO_BODY_STATUS:
-                        c.body = _Body(None, head, _Framing([]))
-                    elif framing.chunked or framing.length is not None:
-                        if (framing.length or 0) > MAX_BODY:
-                            raise _BadMessage("response too large")
-                        c.body = _Body(parser, head, framing, c.parts)
-                        pos = c.body.take(self.ubuf, end)
-                        c.size = pos - end
-                        self.ubuf = self.ubuf[pos:]
-                        break
-                    else:
-                        c.keep = False
-                self.ubuf = self.ubuf[end:]
-            if c.body is not None:
-                if self.ubuf and not c.body.done:
-                    pos = c.body.take(self.ubuf, 0)
-                    c.size += pos
-                    self.ubuf = self.ubuf[pos:]
+                if p.head(up.buf, end) and (p.upgraded or p.status >= 200):
+                    _headed(c, p)  # else an interim answer (100 Continue): skipped
+                up.buf = up.buf[end:]
+            if c.until_close:
+                c.parts.append(up.buf)
+                c.size += len(up.buf)
+                up.buf = b""
                 if c.size > MAX_BODY:
-                    raise _BadMessage("response too large")
-                if not c.body.done:
-                    if eof:
-                        raise _Closed("the Engine closed the connection inside a response")
-                    return
-            else:
-                c.parts.append(self.ubuf)
-                c.size += len(self.ubuf)
-                self.ubuf = b""
-                if c.size > MAX_BODY:
-                    raise _BadMessage("response too large")
+                    raise BadMessage("response too large")
                 if not eof:
                     return
-        except (_Closed, _BadMessage) as e:
+            else:
+                if up.buf and not p.done:
+                    pos = p.body(up.buf, 0)
+                    c.size += pos
+                    up.buf = up.buf[pos:]
+                if c.size > MAX_BODY:
+                    raise BadMessage("response too large")
+                if not p.done:
+                    if eof:
+                        raise Closed("the Engine closed the connection inside a response")
+                    return
+        except (Closed, BadMessage) as e:
             c.future.set_exception(e)
             return
-        head = c.head
-        if not c.keep or self.ubuf or eof:
-            self.drop_upstream()
-        c.future.set_result(
-            Response(
-                c.status,
-                head.reason.decode("latin-1"),
-                [(n.decode("latin-1"), v.decode("latin-1")) for n, v in head.headers],
-                b"".join(c.parts),
-            )
-        )
+        if not c.keep or up.buf or eof:
+            self.drop()
+        c.future.set_result(Response(c.status, c.reason, c.headers, b"".join(c.parts)))
 
-    # -- upstream
-
-    async def ensure_upstream(self) -> None:
+    async def ensure(self) -> None:
         """Open the upstream connection unless a live one exists; UpstreamError if it can't."""
         while self.connecting is not None:
             await asyncio.shield(self.connecting)
-        if self.ut is not None and not self.ut.is_closing() and self.up and not self.up.eof:
+        if self.live:
             return
-        self.drop_upstream()
+        self.drop()
         loop = asyncio.get_running_loop()
+        path = self.conn.proxy.upstream_path
         self.connecting = loop.create_future()
         try:
-            transport, protocol = await loop.create_unix_connection(
-                lambda: _Upstream(self), self.proxy.upstream_path
-            )
+            transport, up = await loop.create_unix_connection(lambda: Upstream(self.conn), path)
         except OSError as e:
             raise UpstreamError(
-                f"cannot connect to the Engine at {self.proxy.upstream_path}: {e}",
-                maybe_delivered=False,
+                f"cannot connect to the Engine at {path}: {e}", maybe_delivered=False
             ) from e
         finally:
             self.connecting.set_result(None)
             self.connecting = None
-        if self.closed:
+        if self.conn.closed:
             transport.abort()
-            raise _Closed("client went away")
-        self.ut, self.up = transport, protocol
+            raise Closed("client went away")
+        self.up = up
+        self.conn.flow.attach_upstream(transport)
 
-    def drop_upstream(self) -> None:
-        if self.ut is not None:
-            self.ut.abort()
-        self.ut = self.up = None
-        self.ubuf = b""
-        self.eof_sent = self.upaused = False
-        self.resume_client(_P_PEER)
+    def drop(self) -> None:
+        """Abort the upstream connection, if any: the next request opens a new one."""
+        if self.up is not None and self.up.transport is not None:
+            self.up.transport.abort()
+        self.up = None
+        self.eof_sent = False
+        self.conn.flow.attach_upstream(None)
+
+
+def _headed(c: Collector, p: Parser) -> None:
+    """The final head of `forward`'s answer has been fed: take what it says."""
+    if p.upgraded:
+        raise BadMessage("the Engine switched protocols on a forwarded request")
+    c.headed = True
+    c.status, c.keep = p.status, p.keep_alive
+    c.reason = p.reason.decode("latin-1")
+    c.headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in p.headers]
+    framing = p.framing
+    if c.head_req:
+        p.skip_body()
+    elif c.status not in NO_BODY_STATUS:
+        if framing.chunked or framing.length is not None:
+            if (framing.length or 0) > MAX_BODY:
+                raise BadMessage("response too large")
+            p.parts = c.parts
+        else:
+            c.until_close, c.keep = True, False

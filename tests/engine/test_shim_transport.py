@@ -228,3 +228,37 @@ def test_request_heads_up_to_dockerds_limit_pass_and_longer_get_431(
     assert status == b"HTTP/1.1 431 Request Header Fields Too Large"
     assert headers["connection"] == "close"
     assert "Go's MaxHeaderBytes" in json.loads(body)["message"]
+
+
+# What dockerd's Go server answers to each framing (None: it reads the message one way,
+# and a proxy in front might read it another; the shim refuses those too).
+AMBIGUOUS = {
+    "two Content-Lengths": (b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}x", 400),
+    "a signed Content-Length": (b"Content-Length: +2\r\n\r\n{}", 400),
+    "Content-Length beside Transfer-Encoding": (
+        b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        None,
+    ),
+    "a chunk size that is not hex": (
+        b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+        None,
+    ),
+    "bare LFs in a chunked body": (b"Transfer-Encoding: chunked\r\n\r\n2\n{}\n0\n\n", None),
+}
+
+
+@pytest.mark.parametrize("what", list(AMBIGUOUS))
+def test_a_create_with_ambiguous_framing_gets_400_and_goes_nowhere(
+    shim: tuple[str, Recorder], bare_engine: engine.Dockerd, what: str
+) -> None:
+    sock, rec = shim
+    framing, engine_status = AMBIGUOUS[what]
+    data = b"POST /v1.41/containers/create HTTP/1.1\r\nHost: docker\r\n" + framing
+    if engine_status is not None:  # dockerd itself refuses these bytes the same way
+        assert _exchange(bare_engine.sock, data, len(data))[0].startswith(b"HTTP/1.1 400")
+    status, headers, body = _exchange(sock, data, len(data))
+    assert status == b"HTTP/1.1 400 Bad Request"
+    assert headers["connection"] == "close"
+    message = json.loads(body)["message"]
+    assert message.startswith("bad request: ") and message.count("bad request") == 1, message
+    assert rec.seen == []  # neither the interceptor nor the Engine got the create
