@@ -10,7 +10,9 @@ convention), one series per GPU and holder.  The scrape always answers 200: a
 GPU list or state file that cannot be read is the gauge
 ``gpu_alloc_inventory_readable`` (or ``gpu_alloc_state_readable``) at 0, and
 the reason goes to the log.
-``/``: the dashboard page; ``/api/gpus``: the JSON it refreshes from.
+``/``: the dashboard page; ``/api/gpus``: the JSON it refreshes from;
+``/api/timeline?period=24h|7d``: who held which GPU over the period, the reservations
+ahead and GPU-hours per owner (`views.timeline`, kept a few seconds).
 The counters ``gpu_alloc_gpu_seconds_held_total`` and ``..._used_total`` (owner,
 pool) grow with each look of the sampler, `sample_forever`.
 """
@@ -24,6 +26,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -39,6 +42,7 @@ from allocator.host.config import ConfigError
 from allocator.host.samples import Samples
 from allocator.views import wire
 from allocator.views.gpus import LiveView, Reading
+from allocator.views.timeline import PERIODS, Timeline
 
 log = logging.getLogger("gpu-alloc.metrics")
 _PAGE = resources.files("allocator.ops").joinpath("dashboard.html")
@@ -149,6 +153,7 @@ def serve(listen: str, live: LiveView, line: Queue | None = None) -> ThreadingHT
     host, _, port = listen.rpartition(":")
     reg = registry(live)
     page = _PAGE.read_bytes()
+    timeline = Timeline(live.alloc)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -161,16 +166,30 @@ def serve(listen: str, live: LiveView, line: Queue | None = None) -> ThreadingHT
                     snap["queue"] = None if line is None else line()
                     body = wire.encode(snap).encode()
                     self._send(200, "application/json", body)
+                elif path == "/api/timeline":
+                    self._timeline()
                 elif path == "/":
                     self._send(200, "text/html; charset=utf-8", page)
                 else:
-                    self._send(404, "text/plain", b"not found: try /, /metrics or /api/gpus\n")
+                    self._send(
+                        404,
+                        "text/plain",
+                        b"not found: try /, /metrics, /api/gpus or /api/timeline\n",
+                    )
             except (InventoryError, StateError) as e:  # said on the page; no traceback
                 log.warning("metrics: %s: %s", path, e)
                 self._send(503, "text/plain", f"gpu-alloc: {e}\n".encode())
             except Exception as e:  # one bad request must not stop the listener
                 log.exception("metrics: %s failed", path)
                 self._send(503, "text/plain", f"gpu-alloc: {e}\n".encode())
+
+        def _timeline(self) -> None:
+            period = parse_qs(urlsplit(self.path).query).get("period", ["24h"])[0]
+            if period not in PERIODS:
+                why = f"gpu-alloc: period {period!r}: expected one of {', '.join(PERIODS)}\n"
+                self._send(400, "text/plain", why.encode())
+                return
+            self._send(200, "application/json", wire.encode(timeline.get(period)).encode())
 
         def _send(self, code: int, kind: str, body: bytes) -> None:
             self.send_response(code)

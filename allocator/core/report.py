@@ -44,6 +44,7 @@ class Held:
     start: float
     end: float | None
     pool: str | None = None  # the pool its lease was placed in
+    name: str = ""  # the holder container's name (its short id when it had none)
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ def held(uses: Iterable[dict[str, Any]]) -> list[Held]:
         indices = [*(row.get("indices") or []), *[None] * len(gpus)]
         for uuid, index in zip(gpus, indices, strict=False):
             owner, pool = row.get("owner") or "", row.get("pool")
-            found.append(Held(owner, str(uuid), index, start, end, pool))
+            name = row.get("name") or (row.get("container") or "")[:12]
+            found.append(Held(owner, str(uuid), index, start, end, pool, name))
     return found
 
 

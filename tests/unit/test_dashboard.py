@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
+from allocator.core import events
 from allocator.core.ask import Ask
 from allocator.core.policy import Pool, Rules
+from allocator.core.reservations import Reservation
 from allocator.placer import LeaseRequest
 from allocator.service import Allocator
 from allocator.views import gpus
@@ -134,3 +138,53 @@ def test_a_screenshot_renders(world, tmp_path: Path) -> None:
         server.shutdown()
         server.server_close()
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000
+
+
+def write_history(alloc: Allocator) -> Reservation:
+    """alice held GPU 1 from 6 h to 2 h ago, bob GPU 2 three days ago; GPU 2 is
+    reserved for dave from in an hour."""
+    now = time.time()
+    trail = [
+        events.record("grant", now - 3 * 86400, gpus=[UUIDS[2]], lease="Lb", owner="bob"),
+        events.record("release", now - 2 * 86400, gpus=[UUIDS[2]], lease="Lb", owner="bob"),
+        events.record("grant", now - 6 * 3600, gpus=[UUIDS[1]], lease="La", owner="alice"),
+        events.record("release", now - 2 * 3600, gpus=[UUIDS[1]], lease="La", owner="alice",
+                      name="finetune"),
+    ]  # fmt: skip
+    with Path(alloc.config.state_dir, "audit.jsonl").open("a") as f:
+        f.writelines(json.dumps(e) + "\n" for e in trail)
+    made = alloc.reservations.reserve("dave", (now + 3600, now + 3 * 3600), gpus=("2",))
+    assert isinstance(made, Reservation), made
+    return made
+
+
+def holds(dom: str) -> list[tuple[str, str]]:
+    """(GPU row's UUID, owner) of each held bar, in drawing order."""
+    found = []
+    for uuid, row in re.findall(r'<g class="row" data-uuid="([^"]+)">(.*?)</g>', dom):
+        found += [(uuid, owner) for owner in re.findall(r'class="hold" data-owner="([^"]*)"', row)]
+    return found
+
+
+def test_the_timeline_draws_a_row_per_gpu_its_holders_a_reservation_and_gpu_hours(world) -> None:
+    alloc, _ = world
+    made = write_history(alloc)
+    port = free_port()
+    server = metrics_server.serve(f"127.0.0.1:{port}", gpus.LiveView(alloc))
+    try:
+        dom = chromium("--dump-dom", f"http://127.0.0.1:{port}/")
+        week = chromium("--dump-dom", f"http://127.0.0.1:{port}/#7d")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert 'data-timeline="24h"' in dom
+    assert dom.count('<g class="row"') == 3
+    assert holds(dom) == [(UUIDS[0], "unknown"), (UUIDS[1], "alice")]  # bob's was 3 days ago
+    assert "alice · finetune" in dom
+    [resv] = re.findall(r'<rect class="resv" data-id="([^"]+)"', dom)
+    assert resv == made.id and "for dave" in dom
+    assert '<line class="now"' in dom
+    assert re.search(r"<td>.*alice</td><td>4\.0</td><td>0\.0</td>", dom)
+    assert 'data-timeline="7d"' in week
+    assert holds(week) == [(UUIDS[0], "unknown"), (UUIDS[1], "alice"), (UUIDS[2], "bob")]
+    assert re.search(r"<td>.*bob</td><td>24\.0</td>", week)

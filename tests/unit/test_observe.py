@@ -168,7 +168,8 @@ def count_in_another_process(state_dir: str, env_dir: str, field: str) -> None:
     code = (
         "from allocator.host import metrics; import sys;"
         "metrics.enable(sys.argv[1]); metrics.request('denied'); metrics.denial(sys.argv[2]);"
-        "metrics.decision(0.002); metrics.lease_ended(90)"
+        "metrics.decision(0.002); metrics.lease_ended(90);"
+        "metrics.gpu_seconds('alice', '', 2.0, 1.5)"  # as the shim's sampler counts
     )
     env = {**os.environ, metrics.ENV: env_dir}
     subprocess.run([sys.executable, "-c", code, state_dir, field], env=env, check=True)
@@ -192,6 +193,26 @@ def grafana_metrics() -> set[str]:
     """Every metric the shipped Grafana dashboard queries."""
     exprs = [t["expr"] for p in grafana()["panels"] for t in p["targets"]]
     return {m for e in exprs for m in re.findall(r"gpu_alloc_\w+", e)}
+
+
+def test_the_grafana_dashboard_shows_gpu_hours_per_owner_and_holders_over_time() -> None:
+    panels = {p["title"]: p for p in grafana()["panels"]}
+    held = panels["GPU-hours held per owner (time range)"]
+    used = panels["GPU-hours used per owner (held × utilisation, time range)"]
+    for panel, metric in ((held, "held"), (used, "used")):
+        [target] = panel["targets"]
+        assert target["expr"] == (
+            f"sum by (owner) (increase(gpu_alloc_gpu_seconds_{metric}_total"
+            '{host=~"$host"}[$__range])) / 3600'
+        )
+        assert target["instant"] and panel["type"] == "bargauge"
+    holders = panels["Who held which GPU (holders over the time range)"]
+    assert holders["type"] == "state-timeline"
+    [target] = holders["targets"]
+    assert "gpu_alloc_gpu_holder_info" in target["expr"]
+    assert "GPU {{index}}" in target["legendFormat"] and "{{owner}}" in target["legendFormat"]
+    ids = [p["id"] for p in grafana()["panels"]]
+    assert len(ids) == len(set(ids))
 
 
 def test_the_grafana_dashboard_picks_a_host_and_shows_the_line_and_health() -> None:

@@ -166,3 +166,12 @@ def test_a_use_handed_over_to_a_compose_replacement_holds_its_gpus_until_the_han
     assert [(h.start, h.end) for h in found] == [(0.0, HOUR), (HOUR, None)]
     got = rows(uses(trail), {}, Window(0, 2 * HOUR), "user", by_user)
     assert got[0]["gpu_hours_held"] == 2.0  # not 2 h and a minute
+
+
+def test_an_interval_names_its_container_by_name_or_short_id() -> None:
+    trail = [
+        events.record("grant", 0, gpus=[A], lease="L1", owner="alice", container="f" * 64),
+        events.record("release", HOUR, gpus=[A], lease="L1", owner="alice", name="train"),
+        events.record("grant", HOUR, gpus=[B], lease="L2", owner="bob", container="e" * 64),
+    ]
+    assert [h.name for h in held(uses(trail))] == ["train", "e" * 12]
