@@ -12,10 +12,10 @@ import os
 from functools import cached_property
 from typing import Any
 
-from allocator.core import defaults
+from allocator.core import defaults, labels, service_limits
 from allocator.core.inflight import Target
 from allocator.core.leases import Phase, State
-from allocator.core.policy import Owner
+from allocator.core.policy import Owner, Refusal
 from allocator.core.verdicts import Facts
 from allocator.gather import Gatherer
 from allocator.host.config import Config
@@ -80,6 +80,37 @@ class Lookups:
             if lease.container == container and lease.phase is Phase.BOUND and lease.owner:
                 return lease.owner_uid, lease.owner
         return None
+
+    def service_over_limit(
+        self, owner: Owner, ref: str | None, spec: dict[str, Any]
+    ) -> Refusal | None:
+        """Why ``owner`` may not set ``spec`` on the service ``ref`` names (None: a create),
+        by their limit on GPUs in swarm (`core.service_limits`); None when it may.  A spec
+        that reserves no GPU asks nothing: no Engine call."""
+        kind = self.config.swarm.kind
+        if not service_limits.per_task(spec, kind):
+            return None
+        assert self.engine is not None
+        found = self.engine.service(ref) if ref is not None else None
+        target = str(found.get("ID") or "") or None if found else None
+        stored = [
+            (str(s.get("ID") or ""), s.get("Spec") or {})
+            for s in self.engine.services(labels.OWNER)
+        ]
+        mine = [sp for _, sp in stored if service_limits.owner_of(sp) == owner.user]
+        nodes = self._ready_nodes() if any(map(service_limits.is_global, [*mine, spec])) else 0
+        before, after = service_limits.totals(stored, owner.user, target, spec, kind, nodes)
+        return service_limits.refusal(owner, before, after, self.gather.rules)
+
+    def _ready_nodes(self) -> int:
+        """The swarm's nodes a global service's task may run on now: ready and active."""
+        assert self.engine is not None
+        return sum(
+            1
+            for n in self.engine.nodes()
+            if (n.get("Status") or {}).get("State") == "ready"
+            and (n.get("Spec") or {}).get("Availability") == "active"
+        )
 
     def plugin_judges(self, facts: Facts | None = None) -> bool:
         """Whether dockerd runs gpu-alloc's plugin, by ``facts`` or else as the Engine

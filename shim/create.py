@@ -43,7 +43,7 @@ from dataclasses import replace
 from functools import partial
 from urllib.parse import parse_qs, urlsplit
 
-from allocator.core import errors, gojson, labels, policy, services
+from allocator.core import errors, gojson, labels, policy, service_limits, services
 from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
 from allocator.core.createbody import decode_create
@@ -90,7 +90,10 @@ class CreateInterceptor:
             return error(400, route.msg)
         try:
             if route.check is Check.SERVICE:
-                request = _pinned(request)
+                owned = await asyncio.to_thread(self._service, route, request)
+                if isinstance(owned, Response):
+                    return owned
+                request = owned
             if route.check is not Check.CREATE:
                 if self._plugin_judges():
                     # by the same verdict, on every socket
@@ -119,6 +122,23 @@ class CreateInterceptor:
         write this shim would, starts included (and keeps a start's reference from
         moving), so judging here too would only double the inspect."""
         return self.alloc.lookups.plugin_judges()
+
+    def _service(self, route: Route, request: Request) -> Request | Response:
+        """A service as forwarded: its tasks pinned to NVIDIA_VISIBLE_DEVICES=void, labelled
+        as the asker's, and within their limit on GPUs in swarm.  A body that cannot be
+        read goes on as it is, to be refused by the judge."""
+        try:
+            spec = services.decode(request.body or b"")
+        except gojson.BodyError:
+            return request
+        owner = self.alloc.lookups.owner_of(request.peer)
+        spec = service_limits.owned(services.pin(spec), owner)
+        ref = route.name if route.path.endswith("/update") else None
+        refused = self.alloc.lookups.service_over_limit(owner, ref, spec)
+        if refused is not None:
+            log.info("refused service %r of %s: %s", spec.get("Name"), owner.user, refused.msg)
+            return error(403, refused.msg)
+        return replace(request, body=gojson.canonical(spec))
 
     def _judge(self, route: Route, request: Request) -> decide.Decision:
         """The plugin's verdict, with facts read only where the check needs them."""
@@ -242,12 +262,6 @@ def _as_judged(request: Request, route: Route, decision: decide.Decision) -> Req
     if isinstance(decision, decide.AllowStart) and decision.target is not None:
         return replace(request, target=by_id(request.target, route, decision.target.id))
     return request
-
-
-def _pinned(request: Request) -> Request:
-    """A service as forwarded: its tasks' env pinned to NVIDIA_VISIBLE_DEVICES=void."""
-    body = services.pinned_body(request.body)
-    return request if body is None else replace(request, body=body)
 
 
 def _name(target: str) -> str:

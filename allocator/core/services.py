@@ -84,15 +84,6 @@ def pin(spec: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def pinned_body(body: bytes | None) -> bytes | None:
-    """The shim's forwarded body: `pin` applied, canonical; None when the body cannot be
-    read (it goes on as it is, to be refused by the judge)."""
-    try:
-        return gojson.canonical(pin(decode(body or b"")))
-    except gojson.BodyError:
-        return None
-
-
 def refusal(
     spec: Mapping[str, Any],
     kind: str,

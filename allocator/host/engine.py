@@ -116,14 +116,31 @@ class Engine:
 
     def plugins(self) -> list[dict[str, Any]]:
         """GET /plugins: the managed plugins, enabled or not, each with its config."""
+        return self._list("GET /plugins", "/plugins")
+
+    def service(self, ref: str) -> dict[str, Any] | None:
+        """GET /services/REF: the swarm service ``ref`` names (id, name or id prefix, as
+        dockerd resolves it); None when it names none."""
+        return self._get(f"inspect service {ref}", f"/services/{quote(ref, safe='')}")
+
+    def services(self, label: str) -> list[dict[str, Any]]:
+        """GET /services with a label filter (``key`` or ``key=value``): a manager's only."""
+        filters = quote(json.dumps({"label": [label]}), safe="")
+        return self._list("GET /services", f"/services?filters={filters}")
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """GET /nodes: the swarm's nodes, as a manager knows them."""
+        return self._list("GET /nodes", "/nodes")
+
+    def _list(self, what: str, target: str) -> list[dict[str, Any]]:
         try:
-            status, body = self._gets.get("/plugins")
+            status, body = self._gets.get(target)
             data = json.loads(body) if status == 200 else None
         except (OSError, http.client.HTTPException, ValueError) as e:
-            raise EngineError(f"Engine at {self.socket}: GET /plugins: {_plain(e)}") from None
+            raise EngineError(f"Engine at {self.socket}: {what}: {_plain(e)}") from None
         if not isinstance(data, list):
-            raise EngineError(f"Engine at {self.socket}: GET /plugins answered {status}")
-        return [p for p in data if isinstance(p, dict)]
+            raise EngineError(f"Engine at {self.socket}: {what} answered {status}")
+        return [d for d in data if isinstance(d, dict)]
 
     def _get(self, what: str, target: str) -> dict[str, Any] | None:
         """A GET without the SDK: the Engine's newest API (what "auto" picks too); None
