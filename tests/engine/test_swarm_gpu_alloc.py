@@ -8,7 +8,11 @@ plugin, so their GPUs are what swarm's scheduler reserved, recorded by the fake 
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -18,18 +22,28 @@ from tests.support.clients import docker_cli
 from tests.support.swarm import SwarmLab
 
 ALL_IMAGE = "gpu-alloc-test/cuda-like:latest"  # an image whose ENV asks for every GPU
+ANN, BEN = "gasvcann", "gasvcben"  # non-root users with a limit of 2 GPUs each; root is exempt
 
 
 def make_swarm_lab() -> SwarmLab:
-    return SwarmLab(nodes=2, gpus_per_node=2, gpu_alloc=True, local_gpus=1)
+    limits = {"users": {ANN: {"gpus": 2}, BEN: {"gpus": 2}}}
+    return SwarmLab(nodes=2, gpus_per_node=2, gpu_alloc=True, local_gpus=1,
+                    policy={"limits": limits})  # fmt: skip
 
 
-def service(lab: SwarmLab, sock: str, name: str, *args: str, image: str = engine.BUSYBOX_TAG):
+def service(
+    lab: SwarmLab,
+    sock: str,
+    name: str,
+    *args: str,
+    image: str = engine.BUSYBOX_TAG,
+    user: str | None = None,
+):
     """`docker service create` of a sleeping busybox on the host network (no overlay: see
-    swarm.stack_file), stopped by SIGKILL."""
+    swarm.stack_file), stopped by SIGKILL; as ``user`` where given."""
     return docker_cli(
         sock, "service", "create", "-d", "--name", name, "--stop-signal", "KILL",
-        "--no-resolve-image", "--network", "host", *args, image, "sleep", "600",
+        "--no-resolve-image", "--network", "host", *args, image, "sleep", "600", user=user,
     )  # fmt: skip
 
 
@@ -179,3 +193,35 @@ def test_stack_deploy_through_the_shim_runs_a_compose_file_with_generic_resource
     runs = task_runs(clean, "st_job", 2)
     given = {(r.node, r.resource()) for r in runs}
     assert len(given) == 2 and all(r.env.get("NVIDIA_VISIBLE_DEVICES") == "void" for r in runs)
+
+
+@pytest.fixture
+def users(clean: SwarmLab) -> Iterator[SwarmLab]:
+    """ANN and BEN, who may reach the manager's shim socket (and no other)."""
+    for user in (ANN, BEN):
+        if subprocess.run(["id", user], capture_output=True).returncode != 0:
+            subprocess.run(["useradd", "-M", "-s", "/bin/false", user], check=True)
+    sock = Path(clean.shim(1))
+    for d in (clean.dir, *[p for p in sock.parents if clean.dir in p.parents]):
+        os.chmod(d, 0o711)
+    os.chmod(sock, 0o666)
+    yield clean
+    for user in (ANN, BEN):
+        subprocess.run(["userdel", user], capture_output=True)
+
+
+def test_a_service_s_replicas_times_gpus_count_against_its_owner_s_limit(users: SwarmLab) -> None:
+    shim = users.shim(1)
+    done = service(users, shim, "ann", "--replicas", "2", "--generic-resource", "gpu=1", user=ANN)
+    assert done.returncode == 0, done.stderr
+    owner = users.docker(1, "service", "inspect", "--format",
+                         '{{index .Spec.Labels "io.gpu-alloc.owner"}}', "ann")  # fmt: skip
+    assert owner.stdout.strip().endswith(f":{ANN}"), owner.stdout
+    more = docker_cli(shim, "service", "scale", "-d", "ann=3", user=ANN)
+    assert more.returncode != 0, more.stdout
+    assert f"{ANN} may hold 2 GPUs in swarm at once (policy.limits.users.{ANN})" in more.stderr
+    assert "would make 3 (now 2)" in more.stderr, more.stderr
+    ben = service(users, shim, "ben", "--replicas", "2", "--generic-resource", "gpu=1", user=BEN)
+    assert ben.returncode == 0, ben.stderr
+    fewer = docker_cli(shim, "service", "scale", "-d", "ann=1", user=ANN)
+    assert fewer.returncode == 0, fewer.stderr

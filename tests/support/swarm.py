@@ -27,9 +27,10 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.support import engine, engine_root
 from tests.support.clients import docker_cli
@@ -210,7 +211,7 @@ class SwarmStack(Stack):
         ]  # fmt: skip
         directory = lab.dir / f"s{index}"
         swarm = {"gpus": lab.swarm_gpus(index), "toolkit_config": str(directory / "config.toml")}
-        super().__init__(directory, sim=sim, extra={"swarm": swarm})
+        super().__init__(directory, sim=sim, extra={"swarm": swarm}, policy=lab.policy)
         self.lab = lab
         self.index = index
 
@@ -233,17 +234,24 @@ class SwarmLab:
     """`nodes` swarm nodes (node 1 the manager), `gpus_per_node` fake GPUs each for swarm.
 
     ``gpu_alloc``: each node runs gpu-alloc's plugin and shim (`stacks`) with ``swarm.gpus``
-    those GPUs, and `local_gpus` more that swarm does not get; clients' socket is
-    `shim(i)`, and `sock(i)` dockerd's own (behind the plugin).
+    those GPUs, and `local_gpus` more that swarm does not get, and `policy` (extra keys of
+    the config's ``policy:``); clients' socket is `shim(i)`, and `sock(i)` dockerd's own
+    (behind the plugin).
     """
 
     def __init__(
-        self, nodes: int = 2, gpus_per_node: int = 2, gpu_alloc: bool = False, local_gpus: int = 0
+        self,
+        nodes: int = 2,
+        gpus_per_node: int = 2,
+        gpu_alloc: bool = False,
+        local_gpus: int = 0,
+        policy: Mapping[str, Any] | None = None,
     ) -> None:
         self.count = nodes
         self.gpus_per_node = gpus_per_node
         self.local_gpus = local_gpus  # with gpu_alloc: GPUs of each node not given to swarm
         self.gpu_alloc = gpu_alloc
+        self.policy = dict(policy or {})
         self.dir = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
         self.name = f"gs{os.getpid() % 100000}x{next(_counter)}"
         self.runtime_log = self.dir / "runtime.log"
