@@ -37,6 +37,9 @@ class FakeEngine:
         self.opened_at: list[float] = []
         self.feed: queue.Queue[dict | None] = queue.Queue()
         self.during_image: Callable[[], None] = lambda: None
+        # A swarm manager's services, as GET /services lists them, and its nodes.
+        self.services_by_id: dict[str, dict[str, Any]] = {}
+        self.swarm_nodes: list[dict[str, Any]] = []
 
     # ---------------------------------------------------------- building the world
 
@@ -78,6 +81,17 @@ class FakeEngine:
 
     def remove(self, cid: str) -> None:
         del self.by_id[cid]
+
+    def add_service(self, spec: dict[str, Any], sid: str = "") -> str:
+        """A swarm service of ``spec`` (a fresh id unless ``sid``)."""
+        sid = sid or f"{next(_ids):025x}"
+        self.services_by_id[sid] = {"ID": sid, "Spec": spec}
+        return sid
+
+    def add_node(self, state: str = "ready", availability: str = "active") -> None:
+        self.swarm_nodes.append(
+            {"Status": {"State": state}, "Spec": {"Availability": availability}}
+        )
 
     def event(self, event: dict | None = None) -> None:
         """An image event (None: the stream ends), handled before this returns."""
@@ -132,6 +146,29 @@ class FakeEngine:
         prefixed = [c for cid, c in self.by_id.items() if cid.startswith(container)]
         found = named or (prefixed if len(prefixed) == 1 else [])
         return found[0] if found else None
+
+    def service(self, ref: str) -> dict[str, Any] | None:
+        """By full id, then name, then unique id prefix, as dockerd resolves a service."""
+        self._call("service")
+        if ref in self.services_by_id:
+            return self.services_by_id[ref]
+        named = [s for s in self.services_by_id.values() if s["Spec"].get("Name") == ref]
+        prefixed = [s for sid, s in self.services_by_id.items() if sid.startswith(ref)]
+        found = named or (prefixed if len(prefixed) == 1 else [])
+        return found[0] if found else None
+
+    def services(self, label: str) -> list[dict[str, Any]]:
+        self._call("services")
+        key, eq, value = label.partition("=")
+        return [
+            s
+            for s in self.services_by_id.values()
+            if key in (own := s["Spec"].get("Labels") or {}) and (not eq or own[key] == value)
+        ]
+
+    def nodes(self) -> list[dict[str, Any]]:
+        self._call("nodes")
+        return self.swarm_nodes
 
     def update(self, container: str, config: dict[str, Any]) -> None:
         self._call("update")
