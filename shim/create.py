@@ -90,7 +90,7 @@ class CreateInterceptor:
             return error(400, route.msg)
         try:
             if route.check is Check.SERVICE:
-                request = _pinned(request)
+                request = _pinned(request, self.alloc.config.swarm.kind)
             if route.check is not Check.CREATE:
                 if self._plugin_judges():
                     # by the same verdict, on every socket
@@ -244,9 +244,10 @@ def _as_judged(request: Request, route: Route, decision: decide.Decision) -> Req
     return request
 
 
-def _pinned(request: Request) -> Request:
-    """A service as forwarded: its tasks' env pinned to NVIDIA_VISIBLE_DEVICES=void."""
-    body = services.pinned_body(request.body)
+def _pinned(request: Request, kind: str) -> Request:
+    """A service as forwarded: its tasks' env pinned to NVIDIA_VISIBLE_DEVICES=void and
+    DOCKER_RESOURCE_<KIND>=void (`services.pin`)."""
+    body = services.pinned_body(request.body, kind)
     return request if body is None else replace(request, body=body)
 
 
