@@ -18,7 +18,8 @@ spec is all a task will be.  So the spec is judged here, once, for every node:
    ``NVIDIA_VISIBLE_DEVICES``, and swarm appends its value after the spec's, which the
    toolkit, reading the env as a map, takes.
 3. The task's mounts are judged by the create catalogue (`access.of_create`), as a
-   create with those mounts on this host would be; capabilities that open devices,
+   create with those mounts on this host would be, and its secrets' and configs' files
+   (bind mounts too) by where they go; capabilities that open devices,
    plugin tasks, and keys a newer Engine may read are refused.
 """
 
@@ -30,9 +31,11 @@ from typing import Any
 
 from allocator.core import access, gojson, labels
 from allocator.core.access_ctx import VolumeOf
+from allocator.core.access_mounts import SENTINEL_MOUNT_DIR
 from allocator.core.facts import EngineView, HostFacts
 from allocator.core.grants import Refusal
 from allocator.core.inventory import Inventory
+from allocator.core.mounts import go_clean, within
 from allocator.core.service_fields import CONTAINER_SPEC_KEYS, SERVICE_SPEC, TASK_SPEC_KEYS
 
 DEFAULT_KIND = "gpu"  # DOCKER_RESOURCE_GPU: what the toolkit's swarm-resource example reads
@@ -139,6 +142,7 @@ def refusal(
         _variables(env, kind)
         or _capabilities(cs.get("CapabilityAdd") or ())
         or _labels(cs.get("Labels") or {})
+        or _file_targets(cs)
         or _catalogue(cs, engine, inventory, host, volume_of)
         or _pin(env, kind)  # last: the one refusal the shim fixes by itself
     )
@@ -193,6 +197,26 @@ def _capabilities(added: Sequence[str]) -> str | None:
                 f"{SPEC}.CapabilityAdd adds {cap}, which can open or make device nodes, GPUs "
                 "included; drop it"
             )
+    return None
+
+
+# Where a secret's or config's file goes when its name is relative (moby's
+# getSecretTargetPath, getConfigTargetPath).
+FILE_BASES = (("Secrets", "/run/secrets"), ("Configs", "/"))
+
+
+def _file_targets(cs: Mapping[str, Any]) -> str | None:
+    """A secret or config is a bind mount at its file's name: one in the toolkit's volume
+    list of devices selects GPUs, as such a mount would (`access_mounts`)."""
+    for key, base in FILE_BASES:
+        for i, ref in enumerate(cs.get(key) or ()):
+            name = str(((ref or {}).get("File") or {}).get("Name") or "")
+            target = go_clean(name if name.startswith("/") else f"{base}/{name}")
+            if name and within(target, SENTINEL_MOUNT_DIR):
+                return (
+                    f"{SPEC}.{key}[{i}] is mounted at {target}, where the NVIDIA toolkit reads "
+                    "a list of GPUs to give the task; mount it elsewhere"
+                )
     return None
 
 

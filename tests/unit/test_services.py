@@ -247,3 +247,39 @@ def test_what_the_shim_cannot_fix_is_named_before_the_missing_pin() -> None:
     assert why is not None and "SYS_ADMIN" in why and "does not set" not in why
     why = judge(spec(env=(), mounts=[{"Type": "bind", "Source": "/dev", "Target": "/dev"}]))
     assert why is not None and "Mounts[0]" in why
+
+
+# ------------------------------------------------------------------ secrets and configs
+
+
+@pytest.mark.parametrize(
+    "key, name",
+    [
+        ("Secrets", "/var/run/nvidia-container-devices/all"),
+        ("Configs", "/var/run/nvidia-container-devices/GPU-00000001-0000-0000-0000-000000000000"),
+        ("Configs", "var/run/nvidia-container-devices/all"),  # configs go under /
+        ("Secrets", "../../var/run/nvidia-container-devices/0"),  # out of /run/secrets
+    ],
+)
+def test_a_secret_or_config_mounted_in_the_toolkits_device_list_is_refused(key, name) -> None:
+    """dockerd bind-mounts each at its File.Name, and the toolkit (with
+    accept-nvidia-visible-devices-as-volume-mounts) reads that directory as GPUs to give."""
+    ref = {"File": {"Name": name, "UID": "0", "GID": "0", "Mode": 292}, "SecretID": "x"}
+    if key == "Configs":
+        ref = {"File": ref["File"], "ConfigID": "x", "ConfigName": "c"}
+    why = judge(spec(**{key: [ref]}))
+    assert why is not None and f"{key}[0]" in why and "nvidia-container-devices" in why
+
+
+def test_secrets_and_configs_elsewhere_are_allowed() -> None:
+    secret = {"File": {"Name": "token", "UID": "0", "GID": "0", "Mode": 292}, "SecretID": "s"}
+    config = {"File": {"Name": "/etc/app.conf"}, "ConfigID": "c", "ConfigName": "app"}
+    assert judge(spec(Secrets=[secret], Configs=[config])) is None
+
+
+def test_a_secret_target_spelled_as_dockerd_would_read_it_differently_is_refused() -> None:
+    body = json.dumps(
+        spec(Secrets=[{"file": {"Name": "/var/run/nvidia-container-devices/all"}}])
+    ).encode()
+    found = verdict("/services/create", body)
+    assert isinstance(found, Deny) and "swarm service" in found.msg
