@@ -8,11 +8,11 @@ lease has a limit gets its clock started from the Engine's StartedAt the first t
 it is seen running, so neither a late look nor a later restart moves it.  A container
 to stop has its restart policy turned off first (dockerd would start it again by
 itself at its next start), then gets the Engine's own stop: its stop signal, then
-SIGKILL after its ``StopTimeout`` (10 s by default).  Each stop is audited
-(``time-limit``, ``idle-reclaim``) and counted (``gpu_alloc_stops_total``); the
-container keeps its lease, which then ends by ``policy.release_stopped_after`` or its
-removal, as any stopped container's.  Stops run on threads of their own, so a long
-grace period holds up no other container's.
+SIGKILL after its ``StopTimeout`` (10 s by default, at most 30 s: `timelimits.grace`).
+Each stop is audited (``time-limit``, ``idle-reclaim``) and counted
+(``gpu_alloc_stops_total``); the container keeps its lease, which then ends by
+``policy.release_stopped_after`` or its removal, as any stopped container's.  Stops
+run on threads of their own, so a long grace period holds up no other container's.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 from allocator.core import labels, reclaim, restarts, timelimits
 from allocator.core.inventory import InventoryError
@@ -150,7 +149,7 @@ class Timekeeper:
                 engine.update(cid, restarts.OFF)
                 why += f"; its restart policy {had} was turned off, so dockerd never starts it"
             log.info("stopping container %s (lease %s): %s", lease.name, lease.id, why)
-            engine.stop(cid, _grace(info))
+            engine.stop(cid, timelimits.grace((info.get("Config") or {}).get("StopTimeout")))
         except EngineError as e:
             log.warning("could not stop container %s (%s): %s", lease.name, kind, e)
             return
@@ -159,9 +158,3 @@ class Timekeeper:
                 self._stopping.discard(cid)
         metrics.stopped(kind)
         self.recorder.record(kind, lease, reason=why)
-
-
-def _grace(info: dict[str, Any]) -> int | None:
-    """The container's own ``StopTimeout``; None: the Engine's default."""
-    value = (info.get("Config") or {}).get("StopTimeout")
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -124,7 +124,8 @@ class CreateInterceptor:
         return self.alloc.lookups.plugin_judges()
 
     def _service(self, route: Route, request: Request) -> Request | Response:
-        """A service as forwarded: its tasks pinned to NVIDIA_VISIBLE_DEVICES=void, labelled
+        """A service as forwarded: its tasks pinned to NVIDIA_VISIBLE_DEVICES=void and
+        DOCKER_RESOURCE_<KIND>=void (`services.pin`), labelled
         as the asker's, and within their limit on GPUs in swarm.  A body that cannot be
         read goes on as it is, to be refused by the judge."""
         try:
@@ -132,7 +133,7 @@ class CreateInterceptor:
         except gojson.BodyError:
             return request
         owner = self.alloc.lookups.owner_of(request.peer)
-        spec = service_limits.owned(services.pin(spec), owner)
+        spec = service_limits.owned(services.pin(spec, self.alloc.config.swarm.kind), owner)
         ref = route.name if route.path.endswith("/update") else None
         refused = self.alloc.lookups.service_over_limit(owner, ref, spec)
         if refused is not None:

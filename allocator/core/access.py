@@ -52,6 +52,7 @@ NVIDIA_CAPS = frozenset(
 NVIDIA_DRIVERS = frozenset({"nvidia", "nvidia.cdi", "nvidia.runtime-hook"})
 CDI_DRIVER = "cdi"
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+RESOURCE = "DOCKER_RESOURCE_"  # swarm's prefix for the generic resources of a task
 NONE_VALUES = frozenset({"", "none", "void"})
 CDI_ANNOTATION_MARK = "cdi.k8s.io/"
 
@@ -120,16 +121,20 @@ def _swarm_resources(ctx: Ctx) -> None:
     """The toolkit's swarm-resource option reads DOCKER_RESOURCE_* before the request.
 
     Refused at a create; on an existing container (a swarm task's, given its GPUs by
-    swarm's scheduler) it holds the GPUs its value names."""
-    for entry in ctx.view.env:
-        if entry.startswith("DOCKER_RESOURCE_"):
-            name, _, value = entry.partition("=")
-            if ctx.strict:
-                ctx.refuse("Config.Env", f"{name} can select GPUs in the toolkit")
-                continue
-            ids = tuple(v.strip() for v in value.split(",") if v.strip())
-            gpus = resolve_ids(ctx, "Config.Env", ids) if ids else set()
-            ctx.add("Config.Env", f"{name}={value} (GPUs a swarm task was given)", gpus)
+    swarm's scheduler) it holds the GPUs its value names.  The toolkit reads the env as a
+    map, so a variable set twice (the spec's void pin, then what swarm appends) is its
+    last value, and one naming void selects nothing."""
+    names = dict.fromkeys(e.partition("=")[0] for e in ctx.view.env if e.startswith(RESOURCE))
+    for name in names:
+        value = env_values(ctx.view.env, name)[-1]
+        if ctx.strict:
+            ctx.refuse("Config.Env", f"{name} can select GPUs in the toolkit")
+            continue
+        ids = tuple(v.strip() for v in value.split(",") if v.strip())
+        if not ids or "void" in ids:
+            continue
+        gpus = resolve_ids(ctx, "Config.Env", ids)
+        ctx.add("Config.Env", f"{name}={value} (GPUs a swarm task was given)", gpus)
 
 
 def _hook_env(ctx: Ctx, fld: str, why: str) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterable, Mapping
 from allocator.core.holders import ago
 from allocator.core.leases import Lease
 from allocator.core.policy import Rules
-from allocator.core.timelimits import live
+from allocator.core.timelimits import GRACE_MAX, live
 
 
 def idle_since(
@@ -65,6 +65,7 @@ def reason(after: float) -> str:
     """Why the timekeeper stopped an idle container, for the audit trail and log."""
     return (
         f"its GPUs ran no process at 0 % utilisation for {ago(after)} "
-        "(policy.reclaim_idle_after); stopped with the Engine's stop (its grace period); "
+        "(policy.reclaim_idle_after); stopped with the Engine's stop (its grace period, at "
+        f"most {GRACE_MAX}s); "
         "it keeps its GPUs until policy.release_stopped_after, or until removed"
     )

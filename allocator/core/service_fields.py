@@ -23,6 +23,10 @@ PRIVILEGES = Struct(
     NoNewPrivileges=bool,  # Engine 25+
 )
 
+# A secret's or config's file in the task: a bind mount at File.Name (moby's
+# getSecretTargetPath and getConfigTargetPath; relative names under /run/secrets and /).
+FILE_TARGET = Struct(Name=str, UID=str, GID=str, Mode=OPAQUE)
+
 CONTAINER_SPEC = Struct(
     Image=str,
     Labels=STRING_MAP,
@@ -44,8 +48,8 @@ CONTAINER_SPEC = Struct(
     Healthcheck=OPAQUE,
     Hosts=STRINGS,
     DNSConfig=OPAQUE,
-    Secrets=OPAQUE,
-    Configs=OPAQUE,
+    Secrets=ListOf(Struct(File=FILE_TARGET, SecretID=str, SecretName=str)),
+    Configs=ListOf(Struct(File=FILE_TARGET, Runtime=OPAQUE, ConfigID=str, ConfigName=str)),
     Isolation=str,
     Sysctls=STRING_MAP,
     CapabilityAdd=STRINGS,

@@ -10,12 +10,16 @@ spec is all a task will be.  So the spec is judged here, once, for every node:
    the UUIDs per task, each to one task at a time, and hands them to the task as
    ``DOCKER_RESOURCE_<KIND>``, which the NVIDIA runtime reads (its ``swarm-resource``).
 2. On swarm nodes nvidia is the default runtime, so a task's env alone would select
-   GPUs: the spec must pin ``NVIDIA_VISIBLE_DEVICES=void`` (the shim adds the pin:
-   `pin`), and may not set ``DOCKER_RESOURCE_*`` or the toolkit's other device-selecting
-   variables itself.  The void pin never hides the reservation: the toolkit reads the
-   swarm variable before ``NVIDIA_VISIBLE_DEVICES``.
+   GPUs, and dockerd merges the image's ENV under it: the spec must pin
+   ``NVIDIA_VISIBLE_DEVICES=void`` and ``DOCKER_RESOURCE_<KIND>=void`` (the shim adds
+   both: `pin`), so that an image's ENV selects nothing, and may not set other
+   ``DOCKER_RESOURCE_*`` or the toolkit's other device-selecting variables.  The pins
+   never hide the reservation: the toolkit reads the swarm variable before
+   ``NVIDIA_VISIBLE_DEVICES``, and swarm appends its value after the spec's, which the
+   toolkit, reading the env as a map, takes.
 3. The task's mounts are judged by the create catalogue (`access.of_create`), as a
-   create with those mounts on this host would be; capabilities that open devices,
+   create with those mounts on this host would be, and its secrets' and configs' files
+   (bind mounts too) by where they go; capabilities that open devices,
    plugin tasks, and keys a newer Engine may read are refused.
 """
 
@@ -27,15 +31,17 @@ from typing import Any
 
 from allocator.core import access, gojson, labels
 from allocator.core.access_ctx import VolumeOf
+from allocator.core.access_mounts import SENTINEL_MOUNT_DIR
 from allocator.core.facts import EngineView, HostFacts
 from allocator.core.grants import Refusal
 from allocator.core.inventory import Inventory
+from allocator.core.mounts import go_clean, within
 from allocator.core.service_fields import CONTAINER_SPEC_KEYS, SERVICE_SPEC, TASK_SPEC_KEYS
 
 DEFAULT_KIND = "gpu"  # DOCKER_RESOURCE_GPU: what the toolkit's swarm-resource example reads
 PIN = f"{access.VISIBLE}=void"
 SPEC = "TaskTemplate.ContainerSpec"
-RESOURCE_PREFIX = "DOCKER_RESOURCE_"
+RESOURCE_PREFIX = access.RESOURCE
 # The toolkit's variables that select devices besides NVIDIA_VISIBLE_DEVICES (MIG control
 # nodes, IMEX channels, GPUDirect and fabric devices).  NVIDIA_DRIVER_CAPABILITIES and
 # NVIDIA_REQUIRE_* only shape what the granted GPUs come with.
@@ -64,10 +70,20 @@ def container_spec(spec: Mapping[str, Any]) -> Mapping[str, Any]:
     return (spec.get("TaskTemplate") or {}).get("ContainerSpec") or {}
 
 
-def pin(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The spec with ``NVIDIA_VISIBLE_DEVICES=void`` added to its tasks' env where it sets
-    none (a value of its own stays, to be judged and refused with the fix) and without
-    labels under gpu-alloc's prefix: the shim's rewrite of every service it forwards."""
+def resource_variable(kind: str) -> str:
+    """The variable swarm sets to the task's GPUs of ``kind`` (swarmkit upper-cases it)."""
+    return RESOURCE_PREFIX + kind.upper()
+
+
+def resource_pin(kind: str) -> str:
+    return f"{resource_variable(kind)}=void"
+
+
+def pin(spec: Mapping[str, Any], kind: str = DEFAULT_KIND) -> dict[str, Any]:
+    """The spec with ``NVIDIA_VISIBLE_DEVICES=void`` and ``DOCKER_RESOURCE_<KIND>=void``
+    added to its tasks' env where it sets none (a value of its own stays, to be judged and
+    refused with the fix) and without labels under gpu-alloc's prefix: the shim's rewrite
+    of every service it forwards."""
     out = dict(spec)
     template = dict(out.get("TaskTemplate") or {})
     if template.get("PluginSpec") or template.get("NetworkAttachmentSpec"):
@@ -76,6 +92,8 @@ def pin(spec: Mapping[str, Any]) -> dict[str, Any]:
     env = [str(e) for e in cs.get("Env") or ()]
     if not access.env_values(env, access.VISIBLE):
         env.append(PIN)
+    if not access.env_values(env, resource_variable(kind)):
+        env.append(resource_pin(kind))
     cs["Env"] = env
     if cs.get("Labels"):
         cs["Labels"] = labels.strip(cs["Labels"])
@@ -115,13 +133,14 @@ def refusal(
         _variables(env, kind)
         or _capabilities(cs.get("CapabilityAdd") or ())
         or _labels(cs.get("Labels") or {})
+        or _file_targets(cs)
         or _catalogue(cs, engine, inventory, host, volume_of)
         or _pin(env, kind)  # last: the one refusal the shim fixes by itself
     )
 
 
 def _variables(env: Sequence[str], kind: str) -> str | None:
-    names = [str(e).split("=", 1)[0] for e in env]
+    names = [str(e).split("=", 1)[0] for e in env if str(e) != resource_pin(kind)]
     own = next((n for n in names if n.startswith(RESOURCE_PREFIX)), None)
     if own is not None:
         return (
@@ -136,19 +155,25 @@ def _variables(env: Sequence[str], kind: str) -> str | None:
 
 
 def _pin(env: Sequence[str], kind: str) -> str | None:
-    values = access.env_values(env, access.VISIBLE)
+    return _pinned(env, access.VISIBLE, kind) or _pinned(env, resource_variable(kind), kind)
+
+
+def _pinned(env: Sequence[str], name: str, kind: str) -> str | None:
+    """Why ``name`` is not pinned to void, once, in the spec's env; None when it is."""
+    values = access.env_values(env, name)
     if values == ["void"]:
         return None
     reserve = f"reserve GPUs with --generic-resource {kind}=N"
     if not values:
         return (
-            f"{SPEC}.Env does not set {PIN}: nvidia is the default runtime on swarm nodes, so "
-            f"the image's ENV would decide which GPUs its tasks get; add --env {PIN} and "
-            f"{reserve}, or create the service through the gpu-alloc socket, which adds the pin"
+            f"{SPEC}.Env does not set {name}=void: nvidia is the default runtime on swarm "
+            f"nodes, so the image's ENV would decide which GPUs its tasks get; add --env "
+            f"{name}=void and {reserve}, or create the service through the gpu-alloc "
+            "socket, which adds the pins"
         )
-    said = f"sets {access.VISIBLE}={values[-1]}"
+    said = f"sets {name}={values[-1]}"
     if len(values) > 1:
-        said = f"sets {access.VISIBLE} {len(values)} times"
+        said = f"sets {name} {len(values)} times"
     return (
         f"{SPEC}.Env {said}, which would give its tasks GPUs no scheduler reserved; set it "
         f"once, to void, and {reserve}"
@@ -163,6 +188,26 @@ def _capabilities(added: Sequence[str]) -> str | None:
                 f"{SPEC}.CapabilityAdd adds {cap}, which can open or make device nodes, GPUs "
                 "included; drop it"
             )
+    return None
+
+
+# Where a secret's or config's file goes when its name is relative (moby's
+# getSecretTargetPath, getConfigTargetPath).
+FILE_BASES = (("Secrets", "/run/secrets"), ("Configs", "/"))
+
+
+def _file_targets(cs: Mapping[str, Any]) -> str | None:
+    """A secret or config is a bind mount at its file's name: one in the toolkit's volume
+    list of devices selects GPUs, as such a mount would (`access_mounts`)."""
+    for key, base in FILE_BASES:
+        for i, ref in enumerate(cs.get(key) or ()):
+            name = str(((ref or {}).get("File") or {}).get("Name") or "")
+            target = go_clean(name if name.startswith("/") else f"{base}/{name}")
+            if name and within(target, SENTINEL_MOUNT_DIR):
+                return (
+                    f"{SPEC}.{key}[{i}] is mounted at {target}, where the NVIDIA toolkit reads "
+                    "a list of GPUs to give the task; mount it elsewhere"
+                )
     return None
 
 

@@ -22,6 +22,8 @@ from allocator.core.leases import Lease, Phase
 from allocator.core.policy import TIME, Invalid, Owner, Rules, parse_duration
 
 CHECK_MIN, CHECK_MAX = 0.5, 10.0  # seconds between the timekeeper's looks
+ENGINE_GRACE = 10  # seconds dockerd waits after the stop signal when a container sets none
+GRACE_MAX = 30  # the longest a container's own StopTimeout may delay its SIGKILL
 _Scope = TypeVar("_Scope")
 
 
@@ -165,12 +167,22 @@ def start_refusal(ref: str, lease: Lease | None, now: float) -> str | None:
     )
 
 
+def grace(stop_timeout: object) -> int:
+    """Seconds between the stop signal and SIGKILL when the timekeeper stops a container:
+    its own ``StopTimeout`` (None: the Engine's 10 s), at most `GRACE_MAX`.  The Engine
+    honours a container's value as it is, and waits forever on a negative one, so a
+    container that ignores its stop signal would otherwise outlive any limit."""
+    if not isinstance(stop_timeout, int) or isinstance(stop_timeout, bool):
+        return ENGINE_GRACE
+    return GRACE_MAX if stop_timeout < 0 else min(stop_timeout, GRACE_MAX)
+
+
 def reason(lease: Lease) -> str:
     """Why the timekeeper stopped the lease's container, for the audit trail and log."""
     return (
         f"ran past its time limit of {ago(lease.time_limit or 0)}; stopped with the Engine's "
-        "stop (its grace period); its GPUs stay leased while it exists, as for any stopped "
-        "container (policy.release_stopped_after)"
+        f"stop (its grace period, at most {GRACE_MAX}s); its GPUs stay leased while it "
+        "exists, as for any stopped container (policy.release_stopped_after)"
     )
 
 

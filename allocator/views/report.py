@@ -33,6 +33,8 @@ def build(
     """The report as the CLI's ``--json`` prints it and the shim serves it."""
     if by not in report.BY:
         raise ValueError(f"--by {by!r}: expected one of {', '.join(report.BY)}")
+    if not since >= 0:  # NaN, or a time before 1970 that the day files cannot name
+        raise ValueError(f"--since {since!r}: expected a time after 1970 in epoch seconds")
     until = now if until is None else min(until, now)
     if until <= since:
         raise ValueError("--until must be later than --since")

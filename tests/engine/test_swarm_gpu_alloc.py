@@ -23,6 +23,7 @@ from tests.support.swarm import SwarmLab
 
 ALL_IMAGE = "gpu-alloc-test/cuda-like:latest"  # an image whose ENV asks for every GPU
 ANN, BEN = "gasvcann", "gasvcben"  # non-root users with a limit of 2 GPUs each; root is exempt
+SWARM_ENV_IMAGE = "gpu-alloc-test/swarm-env:latest"  # its ENV sets swarm's own variable
 
 
 def make_swarm_lab() -> SwarmLab:
@@ -102,7 +103,31 @@ def test_a_service_without_a_reservation_whose_image_asks_for_all_gets_no_gpu(
     assert done.returncode == 0, done.stderr
     runs = task_runs(clean, "plain", 2)
     assert len(runs) == 2
-    assert all(r.env == {"NVIDIA_VISIBLE_DEVICES": "void"} for r in runs), runs
+    pins = {"NVIDIA_VISIBLE_DEVICES": "void", "DOCKER_RESOURCE_GPU": "void"}
+    assert all(r.env == pins for r in runs), runs
+
+
+def test_an_image_whose_env_sets_the_swarm_variable_gets_only_the_reservation(
+    clean: SwarmLab,
+) -> None:
+    """The toolkit reads DOCKER_RESOURCE_GPU before NVIDIA_VISIBLE_DEVICES, and dockerd
+    merges the image's ENV under the spec's: the shim pins the swarm variable to void too,
+    and swarm's own value, appended after the pin, is the one the toolkit reads."""
+    for i in clean.nodes:
+        done = docker_cli(
+            clean.sock(i), "import", "--change", "ENV DOCKER_RESOURCE_GPU=all",
+            "--change", 'CMD ["sh"]', "-", SWARM_ENV_IMAGE, input=busybox_rootfs_tar(),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    done = service(clean, clean.shim(1), "free", "--replicas", "2", image=SWARM_ENV_IMAGE)
+    assert done.returncode == 0, done.stderr
+    runs = task_runs(clean, "free", 2)
+    assert len(runs) == 2 and all(r.resource() == "void" for r in runs), runs
+    done = service(clean, clean.shim(1), "held", "--generic-resource", "gpu=1",
+                   image=SWARM_ENV_IMAGE)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (run,) = task_runs(clean, "held", 1)
+    assert run.resource() in clean.swarm_gpus(run.node), run
 
 
 FORBIDDEN = {
@@ -142,8 +167,13 @@ def test_a_service_the_real_socket_gets_without_the_pin_is_refused_with_the_fix(
     done = service(clean, clean.sock(1), "nopin", "--generic-resource", "gpu=1")
     assert done.returncode != 0
     assert "add --env NVIDIA_VISIBLE_DEVICES=void" in done.stderr, done.stderr
+    half = service(clean, clean.sock(1), "half", "--generic-resource", "gpu=1",
+                   "--env", "NVIDIA_VISIBLE_DEVICES=void")  # fmt: skip
+    assert half.returncode != 0
+    assert "add --env DOCKER_RESOURCE_GPU=void" in half.stderr, half.stderr
     pinned = service(clean, clean.sock(1), "pinned", "--generic-resource", "gpu=1",
-                     "--env", "NVIDIA_VISIBLE_DEVICES=void")  # fmt: skip
+                     "--env", "NVIDIA_VISIBLE_DEVICES=void",
+                     "--env", "DOCKER_RESOURCE_GPU=void")  # fmt: skip
     assert pinned.returncode == 0, pinned.stderr
 
 

@@ -111,6 +111,22 @@ def test_a_container_past_its_time_limit_is_stopped_may_not_start_and_loses_its_
     assert shim(stack, "rm", "timed").returncode == 0
 
 
+def test_a_container_ignoring_its_stop_signal_is_killed_within_30_s_whatever_its_stop_timeout(
+    stack,
+):
+    """dockerd waits for a container's own StopTimeout after the stop signal, forever when
+    it is negative; busybox's sleep as PID 1 ignores SIGTERM."""
+    out = shim(stack, "run", "-d", "--name", "stubborn", "--stop-timeout", "-1", "--gpus", "1",
+               "--label", "io.gpu-alloc.time=2s", IMAGE, "sleep", "300")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    cid = out.stdout.strip()
+    took = stopped_within(stack, cid, 60)
+    assert took is not None, stack.logs()
+    (line,) = [e for e in audited(stack, "time-limit") if e["container"] == cid]
+    assert "at most 30s" in line["reason"]
+    assert shim(stack, "rm", "stubborn").returncode == 0
+
+
 def test_a_request_for_more_time_than_its_limit_is_refused_naming_the_rule(stack):
     out = shim(stack, "run", "--rm", "--gpus", "1", "--label", "io.gpu-alloc.time=10h",
                IMAGE, "true")  # fmt: skip

@@ -16,6 +16,8 @@ from allocator.core.usage import Usage
 from allocator.host.audit import AuditLog
 from allocator.host.samples import Samples
 from allocator.ops import cli
+from allocator.views import report as report_view
+from allocator.views import wire
 
 A, B = "GPU-aaaa", "GPU-bbbb"
 
@@ -111,3 +113,11 @@ def test_a_user_who_cannot_read_the_state_dir_asks_the_shim(config, capsys, monk
     assert (code, out) == (cli.EXIT_FAIL, "")
     assert err.startswith("gpu-alloc: cannot read the audit trail in the state directory")
     assert "the shim at /run/gpu-alloc/docker.sock did not answer" in err
+
+
+@pytest.mark.parametrize("since", [float("nan"), float("-inf"), -1e300, -1e18])
+def test_a_window_no_calendar_holds_is_a_clean_error_for_the_shims_endpoint(config, since) -> None:
+    """The shim's GET /gpu-alloc/v1/report reads since as a float: any the client sends."""
+    target = wire.report_target(since, None, "user")
+    with pytest.raises(ValueError, match="--since"):
+        report_view.build(str(config.parent), time.time(), *wire.report_request(target), "bob")

@@ -52,10 +52,10 @@ def test_a_privileged_exec_is_refused() -> None:
     assert judge("POST", "/v1.41/containers/job/exec", {"Cmd": ["sh"]}) is ALLOW
 
 
-def test_a_swarm_service_is_judged_on_its_spec_and_needs_the_void_pin() -> None:
+def test_a_swarm_service_is_judged_on_its_spec_and_needs_the_void_pins() -> None:
     got = judge("POST", "/v1.41/services/create", {"Name": "s"})
     assert isinstance(got, Deny) and "NVIDIA_VISIBLE_DEVICES=void" in got.msg
-    env = ["NVIDIA_VISIBLE_DEVICES=void"]
+    env = ["NVIDIA_VISIBLE_DEVICES=void", "DOCKER_RESOURCE_GPU=void"]
     pinned = {"Name": "s", "TaskTemplate": {"ContainerSpec": {"Image": "busybox", "Env": env}}}
     assert judge("POST", "/v1.41/services/create", pinned) is ALLOW
 

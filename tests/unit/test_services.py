@@ -2,8 +2,8 @@
 
 A task never passes a plugin, so the spec is all there is to judge: a service may reach
 GPUs only through a generic-resource reservation, must pin NVIDIA_VISIBLE_DEVICES=void
-(nvidia is the default runtime on swarm nodes), and is refused whatever else could give
-its tasks devices.
+and DOCKER_RESOURCE_GPU=void (nvidia is the default runtime on swarm nodes, and an image's
+ENV is merged under the spec's), and is refused whatever else could give its tasks devices.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from tests.unit.test_access import INVENTORY
 
 ENGINE = EngineView(version=(20, 10, 24))
 PIN = "NVIDIA_VISIBLE_DEVICES=void"
+RESOURCE_PIN = "DOCKER_RESOURCE_GPU=void"
+PINS = (PIN, RESOURCE_PIN)
 
 
-def spec(env=(PIN,), mounts=(), gpus=1, **container) -> dict:
+def spec(env=PINS, mounts=(), gpus=1, **container) -> dict:
     """The body `docker service create --generic-resource gpu=N` sends, ContainerSpec extras
     in `container`."""
     reserved = [{"DiscreteResourceSpec": {"Kind": "gpu", "Value": gpus}}] if gpus else []
@@ -57,11 +59,11 @@ def test_a_pinned_service_whose_gpus_come_from_a_reservation_is_allowed() -> Non
 
 
 def test_a_pinned_service_without_gpus_is_allowed() -> None:
-    assert judge(spec(gpus=0, env=("A=1", PIN, "CUDA_VISIBLE_DEVICES=0"))) is None
+    assert judge(spec(gpus=0, env=("A=1", *PINS, "CUDA_VISIBLE_DEVICES=0"))) is None
 
 
 def test_driver_capabilities_and_requirements_only_shape_granted_gpus_and_are_allowed() -> None:
-    env = ("NVIDIA_DRIVER_CAPABILITIES=compute,utility", "NVIDIA_REQUIRE_CUDA=cuda>=12", PIN)
+    env = ("NVIDIA_DRIVER_CAPABILITIES=compute,utility", "NVIDIA_REQUIRE_CUDA=cuda>=12", *PINS)
     assert judge(spec(env=env)) is None
 
 
@@ -81,6 +83,26 @@ def test_a_service_without_the_pin_is_refused_with_the_fix() -> None:
     assert "gpu-alloc socket" in why and "--generic-resource gpu=N" in why
 
 
+def test_a_service_without_the_swarm_variable_pinned_is_refused_with_the_fix() -> None:
+    """An image's ENV DOCKER_RESOURCE_GPU=... would otherwise select GPUs in the toolkit,
+    which reads the swarm variable before NVIDIA_VISIBLE_DEVICES."""
+    why = judge(spec(env=(PIN,)))
+    assert why is not None
+    assert f"does not set {RESOURCE_PIN}" in why and "--env " + RESOURCE_PIN in why
+
+
+def test_the_swarm_variable_pinned_twice_or_to_gpus_is_refused() -> None:
+    assert judge(spec(env=(*PINS, RESOURCE_PIN))) is not None
+    why = judge(spec(env=(PIN, "DOCKER_RESOURCE_GPU=GPU-00000001-0000-0000-0000-000000000000")))
+    assert why is not None and "DOCKER_RESOURCE_GPU" in why
+
+
+def test_the_pin_follows_the_configured_kind() -> None:
+    assert services.refusal(spec(), "fpga", ENGINE, INVENTORY, TableHost()) is not None
+    fpga = spec(env=(PIN, "DOCKER_RESOURCE_FPGA=void"))
+    assert services.refusal(fpga, "fpga", ENGINE, INVENTORY, TableHost()) is None
+
+
 @pytest.mark.parametrize("value", ["all", "0", "GPU-00000001-0000-0000-0000-000000000000"])
 def test_a_service_that_names_gpus_in_nvidia_visible_devices_is_refused(value: str) -> None:
     why = judge(spec(env=(f"NVIDIA_VISIBLE_DEVICES={value}",)))
@@ -88,7 +110,7 @@ def test_a_service_that_names_gpus_in_nvidia_visible_devices_is_refused(value: s
 
 
 def test_a_later_entry_overriding_the_pin_is_refused() -> None:
-    why = judge(spec(env=(PIN, "NVIDIA_VISIBLE_DEVICES=all")))
+    why = judge(spec(env=(*PINS, "NVIDIA_VISIBLE_DEVICES=all")))
     assert why is not None and "2 times" in why
 
 
@@ -96,13 +118,13 @@ def test_a_later_entry_overriding_the_pin_is_refused() -> None:
 
 
 def test_a_service_setting_the_swarm_variable_itself_is_refused() -> None:
-    why = judge(spec(env=("DOCKER_RESOURCE_GPU=GPU-00000001-0000-0000-0000-000000000000", PIN)))
+    why = judge(spec(env=("DOCKER_RESOURCE_GPU=GPU-00000001-0000-0000-0000-000000000000", *PINS)))
     assert why is not None and "DOCKER_RESOURCE_GPU" in why and "reserve GPUs instead" in why
 
 
 @pytest.mark.parametrize("name", sorted(services.DEVICE_VARIABLES))
 def test_toolkit_variables_that_add_devices_are_refused(name: str) -> None:
-    why = judge(spec(env=(f"{name}=all", PIN)))
+    why = judge(spec(env=(f"{name}=all", *PINS)))
     assert why is not None and name in why
 
 
@@ -168,20 +190,22 @@ def test_a_local_volume_over_the_device_directory_is_refused() -> None:
 
 def test_pin_adds_void_to_a_spec_that_sets_none() -> None:
     pinned = services.pin(spec(env=("A=1",)))
-    assert services.container_spec(pinned)["Env"] == ["A=1", PIN]
+    assert services.container_spec(pinned)["Env"] == ["A=1", *PINS]
     assert judge(pinned) is None
+    fpga = services.pin(spec(env=()), "fpga")
+    assert services.container_spec(fpga)["Env"] == [PIN, "DOCKER_RESOURCE_FPGA=void"]
 
 
 def test_pin_keeps_a_value_of_the_specs_own_to_be_refused() -> None:
     pinned = services.pin(spec(env=("NVIDIA_VISIBLE_DEVICES=all",)))
-    assert services.container_spec(pinned)["Env"] == ["NVIDIA_VISIBLE_DEVICES=all"]
+    assert services.container_spec(pinned)["Env"] == ["NVIDIA_VISIBLE_DEVICES=all", RESOURCE_PIN]
     assert judge(pinned) is not None
 
 
 def test_pin_leaves_a_pinned_spec_as_it_is_and_strips_gpu_alloc_labels() -> None:
-    body = spec(env=("A=1", PIN), Labels={"io.gpu-alloc.lease": "x", "team": "ml"})
+    body = spec(env=("A=1", *PINS), Labels={"io.gpu-alloc.lease": "x", "team": "ml"})
     pinned = services.pin(body)
-    assert services.container_spec(pinned)["Env"] == ["A=1", PIN]
+    assert services.container_spec(pinned)["Env"] == ["A=1", *PINS]
     assert services.container_spec(pinned)["Labels"] == {"team": "ml"}
 
 
@@ -223,3 +247,39 @@ def test_what_the_shim_cannot_fix_is_named_before_the_missing_pin() -> None:
     assert why is not None and "SYS_ADMIN" in why and "does not set" not in why
     why = judge(spec(env=(), mounts=[{"Type": "bind", "Source": "/dev", "Target": "/dev"}]))
     assert why is not None and "Mounts[0]" in why
+
+
+# ------------------------------------------------------------------ secrets and configs
+
+
+@pytest.mark.parametrize(
+    "key, name",
+    [
+        ("Secrets", "/var/run/nvidia-container-devices/all"),
+        ("Configs", "/var/run/nvidia-container-devices/GPU-00000001-0000-0000-0000-000000000000"),
+        ("Configs", "var/run/nvidia-container-devices/all"),  # configs go under /
+        ("Secrets", "../../var/run/nvidia-container-devices/0"),  # out of /run/secrets
+    ],
+)
+def test_a_secret_or_config_mounted_in_the_toolkits_device_list_is_refused(key, name) -> None:
+    """dockerd bind-mounts each at its File.Name, and the toolkit (with
+    accept-nvidia-visible-devices-as-volume-mounts) reads that directory as GPUs to give."""
+    ref = {"File": {"Name": name, "UID": "0", "GID": "0", "Mode": 292}, "SecretID": "x"}
+    if key == "Configs":
+        ref = {"File": ref["File"], "ConfigID": "x", "ConfigName": "c"}
+    why = judge(spec(**{key: [ref]}))
+    assert why is not None and f"{key}[0]" in why and "nvidia-container-devices" in why
+
+
+def test_secrets_and_configs_elsewhere_are_allowed() -> None:
+    secret = {"File": {"Name": "token", "UID": "0", "GID": "0", "Mode": 292}, "SecretID": "s"}
+    config = {"File": {"Name": "/etc/app.conf"}, "ConfigID": "c", "ConfigName": "app"}
+    assert judge(spec(Secrets=[secret], Configs=[config])) is None
+
+
+def test_a_secret_target_spelled_as_dockerd_would_read_it_differently_is_refused() -> None:
+    body = json.dumps(
+        spec(Secrets=[{"file": {"Name": "/var/run/nvidia-container-devices/all"}}])
+    ).encode()
+    found = verdict("/services/create", body)
+    assert isinstance(found, Deny) and "swarm service" in found.msg

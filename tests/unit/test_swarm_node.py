@@ -120,6 +120,20 @@ def test_a_swarm_task_holds_exactly_the_gpus_swarm_gave_it() -> None:
     assert found.gpus(INVENTORY) == {UUIDS[2], UUIDS[3]}
 
 
+def test_a_task_holds_what_swarm_appended_after_the_specs_void_pin() -> None:
+    """The toolkit reads the env as a map: the last DOCKER_RESOURCE_GPU is the one."""
+    env = ["NVIDIA_VISIBLE_DEVICES=void", "DOCKER_RESOURCE_GPU=void",
+           f"DOCKER_RESOURCE_GPU={UUIDS[1]}"]  # fmt: skip
+    found = access.of_container(task(env), NVIDIA_DEFAULT, INVENTORY, TableHost())
+    assert found.gpus(INVENTORY) == {UUIDS[1]} and found.pinned
+
+
+def test_a_task_without_a_reservation_holds_nothing_under_the_void_pins() -> None:
+    env = [f"DOCKER_RESOURCE_GPU={UUIDS[1]}", "NVIDIA_VISIBLE_DEVICES=void",
+           "DOCKER_RESOURCE_GPU=void"]  # fmt: skip
+    assert access.of_container(task(env), NVIDIA_DEFAULT, INVENTORY, TableHost()).none
+
+
 def test_a_task_given_an_unknown_device_holds_every_gpu() -> None:
     found = access.of_container(task(["DOCKER_RESOURCE_GPU=7"]), NVIDIA_DEFAULT, INVENTORY,
                                 TableHost())  # fmt: skip

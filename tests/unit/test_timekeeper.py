@@ -148,7 +148,7 @@ def test_an_idle_container_is_stopped_and_a_busy_one_is_not(tmp_path):
     fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
     assert fake.stops == []
     keeper.check(now + 5)
-    assert fake.stopped.wait(10) and fake.stops == [(cid, None)]
+    assert fake.stopped.wait(10) and fake.stops == [(cid, 10)]  # the Engine's default, said
 
     busy = make(tmp_path / "busy", {"exempt": [], "reclaim_idle_after": "2s"},
                 {"utilization": 0.4})  # fmt: skip

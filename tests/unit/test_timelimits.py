@@ -184,3 +184,13 @@ def test_a_lease_written_before_time_limits_reads_without_one():
     assert got.time_limit is None and got.started is None
     again = lease_from_json(json.loads(json.dumps(vars(lease("b", 60, 7.5)))))
     assert (again.time_limit, again.started) == (60, 7.5)
+
+
+@pytest.mark.parametrize(
+    "stop_timeout, grace",
+    [(None, 10), (3, 3), (0, 0), (30, 30), (86400, 30), (2**31 - 1, 30), (-1, 30), (True, 10)],
+)
+def test_a_containers_own_stop_timeout_delays_its_sigkill_at_most_30_s(stop_timeout, grace):
+    """dockerd waits as long as a container's StopTimeout says, forever when negative: a
+    container ignoring its stop signal must not outlive its limit by it."""
+    assert timelimits.grace(stop_timeout) == grace
