@@ -86,6 +86,18 @@ def audited(stack: engine.Stack, event: str) -> list[dict[str, Any]]:
     return [e for e in map(json.loads, lines) if e["event"] == event]
 
 
+def audited_once(stack: engine.Stack, event: str, cid: str) -> dict[str, Any]:
+    """The one ``event`` line about ``cid``: the timekeeper writes it once the stop returned,
+    which can be a moment after the container is seen stopped."""
+    deadline = time.monotonic() + 10
+    while True:
+        found = [e for e in audited(stack, event) if e["container"] == cid]
+        if found or time.monotonic() > deadline:
+            (line,) = found
+            return line
+        time.sleep(0.1)
+
+
 def test_a_container_past_its_time_limit_is_stopped_may_not_start_and_loses_its_lease(stack):
     cid = run(stack, "timed", "io.gpu-alloc.time=3s", restart="always")
     (holder,) = status(stack)["holders"]
@@ -93,7 +105,7 @@ def test_a_container_past_its_time_limit_is_stopped_may_not_start_and_loses_its_
     took = stopped_within(stack, cid, 30)
     assert took is not None, stack.logs()
     assert took >= 1.5  # not before its time (some of the 3 s went to the status above)
-    (line,) = [e for e in audited(stack, "time-limit") if e["container"] == cid]
+    line = audited_once(stack, "time-limit", cid)
     assert "ran past its time limit of 3s" in line["reason"]
     assert "restart policy always was turned off" in line["reason"]  # dockerd's own start
     info = engine.engine_api(stack.engine_sock).inspect_container(cid)
@@ -122,7 +134,7 @@ def test_a_container_ignoring_its_stop_signal_is_killed_within_30_s_whatever_its
     cid = out.stdout.strip()
     took = stopped_within(stack, cid, 60)
     assert took is not None, stack.logs()
-    (line,) = [e for e in audited(stack, "time-limit") if e["container"] == cid]
+    line = audited_once(stack, "time-limit", cid)
     assert "at most 30s" in line["reason"]
     assert shim(stack, "rm", "stubborn").returncode == 0
 
@@ -149,7 +161,7 @@ def test_a_container_whose_gpus_sit_unused_is_stopped_and_keeps_its_lease(stack)
     cid = run(stack, "sleepy")
     set_usage(stack, IDLE, only=visible_devices(stack, cid))
     assert stopped_within(stack, cid, 30) is not None, stack.logs()
-    (line,) = [e for e in audited(stack, "idle-reclaim") if e["container"] == cid]
+    line = audited_once(stack, "idle-reclaim", cid)
     assert "policy.reclaim_idle_after" in line["reason"]
     holders = [h for h in status(stack, reconcile=False)["holders"] if h["container"] == cid]
     assert holders  # stopped, its GPU still leased until release_stopped_after
