@@ -54,8 +54,16 @@ def test_a_detached_rm_container_that_exits_frees_its_gpu(stack):
     assert list(leased(stack).values()) == [cid]
     engine.engine_api(stack.engine_sock).wait(cid, timeout=30, condition="removed")
     assert ended_within(stack, WITHIN) is not None, leased(stack)
-    release = [e for e in AuditLog(str(stack.state_dir)).read() if e.get("event") == "release"]
-    assert release and release[-1]["container"] == cid
+    # The release line is written just after the ledger transaction that ended the lease.
+    t0 = time.monotonic()
+    while not released(stack, cid) and time.monotonic() - t0 < WITHIN:
+        time.sleep(0.01)
+    assert released(stack, cid)
+
+
+def released(stack, cid: str) -> bool:
+    audit = AuditLog(str(stack.state_dir)).read()
+    return any(e.get("event") == "release" and e.get("container") == cid for e in audit)
 
 
 def test_a_removal_by_name_on_the_real_socket_frees_the_gpu(stack):
