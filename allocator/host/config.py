@@ -314,7 +314,7 @@ def _mode(path: str, value: int | str) -> int:
 
 
 def _rules(path: str, policy: dict[str, Any]) -> Rules:
-    """The policy's limits, pools and defaults, each key checked (see README, Policy)."""
+    """The policy's limits, pools and defaults, each key checked (docs/policy.md)."""
     limits = _mapping(path, "policy.limits", policy.get("limits"), ("default", "users", "groups"))
     default = limits.get("default")
     exempt = policy.get("exempt", ["root"])

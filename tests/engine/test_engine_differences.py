@@ -3,7 +3,7 @@
 Each table is keyed by Engine (tests/support/engine_root.py) and says what that dockerd does
 with no plugin in front of it, so gpu-alloc's code can rely on the row of the Engine
 it talks to (which it learns from GET /version, never by guessing).  Run with
-`--engine 26` / `GA_ENGINE=28` for the other rows; README "Engine differences" says
+`--engine 26` / `GA_ENGINE=28` for the other rows; docs/engines.md ("Engine differences") says
 what gpu-alloc does about each.
 """
 

@@ -195,6 +195,7 @@ def test_status_shows_the_cores_and_memory_of_each_lease(machine: Machine) -> No
 
 
 def test_the_readmes_eight_gpu_table(machine: Machine) -> None:
+    """The eight-GPU table of docs/users.md ("Placement that knows the machine")."""
     index = {engine.sim_gpu_uuid(i): i for i in range(8)}
     placed = []
     for gpus in (1, 2, 4):

@@ -1,4 +1,4 @@
-"""The layering the README's Layout draws, read from the source (ast, nothing imported).
+"""The layering docs/design.md's map draws, read from the source (ast, nothing imported).
 
 The library (allocator/) never imports an adapter, except the CLI's entry points that
 start one (allocator/ops/cli.py, inside a function); the adapters (plugin/, shim/) never
