@@ -71,7 +71,9 @@ Attempt = Callable[[Waiter, frozenset[str]], Placed | Short | OverLimit]
 Usage = Mapping[str, float] | None  # owner -> decayed GPU-seconds; None: fair share off
 
 
-def order(waiters: Iterable[Waiter], held: Mapping[str, int], usage: Usage = None) -> list[Waiter]:
+def order(
+    waiters: Iterable[Waiter], held: Mapping[str, float], usage: Usage = None
+) -> list[Waiter]:
     """The waiters in the order they are served; ``held``: owner -> GPUs held now."""
     used = usage or {}
     return sorted(
@@ -81,7 +83,7 @@ def order(waiters: Iterable[Waiter], held: Mapping[str, int], usage: Usage = Non
 
 
 def serve(
-    waiters: Iterable[Waiter], held: Mapping[str, int], attempt: Attempt, usage: Usage = None
+    waiters: Iterable[Waiter], held: Mapping[str, float], attempt: Attempt, usage: Usage = None
 ) -> list[tuple[Waiter, Placed]]:
     """Grant every waiter that can be granted now without delaying one ahead of it.
 
@@ -108,7 +110,7 @@ def serve(
 
 
 def ahead_of(
-    newcomer: Waiter, waiters: Iterable[Waiter], held: Mapping[str, int], usage: Usage = None
+    newcomer: Waiter, waiters: Iterable[Waiter], held: Mapping[str, float], usage: Usage = None
 ) -> list[Waiter]:
     """The waiters served before ``newcomer`` would be, were it in line now."""
     ranked = order([*waiters, newcomer], held, usage)
