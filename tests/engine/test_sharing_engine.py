@@ -22,7 +22,8 @@ POLICY = {"sharing": [{"gpus": [0, 1], "shares": 4}]}
 SHARE = ("--gpus", "1", "--label", "io.gpu-alloc.share=1/4")
 FAKE = """#!/bin/sh
 log="$(dirname "$0")/mps-calls.log"
-printf 'call gpu=%s pipe=%s args=%s\\n' "$CUDA_VISIBLE_DEVICES" "$CUDA_MPS_PIPE_DIRECTORY" "$*" >> "$log"
+pipe="$CUDA_MPS_PIPE_DIRECTORY"
+printf 'call gpu=%s pipe=%s args=%s\\n' "$CUDA_VISIBLE_DEVICES" "$pipe" "$*" >> "$log"
 [ "$1" = "-d" ] && exit 0
 while read -r line; do printf 'cmd gpu=%s %s\\n' "$CUDA_VISIBLE_DEVICES" "$line" >> "$log"; done
 """
