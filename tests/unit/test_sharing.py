@@ -205,7 +205,7 @@ def test_out_of_counts_each_gpus_shares_and_users() -> None:
     for user in ("0", "0", "1000"):
         lease, _ = st.new_lease(("GPU-0",), 0, 60)
         st.leases[lease.id] = replace_share(lease, "alice", user)
-    whole, _ = st.new_lease(("GPU-2",), 0, 60)
+    st.new_lease(("GPU-2",), 0, 60)  # a whole lease: no shares out
     assert out_of(st.leases.values()) == {"GPU-0": Out(3, frozenset({"0", "1000"}))}
 
 
