@@ -90,6 +90,14 @@ def test_four_quarters_share_one_gpu_and_its_one_daemon_until_the_last_ends(stac
     assert info["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == [GPU[0]]
     assert info["Config"]["Labels"]["io.gpu-alloc.share"] == "1/4"
 
+    status = engine.gpu_alloc(stack, "status").stdout
+    assert "GPU 0 shared: 4 of 4 out; 4 MPS shares of 20480 MiB and 25% each" in status
+    assert "share 1/4: q3 of root" in status
+    ask = ("explain", "--user", "root", "--label", "io.gpu-alloc.share=1/4")
+    explained = engine.gpu_alloc(stack, *ask).stdout
+    assert "would be granted now: GPU 1" in explained, explained
+    assert "as 1/4 of a GPU, one of its 4 MPS shares" in explained
+
     fifth = shim(stack, "run", "-d", "--name", "q4", *SHARE, IMAGE, "sleep", "300")
     assert fifth.returncode == 0, fifth.stderr
     assert ((GPU[1],), 1, 4) in shares(stack)
