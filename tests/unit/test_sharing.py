@@ -9,13 +9,14 @@ from dataclasses import replace
 
 import pytest
 
-from allocator.core import access, labels, policy, sharing
+from allocator.core import access, events, labels, policy, report, sharing
 from allocator.core.facts import EngineView
 from allocator.core.inventory import GPU, Inventory
 from allocator.core.leases import State
 from allocator.core.placement import Shortage
 from allocator.core.placement.shares import Out, Placed, out_of, place
 from allocator.core.sharing import ShareAsk, Sharing
+from allocator.core.uses import uses
 from allocator.host import config
 from tests.support.table_host import TableHost
 
@@ -261,3 +262,16 @@ def test_a_gpu_shared_twice_is_refused() -> None:
 
 def replace_share(lease, owner: str, user: str = "0"):
     return replace(lease, owner=owner, share_slots=1, share_of=4, share_user=user)
+
+
+def test_reports_and_fair_share_count_a_share_as_its_fraction_of_a_gpu() -> None:
+    grant = events.record("grant", 0.0, gpus=("GPU-0",), lease="a", owner="al", share="1/4")
+    whole = events.record("grant", 0.0, gpus=("GPU-1",), lease="b", owner="bo")
+    ended = [events.record("release", 3600.0, gpus=(g,), lease=k) for g, k in (("GPU-0", "a"),
+                                                                                ("GPU-1", "b"))]  # fmt: skip
+    assert "share" not in whole  # a whole GPU's audit line is as before
+    rows = uses([grant, whole, *ended])
+    parts = {h.owner: h.part for h in report.held(rows)}
+    assert parts == {"al": 0.25, "bo": 1.0}
+    used = report.decayed(report.held(rows), 3600.0, 1e12)
+    assert used["al"] == pytest.approx(900.0) and used["bo"] == pytest.approx(3600.0)
