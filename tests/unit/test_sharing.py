@@ -264,11 +264,13 @@ def replace_share(lease, owner: str, user: str = "0"):
     return replace(lease, owner=owner, share_slots=1, share_of=4, share_user=user)
 
 
+PAIRS = (("GPU-0", "a"), ("GPU-1", "b"))
+
+
 def test_reports_and_fair_share_count_a_share_as_its_fraction_of_a_gpu() -> None:
     grant = events.record("grant", 0.0, gpus=("GPU-0",), lease="a", owner="al", share="1/4")
     whole = events.record("grant", 0.0, gpus=("GPU-1",), lease="b", owner="bo")
-    ended = [events.record("release", 3600.0, gpus=(g,), lease=k) for g, k in (("GPU-0", "a"),
-                                                                                ("GPU-1", "b"))]  # fmt: skip
+    ended = [events.record("release", 3600.0, gpus=(g,), lease=k) for g, k in PAIRS]
     assert "share" not in whole  # a whole GPU's audit line is as before
     rows = uses([grant, whole, *ended])
     parts = {h.owner: h.part for h in report.held(rows)}
