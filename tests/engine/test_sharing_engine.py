@@ -1,6 +1,7 @@
 """Shared GPUs on a real dockerd: shares pack, MPS daemons come and go, refusals hold.
 
-Simulated GPUs 0 and 1 are four MPS shares each (policy.sharing); 2 and 3 are whole.
+Simulated GPUs 0 and 1 are four MPS shares each (policy.sharing), GPU 2 (pool ``ts``)
+two timeslice shares; GPU 3 is whole only.
 A fake ``nvidia-cuda-mps-control`` records every call it is given (the GPU it was run
 for, its arguments, and the commands read on stdin) in ``mps-calls.log``.
 """
@@ -18,7 +19,10 @@ from tests.support import engine
 
 IMAGE = engine.BUSYBOX_TAG
 GPU = [engine.sim_gpu_uuid(k) for k in range(4)]
-POLICY = {"sharing": [{"gpus": [0, 1], "shares": 4}]}
+POLICY = {
+    "pools": {"ts": {"gpus": [2]}},
+    "sharing": [{"gpus": [0, 1], "shares": 4}, {"pool": "ts", "shares": 2, "mode": "timeslice"}],
+}
 SHARE = ("--gpus", "1", "--label", "io.gpu-alloc.share=1/4")
 FAKE = """#!/bin/sh
 log="$(dirname "$0")/mps-calls.log"
@@ -128,8 +132,8 @@ def test_share_refusals_hold_on_both_sockets(stack):
     assert ipc.returncode != 0 and "--ipc host" in ipc.stderr
     two = shim(stack, "run", "--rm", "--gpus", "2", "--label", "io.gpu-alloc.share=1/4", IMAGE)
     assert two.returncode != 0 and "--gpus 1" in two.stderr
-    half = shim(stack, "run", "--rm", "--gpus", "1", "--label", "io.gpu-alloc.share=1/2", IMAGE)
-    assert half.returncode != 0 and "MPS" in half.stderr
+    third = shim(stack, "run", "--rm", "--gpus", "1", "--label", "io.gpu-alloc.share=1/3", IMAGE)
+    assert third.returncode != 0 and "not a whole number of its 4 shares" in third.stderr
 
     held = shim(stack, "run", "-d", "--name", "held", *SHARE, IMAGE, "sleep", "300")
     assert held.returncode == 0, held.stderr
@@ -153,6 +157,7 @@ def test_share_refusals_hold_on_both_sockets(stack):
 
 
 def test_shares_count_as_fractions_in_limits(stack):
+    original = stack.config_path.read_text()
     set_policy(stack, limits={"default": {"gpus": 1}}, exempt=[])
     try:
         for k in range(4):
@@ -161,5 +166,44 @@ def test_shares_count_as_fractions_in_limits(stack):
         over = shim(stack, "run", "-d", "--name", "l4", *SHARE, IMAGE, "sleep", "300")
         assert over.returncode != 0
         assert "holds 1 of 1 GPU allowed" in over.stderr, over.stderr
+        assert shim(stack, "rm", "-f", "l0").returncode == 0
+        again = shim(stack, "run", "-d", "--name", "l4", *SHARE, IMAGE, "sleep", "300")
+        assert again.returncode == 0, again.stderr  # a quarter freed makes room for one
     finally:
-        set_policy(stack, limits=None, exempt=["root"])
+        stack.config_path.write_text(original)
+
+
+def test_mps_serves_one_user_at_a_time_so_another_users_share_goes_elsewhere(stack):
+    assert (
+        shim(stack, "run", "-d", "--name", "rooted", *SHARE, IMAGE, "sleep", "300").returncode == 0
+    )
+    other = shim(
+        stack, "run", "-d", "--name", "other", "--user", "1000", *SHARE, IMAGE, "sleep", "300"
+    )
+    assert other.returncode == 0, other.stderr
+    by_user = {le.share_user: le.gpus for le in Ledger(stack.state_dir).read().leases.values()}
+    assert by_user == {"0": (GPU[0],), "1000": (GPU[1],)}
+    third = shim(stack, "run", "--rm", "--user", "1001", *SHARE, IMAGE, "true")
+    assert third.returncode != 0
+    assert "MPS serves one user at a time" in third.stderr, third.stderr
+    assert shim(stack, "rm", "-f", "rooted", "other").returncode == 0
+
+
+def test_timeslice_shares_get_no_daemon_no_caps_and_say_so(stack):
+    pool = ("--label", "io.gpu-alloc.pool=ts")
+    for k in range(2):
+        run = shim(stack, "run", "-d", "--name", f"t{k}", *SHARE[:3], "io.gpu-alloc.share=1/2",
+                   *pool, IMAGE, "sleep", "300")  # fmt: skip
+        assert run.returncode == 0, run.stderr
+    assert shares(stack) == [((GPU[2],), 1, 2)] * 2
+    info = engine.engine_api(stack.engine_sock).inspect_container("t0")
+    assert not [e for e in info["Config"]["Env"] if e.startswith("CUDA_MPS_")]
+    assert not info["HostConfig"]["Binds"]
+    assert not [c for c in calls(stack) if GPU[2] in c]
+    shown = engine.gpu_alloc(stack, "status")
+    status = shown.stdout + shown.stderr
+    assert (
+        "GPU 2 shared: 2 of 2 out; 2 timeslice shares (no memory or compute caps, no isolation)"
+        in status
+    )
+    assert shim(stack, "rm", "-f", "t0", "t1").returncode == 0
