@@ -5,9 +5,10 @@ supervises the daemons rather than a systemd template unit: it is the one that g
 shares, so it starts a GPU's daemon (`ensure`) before the create that needs it reaches
 dockerd, and a failure is that create's 503 rather than a unit failing later, unseen.
 A share ends wherever its container goes (the plugin, reconcile, the CLI), so the
-daemons are stopped level-triggered (`sync`, every few seconds and on the shim's
-start): under the ledger lock, a GPU with no share lease left has its daemon told to
-quit, so no grant can slip in between the look and the stop.
+daemons are kept level-triggered (`sync`, every few seconds from the shim's start):
+under the ledger lock, a GPU with no share lease left has its daemon told to quit, so
+no grant can slip in between the look and the stop; a live share whose daemon is not
+running (after a reboot emptied the run directory) has it started again.
 """
 
 from __future__ import annotations
@@ -53,15 +54,24 @@ class Mps:
         return None
 
     def sync(self) -> None:
-        """Stop the daemons whose GPU has no share out any more."""
+        """Stop the daemons whose GPU has no share out any more, and start those a live
+        share lacks (the run directory is gone after a reboot; its stopped containers
+        keep their shares and may start again)."""
         with self._lock:
-            if not self.daemons.running():
+            running = self.daemons.running()
+            shared = [le for le in self.ledger.read().leases.values() if le.share_of]
+            if not running and not shared:
                 return
             with self.ledger.locked():
                 state = self.ledger.read()
                 out = {u for le in state.leases.values() if le.share_of for u in le.gpus}
-                for uuid in sorted(self.daemons.running() - out):
+                for uuid in sorted(running - out):
                     self.daemons.stop(uuid)
+        for lease in shared:
+            if lease.gpus[0] not in running:
+                why = self.ensure(lease)
+                if why is not None:
+                    log.warning("lease %s: %s", lease.id, why)
 
     def start(self, stop: threading.Event) -> None:
         threading.Thread(target=self._run, args=(stop,), name="mps", daemon=True).start()
