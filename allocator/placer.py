@@ -179,8 +179,10 @@ class Placer:
         holds GPUs whole, reservations keep and the unhealthy; taking nothing."""
         out = shares.out_of(state.leases.values())
         kept = self.reserved(held, owner, limit)
-        blocked = {u for u in kept if u not in out} | set(self.gather.unhealthy())
-        return shares.place(ask, inventory.gpus, self.gather.rules.sharing, out, blocked)
+        blocked = {u for u in kept if u not in out}
+        sick = self.gather.unhealthy()  # never placed on, shares out or not
+        healthy = [g for g in inventory.gpus if g.uuid not in sick]
+        return shares.place(ask, healthy, self.gather.rules.sharing, out, blocked)
 
     def _take_share(
         self,

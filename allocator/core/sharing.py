@@ -60,7 +60,7 @@ class Sharing:
     users: str = "one"  # "one": a GPU's shares run as one user (MPS); "any"
 
     def covers(self, gpu: GPU) -> bool:
-        return not gpu.is_slice and gpu.index in self.gpus
+        return not gpu.is_slice and not gpu.mig_mode and gpu.index in self.gpus
 
     def memory_of(self, gpu: GPU) -> int | None:
         """Bytes one share may pin (None in timeslice mode: nothing caps it)."""

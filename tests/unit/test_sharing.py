@@ -18,6 +18,8 @@ from allocator.core.placement.shares import Out, Placed, out_of, place
 from allocator.core.sharing import ShareAsk, Sharing
 from allocator.core.uses import uses
 from allocator.host import config
+from allocator.views import shares as shared_view
+from shim import metrics_server
 from tests.support.table_host import TableHost
 
 GPUS = tuple(GPU(f"GPU-{i}", i, memory_mib=81920, minor=i) for i in range(4))
@@ -277,3 +279,30 @@ def test_reports_and_fair_share_count_a_share_as_its_fraction_of_a_gpu() -> None
     assert parts == {"al": 0.25, "bo": 1.0}
     used = report.decayed(report.held(rows), 3600.0, 1e12)
     assert used["al"] == pytest.approx(900.0) and used["bo"] == pytest.approx(3600.0)
+
+
+def test_a_gpu_in_mig_mode_is_never_shared() -> None:
+    mig = GPU("GPU-9", 0, memory_mib=81920, mig_mode=True)
+    assert sharing.rule_for(mig, [QUARTERS]) is None
+
+
+def test_status_and_metrics_show_each_shared_gpu_and_each_share() -> None:
+    st = State()
+    lease, _ = st.new_lease(("GPU-0",), 0, 60)
+    st.leases[lease.id] = replace_share(lease, "alice", "1000")
+    inventory = Inventory(GPUS)
+    rules = policy.Rules(sharing=(QUARTERS, Sharing(gpus=(2,), shares=2, mode="timeslice")))
+    snap = {
+        "shared": shared_view.shared(inventory, rules, st),
+        "shares": shared_view.shares(inventory, st, {}),
+    }
+    assert shared_view.lines(snap) == [
+        "GPU 0 shared: 1 of 4 out; 4 MPS shares of 20480 MiB and 25% each",
+        f"  share 1/4: - of alice (lease {lease.id})",
+        "GPU 1 shared: 0 of 4 out; 4 MPS shares of 20480 MiB and 25% each",
+        "GPU 2 shared: 0 of 2 out; 2 timeslice shares (no memory or compute caps, no isolation)",
+    ]
+    (sample,) = metrics_server.share_family(snap).samples
+    assert sample.name == "gpu_alloc_share_info" and sample.value == 1
+    assert sample.labels == {"uuid": "GPU-0", "index": "0", "owner": "alice", "container": "",
+                             "lease": lease.id, "share": "1/4"}  # fmt: skip
