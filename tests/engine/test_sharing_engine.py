@@ -207,3 +207,35 @@ def test_timeslice_shares_get_no_daemon_no_caps_and_say_so(stack):
         in status
     )
     assert shim(stack, "rm", "-f", "t0", "t1").returncode == 0
+
+
+COMPOSE = f"""
+version: "3.8"
+services:
+  notebook:
+    image: {IMAGE}
+    command: ["sleep", "300"]
+    network_mode: none
+    labels:
+      io.gpu-alloc.share: "1/4"
+    deploy:
+      resources:
+        reservations:
+          devices:
+            - driver: nvidia
+              count: 1
+              capabilities: [gpu]
+"""
+
+
+def test_compose_replicas_ask_for_shares_with_the_same_label(stack, tmp_path):
+    (tmp_path / "docker-compose.yml").write_text(COMPOSE)
+    up = engine.docker_compose(
+        stack.shim_sock, tmp_path, "up", "-d", "--scale", "notebook=3", project_name="gashare"
+    )
+    try:
+        assert up.returncode == 0, up.stderr + stack.logs()
+        assert shares(stack) == [((GPU[0],), 1, 4)] * 3
+    finally:
+        engine.docker_compose(stack.shim_sock, tmp_path, "down", "-t", "1", project_name="gashare")
+    assert wait_for(lambda: not shares(stack))
