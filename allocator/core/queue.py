@@ -30,7 +30,6 @@ placement under the ledger lock (it creates the lease when it can); it answers
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +52,7 @@ class Waiter:
 class Placed:
     gpus: tuple[str, ...]
     result: Any = None  # what the caller hands back to the waiting client (the lease)
+    part: float | None = None  # GPUs it counts as, when not len(gpus): a share's fraction
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def serve(
     share may move another owner's request ahead.
     """
     remaining = list(waiters)
-    holding = Counter(held)
+    holding: dict[str, float] = dict(held)
     granted: list[tuple[Waiter, Placed]] = []
     while remaining:
         blocked: frozenset[str] = frozenset()
@@ -99,7 +99,8 @@ def serve(
             outcome = attempt(waiter, blocked)
             if isinstance(outcome, Placed):
                 granted.append((waiter, outcome))
-                holding[waiter.owner] += len(outcome.gpus)
+                part = len(outcome.gpus) if outcome.part is None else outcome.part
+                holding[waiter.owner] = holding.get(waiter.owner, 0) + part
                 remaining.remove(waiter)
                 break
             if isinstance(outcome, Short):

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from allocator.core import access, events, labels, policy, report, sharing
+from allocator.core import access, events, labels, policy, queue, report, sharing
 from allocator.core.facts import EngineView
 from allocator.core.inventory import GPU, Inventory
 from allocator.core.leases import State
@@ -306,3 +306,15 @@ def test_status_and_metrics_show_each_shared_gpu_and_each_share() -> None:
     assert sample.name == "gpu_alloc_share_info" and sample.value == 1
     assert sample.labels == {"uuid": "GPU-0", "index": "0", "owner": "alice", "container": "",
                              "lease": lease.id, "share": "1/4"}  # fmt: skip
+
+
+def test_the_line_counts_a_served_share_as_its_fraction() -> None:
+    waiters = [queue.Waiter("a", "al", 0, 1, 1), queue.Waiter("b", "bo", 0, 2, 1),
+               queue.Waiter("c", "al", 0, 3, 1)]  # fmt: skip
+
+    def attempt(w: queue.Waiter, blocked: frozenset[str]) -> queue.Placed:
+        return queue.Placed(("GPU-0",), w.id, 0.25)
+
+    served = queue.serve(waiters, {"al": 0.0, "bo": 0.5}, attempt)
+    # al holds a quarter after "a", less than bo's half: al's next share goes first
+    assert [w.id for w, _ in served] == ["a", "c", "b"]
