@@ -18,6 +18,7 @@ from allocator.core.placement.shares import Out, Placed, out_of, place
 from allocator.core.sharing import ShareAsk, Sharing
 from allocator.core.uses import uses
 from allocator.host import config
+from allocator.ops import sharing_doctor
 from allocator.views import shares as shared_view
 from shim import metrics_server
 from tests.support.table_host import TableHost
@@ -318,3 +319,17 @@ def test_the_line_counts_a_served_share_as_its_fraction() -> None:
     served = queue.serve(waiters, {"al": 0.0, "bo": 0.5}, attempt)
     # al holds a quarter after "a", less than bo's half: al's next share goes first
     assert [w.id for w, _ in served] == ["a", "c", "b"]
+
+
+def test_doctor_names_a_missing_mps_control_and_says_timeslice_has_no_isolation(tmp_path):
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text("[{uuid: GPU-0, index: 0, memory_mib: 81920}]\n")
+    base = f"gpus: {gpus}\nmps: {{dir: {tmp_path}/mps, control: {tmp_path}/none}}\n"
+    mps = config.parse(base + "policy: {sharing: [{gpus: [0], shares: 2}]}\n")
+    status, what, fix = sharing_doctor.check(mps)
+    assert status == "FAIL" and "is not found" in what and "mode: timeslice" in fix
+    ts = config.parse(base + "policy: {sharing: [{gpus: [0], shares: 2, mode: timeslice}]}\n")
+    status, what, _ = sharing_doctor.check(ts)
+    assert status == "ok" and "2 timeslice shares (no caps, no isolation)" in what
+    far = config.parse(base + "policy: {sharing: [{gpus: [7], shares: 2, mode: timeslice}]}\n")
+    assert "names GPU 7" in sharing_doctor.check(far)[1]
