@@ -18,6 +18,7 @@ from allocator.core.placement.shares import Out, Placed, out_of, place
 from allocator.core.sharing import ShareAsk, Sharing
 from allocator.core.uses import uses
 from allocator.host import config
+from allocator.ops import gpus as gpus_view
 from allocator.ops import sharing_doctor
 from allocator.views import shares as shared_view
 from shim import metrics_server
@@ -333,3 +334,17 @@ def test_doctor_names_a_missing_mps_control_and_says_timeslice_has_no_isolation(
     assert status == "ok" and "2 timeslice shares (no caps, no isolation)" in what
     far = config.parse(base + "policy: {sharing: [{gpus: [7], shares: 2, mode: timeslice}]}\n")
     assert "names GPU 7" in sharing_doctor.check(far)[1]
+
+
+def test_gpus_shows_each_share_under_its_gpu() -> None:
+    row = {"index": 0, "uuid": "GPU-0", "model": "H200", "state": "leased", "holder": {},
+           "container_state": "running", "idle": False, "utilization": None,
+           "memory_used_bytes": None, "memory_total_bytes": None, "temperature_c": None,
+           "power_w": None, "owner": "al", "container_name": "nb1", "processes": [],
+           "healthy": True}  # fmt: skip
+    shown = [{"uuid": "GPU-0", "share": "1/4", "owner": o, "name": n, "container": None}
+             for o, n in (("al", "nb1"), ("bo", "nb2"))]  # fmt: skip
+    table = gpus_view.render_table({"gpus": [row], "shares": shown}).splitlines()
+    assert [line.split() for line in table[2:]] == [
+        ["share", "1/4", "al", "nb1"], ["share", "1/4", "bo", "nb2"]
+    ]  # fmt: skip
