@@ -348,3 +348,48 @@ def test_gpus_shows_each_share_under_its_gpu() -> None:
     assert [line.split() for line in table[2:]] == [
         ["share", "1/4", "al", "nb1"], ["share", "1/4", "bo", "nb2"]
     ]  # fmt: skip
+
+
+class FakeDaemons:
+    """`allocator.host.mps.Daemons` as a table: which GPUs' daemons run, and each call."""
+
+    def __init__(self) -> None:
+        self.up: set[str] = set()
+        self.calls: list[tuple[str, str]] = []
+
+    def running(self) -> set[str]:
+        return set(self.up)
+
+    def start(self, uuid: str, commands: list[str]) -> None:
+        self.calls.append(("start", uuid))
+        self.up.add(uuid)
+
+    def stop(self, uuid: str) -> None:
+        self.calls.append(("stop", uuid))
+        self.up.discard(uuid)
+
+
+def test_the_mps_part_keeps_one_daemon_per_gpu_with_shares_out(tmp_path) -> None:
+    from allocator.service import Allocator
+
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text("[{uuid: GPU-0, index: 0, memory_mib: 81920}, {uuid: GPU-1, index: 1}]\n")
+    cfg = config.parse(
+        f"gpus: {gpus}\nstate_dir: {tmp_path}/state\n"
+        "policy: {sharing: [{gpus: [0, 1], shares: 4}]}\n"
+    )
+    alloc = Allocator(cfg)
+    fake = FakeDaemons()
+    alloc.mps.daemons = fake  # type: ignore[assignment]
+    with alloc.ledger.transaction() as st:
+        lease, _ = st.new_lease(("GPU-0",), 0, 600)
+        st.leases[lease.id] = lease = replace_share(lease, "al")
+    assert alloc.mps.ensure(lease) is None and alloc.mps.ensure(lease) is None
+    assert fake.calls == [("start", "GPU-0")]  # one daemon, however many shares
+    fake.up.clear()  # a reboot emptied the run directory; the share lives on
+    alloc.mps.sync()
+    assert fake.calls[-1] == ("start", "GPU-0")
+    with alloc.ledger.transaction() as st:
+        st.release(lease.id)
+    alloc.mps.sync()
+    assert fake.calls[-1] == ("stop", "GPU-0") and fake.up == set()
