@@ -17,6 +17,8 @@ import logging
 import os
 import shutil
 import subprocess
+import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from allocator.core import sharing
@@ -24,6 +26,7 @@ from allocator.core import sharing
 log = logging.getLogger("gpu-alloc")
 TIMEOUT = 30.0  # seconds for one control call
 MARK = "started"
+READY_TRIES, READY_WAIT = 50, 0.1  # a fresh daemon's first command: 5 s to answer
 
 
 class MpsError(Exception):
@@ -36,6 +39,8 @@ class Daemons:
     def __init__(self, root: str, control: str = "nvidia-cuda-mps-control"):
         self.root = Path(root)
         self.control = control
+        # systemd is PID 1: each daemon is a transient unit of its own (`launch`)
+        self.systemd = os.path.isdir("/run/systemd/system")
 
     def running(self) -> set[str]:
         """The GPUs (UUIDs) whose daemon gpu-alloc started and has not stopped."""
@@ -60,14 +65,10 @@ class Daemons:
             (top / sub).mkdir(parents=True, exist_ok=True)
             os.chmod(top / sub, mode)
         control = shutil.which(self.control) or self.control
-        argv = [
-            "unshare", "--mount", "--propagation", "slave", "sh", "-c",
-            'mount --bind "$1" /dev/shm && exec "$2" -d', "sh", str(top / sharing.SHM), control,
-        ]  # fmt: skip
-        self._run(argv, "", uuid)
+        self._run(launch(uuid, top, control, self.env(uuid), self.systemd), "", uuid)
         try:
             for command in commands:
-                self._run([control], command + "\n", uuid)
+                self._ready([control], command + "\n", uuid)
         except MpsError:
             self.stop(uuid)
             raise
@@ -84,6 +85,15 @@ class Daemons:
         (self.root / uuid / MARK).unlink(missing_ok=True)
         log.info("MPS daemon for %s stopped: its last share ended", uuid)
 
+    def _ready(self, argv: list[str], stdin: str, uuid: str) -> None:
+        """``_run`` once the daemon answers: it may still be creating its pipe."""
+        for _ in range(READY_TRIES - 1):
+            try:
+                return self._run(argv, stdin, uuid)
+            except MpsError:
+                time.sleep(READY_WAIT)
+        return self._run(argv, stdin, uuid)
+
     def _run(self, argv: list[str], stdin: str, uuid: str) -> None:
         try:
             done = subprocess.run(
@@ -95,3 +105,25 @@ class Daemons:
         if done.returncode != 0:
             said = (done.stderr or done.stdout).strip()[-300:]
             raise MpsError(f"{' '.join(argv[-2:])} exited {done.returncode}: {said}")
+
+
+def launch(uuid: str, top: Path, control: str, env: Mapping[str, str], systemd: bool) -> list[str]:
+    """The command that starts ``uuid``'s control daemon with ``top/shm`` as its /dev/shm.
+
+    Under systemd, a transient unit ``gpu-alloc-mps-<uuid>``: it lives outside the
+    shim's cgroup (a shim restart or stop leaves it running, its clients served) and
+    systemd gives it the bind (BindPaths=), so the shim needs no mount rights of its
+    own.  Elsewhere, ``unshare`` puts it in a mount namespace of its own (root).
+    """
+    shm = str(top / sharing.SHM)
+    if not systemd:
+        return [
+            "unshare", "--mount", "--propagation", "slave", "sh", "-c",
+            'mount --bind "$1" /dev/shm && exec "$2" -d', "sh", shm, control,
+        ]  # fmt: skip
+    keep = ("CUDA_VISIBLE_DEVICES", sharing.PIPE_ENV, "CUDA_MPS_LOG_DIRECTORY")
+    return [
+        "systemd-run", f"--unit=gpu-alloc-mps-{uuid}", "--collect", "--quiet",
+        "--property=Type=forking", f"--property=BindPaths={shm}:/dev/shm",
+        *(f"--setenv={k}={env[k]}" for k in keep), control, "-d",
+    ]  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from allocator.core.placement.shares import Out, Placed, out_of, place
 from allocator.core.sharing import ShareAsk, Sharing
 from allocator.core.uses import uses
 from allocator.host import config
+from allocator.host import mps as host_mps
 from allocator.ops import gpus as gpus_view
 from allocator.ops import sharing_doctor
 from allocator.views import shares as shared_view
@@ -393,3 +395,17 @@ def test_the_mps_part_keeps_one_daemon_per_gpu_with_shares_out(tmp_path) -> None
         st.release(lease.id)
     alloc.mps.sync()
     assert fake.calls[-1] == ("stop", "GPU-0") and fake.up == set()
+
+
+def test_a_daemon_runs_as_a_transient_unit_under_systemd_and_in_its_own_namespace_elsewhere():
+    top = Path("/run/gpu-alloc/mps/GPU-0")
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-0", "CUDA_MPS_PIPE_DIRECTORY": f"{top}/pipe",
+           "CUDA_MPS_LOG_DIRECTORY": f"{top}/log", "HOME": "/root"}  # fmt: skip
+    unit = host_mps.launch("GPU-0", top, "/usr/bin/nvidia-cuda-mps-control", env, systemd=True)
+    assert unit[:3] == ["systemd-run", "--unit=gpu-alloc-mps-GPU-0", "--collect"]
+    assert f"--property=BindPaths={top}/shm:/dev/shm" in unit
+    assert f"--setenv=CUDA_MPS_PIPE_DIRECTORY={top}/pipe" in unit
+    assert not [a for a in unit if "HOME" in a]  # only the daemon's own settings
+    assert unit[-2:] == ["/usr/bin/nvidia-cuda-mps-control", "-d"]
+    bare = host_mps.launch("GPU-0", top, "/usr/bin/nvidia-cuda-mps-control", env, systemd=False)
+    assert bare[:2] == ["unshare", "--mount"] and f"{top}/shm" in bare
