@@ -24,6 +24,7 @@ from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
 from allocator.core.cpus import Placed, Resources, conflicts
 from allocator.core.facts import Need
+from allocator.core.inventory import InventoryError
 from allocator.core.leases import Lease, StateError
 from allocator.core.placement import Shortage
 from allocator.core.rewrite import rewrite
@@ -162,7 +163,11 @@ class Creates:
         if lease.pool:
             body["Labels"][policy.POOL] = lease.pool
         if lease.share_of:
-            body = self._shared(body, lease)
+            try:
+                body = self._shared(body, lease)
+            except InventoryError:  # rare: the lease ends here, never granted uncapped
+                self.book.release(lease.id, "its GPU is no longer shared")
+                raise
         durable = self._durability.submit(self._finish, lease)
         return Grant(lease, token, body, labels.lease_header(lease.id, token), durable)
 
@@ -196,13 +201,14 @@ class Creates:
         """A share's body: its GPU's MPS pipe, private /dev/shm and caps (none in
         timeslice mode), and the share it holds, as a label."""
         uuid = lease.gpus[0]
-        gpu = next(g for g in self.gather.inventory().gpus if g.uuid == uuid)
-        rule = sharing.rule_for(gpu, self.gather.rules.sharing)
+        gpu = next((g for g in self.gather.inventory().gpus if g.uuid == uuid), None)
+        rule = sharing.rule_for(gpu, self.gather.rules.sharing) if gpu else None
+        if gpu is None or rule is None:  # the policy changed since it was placed: no caps
+            raise InventoryError(f"{uuid} is no longer shared (policy.sharing); ask again")
         hc = dict(body.get("HostConfig") or {})
-        if rule is not None:
-            body["Env"] = [*body["Env"], *sharing.client_env(rule, gpu, lease.share_slots)]
-            binds = sharing.client_binds(self.mps_dir, uuid, rule.mode)
-            hc["Binds"] = [*(hc.get("Binds") or ()), *binds]
+        body["Env"] = [*body["Env"], *sharing.client_env(rule, gpu, lease.share_slots)]
+        binds = sharing.client_binds(self.mps_dir, uuid, rule.mode)
+        hc["Binds"] = [*(hc.get("Binds") or ()), *binds]
         body["HostConfig"] = hc
         body["Labels"][labels.SHARE] = f"{lease.share_slots}/{lease.share_of}"
         return body
