@@ -64,6 +64,10 @@ class Daemons:
         for sub, mode in ((sharing.PIPE, 0o755), (sharing.LOG, 0o755), (sharing.SHM, 0o1777)):
             (top / sub).mkdir(parents=True, exist_ok=True)
             os.chmod(top / sub, mode)
+        # An MPS server runs as its clients' uid and reaches the pipe by this path: the
+        # directories above it must let any user through (the shim's umask is 0077).
+        for above in (self.root, top):
+            os.chmod(above, 0o755)
         control = shutil.which(self.control) or self.control
         self._run(launch(uuid, top, control, self.env(uuid), self.systemd), "", uuid)
         try:
