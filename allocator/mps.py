@@ -59,6 +59,8 @@ class Mps:
         keep their shares and may start again)."""
         with self._lock:
             running = self.daemons.running()
+            if not running and not self.gather.rules.sharing:
+                return  # a host that shares no GPU: not even the ledger is read
             shared = [le for le in self.ledger.read().leases.values() if le.share_of]
             if not running and not shared:
                 return
