@@ -19,14 +19,16 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from allocator.core import cuda, defaults, labels, outcomes, policy
+from allocator.core import cuda, defaults, labels, outcomes, policy, sharing
 from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
 from allocator.core.cpus import Placed, Resources, conflicts
 from allocator.core.facts import Need
+from allocator.core.inventory import InventoryError
 from allocator.core.leases import Lease, StateError
 from allocator.core.placement import Shortage
 from allocator.core.rewrite import rewrite
+from allocator.core.sharing import ShareAsk
 from allocator.gather import Gatherer
 from allocator.host import metrics
 from allocator.host.peers import Peer
@@ -38,6 +40,11 @@ from allocator.recorder import Recorder
 log = logging.getLogger("gpu-alloc")
 Judged = tuple[decide.Facts, Ask | decide.Deny]  # a create's ask, and the facts it was made on
 Leased = tuple[Lease, str] | Shortage | policy.Refusal | policy.Invalid
+ONE_GPU = (
+    f"a share ({sharing.SHARE} or {sharing.MEMORY}) is part of one GPU: ask with --gpus 1, "
+    "not a count, 'all', named GPUs or a MIG profile"
+)
+NO_GPU = f"{ONE_GPU}; this create asks for no GPU"
 
 
 @dataclass(frozen=True)
@@ -68,8 +75,16 @@ class Creates:
     """The create flow over ``gather`` (facts), ``book`` (the lease), ``lookups`` (owner,
     image) and ``recorder`` (refusals)."""
 
-    def __init__(self, gather: Gatherer, recorder: Recorder, book: LeaseBook, lookups: Lookups):
+    def __init__(
+        self,
+        gather: Gatherer,
+        recorder: Recorder,
+        book: LeaseBook,
+        lookups: Lookups,
+        mps_dir: str = "",
+    ):
         self.gather = gather
+        self.mps_dir = mps_dir  # where shared GPUs' MPS directories are (allocator/mps.py)
         self.recorder = recorder
         self.book = book
         self.lookups = lookups
@@ -96,12 +111,14 @@ class Creates:
         resources: Resources,
         known: Judged | None = None,
         waits: bool = False,
+        share: ShareAsk | None = None,
     ) -> Asked | decide.Deny | policy.Invalid | None:
         """Everything from a decoded create to its lease: the ask (``known``, or decided
         here), the policy checks, the image's CUDA, the owner and the lease itself.  A
         refusal (`decide.Deny`, audited here; `policy.Invalid`: the request is malformed),
         None for a create that asks for no GPU, or what was leased (`Asked`).  ``waits``:
-        the create waits in line if refused for now (`LeaseBook.lease`)."""
+        the create waits in line if refused for now (`LeaseBook.lease`); ``share``: it
+        asks for part of a shared GPU (allocator/core/sharing.py)."""
         facts, ask = known or self.gather.decide(partial(_judged, spec))
         if isinstance(ask, decide.Deny):
             self._refused(name, peer, ask.msg, ask.field)
@@ -111,7 +128,15 @@ class Creates:
         if refused:
             return policy.Invalid(refused)
         if not ask.any:
+            if share is not None:
+                return policy.Invalid(f"gpu-alloc refused the container create: {NO_GPU}")
             return None
+        if share is not None:
+            got = self._share(spec, ask, share)
+            if not isinstance(got, ShareAsk):
+                self._refused(name, peer, got.msg)
+                return got
+            share = got
         refused = self._cuda_refusal(spec, facts)
         if refused:
             self._refused(name, peer, refused)
@@ -120,7 +145,7 @@ class Creates:
             return want
         owner = self.lookups.owner_of(peer)
         given = spec.get("Labels") or {}
-        req = LeaseRequest(ask, name, owner, want, resources, given)
+        req = LeaseRequest(ask, name, owner, want, resources, given, share)
         leased = self.book.lease(req, durable=False, waits=waits)
         return Asked(req, leased, self.lookups.plugin_judges(facts))
 
@@ -137,6 +162,12 @@ class Creates:
             body["Labels"][labels.DEFAULTS] = added
         if lease.pool:
             body["Labels"][policy.POOL] = lease.pool
+        if lease.share_of:
+            try:
+                body = self._shared(body, lease)
+            except InventoryError:  # rare: the lease ends here, never granted uncapped
+                self.book.release(lease.id, "its GPU is no longer shared")
+                raise
         durable = self._durability.submit(self._finish, lease)
         return Grant(lease, token, body, labels.lease_header(lease.id, token), durable)
 
@@ -150,6 +181,37 @@ class Creates:
     def unsent(self, grant: Grant) -> None:
         """The create never reached the Engine: its lease ends."""
         self.book.release(grant.lease.id)
+
+    def _share(
+        self, spec: dict[str, Any], ask: Ask, share: ShareAsk
+    ) -> ShareAsk | policy.Invalid | decide.Deny:
+        """A share asked as one GPU, with nothing of its own for MPS, run as the user
+        the create or its image says (the uid rule compares them)."""
+        if ask.every or ask.required or ask.count != 1 or ask.profile:
+            return policy.Invalid(f"gpu-alloc refused the container create: {ONE_GPU}")
+        hc = spec.get("HostConfig") or {}
+        why = sharing.client_refusal(spec.get("Env") or (), str(hc.get("IpcMode") or ""))
+        if why is not None:
+            return decide.Deny(f"gpu-alloc refused the container create: {why}")
+        image = self.lookups.image_config(str(spec.get("Image") or "")) or {}
+        user = sharing.user_of(str(spec.get("User") or ""), str(image.get("User") or ""))
+        return replace(share, user=user)
+
+    def _shared(self, body: dict[str, Any], lease: Lease) -> dict[str, Any]:
+        """A share's body: its GPU's MPS pipe, private /dev/shm and caps (none in
+        timeslice mode), and the share it holds, as a label."""
+        uuid = lease.gpus[0]
+        gpu = next((g for g in self.gather.inventory().gpus if g.uuid == uuid), None)
+        rule = sharing.rule_for(gpu, self.gather.rules.sharing) if gpu else None
+        if gpu is None or rule is None:  # the policy changed since it was placed: no caps
+            raise InventoryError(f"{uuid} is no longer shared (policy.sharing); ask again")
+        hc = dict(body.get("HostConfig") or {})
+        body["Env"] = [*body["Env"], *sharing.client_env(rule, gpu, lease.share_slots)]
+        binds = sharing.client_binds(self.mps_dir, uuid, rule.mode)
+        hc["Binds"] = [*(hc.get("Binds") or ()), *binds]
+        body["HostConfig"] = hc
+        body["Labels"][labels.SHARE] = f"{lease.share_slots}/{lease.share_of}"
+        return body
 
     def _finish(self, lease: Lease) -> None:
         """The grant's record on disk and its audit line (its log line is the create's)."""

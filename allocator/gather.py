@@ -17,6 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TypeVar
 
 from allocator.core import cpus
@@ -63,7 +64,10 @@ class Gatherer:
         # Paths as dockerd sees them; without an Engine (tests, `gpu-alloc health`), as we do.
         root = EngineRoot(config.engine.socket) if engine is not None else None
         host = host or Host(engine=root)
-        self.host = host.with_protected(config.state_dir, config.plugin.socket)
+        self.host = replace(
+            host.with_protected(config.state_dir, config.plugin.socket, config.mps.dir),
+            mps_dir=config.mps.dir,
+        )
         self._inventory: tuple[object, Inventory | InventoryError] | None = None
         self._view: tuple[float, object, EngineView, Host] | None = None
         self._lock = threading.Lock()  # held for no I/O: an event loop may wait on it

@@ -19,10 +19,11 @@ from collections.abc import Mapping
 from allocator.core import compose, cpus, labels, policy, timelimits
 from allocator.core.ask import Ask
 from allocator.core.inventory import Inventory
-from allocator.core.leases import Lease
+from allocator.core.leases import Lease, State
 from allocator.core.outcomes import Bind, Forget, Unanswered
 from allocator.core.placement import Shortage
 from allocator.core.policy import Invalid, Owner, Refusal, Wanted
+from allocator.core.sharing import ShareAsk, fraction
 from allocator.gather import Gatherer
 from allocator.host import metrics
 from allocator.host.engine import Engine, EngineError
@@ -138,9 +139,10 @@ class LeaseBook:
             self.recorder.record("grant", lease)
 
     def explain(
-        self, ask: Ask, owner: Owner, want: Wanted
+        self, ask: Ask, owner: Owner, want: Wanted, share: ShareAsk | None = None
     ) -> tuple[list[str], str | None] | Shortage | Refusal | Invalid:
         """What `lease` would answer now, taking nothing: (GPUs, pool) or the refusal.
+        ``share``: the create asks for part of a shared GPU (allocator/core/sharing.py).
 
         The ledger is read without the lock, so the answer can be stale by one create.
         """
@@ -151,6 +153,8 @@ class LeaseBook:
             return scope
         inventory, pool = scope
         state = self.ledger.read()
+        if share is not None:
+            return self._explain_share(state, share, scope, owner, want)
         asking = len(inventory.gpus) if ask.every else len(ask.required) + ask.count
         refused = policy.over_limit(owner, state.held_by(owner.user), asking, rules)
         if refused is not None:
@@ -163,6 +167,21 @@ class LeaseBook:
         if isinstance(picked, Shortage):
             return picked
         return [g.uuid for g in picked], pool
+
+    def _explain_share(
+        self, state: State, share: ShareAsk, scope: tuple[Inventory, str | None], owner: Owner,
+        want: Wanted,
+    ) -> tuple[list[str], str | None] | Shortage | Refusal:  # fmt: skip
+        """`explain` for a share: its GPU as `Placer.take` would place it, then the limit."""
+        inventory, pool = scope
+        held = state.holders(self.gather.inventory().uuids)
+        limit = timelimits.effective(self.gather.rules, owner, pool, want.time)
+        picked = self.placer.place_share(state, share, inventory, held, owner, limit)
+        if isinstance(picked, Shortage):
+            return picked
+        asking = fraction(picked.slots, picked.of)
+        refused = policy.over_limit(owner, state.held_by(owner.user), asking, self.gather.rules)
+        return refused if refused is not None else ([picked.gpu.uuid], pool)
 
     def _try_lease(
         self,

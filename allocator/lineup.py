@@ -113,7 +113,7 @@ class Lineup:
             topology = self.gather.cpu_topology() if req.resources.any else None
             taken = self.placer.take(state, req, scope, topology, dict.fromkeys(blocked, _KEPT))
             if isinstance(taken, tuple):
-                return queue.Placed(taken[0].gpus, taken[:2])
+                return queue.Placed(taken[0].gpus, taken[:2], taken[0].gpus_held)
             if isinstance(taken, Refusal):
                 return queue.OverLimit(taken.msg)
             limit = timelimits.effective(rules, req.owner, scope[1], req.want.time)

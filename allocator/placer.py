@@ -18,8 +18,9 @@ from allocator.core.ask import Ask
 from allocator.core.holders import Holder
 from allocator.core.inventory import GPU, Inventory
 from allocator.core.leases import Lease, Phase, State
-from allocator.core.placement import POLICIES, Shortage, place
+from allocator.core.placement import POLICIES, Shortage, place, shares
 from allocator.core.policy import NOBODY, Owner, Refusal, Wanted
+from allocator.core.sharing import ShareAsk, fraction
 from allocator.gather import Gatherer
 from allocator.host import ledger
 from allocator.host.config import Config
@@ -40,6 +41,7 @@ class LeaseRequest:
     want: Wanted = Wanted()  # noqa: RUF009  # frozen
     resources: cpus.Resources = cpus.NOTHING
     labels: Mapping[str, str] | None = field(default=None, compare=False)
+    share: ShareAsk | None = None  # part of one shared GPU (allocator/core/sharing.py)
 
 
 Taken = tuple[Lease, str, Lease | None]
@@ -108,6 +110,8 @@ class Placer:
         held = state.holders(self.gather.inventory().uuids, stopped)
         for uuid, keeper in (kept or {}).items():
             held.setdefault(uuid, keeper)
+        if req.share is not None:
+            return self._take_share(state, req, req.share, scope, held, limit)
         old = state.lease_of(predecessor[0]) if predecessor else None
         # Only the owner's own predecessor lends its GPUs (leases from before owners
         # were recorded have none, and may).
@@ -161,3 +165,58 @@ class Placer:
         if old is not None and predecessor is not None:
             state.hand_over(old.id, lease.id, predecessor[1])
         return lease, token, old
+
+    def place_share(
+        self,
+        state: State,
+        ask: ShareAsk,
+        inventory: Inventory,
+        held: Mapping[str, Holder],
+        owner: Owner,
+        limit: float | None,
+    ) -> shares.Placed | Shortage:
+        """The shared GPU a share goes on (`core.placement.shares.place`), around what
+        holds GPUs whole, reservations keep and the unhealthy; taking nothing."""
+        out = shares.out_of(state.leases.values())
+        kept = self.reserved(held, owner, limit)
+        blocked = {u for u in kept if u not in out}
+        sick = self.gather.unhealthy()  # never placed on, shares out or not
+        healthy = [g for g in inventory.gpus if g.uuid not in sick]
+        return shares.place(ask, healthy, self.gather.rules.sharing, out, blocked)
+
+    def _take_share(
+        self,
+        state: State,
+        req: LeaseRequest,
+        ask: ShareAsk,
+        scope: tuple[Inventory, str | None],
+        held: Mapping[str, Holder],
+        limit: float | None,
+    ) -> Taken | Shortage | Refusal:
+        """A share's lease: its GPU placed first (its fraction depends on the GPU's
+        shares), then the owner's limit counting it."""
+        inventory, pool = scope
+        picked = self.place_share(state, ask, inventory, held, req.owner, limit)
+        if isinstance(picked, Shortage):
+            return picked
+        holding = state.held_by(req.owner.user)
+        asking = fraction(picked.slots, picked.of)
+        refused = policy.over_limit(req.owner, holding, asking, self.gather.rules)
+        if refused is not None:
+            return refused
+        lease, token = state.new_lease(
+            (picked.gpu.uuid,), ledger.now(), self.config.policy.pending_ttl
+        )
+        lease = replace(
+            lease,
+            name=req.name,
+            owner=req.owner.user,
+            owner_uid=req.owner.uid,
+            pool=pool,
+            time_limit=limit,
+            share_slots=picked.slots,
+            share_of=picked.of,
+            share_user=ask.user,
+        )
+        state.leases[lease.id] = lease
+        return lease, token, None

@@ -32,6 +32,7 @@ class AuditFields(TypedDict, total=False):
     reason: str
     waited_s: float | None
     pool: str | None
+    share: str
 
 
 class Recorder:
@@ -55,6 +56,7 @@ class Recorder:
                 "name": lease.name,
                 "owner": lease.owner,
                 "pool": lease.pool,
+                **({"share": f"{lease.share_slots}/{lease.share_of}"} if lease.share_of else {}),
                 **fields,
             }
         gpus = fields.get("gpus") or ()

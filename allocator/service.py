@@ -24,6 +24,8 @@ Theory of operation
   its rewritten body, its durable grant and its settlement.
 - ``timekeeper`` (`Timekeeper`): stops GPU containers past their time limit or idle
   too long (the shim runs it).
+- ``mps`` (`Mps`): the MPS control daemon of each shared GPU with shares out (the shim
+  runs it).
 
 Every decision itself is made in allocator/core/; the parts read the facts, call it, and
 apply what it returns.  No part calls back up into the one that called it.
@@ -43,6 +45,7 @@ from allocator.host.ledger import Ledger
 from allocator.leasebook import LeaseBook
 from allocator.lineup import Lineup
 from allocator.lookups import Lookups
+from allocator.mps import Mps
 from allocator.placer import Placer
 from allocator.reconciler import Reconciler
 from allocator.recorder import Recorder
@@ -86,8 +89,9 @@ class Allocator:
         )
         self.admission = Admission(engine, self.ledger, self.restarts)
         self.lookups = Lookups(config, engine, self.ledger, self.gather)
-        self.creates = Creates(self.gather, self.recorder, self.book, self.lookups)
+        self.creates = Creates(self.gather, self.recorder, self.book, self.lookups, config.mps.dir)
         self.timekeeper = Timekeeper(config, engine, self.ledger, self.gather, self.recorder)
+        self.mps = Mps(config, self.ledger, self.gather)
 
 
 def connect(config: Config) -> Allocator:

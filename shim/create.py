@@ -43,7 +43,7 @@ from dataclasses import replace
 from functools import partial
 from urllib.parse import parse_qs, urlsplit
 
-from allocator.core import errors, gojson, labels, policy, service_limits, services
+from allocator.core import errors, gojson, labels, policy, service_limits, services, sharing
 from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
 from allocator.core.createbody import decode_create
@@ -166,11 +166,15 @@ class CreateInterceptor:
         )
         if isinstance(wait, policy.Invalid):
             return error(400, wait.msg)
+        share = sharing.share_ask(given_labels if isinstance(given_labels, dict) else None)
+        if isinstance(share, str):
+            return error(400, f"gpu-alloc refused the container create: {share}")
         spec = strip_labels(decoded)
         name = _name(request.target)
         creates = self.alloc.creates
         known = creates.at_hand(spec) if len(request.body) <= _AT_HAND_BODY else None
-        if known and not resources.any and isinstance(known[1], Ask) and not known[1].any:
+        plain = not resources.any and share is None
+        if known and plain and isinstance(known[1], Ask) and not known[1].any:
             return await forward(_with_body(request, rewrite(spec, (), None), None))
         got = await asyncio.to_thread(
             creates.lease_for,
@@ -182,6 +186,7 @@ class CreateInterceptor:
             resources,
             known,
             bool(wait),
+            share,
         )
         if got is None:
             return await forward(_with_body(request, rewrite(spec, (), None), None))
@@ -199,6 +204,10 @@ class CreateInterceptor:
         if not isinstance(leased, tuple):
             log.info("refused create %r of %s: %s", name, req.owner.user, leased.msg)
             return error(_REFUSAL_STATUS[type(leased)], leased.msg)
+        failed = await asyncio.to_thread(self.alloc.mps.ensure, leased[0])
+        if failed is not None:  # the share's GPU has no MPS daemon: its create cannot run
+            await asyncio.to_thread(self.alloc.book.release, leased[0].id, failed)
+            return error(503, failed)
         grant = creates.granted(req, *leased, spec)
         # The grant goes to disk and to the audit trail while dockerd creates the
         # container; the client hears of neither before both are done.

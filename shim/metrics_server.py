@@ -81,7 +81,7 @@ class GpuCollector(Collector):
             self._failing = ""
         inventory.add_metric([], 1)
         ledger.add_metric([], 1)
-        yield from (inventory, ledger, *gpu_families(snap))
+        yield from (inventory, ledger, *gpu_families(snap), share_family(snap))
 
     def _failed(self, why: str) -> None:
         if why != self._failing:
@@ -131,6 +131,20 @@ def gpu_families(snap: dict[str, Any]) -> tuple[GaugeMetricFamily, ...]:
         if g["memory_total_bytes"]:
             total.add_metric(gpu, g["memory_total_bytes"])
     return (info, state, holder, leased, running, util, used, total, idle)
+
+
+def share_family(snap: dict[str, Any]) -> GaugeMetricFamily:
+    """1 per share of a shared GPU: who holds it, and which part (``1/4``)."""
+    family = GaugeMetricFamily(
+        "gpu_alloc_share_info",
+        "1 per share of a shared GPU (policy.sharing): who holds it",
+        labels=[*GPU, "owner", "container", "lease", "share"],
+    )
+    for s in snap.get("shares") or ():
+        index = "" if s["index"] is None else str(s["index"])
+        labels = [s["uuid"], index, s["owner"], s["name"] or "", s["lease"], s["share"]]
+        family.add_metric(labels, 1)
+    return family
 
 
 def _container(g: dict[str, Any]) -> str:

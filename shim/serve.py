@@ -32,6 +32,7 @@ def serve(config: Config, allocator: Allocator, claim: listener.Claim | None = N
     stop = threading.Event()
     Departures(allocator, stop).start()
     allocator.timekeeper.start(stop)
+    allocator.mps.start(stop)
     every = max(0.5, min(10.0, config.policy.idle_after / 4))
     samples = Samples(config.state_dir)
     threading.Thread(

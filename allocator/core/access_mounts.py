@@ -12,10 +12,10 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 
-from allocator.core import mounts
+from allocator.core import mounts, sharing
 from allocator.core.access_ctx import Ctx
 from allocator.core.access_devices import device_node
-from allocator.core.grants import Refusal
+from allocator.core.grants import Demand, Refusal
 from allocator.core.mounts import exposure, within
 
 # The toolkit's volume-mount device list (accept-nvidia-visible-devices-as-volume-mounts).
@@ -106,6 +106,12 @@ def _mount(ctx: Ctx, fld: str, src: str, dst: str, read_only: bool = False) -> N
     if real is None:
         return
     exposed = exposure(ctx.host, real, read_only)
+    # A host that shares no GPU (a test's table) has no MPS directory.
+    shared = sharing.share_dir_gpu(real, getattr(ctx.host, "mps_dir", ""), ctx.inventory.uuids)
+    if exposed and shared is not None:
+        # A shared GPU's MPS pipe or shm directory reaches that GPU through its server.
+        ctx.add(fld, f"{sharing.BIND_DETAIL} {shared}: {src}", {shared}, Demand(ids=(shared,)))
+        return
     if exposed:
         ctx.add(fld, f"bind mount of {src} exposes {exposed}", None)
         return

@@ -59,10 +59,12 @@ def record(
     reason: str = "",
     waited_s: float | None = None,
     pool: str | None = None,
+    share: str = "",
 ) -> dict[str, Any]:
     if kind not in KINDS:
         raise ValueError(f"unknown audit event {kind!r}")
-    return {
+    # ``share``: a share lease's part of its GPU ("1/4"), only on a share's lines
+    return ({"share": share} if share else {}) | {
         "time": rfc3339(at),
         "event": kind,
         "owner": owner,

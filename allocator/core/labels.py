@@ -35,6 +35,8 @@ OWNER = PREFIX + "owner"  # set by gpu-alloc only: "<uid>:<user>"
 DEFAULTS = PREFIX + "defaults"  # set by gpu-alloc only: what policy.gpu_defaults added
 WAIT = PREFIX + "wait"  # a client's ask: wait this long for GPUs instead of a 409
 TIME = PREFIX + "time"  # a client's ask: a time limit shorter than the policy's
+SHARE = PREFIX + "share"  # a client's ask: a fraction of a shared GPU (core/sharing.py)
+SHARE_MEMORY = PREFIX + "memory"  # a client's ask: a share with this much GPU memory
 # The labels a client may set to ask gpu-alloc for something, and the ones gpu-alloc sets
 # itself (a client's own are stripped by the shim, and name no lease on the real socket).
 # Any other key under `PREFIX` is a typo that would be ignored: refused by name.
@@ -48,6 +50,8 @@ REQUESTS = (
     REQUEST_MEMORY,
     REQUEST_TOPOLOGY,
     MIG_REQUEST,
+    SHARE,
+    SHARE_MEMORY,
 )
 KNOWN = frozenset((*REQUESTS, LEASE, OWNER, PLACED, DEFAULTS))
 

@@ -100,6 +100,17 @@ class Lease:
     # when it first ran (the Engine's StartedAt), the clock's start. Absent in old files.
     time_limit: float | None = None
     started: float | None = None
+    # A share of its one GPU (allocator/core/sharing.py): ``share_slots`` of its
+    # ``share_of`` shares, run as ``share_user``; 0 of 0: the GPUs whole.  Written only
+    # when set, so a ledger without shares reads as before, both ways.
+    share_slots: int = 0
+    share_of: int = 0
+    share_user: str = ""
+
+    @property
+    def gpus_held(self) -> float:
+        """GPUs it counts as against limits: a share is its fraction of one."""
+        return self.share_slots / self.share_of if self.share_of else len(self.gpus)
 
     @property
     def phase(self) -> Phase:
@@ -229,11 +240,11 @@ class State:
                 held.setdefault(uuid, who)
         return held
 
-    def held_by(self, owner: str, besides: str | None = None) -> int:
-        """GPUs ``owner``'s live leases hold (running or stopped), ``besides`` one lease,
-        and their containers a reset adopted."""
+    def held_by(self, owner: str, besides: str | None = None) -> float:
+        """GPUs ``owner``'s live leases hold (running or stopped; a share as its fraction),
+        ``besides`` one lease, and their containers a reset adopted."""
         return sum(
-            len(le.gpus)
+            le.gpus_held
             for le in self.leases.values()
             if le.owner == owner and le.id != besides and le.phase is not Phase.HANDED_OVER
         ) + sum(len(c.gpus or ()) for c in self.claims.values() if c.owner == owner != "unknown")
@@ -335,7 +346,7 @@ class State:
             "version": SCHEMA_VERSION,
             # vars(), not asdict(): the fields are plain values and tuples of them, which
             # json writes as they are; asdict's deep copy would be most of a write's encoding.
-            "leases": {k: vars(v) for k, v in sorted(self.leases.items())},
+            "leases": {k: _lease_json(v) for k, v in sorted(self.leases.items())},
             "claims": {k: _claim_json(v) for k, v in sorted(self.claims.items())},
             "adopted_at": self.adopted_at,
             "expired": dict(sorted(self.expired.items())),
@@ -402,6 +413,13 @@ def lease_from_json(v: dict[str, Any]) -> Lease:
     )
     lease.phase  # noqa: B018  # an unknown phase is a malformed entry (ValueError)
     return lease
+
+
+def _lease_json(le: Lease) -> dict[str, Any]:
+    return vars(le) if le.share_of else {k: v for k, v in vars(le).items() if k not in _SHARE}
+
+
+_SHARE = frozenset({"share_slots", "share_of", "share_user"})
 
 
 def _claim_json(c: Claim) -> dict[str, Any]:

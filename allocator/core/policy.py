@@ -16,6 +16,7 @@ from typing import Any
 
 from allocator.core import labels
 from allocator.core.inventory import GPU, Inventory
+from allocator.core.sharing import Sharing
 
 UNKNOWN = "unknown"  # adopted containers, creates with no peer or none to name (core/owners.py)
 
@@ -76,6 +77,7 @@ class Rules:
     time_groups: Mapping[str, float] = field(default_factory=dict)
     reclaim_idle_after: float | None = None  # seconds; None: idle containers are left alone
     withheld: frozenset[str] = frozenset()  # swarm.gpus: scheduled by swarm, never leased here
+    sharing: tuple[Sharing, ...] = ()  # policy.sharing: GPUs leased as shares (core/sharing.py)
 
 
 @dataclass(frozen=True)
@@ -190,9 +192,11 @@ def limit_of(owner: Owner, rules: Rules) -> tuple[int, str] | None:
     return next(f for f in found if f[0] == best)
 
 
-def over_limit(owner: Owner, holding: int, asking: int, rules: Rules) -> Refusal | None:
-    """Refuse a create that would take ``owner`` past their limit (running or stopped)."""
+def over_limit(owner: Owner, holding: float, asking: float, rules: Rules) -> Refusal | None:
+    """Refuse a create that would take ``owner`` past their limit (running or stopped); a
+    share counts as its fraction of a GPU (allocator/core/sharing.py)."""
     limit = limit_of(owner, rules)
+    holding, asking = round(holding, 9), round(asking, 9)  # thirds add up to whole GPUs
     if limit is None or holding + asking <= limit[0]:
         return None
     allowed, rule = limit
@@ -200,16 +204,16 @@ def over_limit(owner: Owner, holding: int, asking: int, rules: Rules) -> Refusal
     if asking > allowed:  # never fits, whatever is released
         return Refusal(
             f"gpu-alloc refused the container create: {owner.user} may hold {allowed} "
-            f"{gpus} at once ({rule}) and asked for {asking}; ask for {allowed} or fewer, "
+            f"{gpus} at once ({rule}) and asked for {asking:g}; ask for {allowed} or fewer, "
             "or ask your operator to raise the limit",
             waitable=False,
         )
     if holding:
-        now = f"{owner.user} holds {holding} of {allowed} {gpus} allowed"
+        now = f"{owner.user} holds {holding:g} of {allowed} {gpus} allowed"
     else:
         now = f"{owner.user} may hold {allowed} {gpus} at once"
     return Refusal(
-        f"gpu-alloc refused the container create: {now} ({rule}) and asked for {asking} "
+        f"gpu-alloc refused the container create: {now} ({rule}) and asked for {asking:g} "
         "more; release one with 'docker rm' (a stopped container still holds its GPUs), "
         "or ask your operator",
         waitable=True,  # one of their containers going makes room

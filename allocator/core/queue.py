@@ -30,7 +30,6 @@ placement under the ledger lock (it creates the lease when it can); it answers
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +52,7 @@ class Waiter:
 class Placed:
     gpus: tuple[str, ...]
     result: Any = None  # what the caller hands back to the waiting client (the lease)
+    part: float | None = None  # GPUs it counts as, when not len(gpus): a share's fraction
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,9 @@ Attempt = Callable[[Waiter, frozenset[str]], Placed | Short | OverLimit]
 Usage = Mapping[str, float] | None  # owner -> decayed GPU-seconds; None: fair share off
 
 
-def order(waiters: Iterable[Waiter], held: Mapping[str, int], usage: Usage = None) -> list[Waiter]:
+def order(
+    waiters: Iterable[Waiter], held: Mapping[str, float], usage: Usage = None
+) -> list[Waiter]:
     """The waiters in the order they are served; ``held``: owner -> GPUs held now."""
     used = usage or {}
     return sorted(
@@ -81,7 +83,7 @@ def order(waiters: Iterable[Waiter], held: Mapping[str, int], usage: Usage = Non
 
 
 def serve(
-    waiters: Iterable[Waiter], held: Mapping[str, int], attempt: Attempt, usage: Usage = None
+    waiters: Iterable[Waiter], held: Mapping[str, float], attempt: Attempt, usage: Usage = None
 ) -> list[tuple[Waiter, Placed]]:
     """Grant every waiter that can be granted now without delaying one ahead of it.
 
@@ -89,7 +91,7 @@ def serve(
     share may move another owner's request ahead.
     """
     remaining = list(waiters)
-    holding = Counter(held)
+    holding: dict[str, float] = dict(held)
     granted: list[tuple[Waiter, Placed]] = []
     while remaining:
         blocked: frozenset[str] = frozenset()
@@ -97,7 +99,8 @@ def serve(
             outcome = attempt(waiter, blocked)
             if isinstance(outcome, Placed):
                 granted.append((waiter, outcome))
-                holding[waiter.owner] += len(outcome.gpus)
+                part = len(outcome.gpus) if outcome.part is None else outcome.part
+                holding[waiter.owner] = holding.get(waiter.owner, 0) + part
                 remaining.remove(waiter)
                 break
             if isinstance(outcome, Short):
@@ -108,7 +111,7 @@ def serve(
 
 
 def ahead_of(
-    newcomer: Waiter, waiters: Iterable[Waiter], held: Mapping[str, int], usage: Usage = None
+    newcomer: Waiter, waiters: Iterable[Waiter], held: Mapping[str, float], usage: Usage = None
 ) -> list[Waiter]:
     """The waiters served before ``newcomer`` would be, were it in line now."""
     ranked = order([*waiters, newcomer], held, usage)

@@ -45,6 +45,7 @@ class Held:
     end: float | None
     pool: str | None = None  # the pool its lease was placed in
     name: str = ""  # the holder container's name (its short id when it had none)
+    part: float = 1.0  # the part of the GPU held: a share's fraction (core/sharing.py)
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,15 @@ def held(uses: Iterable[dict[str, Any]]) -> list[Held]:
         for uuid, index in zip(gpus, indices, strict=False):
             owner, pool = row.get("owner") or "", row.get("pool")
             name = row.get("name") or (row.get("container") or "")[:12]
-            found.append(Held(owner, str(uuid), index, start, end, pool, name))
+            part = share_part(row.get("share"))
+            found.append(Held(owner, str(uuid), index, start, end, pool, name, part))
     return found
+
+
+def share_part(share: Any) -> float:
+    """A use's part of its GPU by its audit line's ``share`` ("1/4"); 1 for a whole GPU."""
+    num, _, den = str(share or "").partition("/")
+    return int(num) / int(den) if num.isdigit() and den.isdigit() and int(den) else 1.0
 
 
 def clipped(h: Held, since: float, until: float) -> tuple[float, float] | None:
@@ -122,7 +130,7 @@ def decayed(intervals: Iterable[Held], now: float, half_life: float) -> dict[str
         if end <= start:
             continue
         weight = (math.exp(-rate * (now - end)) - math.exp(-rate * (now - start))) / rate
-        usage[h.owner] = usage.get(h.owner, 0.0) + weight
+        usage[h.owner] = usage.get(h.owner, 0.0) + weight * h.part
     return usage
 
 
@@ -181,10 +189,10 @@ def rows(
         used, idle, sampled = weighed(buckets.get(h.uuid, ()), *span, starts.get(h.uuid, []))
         for name in key(h.owner, h):
             r = row(name)
-            r["gpu_seconds_held"] += span[1] - span[0]
-            r["gpu_seconds_used"] += used
-            r["gpu_seconds_idle"] += idle
-            r["gpu_seconds_unsampled"] += span[1] - span[0] - sampled
+            r["gpu_seconds_held"] += (span[1] - span[0]) * h.part
+            r["gpu_seconds_used"] += used * h.part
+            r["gpu_seconds_idle"] += idle * h.part
+            r["gpu_seconds_unsampled"] += (span[1] - span[0] - sampled) * h.part
     for e in uses:
         if not e.get("from") or not window.since <= parse_time(e["from"]) < window.until:
             continue

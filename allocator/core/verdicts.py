@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from allocator.core import access, gojson, labels, privileged
+from allocator.core import access, gojson, labels, privileged, sharing
 from allocator.core.ask import Ask, ask_of
 from allocator.core.createbody import decode_create
 from allocator.core.decisions import (
@@ -170,6 +170,9 @@ def _create(
         )
     if grants.none:
         return ALLOW
+    shared = _share_refusal(spec, grants)
+    if shared is not None:
+        return shared
     refused = grants.refused()
     lease_all = bool(lease[0]) and privileged.asked(grants)  # policy.privileged: lease-all
     if refused and not lease_all:
@@ -202,6 +205,16 @@ def _create(
             "Config.Env",
         )
     return NeedsLease(lease_id, token, gpus)
+
+
+def _share_refusal(spec: Mapping[str, Any], grants: Access) -> Deny | None:
+    """A share's create (it binds its GPU's MPS directories) keeps its private /dev/shm:
+    ``--ipc host`` (or another container's IPC) beside it is refused."""
+    if not any(g.detail.startswith(sharing.BIND_DETAIL) for g in grants.grants):
+        return None
+    ipc = str((spec.get("HostConfig") or {}).get("IpcMode") or "")
+    why = sharing.client_refusal((), ipc)
+    return None if why is None else Deny(f"gpu-alloc refused the container create: {why}")
 
 
 def grants_of_create(spec: Mapping[str, Any], facts: Facts) -> Access | Deny:

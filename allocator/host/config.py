@@ -20,7 +20,7 @@ from allocator.core.health import DEFAULT_IGNORED_XIDS, HealthPolicy
 from allocator.core.policy import Pool, Rules, Ulimit, parse_size
 from allocator.core.privileged import MODES as PRIVILEGED_MODES
 from allocator.core.privileged import REFUSE
-from allocator.host import config_times, swarm_config
+from allocator.host import config_sharing, config_times, swarm_config
 from allocator.host.swarm_config import SwarmConfig
 
 DEFAULT_PATH = "/etc/gpu-alloc/config.yaml"
@@ -94,6 +94,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     swarm: SwarmConfig = field(default_factory=SwarmConfig)
+    mps: config_sharing.MpsConfig = field(default_factory=config_sharing.MpsConfig)
     state_dir: str = "/var/lib/gpu-alloc"
     gpus: str = "nvml"
     sysfs: str = "/sys"  # where the CPU topology is read; tests point it at a fake tree
@@ -129,6 +130,7 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "fair_share": dict,
         "time_limit": dict,
         "reclaim_idle_after": (int, float, str, type(None)),
+        "sharing": (list, dict, type(None)),  # core/sharing.py, host/config_sharing.py
     },
     "metrics": {"listen": (str, type(None))},
     "health": {
@@ -138,21 +140,10 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "period": (int, float),
     },
     "swarm": swarm_config.KEYS,
+    "mps": config_sharing.MPS_KEYS,
 }
-_RULE_KEYS = (
-    "limits",
-    "exempt",
-    "pools",
-    "default_pool",
-    "gpu_defaults",
-    "release_stopped_after",
-    "priority",
-    "wait",
-    "privileged",
-    "fair_share",
-    "time_limit",
-    "reclaim_idle_after",
-)
+# The policy keys that make its `Rules`: every one but `PolicyConfig`'s own fields.
+_RULE_KEYS = tuple(k for k in _SECTIONS["policy"] if k not in PolicyConfig.__dataclass_fields__)
 _SCALARS: dict[str, type] = {"state_dir": str, "gpus": str, "sysfs": str}
 
 
@@ -255,6 +246,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
         ("plugin.socket", sections["plugin"].get("socket", "/")),
         ("state_dir", data.get("state_dir", "/")),
         ("sysfs", data.get("sysfs", "/")),
+        ("mps.dir", sections["mps"].get("dir", "/")),
     ):
         if not value.startswith("/"):
             raise _fail(path, dotted, f"must be an absolute path, got '{value}'") from None
@@ -293,6 +285,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
         metrics=MetricsConfig(**sections["metrics"]),
         health=HealthConfig(**health),
         swarm=swarm,
+        mps=config_sharing.MpsConfig(**sections["mps"]),
         state_dir=data.get("state_dir", Config.state_dir),
         gpus=gpus,
         sysfs=data.get("sysfs", Config.sysfs),
@@ -366,6 +359,7 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
         raise _fail(path, "policy.fair_share.half_life", "required, a duration such as 7d")
     try:
         times = config_times.time_rules(policy)
+        sharing = config_sharing.sharing_rules(policy)
     except config_times.KeyProblem as e:
         raise _fail(path, e.key, e.why) from None
     return Rules(
@@ -393,6 +387,7 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
         privileged=privileged,
         fair_share_half_life=_duration(path, "policy.fair_share.half_life", share.get("half_life")),
         **times,
+        sharing=sharing,
     )
 
 

@@ -45,6 +45,9 @@ class Host:
     proc_devices: str = "/proc/devices"
     mountinfo: str = "/proc/self/mountinfo"
     engine: EngineRoot | None = None
+    # Where shared GPUs' MPS directories are (protected too): a bind of exactly one GPU's
+    # pipe or shm directory reaches that GPU (allocator/core/sharing.py).
+    mps_dir: str = ""
 
     def resolve(self, path: str) -> str:
         if self.engine:

@@ -28,7 +28,7 @@ from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
 from allocator.host.health import HealthFile
 from allocator.host.ledger import Ledger
-from allocator.ops import swarm_doctor
+from allocator.ops import sharing_doctor, swarm_doctor
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -385,6 +385,10 @@ def check_swarm(cfg: Config) -> Line:
     return Line(*swarm_doctor.check(cfg))
 
 
+def check_sharing(cfg: Config) -> Line:
+    return Line(*sharing_doctor.check(cfg))
+
+
 CHECKS: tuple[Callable[[Config], Line], ...] = (
     check_inventory,
     check_pools,
@@ -398,6 +402,7 @@ CHECKS: tuple[Callable[[Config], Line], ...] = (
     check_state,
     check_health,
     check_swarm,
+    check_sharing,
     check_context,
 )
 

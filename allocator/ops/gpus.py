@@ -45,6 +45,9 @@ def render_table(snap: dict[str, Any]) -> str:
                 g["container_name"] or ((g["holder"] or {}).get("container") or "-")[:12],
             )
         )
+        for sh in (s for s in snap.get("shares") or () if s["uuid"] == g["uuid"]):
+            rows.append(("", f"  share {sh['share']}", "", "", "", "", "", sh["owner"],
+                         sh["name"] or (sh["container"] or "-")[:12]))  # fmt: skip
         for p in g["processes"]:
             where = p["container_name"] or (p["container"] or "host")[:12]
             rows.append(("", f"  pid {p['pid']}", "", "", _gib(p["used_memory_bytes"]), "", "",

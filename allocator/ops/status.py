@@ -6,6 +6,7 @@ from typing import Any
 
 from allocator.core.cpus import format_list
 from allocator.core.holders import ago
+from allocator.views import shares as shared_view
 from allocator.views.status import HOST, rfc3339
 from allocator.views.wire import encode as render_json
 
@@ -65,6 +66,7 @@ def render_table(snap: dict[str, Any]) -> str:
                 f"{name} unhealthy ({g['health_event']['what']}){held}: never granted; "
                 "'gpu-alloc health clear' brings it back once fixed"
             )
+    lines += shared_view.lines(snap)
     for le in snap.get("leases") or ():
         if le.get("cpus") or le.get("memory"):
             lines.append(_cpu_line(le, f"lease {le['id']}"))

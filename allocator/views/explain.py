@@ -15,7 +15,7 @@ from typing import Any
 
 from allocator import shares
 from allocator.core import labels as gpu_labels
-from allocator.core import reservations, timelimits
+from allocator.core import reservations, sharing, timelimits
 from allocator.core import verdicts as decide
 from allocator.core.holders import ago
 from allocator.core.placement import Shortage
@@ -123,7 +123,10 @@ def explain(
     ask = decide.shim_ask(spec, alloc.gather.facts())
     if isinstance(ask, decide.Deny):
         return base | _answer(INVALID, ask.msg)
-    result = alloc.book.explain(ask, who, want)
+    share = sharing.share_ask(given)
+    if isinstance(share, str):
+        return base | _answer(INVALID, share)
+    result = alloc.book.explain(ask, who, want, share)
     wait = wait_of(given, alloc.gather.rules)
     if isinstance(wait, Invalid):
         return base | _answer(INVALID, wait.msg)
@@ -151,7 +154,7 @@ def explain(
     now = ledger.now()
     later = reservations.later(alloc.reservations.current(now), uuids, who, now, index)
     limit = timelimits.described(alloc.gather.rules, who, pool, want.time)
-    notes = "".join(f"; {n}" for n in (limit, later) if n)
+    notes = "".join(f"; {n}" for n in (limit, later, _share_note(alloc, share, uuids)) if n)
     return (
         base
         | _answer(FITS, f"would be granted now{where}: {shown}" + notes)
@@ -161,6 +164,15 @@ def explain(
             "time_limit_s": timelimits.effective(alloc.gather.rules, who, pool, want.time),
         }
     )
+
+
+def _share_note(alloc: Allocator, share: sharing.ShareAsk | None, uuids: list[str]) -> str:
+    """What the share would be: its GPU's rule in words (timeslice: no caps, no isolation)."""
+    if share is None:
+        return ""
+    gpu = next(g for g in alloc.gather.inventory().gpus if g.uuid == uuids[0])
+    rule = sharing.rule_for(gpu, alloc.gather.rules.sharing)
+    return f"as {share.words()}, one of its {rule.said(gpu)}" if rule else ""
 
 
 def _no_use(user: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from allocator.core.usage import Usage
 from allocator.host import ledger, usage
 from allocator.host.engine import EngineError
 from allocator.service import Allocator
+from allocator.views import shares as shared_view
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,12 @@ class LiveView:
             "gpus": rows,
             "departed": departed,
             "pools": pools,
+            "shares": shared_view.shares(got.inventory, got.ledger, self._names(got)),
         }
+
+    def _names(self, got: Reading) -> dict[str, str]:
+        listed = got.containers.items()
+        return {cid: c["Names"][0].lstrip("/") for cid, c in listed if c.get("Names")}
 
     def _row(self, s: GpuState, got: Reading, pools: dict[str, list[int]]) -> dict[str, Any]:
         g, holder = s.gpu, s.holder

@@ -15,6 +15,7 @@ from allocator.core.health import GpuHealth
 from allocator.core.inventory import GPU
 from allocator.core.leases import Lease
 from allocator.service import Allocator
+from allocator.views import shares as shared_view
 from allocator.views.gpus import LiveView
 
 HOST = "host compute processes"
@@ -120,7 +121,13 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
         "free": sum(1 for g in gpus if g["free"]),
         "total": len(gpus),
         "fair_share": shares.table(alloc.fair_share, alloc.gather.rules.fair_share_half_life),
+        "shared": shared_view.shared(inventory, rules, state),
+        "shares": shared_view.shares(inventory, state, _names(engine)),
     }
+
+
+def _names(engine: dict[str, Any]) -> dict[str, str]:
+    return {cid: c["Names"][0].lstrip("/") for cid, c in engine.items() if c.get("Names")}
 
 
 def _left(lease: Lease, now: float) -> int | None:

@@ -109,7 +109,7 @@ def test_a_daemon_json_dockerd_does_not_read_is_a_warning_naming_the_one_it_does
 
 def test_doctor_lines_all_say_ok_warn_or_fail(stack, tmp_path):
     lines = [ln for ln in doctor(stack, tmp_path).stdout.splitlines() if ln.startswith("[")]
-    assert len(lines) == 13
+    assert len(lines) == 14
     assert all(ln[1:5].strip() in ("ok", "warn", "FAIL") for ln in lines), json.dumps(lines)
 
 

@@ -20,6 +20,7 @@ class TableHost:
     table: tuple[Mount, ...] = V1_CGROUPS
     protected: tuple[str, ...] = ("/dev", "/sys", "/proc", "/var/lib/docker", "/run/docker")
     nodes: dict[str, Node] = field(default_factory=dict)
+    mps_dir: str = ""  # shared GPUs' MPS directories (allocator/core/sharing.py)
 
     def resolve(self, path: str) -> str:
         return path

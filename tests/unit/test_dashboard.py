@@ -188,3 +188,28 @@ def test_the_timeline_draws_a_row_per_gpu_its_holders_a_reservation_and_gpu_hour
     assert 'data-timeline="7d"' in week
     assert holds(week) == [(UUIDS[0], "unknown"), (UUIDS[1], "alice"), (UUIDS[2], "bob")]
     assert re.search(r"<td>.*bob</td><td>24\.0</td>", week)
+
+
+class SharedView(gpus.LiveView):
+    """GPU 1 shared by two quarter shares (policy.sharing), as the snapshot lists them."""
+
+    def snapshot(self, now: float | None = None) -> dict:
+        snap = super().snapshot(now)
+        snap["shares"] = [
+            {"uuid": UUIDS[1], "share": "1/4", "owner": who, "name": name, "container": None}
+            for who, name in (("al", "nb-al"), ("bo", "nb-bo"))
+        ]
+        return snap
+
+
+def test_a_shared_gpu_lists_its_shares_on_its_tile(world) -> None:
+    alloc, _ = world
+    port = free_port()
+    server = metrics_server.serve(f"127.0.0.1:{port}", SharedView(alloc))
+    try:
+        dom = chromium("--dump-dom", f"http://127.0.0.1:{port}/")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "shared: 2 shares" in dom
+    assert "1/4 al / nb-al" in dom and "1/4 bo / nb-bo" in dom

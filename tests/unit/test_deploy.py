@@ -158,6 +158,7 @@ def test_shim_unit_follows_docker(staged: Path) -> None:
     assert shim["Unit"]["Requires"] == ["docker.service"]
     assert shim["Service"]["Restart"] == ["on-failure"]
     assert shim["Service"]["RuntimeDirectory"] == ["gpu-alloc"]
+    assert shim["Service"]["RuntimeDirectoryPreserve"] == ["yes"]  # MPS dirs outlive it
     ready = f"{PREFIX}/venv/bin/gpu-alloc --config /etc/gpu-alloc/config.yaml ready shim"
     assert shim["Service"]["ExecStartPost"] == [ready]  # install says done once it answers
 

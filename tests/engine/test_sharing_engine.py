@@ -1,0 +1,241 @@
+"""Shared GPUs on a real dockerd: shares pack, MPS daemons come and go, refusals hold.
+
+Simulated GPUs 0 and 1 are four MPS shares each (policy.sharing), GPU 2 (pool ``ts``)
+two timeslice shares; GPU 3 is whole only.
+A fake ``nvidia-cuda-mps-control`` records every call it is given (the GPU it was run
+for, its arguments, and the commands read on stdin) in ``mps-calls.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import yaml
+
+from allocator.core.sharing import CLIENT_PIPE
+from allocator.host.ledger import Ledger
+from tests.support import engine
+
+IMAGE = engine.BUSYBOX_TAG
+GPU = [engine.sim_gpu_uuid(k) for k in range(4)]
+POLICY = {
+    "pools": {"ts": {"gpus": [2]}},
+    "sharing": [{"gpus": [0, 1], "shares": 4}, {"pool": "ts", "shares": 2, "mode": "timeslice"}],
+}
+SHARE = ("--gpus", "1", "--label", "io.gpu-alloc.share=1/4")
+FAKE = """#!/bin/sh
+log="$(dirname "$0")/mps-calls.log"
+pipe="$CUDA_MPS_PIPE_DIRECTORY"
+printf 'call gpu=%s pipe=%s args=%s\\n' "$CUDA_VISIBLE_DEVICES" "$pipe" "$*" >> "$log"
+[ "$1" = "-d" ] && exit 0
+while read -r line; do printf 'cmd gpu=%s %s\\n' "$CUDA_VISIBLE_DEVICES" "$line" >> "$log"; done
+"""
+
+
+def make_stack() -> engine.Stack:
+    stack = engine.Stack(gpus=4, policy=POLICY)
+    fake = stack.dir / "nvidia-cuda-mps-control"
+    fake.write_text(FAKE)
+    fake.chmod(0o755)
+    stack.extra = {"mps": {"dir": str(stack.dir / "mps"), "control": str(fake)}}
+    return stack
+
+
+def shim(stack: engine.Stack, *args: str):
+    return engine.docker_cli(stack.shim_sock, *args)
+
+
+def real(stack: engine.Stack, *args: str):
+    return engine.docker_cli(stack.engine_sock, *args)
+
+
+def calls(stack: engine.Stack) -> list[str]:
+    log = stack.dir / "mps-calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def shares(stack: engine.Stack) -> list[tuple[tuple[str, ...], int, int]]:
+    leases = Ledger(stack.state_dir).read().leases.values()
+    return sorted((le.gpus, le.share_slots, le.share_of) for le in leases if le.share_of)
+
+
+def wait_for(what, timeout: float = 15.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = what()
+        if got:
+            return got
+        time.sleep(0.2)
+    return what()
+
+
+def set_policy(stack: engine.Stack, **changes: object) -> None:
+    config = yaml.safe_load(stack.config_path.read_text())
+    config["policy"].update(changes)
+    stack.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def test_four_quarters_share_one_gpu_and_its_one_daemon_until_the_last_ends(stack):
+    for k in range(4):
+        run = shim(stack, "run", "-d", "--name", f"q{k}", *SHARE, IMAGE, "sleep", "300")
+        assert run.returncode == 0, run.stderr + stack.logs()
+    assert shares(stack) == [((GPU[0],), 1, 4)] * 4
+    started = [c for c in calls(stack) if c.endswith("args=-d")]
+    assert started == [f"call gpu={GPU[0]} pipe={stack.dir}/mps/{GPU[0]}/pipe args=-d"]
+    # 81920 MiB / 4 and 100 % / 4, set by the daemon's own index 0
+    assert f"cmd gpu={GPU[0]} set_default_device_pinned_mem_limit 0 20480M" in calls(stack)
+    assert f"cmd gpu={GPU[0]} set_default_active_thread_percentage 25" in calls(stack)
+    info = engine.engine_api(stack.engine_sock).inspect_container("q0")
+    assert f"CUDA_MPS_PIPE_DIRECTORY={CLIENT_PIPE}" in info["Config"]["Env"]
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M" in info["Config"]["Env"]
+    assert f"{stack.dir}/mps/{GPU[0]}/pipe:{CLIENT_PIPE}" in info["HostConfig"]["Binds"]
+    assert f"{stack.dir}/mps/{GPU[0]}/shm:/dev/shm" in info["HostConfig"]["Binds"]
+    assert info["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == [GPU[0]]
+    assert info["Config"]["Labels"]["io.gpu-alloc.share"] == "1/4"
+
+    status = engine.gpu_alloc(stack, "status").stdout
+    assert "GPU 0 shared: 4 of 4 out; 4 MPS shares of 20480 MiB and 25% each" in status
+    assert "share 1/4: q3 of root" in status
+    ask = ("explain", "--user", "root", "--label", "io.gpu-alloc.share=1/4")
+    explained = engine.gpu_alloc(stack, *ask).stdout
+    assert "would be granted now: GPU 1" in explained, explained
+    assert "as 1/4 of a GPU, one of its 4 MPS shares" in explained
+
+    fifth = shim(stack, "run", "-d", "--name", "q4", *SHARE, IMAGE, "sleep", "300")
+    assert fifth.returncode == 0, fifth.stderr
+    assert ((GPU[1],), 1, 4) in shares(stack)
+
+    whole = shim(stack, "run", "-d", "--name", "whole", "--gpus", "2", IMAGE, "sleep", "300")
+    assert whole.returncode == 0, whole.stderr
+    leased = Ledger(stack.state_dir).read().leases.values()
+    assert {u for le in leased if not le.share_of for u in le.gpus} == {GPU[2], GPU[3]}
+    more = shim(stack, "run", "-d", "--gpus", "1", IMAGE, "sleep", "300")
+    assert more.returncode != 0  # GPUs 0 and 1 have shares out: never leased whole
+    assert "0 of 4 free on this host" in more.stderr, more.stderr
+
+    status = json.loads(engine.gpu_alloc(stack, "status", "--json").stdout)
+    assert sum(1 for le in status["leases"] if le.get("share_of") == 4) == 5
+
+    assert shim(stack, "rm", "-f", "q0", "q1", "q2").returncode == 0
+    time.sleep(3)
+    assert not any(c.endswith("quit") for c in calls(stack))  # q3 still holds a share
+    assert shim(stack, "rm", "-f", "q3").returncode == 0
+    assert wait_for(lambda: f"cmd gpu={GPU[0]} quit" in calls(stack)), calls(stack)
+    assert f"cmd gpu={GPU[1]} quit" not in calls(stack)
+
+
+def test_share_refusals_hold_on_both_sockets(stack):
+    own_env = shim(stack, "run", "--rm", *SHARE, "-e", "CUDA_MPS_PIPE_DIRECTORY=/x", IMAGE, "true")
+    assert own_env.returncode != 0 and "CUDA_MPS_PIPE_DIRECTORY" in own_env.stderr
+    ipc = shim(stack, "run", "--rm", *SHARE, "--ipc", "host", IMAGE, "true")
+    assert ipc.returncode != 0 and "--ipc host" in ipc.stderr
+    two = shim(stack, "run", "--rm", "--gpus", "2", "--label", "io.gpu-alloc.share=1/4", IMAGE)
+    assert two.returncode != 0 and "--gpus 1" in two.stderr
+    third = shim(stack, "run", "--rm", "--gpus", "1", "--label", "io.gpu-alloc.share=1/3", IMAGE)
+    assert third.returncode != 0 and "not a whole number of its 4 shares" in third.stderr
+
+    held = shim(stack, "run", "-d", "--name", "held", *SHARE, IMAGE, "sleep", "300")
+    assert held.returncode == 0, held.stderr
+    pipe = f"{stack.dir}/mps/{GPU[0]}/pipe"
+    # The real socket: a bind of a shared GPU's pipe directory, or the GPU itself, with
+    # no share lease; and --ipc host beside the share's binds.
+    for args in (
+        ("-v", f"{pipe}:{CLIENT_PIPE}"),
+        ("-v", f"{stack.dir}/mps:/mps"),
+        ("--gpus", f"device={GPU[0]}"),
+        ("--ipc", "host", "-v", f"{pipe}:{CLIENT_PIPE}"),
+    ):
+        made = real(stack, "run", "--rm", *args, IMAGE, "true")
+        assert made.returncode != 0, args
+        assert "authorization denied by plugin" in made.stderr, made.stderr
+    # Through the shim, a client's own bind of a pipe directory asks for that GPU, and
+    # a share is one GPU asked with --gpus 1 alone.
+    sneaky = shim(stack, "run", "--rm", *SHARE, "-v", f"{pipe}:/p", IMAGE, "true")
+    assert sneaky.returncode != 0
+    assert shim(stack, "rm", "-f", "held").returncode == 0
+
+
+def test_shares_count_as_fractions_in_limits(stack):
+    original = stack.config_path.read_text()
+    set_policy(stack, limits={"default": {"gpus": 1}}, exempt=[])
+    try:
+        for k in range(4):
+            run = shim(stack, "run", "-d", "--name", f"l{k}", *SHARE, IMAGE, "sleep", "300")
+            assert run.returncode == 0, run.stderr
+        over = shim(stack, "run", "-d", "--name", "l4", *SHARE, IMAGE, "sleep", "300")
+        assert over.returncode != 0
+        assert "holds 1 of 1 GPU allowed" in over.stderr, over.stderr
+        assert shim(stack, "rm", "-f", "l0").returncode == 0
+        again = shim(stack, "run", "-d", "--name", "l4", *SHARE, IMAGE, "sleep", "300")
+        assert again.returncode == 0, again.stderr  # a quarter freed makes room for one
+    finally:
+        stack.config_path.write_text(original)
+
+
+def test_mps_serves_one_user_at_a_time_so_another_users_share_goes_elsewhere(stack):
+    assert (
+        shim(stack, "run", "-d", "--name", "rooted", *SHARE, IMAGE, "sleep", "300").returncode == 0
+    )
+    other = shim(
+        stack, "run", "-d", "--name", "other", "--user", "1000", *SHARE, IMAGE, "sleep", "300"
+    )
+    assert other.returncode == 0, other.stderr
+    by_user = {le.share_user: le.gpus for le in Ledger(stack.state_dir).read().leases.values()}
+    assert by_user == {"0": (GPU[0],), "1000": (GPU[1],)}
+    third = shim(stack, "run", "--rm", "--user", "1001", *SHARE, IMAGE, "true")
+    assert third.returncode != 0
+    assert "MPS serves one user at a time" in third.stderr, third.stderr
+    assert shim(stack, "rm", "-f", "rooted", "other").returncode == 0
+
+
+def test_timeslice_shares_get_no_daemon_no_caps_and_say_so(stack):
+    pool = ("--label", "io.gpu-alloc.pool=ts")
+    for k in range(2):
+        run = shim(stack, "run", "-d", "--name", f"t{k}", *SHARE[:3], "io.gpu-alloc.share=1/2",
+                   *pool, IMAGE, "sleep", "300")  # fmt: skip
+        assert run.returncode == 0, run.stderr
+    assert shares(stack) == [((GPU[2],), 1, 2)] * 2
+    info = engine.engine_api(stack.engine_sock).inspect_container("t0")
+    assert not [e for e in info["Config"]["Env"] if e.startswith("CUDA_MPS_")]
+    assert not info["HostConfig"]["Binds"]
+    assert not [c for c in calls(stack) if GPU[2] in c]
+    shown = engine.gpu_alloc(stack, "status")
+    status = shown.stdout + shown.stderr
+    assert (
+        "GPU 2 shared: 2 of 2 out; 2 timeslice shares (no memory or compute caps, no isolation)"
+        in status
+    )
+    assert shim(stack, "rm", "-f", "t0", "t1").returncode == 0
+
+
+COMPOSE = f"""
+version: "3.8"
+services:
+  notebook:
+    image: {IMAGE}
+    command: ["sleep", "300"]
+    network_mode: none
+    labels:
+      io.gpu-alloc.share: "1/4"
+    deploy:
+      resources:
+        reservations:
+          devices:
+            - driver: nvidia
+              count: 1
+              capabilities: [gpu]
+"""
+
+
+def test_compose_replicas_ask_for_shares_with_the_same_label(stack, tmp_path):
+    (tmp_path / "docker-compose.yml").write_text(COMPOSE)
+    up = engine.docker_compose(
+        stack.shim_sock, tmp_path, "up", "-d", "--scale", "notebook=3", project_name="gashare"
+    )
+    try:
+        assert up.returncode == 0, up.stderr + stack.logs()
+        assert shares(stack) == [((GPU[0],), 1, 4)] * 3
+    finally:
+        engine.docker_compose(stack.shim_sock, tmp_path, "down", "-t", "1", project_name="gashare")
+    assert wait_for(lambda: not shares(stack))
