@@ -7,7 +7,8 @@ $CI is set: CI must never pass by silently skipping the real-Engine tests.
 The Engine of the run is `--engine` (or $GA_ENGINE): 20.10 (the host's, default),
 26 or 28 (from a Debian root built on first use, tests/support/engine_root.py); the report
 header names it.  The one reason an engine test is skipped even under CI is the
-Debian archive failing to give a root that day: that is said loudly, in the
+Debian archive failing to give a root that day, or an Engine's own binaries (29's, from
+the shared directory beside the checkout) being absent: that is said loudly, in the
 header, in each skip and in a banner at the end.
 """
 
@@ -36,7 +37,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--engine",
         default=None,
-        help="dockerd to test: 20.10 (the host's), 26 (Debian trixie root), 28 (sid root); "
+        help="dockerd to test: 20.10 (the host's), 26 (Debian trixie root), 28 (sid root), "
+        "29 (the sid root with dockerd 29 from ../shared/engines); "
         "default $GA_ENGINE, else 20.10",
     )
 
@@ -50,14 +52,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @functools.cache
 def engine_state() -> tuple[str, str | None, str | None]:
-    """(what the Engine says it is, why its root is unavailable from the archive, why it
-    failed otherwise); builds a root Engine's root on first use."""
+    """(what the Engine says it is, the banner and why its root is unavailable from the
+    archive or the shared binaries, why it failed otherwise); builds a root Engine's root
+    on first use."""
     eng = engine_root.selected()
     try:
         if eng.root is not None and engine.missing_requirements(eng) is None:
             engine_root.ensure_root(eng)
+    except engine_root.BinariesAbsent as e:
+        return f"{eng.name} (Debian {eng.suite})", f"{engine_root.ABSENT_BANNER}: {e}", None
     except engine_root.ArchiveUnavailable as e:
-        return f"{eng.name} (Debian {eng.suite})", str(e), None
+        return f"{eng.name} (Debian {eng.suite})", f"{ARCHIVE_BANNER}: {e}", None
     except Exception as e:  # a real failure: engine tests fail under CI
         return f"{eng.name} (Debian {eng.suite})", None, f"{type(e).__name__}: {e}"
     if eng.root is not None:
@@ -77,7 +82,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     said, archive, _ = engine_state()
     lines = [f"engine: {said}"]
     if archive:
-        lines.append(f"!!! {ARCHIVE_BANNER}: {archive.splitlines()[0]}")
+        lines.append(f"!!! {archive.splitlines()[0]}")
     return lines
 
 
@@ -86,8 +91,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     said, archive, _ = engine_state()
     terminalreporter.write_line(f"engine: {said}")
     if archive:
-        terminalreporter.write_sep("!", f"{ARCHIVE_BANNER} ({said})", red=True, bold=True)
-        terminalreporter.write_line(archive, red=True)
+        banner, _, why = archive.partition(": ")
+        terminalreporter.write_sep("!", f"{banner} ({said})", red=True, bold=True)
+        terminalreporter.write_line(why, red=True)
         terminalreporter.write_sep("!", "engine tests of this Engine were SKIPPED", red=True)
 
 
@@ -104,7 +110,8 @@ def require_engine() -> None:
     if why is None:
         said, archive, failed = engine_state()
         if archive:  # not this code's fault, nor this machine's: loud, but no CI failure
-            pytest.skip(f"{ARCHIVE_BANNER} for Engine {said}: {archive.splitlines()[0]}")
+            banner, _, why = archive.partition(": ")
+            pytest.skip(f"{banner} for Engine {said}: {why.splitlines()[0]}")
         if failed is None:
             return
         why = f"Engine {said} unavailable: {failed}"

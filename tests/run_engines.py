@@ -1,5 +1,5 @@
 """`make test`'s runner: the whole suite on the host's Engine and, in the same run, the
-Engine-facing suites on dockerd 26 and 28, as separate pytest processes in parallel.
+Engine-facing suites on dockerd 26, 28 and 29, as separate pytest processes in parallel.
 
 Why parallel processes: each part mostly waits on its own dockerd (container starts,
 Compose, stop timeouts), so three parts on two cores take little longer than the
@@ -8,10 +8,12 @@ harness has to switch Engines mid-run.  Each part's output is printed whole when
 ends (never interleaved), and the last lines are pytest-style summaries, one per part
 and one for all, so whatever reads pytest's last line still can.  The exit status is
 non-zero if any part failed; a part whose Debian root the archive could not give
-today is reported loudly (engine_root.ARCHIVE_BANNER) without failing the run.
+today is reported loudly (engine_root.ARCHIVE_BANNER) without failing the run, and so
+is, in one line and without starting it, a part whose Engine's own binaries are absent
+(29's, from the shared directory beside the checkout: engine_root.ABSENT_BANNER).
 
     python -m tests.run_engines                # what make test runs
-    python -m tests.run_engines --engines 26,28 --engine-suites-only
+    python -m tests.run_engines --engines 26,28,29 --engine-suites-only
     python -m tests.run_engines -- -k compose  # extra pytest arguments, for every part
 """
 
@@ -38,6 +40,7 @@ ENGINE_SUITES = (
     "tests/engine/test_e2e.py",
     "tests/engine/test_enforcement_engine.py",
     "tests/engine/test_lifecycle.py",
+    "tests/engine/test_departures.py",  # destroy events as each Engine writes them (29: Actor)
     "tests/engine/test_compose.py",
     "tests/engine/test_cuda.py",  # image events (tag, rmi) keep the shim's image configs true
     "tests/engine/test_swarm.py",  # swarm's scheduler and constraint enforcer differ by version
@@ -46,6 +49,7 @@ ENGINE_SUITES = (
 # The install tier (a booted systemd root) runs beside the whole suite, not inside it.
 INSTALL_TIER = "tests/installed"
 ARCHIVE_BANNER = engine_root.ARCHIVE_BANNER
+BANNERS = (ARCHIVE_BANNER, engine_root.ABSENT_BANNER)
 # pytest's last line: "2 failed, 915 passed in 758.76s (0:12:38)", framed by "=" without -q.
 SUMMARY = re.compile(r"^=*\s*(\d+ \w+.*?) in ([0-9.]+)s(?: \([0-9:]+\))?\s*=*$")
 # The counts of a pytest summary, in the order pytest prints them.
@@ -126,7 +130,7 @@ def finish(part: Part) -> None:
     part.seconds = time.monotonic() - part.started
     text = part.log.read_text(errors="replace")
     part.summary, part.counts = parse_summary(text)
-    banner = next((ln for ln in text.splitlines() if ARCHIVE_BANNER in ln), "")
+    banner = next((ln for ln in text.splitlines() if any(b in ln for b in BANNERS)), "")
     part.archive = banner.strip("! ")
     bar = "#" * 12
     print(f"\n{bar} {part.title} (exit {part.rc}, {part.seconds:.0f} s) {bar}", flush=True)
@@ -137,9 +141,14 @@ def finish(part: Part) -> None:
 def run(parts: list[Part], extra: list[str]) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="ga-run-", dir="/tmp"))
     t0 = time.monotonic()
+    pending = []
     for part in parts:
+        why = engine_root.binaries_absent(engine_root.lookup(part.engine))
+        if why:  # not started: said once, in the summary, and the run stays green
+            part.rc, part.summary = 0, f"SKIPPED, {engine_root.ABSENT_BANNER}: {why}"
+            continue
         start(part, tmp, extra)
-    pending = list(parts)
+        pending.append(part)
     while pending:
         for part in list(pending):
             assert part.proc is not None
@@ -151,6 +160,9 @@ def run(parts: list[Part], extra: list[str]) -> int:
     print("\n" + "=" * 30 + " engines " + "=" * 30)
     for part in parts:
         status = "ok" if part.rc == 0 else f"FAILED (exit {part.rc})"
+        if part.proc is None:
+            print(f"!!! {part.title}: {part.summary}")
+            continue
         print(f"{part.title}: {part.summary or 'no summary'} in {part.seconds:.1f}s: {status}")
         if part.archive:
             print(f"!!! {part.title}: {part.archive}")
@@ -168,7 +180,7 @@ def run(parts: list[Part], extra: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engines", default="20.10,26,28",
+    parser.add_argument("--engines", default="20.10,26,28,29",
                         help="comma-separated; the first runs the whole suite")  # fmt: skip
     parser.add_argument("--engine-suites-only", action="store_true",
                         help="the Engine-facing suites on every Engine, the first too")  # fmt: skip

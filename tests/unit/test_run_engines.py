@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests import run_engines
 from tests.run_engines import Part
+from tests.support import engine_root
 
 
 def test_quiet_and_framed_summaries_are_both_read() -> None:
@@ -38,3 +41,19 @@ def test_the_install_tier_runs_beside_the_whole_suite_not_inside_it() -> None:
     assert parts[1].title == "engine 20.10: install tier"
     only = run_engines.plan(["20.10", "26"], whole=False)
     assert all(p.paths == run_engines.ENGINE_SUITES and not p.ignore for p in only)
+
+
+def test_an_engine_without_its_binaries_is_one_line_and_the_run_stays_green(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    monkeypatch.setattr(engine_root, "SHARED", tmp_path / "nowhere")
+    assert run_engines.run([Part("29", run_engines.ENGINE_SUITES)], []) == 0
+    out = capsys.readouterr().out
+    said = [ln for ln in out.splitlines() if "engine 29" in ln]
+    assert len(said) == 1
+    assert engine_root.ABSENT_BANNER in said[0] and str(tmp_path / "nowhere") in said[0]
+
+
+def test_make_test_runs_29_by_default() -> None:
+    assert "ENGINES ?= 20.10,26,28,29" in Path("Makefile").read_text()
+    assert 'default="20.10,26,28,29"' in Path(run_engines.__file__).read_text()
