@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import json
 import os
 import shutil
 import signal
@@ -40,6 +41,7 @@ import docker
 import docker.errors
 import yaml
 
+from allocator.core import builds
 from tests.support import engine_root
 from tests.support.busybox_image import BUSYBOX_TAG, busybox_rootfs_tar, import_busybox  # noqa: F401
 from tests.support.clients import (  # noqa: F401
@@ -550,6 +552,11 @@ class Stack:
 
     def start(self) -> Stack:
         self.write_config()
+        daemon_json = self.engine_dir / "daemon.json"
+        if not daemon_json.exists() or not daemon_json.read_text().strip():
+            # What deploy/install.sh writes besides the plugin's name (named here by flag).
+            self.engine_dir.mkdir(parents=True, exist_ok=True)
+            daemon_json.write_text(json.dumps(builds.CLOSED) + "\n")
         try:
             self.plugin = self._serve("plugin", self.plugin_sock)
             self.dockerd = self._new_dockerd().start()
