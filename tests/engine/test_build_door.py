@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -165,3 +166,28 @@ def test_on_29_without_the_setting_only_the_native_way_stays_open(probe: Path) -
         assert '"device": false' in doctor.stdout
     finally:
         stack.stop()
+
+
+def test_on_29_a_reload_leaves_builds_open_and_a_restart_closes_them(probe: Path) -> None:
+    """dockerd reads builder.entitlements only when it starts: why doctor fails a dockerd
+    older than the daemon.json that closes the door, and the installer says to restart."""
+    if this_engine() != "29":
+        pytest.skip("Engine 29 alone grants the device entitlement by default")
+    state = Path(tempfile.mkdtemp(prefix="ga-", dir="/tmp"))
+    try:
+        config = buildkit.write_daemon_json(state, GPUS, closed=False)
+        with engine.Dockerd(state) as dockerd:
+            engine.import_busybox(dockerd.sock)
+            assert buildkit.run_probe(probe, f"unix://{dockerd.sock}", DEVICES[1]).saw_gpu
+            (state / "daemon.json").write_text(json.dumps({**config, **builds.CLOSED}))
+            os.kill(int((state / "pid").read_text()), signal.SIGHUP)  # dockerd's own pid
+            engine.wait_until(
+                lambda: "Reloaded configuration" in dockerd.log.read_text(),
+                "dockerd's reload", dockerd.proc, dockerd.log, 20,
+            )  # fmt: skip
+            assert buildkit.run_probe(probe, f"unix://{dockerd.sock}", DEVICES[1]).saw_gpu
+        with engine.Dockerd(state) as dockerd:
+            got = buildkit.run_probe(probe, f"unix://{dockerd.sock}", DEVICES[1])
+            assert not got.saw_gpu and "entitlement device is not allowed" in got.out, got.out
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
