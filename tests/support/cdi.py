@@ -32,7 +32,7 @@ FIRST = 25
 # NVIDIA_VISIBLE_DEVICES, or the GPUs the CDI spec injected (comma-joined, by index).
 SEEN = {
     "hook": "printenv NVIDIA_VISIBLE_DEVICES",
-    "cdi": f"env | sort | sed -n 's/^{ENV}[0-9]*=//p' | tr '\\n' , | sed 's/,$//'",
+    "cdi": f"echo $(env | sort | sed -n 's/^{ENV}[0-9]*=//p') | tr ' ' ,",
 }
 
 
