@@ -222,3 +222,11 @@ def test_a_cdi_driver_request_holds_the_gpus_it_names_and_is_not_leased(engine):
         engine, INVENTORY, TableHost(),
     )  # fmt: skip
     assert [(g.gpus, g.leasable) for g in got.grants] == [({UUIDS[1]}, False), (None, False)]
+
+
+@pytest.mark.parametrize("engine", [SID, NEW], ids=["28", "29"])
+def test_the_nvidia_driver_named_without_capabilities_is_a_gpu_request(engine):
+    """29 selects the nvidia driver by its name alone (28 fails the start): GPUs either way."""
+    body = {"HostConfig": {"DeviceRequests": [{"Driver": "nvidia", "Count": 1}]}}
+    (grant,) = access.of_create(body, engine, INVENTORY, TableHost()).grants
+    assert grant.demand is not None and grant.demand.count == 1
