@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.support import engine, engine_root
+from tests.support import cdi, engine, engine_root
 
 # Property tests check behaviour, not speed: on a loaded 2-core CI machine a per-example
 # deadline only makes them flaky.  Speed is measured by the benchmarks.
@@ -41,13 +41,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "29 (the sid root with dockerd 29 from ../shared/engines); "
         "default $GA_ENGINE, else 20.10",
     )
+    parser.addoption(
+        "--gpu-mode",
+        default=None,
+        choices=cdi.MODES,
+        help="how the test dockerds give --gpus: hook (the toolkit's runtime hook) or cdi "
+        "(tests/support/cdi.py); default $GA_GPU_MODE, else hook",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """--engine wins over $GA_ENGINE; the env carries it to every helper and subprocess."""
+    """--engine wins over $GA_ENGINE (--gpu-mode over $GA_GPU_MODE); the env carries them
+    to every helper and subprocess."""
     name = config.getoption("--engine")
     if name:
         os.environ["GA_ENGINE"] = engine_root.lookup(name).name
+    mode = config.getoption("--gpu-mode")
+    if mode:
+        os.environ["GA_GPU_MODE"] = mode
 
 
 @functools.cache
@@ -69,7 +80,9 @@ def engine_state() -> tuple[str, str | None, str | None]:
         lines = engine_root.stamp(eng).splitlines()
         said = next((ln.partition(": ")[2] for ln in lines if ln.startswith("dockerd:")), "?")
         compose = next((ln for ln in lines if ln.startswith("docker-compose ")), "")
-        return f"{eng.name} (Debian {eng.suite} root): {said}; Compose v2 {compose}", None, None
+        mode = "; --gpus through CDI" if cdi.mode() == "cdi" else ""
+        root = f"{eng.name} (Debian {eng.suite} root): {said}; Compose v2 {compose}{mode}"
+        return root, None, None
     try:
         argv = [engine._which("dockerd") or "dockerd", "--version"]
         said = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()

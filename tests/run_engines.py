@@ -39,6 +39,7 @@ ENGINE_SUITES = (
     "tests/engine/test_dockerd_paths.py",  # a chrooted dockerd resolves paths in its own root
     "tests/engine/test_e2e.py",
     "tests/engine/test_enforcement_engine.py",
+    "tests/engine/test_cdi_engine.py",  # CDI names as each Engine turns them
     "tests/engine/test_lifecycle.py",
     "tests/engine/test_departures.py",  # destroy events as each Engine writes them (29: Actor)
     "tests/engine/test_compose.py",
@@ -46,6 +47,10 @@ ENGINE_SUITES = (
     "tests/engine/test_swarm.py",  # swarm's scheduler and constraint enforcer differ by version
     "tests/engine/test_swarm_gpu_alloc.py",
 )
+# The end-to-end GPU creates again with --gpus through CDI (tests/support/cdi.py), on the
+# Engines that turn an nvidia request into CDI devices themselves.
+CDI_SUITES = ("tests/engine/test_e2e.py",)
+CDI_ENGINES = ("29",)
 # The install tier (a booted systemd root) runs beside the whole suite, not inside it.
 INSTALL_TIER = "tests/installed"
 ARCHIVE_BANNER = engine_root.ARCHIVE_BANNER
@@ -61,8 +66,9 @@ COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|desele
 class Part:
     engine: str
     paths: tuple[str, ...]  # empty: the whole suite
-    tier: str = ""  # a tier of its own ("install"), not the Engine's suites
+    tier: str = ""  # a tier of its own ("install", "cdi"), not the Engine's suites
     ignore: tuple[str, ...] = ()  # what the whole suite leaves to another part
+    gpu_mode: str = "hook"  # how its dockerds give --gpus (tests/support/cdi.py)
     proc: subprocess.Popen | None = None
     log: Path | None = None
     started: float = 0.0
@@ -90,7 +96,7 @@ def start(part: Part, tmp: Path, extra: list[str]) -> None:
             *(f"--ignore={path}" for path in part.ignore), *extra]  # fmt: skip
     if part.paths:  # the whole-suite part keeps pytest's cache (--lf); the others do not race it
         argv[3:3] = ["-p", "no:cacheprovider"]
-    env = {**os.environ, "GA_ENGINE": part.engine}
+    env = {**os.environ, "GA_ENGINE": part.engine, "GA_GPU_MODE": part.gpu_mode}
     part.started = time.monotonic()
     with open(part.log, "wb") as out:
         part.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -144,7 +150,7 @@ def run(parts: list[Part], extra: list[str]) -> int:
     pending = []
     for part in parts:
         why = engine_root.binaries_absent(engine_root.lookup(part.engine))
-        if why:  # not started: said once, in the summary, and the run stays green
+        if why:  # not started: said once per Engine, in the summary; the run stays green
             part.rc, part.summary = 0, f"SKIPPED, {engine_root.ABSENT_BANNER}: {why}"
             continue
         start(part, tmp, extra)
@@ -161,7 +167,10 @@ def run(parts: list[Part], extra: list[str]) -> int:
     for part in parts:
         status = "ok" if part.rc == 0 else f"FAILED (exit {part.rc})"
         if part.proc is None:
-            print(f"!!! {part.title}: {part.summary}")
+            skipped = [p.title.removeprefix(f"engine {p.engine}: ") for p in parts
+                       if p.engine == part.engine and p.proc is None]  # fmt: skip
+            if skipped[0] == part.title.removeprefix(f"engine {part.engine}: "):
+                print(f"!!! engine {part.engine} ({', '.join(skipped)}): {part.summary}")
             continue
         print(f"{part.title}: {part.summary or 'no summary'} in {part.seconds:.1f}s: {status}")
         if part.archive:
@@ -193,11 +202,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def plan(names: list[str], whole: bool) -> list[Part]:
     """The parts: the whole suite on the first Engine (the install tier beside it, in a part
-    of its own), the Engine-facing suites on the others."""
+    of its own), the Engine-facing suites on the others, and the CDI tier on the Engines
+    that give --gpus through CDI."""
     parts = [Part(n, () if i == 0 and whole else ENGINE_SUITES) for i, n in enumerate(names)]
     if whole and names:
         parts[0].ignore = (INSTALL_TIER,)
         parts.insert(1, Part(names[0], (INSTALL_TIER,), tier="install"))
+    parts += [Part(n, CDI_SUITES, tier="cdi", gpu_mode="cdi") for n in names if n in CDI_ENGINES]
     return parts
 
 

@@ -7,9 +7,8 @@ entitlement, and exits 0 only if the step saw /dev/nvidia0.  ADDRESS ``unix://PA
 speaks gRPC directly on the socket (Engine 29.2+); ``upgrade://PATH`` first asks
 ``POST /grpc`` with ``Upgrade: h2c``, as the docker CLI's builder does.
 
-The CDI spec names the simulated GPUs (`engine.sim_gpu_uuid`) as ``nvidia.com/gpu=0..N-1``
-and ``all``, each bringing its fake device node (195:N, made under the kernel's /dev,
-which a root Engine sees through its bind of /dev) and its NVIDIA_VISIBLE_DEVICES.
+The CDI spec is the CDI mode's (tests/support/cdi.py): the simulated GPUs as
+``nvidia.com/gpu=0..N-1``, by UUID and ``all``, each bringing its /dev/nvidia<index>.
 """
 
 from __future__ import annotations
@@ -17,16 +16,14 @@ from __future__ import annotations
 import hashlib
 import json
 import lzma
-import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from allocator.core import builds
-from tests.support import engine, engine_root
+from tests.support import cdi, engine, engine_root
 
 PROBE = "buildkit-cdi-probe"
-NODES = Path("/dev/gpu-alloc-test-nodes")
 # The three ways in: (way, over the shim?) -> the probe's ADDRESS scheme.
 WAYS = {
     "native gRPC on the Engine's socket": ("unix://", False),
@@ -60,41 +57,12 @@ def probe_binary(directory: Path) -> Path:
     return out
 
 
-def make_gpu_nodes(count: int) -> list[Path]:
-    NODES.mkdir(parents=True, exist_ok=True)
-    made = []
-    for minor in range(count):
-        path = NODES / f"nvidia{minor}"
-        if not path.exists():
-            os.mknod(path, 0o600 | 0o020000, os.makedev(195, minor))
-        made.append(path)
-    return made
-
-
-def cdi_spec(count: int) -> dict[str, object]:
-    nodes = make_gpu_nodes(count)
-
-    def edits(minors: list[int]) -> dict[str, object]:
-        uuids = ",".join(engine.sim_gpu_uuid(m) for m in minors)
-        return {
-            "env": [f"NVIDIA_VISIBLE_DEVICES={uuids}"],
-            "deviceNodes": [
-                {"path": f"/dev/nvidia{m}", "hostPath": str(nodes[m]), "type": "c",
-                 "major": 195, "minor": m}
-                for m in minors
-            ],
-        }  # fmt: skip
-
-    devices = [{"name": str(m), "containerEdits": edits([m])} for m in range(count)]
-    devices.append({"name": "all", "containerEdits": edits(list(range(count)))})
-    return {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": devices}
-
-
 def write_daemon_json(directory: Path, count: int, closed: bool) -> dict[str, object]:
     """``directory``/daemon.json naming a CDI spec dir with the simulated GPUs; ``closed``:
     with what deploy/install.sh writes (builder.entitlements.device false)."""
     (directory / "cdi").mkdir(parents=True, exist_ok=True)
-    (directory / "cdi" / "nvidia.json").write_text(json.dumps(cdi_spec(count)))
+    uuids = [engine.sim_gpu_uuid(k) for k in range(count)]
+    (directory / "cdi" / cdi.SPEC).write_text(json.dumps(cdi.spec(uuids)))
     config: dict[str, object] = {}
     if not engine_root.selected().host:  # 20.10 refuses the key
         config["cdi-spec-dirs"] = [str(directory / "cdi")]
