@@ -79,8 +79,10 @@ def test_a_build_step_gets_no_gpu_by_any_way(
     got = buildkit.run_probe(probe, address(stack, way), device)
     assert not got.saw_gpu, got.out
     scheme, shim = buildkit.WAYS[way]
-    if scheme == "unix://" and shim:  # the shim answered the HTTP/2 preface in HTTP/1.1
-        assert "HTTP/1.1" in got.out, got.out
+    if scheme == "unix://" and shim:
+        # The shim answered the HTTP/2 preface 400 in HTTP/1.1 and closed: the client
+        # reads that answer, or finds the connection closed while it still writes.
+        assert any(s in got.out for s in ("HTTP/1.1", "broken pipe", "reset by peer")), got.out
     elif this_engine() in ("28", "29") and (
         scheme == "upgrade://" or builds.native_grpc(_version(stack.engine_sock))
     ):
