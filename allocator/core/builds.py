@@ -112,11 +112,11 @@ def native_grpc(version: tuple[int, int, int] | None) -> bool:
 
 def refusal(method: str, path: str, doors: tuple[str, ...]) -> str:
     """The plugin's answer to a BuildKit upgrade while a door is open."""
+    fix = FIX
+    if any("insecure" in door for door in doors):
+        fix += ", and allow no security.insecure (daemon.json, --allow-insecure-entitlement)"
     return (
         f"gpu-alloc refused {method} {path}: builds on this Engine can be given GPUs that "
         f"no lease covers ({'; '.join(doors)}). Builds without BuildKit still work "
-        "(DOCKER_BUILDKIT=0 docker build); an administrator can close the door: "
-        + FIX
-        + ", and remove security.insecure from --allow-insecure-entitlement"
-        * any("insecure" in d for d in doors)
+        f"(DOCKER_BUILDKIT=0 docker build); an administrator can close the door: {fix}"
     )
