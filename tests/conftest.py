@@ -5,8 +5,9 @@ Where those are missing they are skipped on a developer machine but FAIL when
 $CI is set: CI must never pass by silently skipping the real-Engine tests.
 
 The Engine of the run is `--engine` (or $GA_ENGINE): 20.10 (the host's, default),
-26 or 28 (from a Debian root built on first use, tests/support/engine_root.py); the report
-header names it.  The one reason an engine test is skipped even under CI is the
+26, 28 or 29 (from a Debian root built on first use, tests/support/engine_root.py), and
+`--gpu-mode` (or $GA_GPU_MODE) how its dockerds give --gpus (tests/support/cdi.py); the
+report header names them.  The one reason an engine test is skipped even under CI is the
 Debian archive failing to give a root that day, or an Engine's own binaries (29's, from
 the shared directory beside the checkout) being absent: that is said loudly, in the
 header, in each skip and in a banner at the end.

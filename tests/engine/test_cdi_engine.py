@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -89,3 +90,23 @@ def test_a_cdi_device_through_the_shim_is_refused_naming_the_gpu(stack):
     assert "CDI device nvidia.com/gpu=0" in out.stderr, out.stderr
     assert engine.engine_api(stack.engine_sock).containers(all=True) == []
     assert held(stack) == []
+
+
+def test_a_gpu_the_cdi_spec_does_not_name_is_given_the_hooks_way_the_same_gpu():
+    """29 cannot inject `nvidia.com/gpu=<uuid>` from a spec that names GPUs by index only: it
+    logs the error and falls back to the runtime hook with the same ids (older Engines use
+    the hook for --gpus anyway).  Either way the container gets the GPU asked, no other."""
+    mode = "cdi" if MAJOR >= cdi.FIRST else "hook"
+    with engine.Dockerd(gpu_mode=mode, gpus=UUIDS) as dockerd:
+        if mode == "cdi":
+            by_index = cdi.spec(UUIDS)
+            by_index["devices"] = [d for d in by_index["devices"] if d["name"][0] != "G"]
+            (dockerd.dir / "cdi" / cdi.SPEC).write_text(json.dumps(by_index))
+            time.sleep(1)  # dockerd watches its spec directories
+        engine.import_busybox(dockerd.sock)
+        got = engine.docker_cli(
+            dockerd.sock, "run", "--rm", "--gpus", f"device={UUIDS[1]}", IMAGE,
+            "sh", "-c", f"printenv NVIDIA_VISIBLE_DEVICES; {cdi.seen('cdi')}",
+        )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split("\n")[:2] == [UUIDS[1], ""]  # the hook's ids; nothing injected

@@ -12,8 +12,9 @@ works and sets NVIDIA_VISIBLE_DEVICES), and an `nvidia` runtime that simply
 execs runc lets `--runtime nvidia` be accepted.
 
 Which dockerd runs is the Engine of the run (`engine_root.selected()`, from
-$GA_ENGINE): the host's 20.10, or 26/28 from a debootstrapped Debian root, run in
-a private mount namespace (tests/support/engine_root.py).
+$GA_ENGINE): the host's 20.10, or 26/28/29 from a debootstrapped Debian root, run in
+a private mount namespace (tests/support/engine_root.py).  With $GA_GPU_MODE=cdi (or a
+Dockerd's `gpu_mode`) dockerd gives `--gpus` through CDI instead (tests/support/cdi.py).
 
 Plain functions and classes, no pytest: conftest.py and tests/bench.py both
 build on them.
