@@ -55,13 +55,14 @@ lint: venv
 	$(BIN)/mypy
 
 # The whole suite on the host's dockerd 20.10 and, in parallel, the Engine-facing suites on
-# dockerd 26 and 28 (Debian roots built on first use under /var/cache/gpu-alloc-tests):
+# dockerd 26, 28 and 29 (Debian roots built on first use under /var/cache/gpu-alloc-tests;
+# 29's dockerd comes from ../shared/engines, and without it that part says so and is skipped):
 # tests/run_engines.py.  ENGINES=20.10 for the host Engine only; PYTEST_ARGS for pytest.
-ENGINES ?= 20.10,26,28
+ENGINES ?= 20.10,26,28,29
 test: deps venv lint
 	$(BIN)/python -m tests.run_engines --engines "$(ENGINES)" -- $(PYTEST_ARGS)
 
-# ENGINE=26 (or 28) make demo: the same on a newer Engine, from its Debian root.
+# ENGINE=26 (or 28, 29) make demo: the same on a newer Engine, from its Debian root.
 demo: deps venv
 	GA_ENGINE="$${GA_ENGINE:-$(ENGINE)}" bash tests/demo.sh
 

@@ -54,10 +54,10 @@ class Departures:
             try:
                 stream = engine.destroyed()
                 self._resync()
-                for event in stream:
+                for cid in stream:
                     if self.stop.is_set():
                         return
-                    self.gone(str(event.get("id") or ""))
+                    self.gone(cid)
             except Exception as e:  # the Engine went away: open the stream again later
                 log.info("following container removals: %s; trying again", e)
             if self.clock() - opened > BACKOFF_MAX:

@@ -27,6 +27,7 @@ from allocator.core.policy import Rules, missing_pool_gpus
 from allocator.core.verdicts import Facts, unread
 from allocator.host import config as configmod
 from allocator.host import cpus as host_cpus
+from allocator.host import dockerd
 from allocator.host.config import Config, ConfigError
 from allocator.host.engine import Engine
 from allocator.host.engineroot import EngineRoot
@@ -160,6 +161,10 @@ class Gatherer:
         if self.engine is not None:
             info = self.engine.info()
             view = EngineView.from_info(info, self.engine.version())
+            daemon = dockerd.running(self.config.engine.socket)
+            if daemon is not None:
+                allowed = daemon.flags("--allow-insecure-entitlement")
+                view = replace(view, builder=view.builder.with_flags(allowed))
             pending = _daemon_json(self.config.engine.daemon_json)
             if pending is not None:
                 view = view.with_pending(pending)

@@ -9,6 +9,12 @@ is written before the file is replaced (atomically, mode kept), and a file
 that is not valid JSON -- or is ambiguous, such as a repeated key, which Go
 and Python would each resolve in their own way -- is refused unchanged.
 
+`add` also sets ``"builder": {"entitlements": {"device": false}}``: dockerd 29+ lets a
+build step be given any CDI device (every GPU) unless it is false, and no authorization
+plugin sees a build's steps.  dockerd 20.10 to 28 ignore the key (verified by
+tests/engine/test_build_door.py); it is read when dockerd starts, so a restart applies
+it.  `remove` leaves it: it is harmless without gpu-alloc too.
+
 Subcommands (exit 0 = done or nothing to do, 1 = --check: a change is needed,
 2 = refused, file untouched):
     add FILE [--plugin NAME] [--check]
@@ -29,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 KEY = "authorization-plugins"
+BUILDER, ENTITLEMENTS, DEVICE = "builder", "entitlements", "device"
 DEFAULT_PLUGIN = "gpu-alloc"
 EXIT_CHANGE_NEEDED = 1
 EXIT_REFUSED = 2
@@ -75,14 +82,36 @@ def _plugins(data: dict[str, Any], path: Path) -> list[str]:
     return plugins
 
 
+def _object(data: dict[str, Any], key: str, path: Path, where: str) -> dict[str, Any]:
+    """``data[key]`` ({} when absent), refused when not an object or when another key is
+    one Go would decode into the same field (dockerd matches them case-insensitively)."""
+    for other in data:
+        if other != key and other.lower() == key:
+            raise Refused(f"{path}: {where}'{other}' is spelled unlike '{key}'; rename it")
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise Refused(f"{path}: {where}'{key}' must be a JSON object")
+    return value
+
+
+def _builds_closed(current: dict[str, Any], path: Path) -> dict[str, Any] | None:
+    """``current`` with builder.entitlements.device false, or None when it already is."""
+    builder = _object(current, BUILDER, path, "")
+    entitlements = _object(builder, ENTITLEMENTS, path, f"'{BUILDER}': ")
+    _object({k: {} for k in entitlements}, DEVICE, path, f"'{BUILDER}.{ENTITLEMENTS}': ")
+    if entitlements.get(DEVICE) is False:
+        return None
+    return {**current, BUILDER: {**builder, ENTITLEMENTS: {**entitlements, DEVICE: False}}}
+
+
 def updated(data: dict[str, Any] | None, path: Path, op: str, name: str) -> dict[str, Any] | None:
     """The new content, or None when the file already says what `op` wants."""
     current = {} if data is None else data
     plugins = _plugins(current, path)
     if op == "add":
-        if name in plugins:
-            return None
-        return {**current, KEY: [*plugins, name]}
+        new = current if name in plugins else {**current, KEY: [*plugins, name]}
+        new = _builds_closed(new, path) or new
+        return None if new == current else new
     if name not in plugins:
         return None
     rest = [p for p in plugins if p != name]
@@ -125,17 +154,32 @@ def write(path: Path, data: dict[str, Any]) -> None:
 def edit(path: Path, op: str, name: str, check: bool) -> int:
     data = load(path)
     new = updated(data, path, op, name)
-    if new is None:
+    old = data or {}
+    plugin_change = new is not None and new.get(KEY) != old.get(KEY)
+    builds_change = new is not None and new.get(BUILDER) != old.get(BUILDER)
+    if not plugin_change:
         print(f"{path}: '{KEY}' already {'lists' if op == 'add' else 'omits'} {name}")
+    if op == "add" and not builds_change:
+        print(f"{path}: builds already get no devices (builder.entitlements.device false)")
+    if new is None:
         return 0
     if check:
-        print(f"{path}: would {op} {name} {'to' if op == 'add' else 'from'} '{KEY}'")
+        if plugin_change:
+            print(f"{path}: would {op} {name} {'to' if op == 'add' else 'from'} '{KEY}'")
+        if builds_change:
+            print(f"{path}: would set builder.entitlements.device to false")
         return EXIT_CHANGE_NEEDED
     if data is not None:
         print(f"{path}: backup written to {backup(path)}")
     write(path, new)
-    done = "added" if op == "add" else "removed"
-    print(f"{path}: {done} {name} {'to' if op == 'add' else 'from'} '{KEY}'")
+    if plugin_change:
+        done = "added" if op == "add" else "removed"
+        print(f"{path}: {done} {name} {'to' if op == 'add' else 'from'} '{KEY}'")
+    if builds_change:
+        print(
+            f"{path}: set builder.entitlements.device to false (Docker 29+ would give a "
+            "build step any CDI device, every GPU included); dockerd reads it when it starts"
+        )
     return 0
 
 
@@ -146,6 +190,7 @@ def inspect(path: Path) -> int:
         "default_runtime": data.get("default-runtime"),
         "runtimes": sorted(runtimes) if isinstance(runtimes, dict) else [],
         "authorization_plugins": _plugins(data, path),
+        "build_devices_closed": _builds_closed(data, path) is None,
     }
     print(json.dumps(summary))
     return 0

@@ -302,8 +302,14 @@ else
     note "skipped ($(why_not_start))"
 fi
 
-say "docker: authorization-plugins in $DAEMON_JSON"
+say "docker: authorization-plugins and builder.entitlements.device in $DAEMON_JSON"
+builds_were_closed=$("${HELPER[@]}" inspect "$DJ" | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["build_devices_closed"]))')
 daemon_json add "$DJ"
+if [[ $builds_were_closed == 0 ]]; then
+    # dockerd reads the builder settings only when it starts: a reload does not apply them.
+    note "builds get no devices from dockerd's next restart (gpu-alloc doctor fails the host"
+    note "until then on Docker 29+; gpu-alloc's plugin refuses BuildKit's /grpc meanwhile)"
+fi
 # Apply when the file changed, or the running dockerd does not use the plugin yet.
 if [[ ${d_authz:-} != *'"gpu-alloc"'* ]]; then
     apply_to_docker

@@ -5,9 +5,11 @@ Where those are missing they are skipped on a developer machine but FAIL when
 $CI is set: CI must never pass by silently skipping the real-Engine tests.
 
 The Engine of the run is `--engine` (or $GA_ENGINE): 20.10 (the host's, default),
-26 or 28 (from a Debian root built on first use, tests/support/engine_root.py); the report
-header names it.  The one reason an engine test is skipped even under CI is the
-Debian archive failing to give a root that day: that is said loudly, in the
+26, 28 or 29 (from a Debian root built on first use, tests/support/engine_root.py), and
+`--gpu-mode` (or $GA_GPU_MODE) how its dockerds give --gpus (tests/support/cdi.py); the
+report header names them.  The one reason an engine test is skipped even under CI is the
+Debian archive failing to give a root that day, or an Engine's own binaries (29's, from
+the shared directory beside the checkout) being absent: that is said loudly, in the
 header, in each skip and in a banner at the end.
 """
 
@@ -21,7 +23,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.support import engine, engine_root
+from tests.support import cdi, engine, engine_root
 
 # Property tests check behaviour, not speed: on a loaded 2-core CI machine a per-example
 # deadline only makes them flaky.  Speed is measured by the benchmarks.
@@ -36,35 +38,52 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--engine",
         default=None,
-        help="dockerd to test: 20.10 (the host's), 26 (Debian trixie root), 28 (sid root); "
+        help="dockerd to test: 20.10 (the host's), 26 (Debian trixie root), 28 (sid root), "
+        "29 (the sid root with dockerd 29 from ../shared/engines); "
         "default $GA_ENGINE, else 20.10",
+    )
+    parser.addoption(
+        "--gpu-mode",
+        default=None,
+        choices=cdi.MODES,
+        help="how the test dockerds give --gpus: hook (the toolkit's runtime hook) or cdi "
+        "(tests/support/cdi.py); default $GA_GPU_MODE, else hook",
     )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """--engine wins over $GA_ENGINE; the env carries it to every helper and subprocess."""
+    """--engine wins over $GA_ENGINE (--gpu-mode over $GA_GPU_MODE); the env carries them
+    to every helper and subprocess."""
     name = config.getoption("--engine")
     if name:
         os.environ["GA_ENGINE"] = engine_root.lookup(name).name
+    mode = config.getoption("--gpu-mode")
+    if mode:
+        os.environ["GA_GPU_MODE"] = mode
 
 
 @functools.cache
 def engine_state() -> tuple[str, str | None, str | None]:
-    """(what the Engine says it is, why its root is unavailable from the archive, why it
-    failed otherwise); builds a root Engine's root on first use."""
+    """(what the Engine says it is, the banner and why its root is unavailable from the
+    archive or the shared binaries, why it failed otherwise); builds a root Engine's root
+    on first use."""
     eng = engine_root.selected()
     try:
         if eng.root is not None and engine.missing_requirements(eng) is None:
             engine_root.ensure_root(eng)
+    except engine_root.BinariesAbsent as e:
+        return f"{eng.name} (Debian {eng.suite})", f"{engine_root.ABSENT_BANNER}: {e}", None
     except engine_root.ArchiveUnavailable as e:
-        return f"{eng.name} (Debian {eng.suite})", str(e), None
+        return f"{eng.name} (Debian {eng.suite})", f"{ARCHIVE_BANNER}: {e}", None
     except Exception as e:  # a real failure: engine tests fail under CI
         return f"{eng.name} (Debian {eng.suite})", None, f"{type(e).__name__}: {e}"
     if eng.root is not None:
         lines = engine_root.stamp(eng).splitlines()
         said = next((ln.partition(": ")[2] for ln in lines if ln.startswith("dockerd:")), "?")
         compose = next((ln for ln in lines if ln.startswith("docker-compose ")), "")
-        return f"{eng.name} (Debian {eng.suite} root): {said}; Compose v2 {compose}", None, None
+        mode = "; --gpus through CDI" if cdi.mode() == "cdi" else ""
+        root = f"{eng.name} (Debian {eng.suite} root): {said}; Compose v2 {compose}{mode}"
+        return root, None, None
     try:
         argv = [engine._which("dockerd") or "dockerd", "--version"]
         said = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()
@@ -77,7 +96,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     said, archive, _ = engine_state()
     lines = [f"engine: {said}"]
     if archive:
-        lines.append(f"!!! {ARCHIVE_BANNER}: {archive.splitlines()[0]}")
+        lines.append(f"!!! {archive.splitlines()[0]}")
     return lines
 
 
@@ -86,8 +105,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     said, archive, _ = engine_state()
     terminalreporter.write_line(f"engine: {said}")
     if archive:
-        terminalreporter.write_sep("!", f"{ARCHIVE_BANNER} ({said})", red=True, bold=True)
-        terminalreporter.write_line(archive, red=True)
+        banner, _, why = archive.partition(": ")
+        terminalreporter.write_sep("!", f"{banner} ({said})", red=True, bold=True)
+        terminalreporter.write_line(why, red=True)
         terminalreporter.write_sep("!", "engine tests of this Engine were SKIPPED", red=True)
 
 
@@ -104,7 +124,8 @@ def require_engine() -> None:
     if why is None:
         said, archive, failed = engine_state()
         if archive:  # not this code's fault, nor this machine's: loud, but no CI failure
-            pytest.skip(f"{ARCHIVE_BANNER} for Engine {said}: {archive.splitlines()[0]}")
+            banner, _, why = archive.partition(": ")
+            pytest.skip(f"{banner} for Engine {said}: {why.splitlines()[0]}")
         if failed is None:
             return
         why = f"Engine {said} unavailable: {failed}"

@@ -1,5 +1,5 @@
 """`make test`'s runner: the whole suite on the host's Engine and, in the same run, the
-Engine-facing suites on dockerd 26 and 28, as separate pytest processes in parallel.
+Engine-facing suites on dockerd 26, 28 and 29, as separate pytest processes in parallel.
 
 Why parallel processes: each part mostly waits on its own dockerd (container starts,
 Compose, stop timeouts), so three parts on two cores take little longer than the
@@ -8,10 +8,12 @@ harness has to switch Engines mid-run.  Each part's output is printed whole when
 ends (never interleaved), and the last lines are pytest-style summaries, one per part
 and one for all, so whatever reads pytest's last line still can.  The exit status is
 non-zero if any part failed; a part whose Debian root the archive could not give
-today is reported loudly (engine_root.ARCHIVE_BANNER) without failing the run.
+today is reported loudly (engine_root.ARCHIVE_BANNER) without failing the run, and so
+is, in one line and without starting it, a part whose Engine's own binaries are absent
+(29's, from the shared directory beside the checkout: engine_root.ABSENT_BANNER).
 
     python -m tests.run_engines                # what make test runs
-    python -m tests.run_engines --engines 26,28 --engine-suites-only
+    python -m tests.run_engines --engines 26,28,29 --engine-suites-only
     python -m tests.run_engines -- -k compose  # extra pytest arguments, for every part
 """
 
@@ -37,15 +39,22 @@ ENGINE_SUITES = (
     "tests/engine/test_dockerd_paths.py",  # a chrooted dockerd resolves paths in its own root
     "tests/engine/test_e2e.py",
     "tests/engine/test_enforcement_engine.py",
+    "tests/engine/test_cdi_engine.py",  # CDI names as each Engine turns them
     "tests/engine/test_lifecycle.py",
+    "tests/engine/test_departures.py",  # destroy events as each Engine writes them (29: Actor)
     "tests/engine/test_compose.py",
     "tests/engine/test_cuda.py",  # image events (tag, rmi) keep the shim's image configs true
     "tests/engine/test_swarm.py",  # swarm's scheduler and constraint enforcer differ by version
     "tests/engine/test_swarm_gpu_alloc.py",
 )
+# The end-to-end GPU creates again with --gpus through CDI (tests/support/cdi.py), on the
+# Engines that turn an nvidia request into CDI devices themselves.
+CDI_SUITES = ("tests/engine/test_e2e.py",)
+CDI_ENGINES = ("29",)
 # The install tier (a booted systemd root) runs beside the whole suite, not inside it.
 INSTALL_TIER = "tests/installed"
 ARCHIVE_BANNER = engine_root.ARCHIVE_BANNER
+BANNERS = (ARCHIVE_BANNER, engine_root.ABSENT_BANNER)
 # pytest's last line: "2 failed, 915 passed in 758.76s (0:12:38)", framed by "=" without -q.
 SUMMARY = re.compile(r"^=*\s*(\d+ \w+.*?) in ([0-9.]+)s(?: \([0-9:]+\))?\s*=*$")
 # The counts of a pytest summary, in the order pytest prints them.
@@ -57,8 +66,9 @@ COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|desele
 class Part:
     engine: str
     paths: tuple[str, ...]  # empty: the whole suite
-    tier: str = ""  # a tier of its own ("install"), not the Engine's suites
+    tier: str = ""  # a tier of its own ("install", "cdi"), not the Engine's suites
     ignore: tuple[str, ...] = ()  # what the whole suite leaves to another part
+    gpu_mode: str = "hook"  # how its dockerds give --gpus (tests/support/cdi.py)
     proc: subprocess.Popen | None = None
     log: Path | None = None
     started: float = 0.0
@@ -86,7 +96,7 @@ def start(part: Part, tmp: Path, extra: list[str]) -> None:
             *(f"--ignore={path}" for path in part.ignore), *extra]  # fmt: skip
     if part.paths:  # the whole-suite part keeps pytest's cache (--lf); the others do not race it
         argv[3:3] = ["-p", "no:cacheprovider"]
-    env = {**os.environ, "GA_ENGINE": part.engine}
+    env = {**os.environ, "GA_ENGINE": part.engine, "GA_GPU_MODE": part.gpu_mode}
     part.started = time.monotonic()
     with open(part.log, "wb") as out:
         part.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -126,7 +136,7 @@ def finish(part: Part) -> None:
     part.seconds = time.monotonic() - part.started
     text = part.log.read_text(errors="replace")
     part.summary, part.counts = parse_summary(text)
-    banner = next((ln for ln in text.splitlines() if ARCHIVE_BANNER in ln), "")
+    banner = next((ln for ln in text.splitlines() if any(b in ln for b in BANNERS)), "")
     part.archive = banner.strip("! ")
     bar = "#" * 12
     print(f"\n{bar} {part.title} (exit {part.rc}, {part.seconds:.0f} s) {bar}", flush=True)
@@ -137,9 +147,14 @@ def finish(part: Part) -> None:
 def run(parts: list[Part], extra: list[str]) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="ga-run-", dir="/tmp"))
     t0 = time.monotonic()
+    pending = []
     for part in parts:
+        why = engine_root.binaries_absent(engine_root.lookup(part.engine))
+        if why:  # not started: said once per Engine, in the summary; the run stays green
+            part.rc, part.summary = 0, f"SKIPPED, {engine_root.ABSENT_BANNER}: {why}"
+            continue
         start(part, tmp, extra)
-    pending = list(parts)
+        pending.append(part)
     while pending:
         for part in list(pending):
             assert part.proc is not None
@@ -151,6 +166,12 @@ def run(parts: list[Part], extra: list[str]) -> int:
     print("\n" + "=" * 30 + " engines " + "=" * 30)
     for part in parts:
         status = "ok" if part.rc == 0 else f"FAILED (exit {part.rc})"
+        if part.proc is None:
+            skipped = [p.title.removeprefix(f"engine {p.engine}: ") for p in parts
+                       if p.engine == part.engine and p.proc is None]  # fmt: skip
+            if skipped[0] == part.title.removeprefix(f"engine {part.engine}: "):
+                print(f"!!! engine {part.engine} ({', '.join(skipped)}): {part.summary}")
+            continue
         print(f"{part.title}: {part.summary or 'no summary'} in {part.seconds:.1f}s: {status}")
         if part.archive:
             print(f"!!! {part.title}: {part.archive}")
@@ -168,7 +189,7 @@ def run(parts: list[Part], extra: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engines", default="20.10,26,28",
+    parser.add_argument("--engines", default="20.10,26,28,29",
                         help="comma-separated; the first runs the whole suite")  # fmt: skip
     parser.add_argument("--engine-suites-only", action="store_true",
                         help="the Engine-facing suites on every Engine, the first too")  # fmt: skip
@@ -181,11 +202,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def plan(names: list[str], whole: bool) -> list[Part]:
     """The parts: the whole suite on the first Engine (the install tier beside it, in a part
-    of its own), the Engine-facing suites on the others."""
+    of its own), the Engine-facing suites on the others, and the CDI tier on the Engines
+    that give --gpus through CDI."""
     parts = [Part(n, () if i == 0 and whole else ENGINE_SUITES) for i, n in enumerate(names)]
     if whole and names:
         parts[0].ignore = (INSTALL_TIER,)
         parts.insert(1, Part(names[0], (INSTALL_TIER,), tier="install"))
+    parts += [Part(n, CDI_SUITES, tier="cdi", gpu_mode="cdi") for n in names if n in CDI_ENGINES]
     return parts
 
 

@@ -51,6 +51,8 @@ NVIDIA_CAPS = frozenset(
 # Driver names that reach NVIDIA GPUs in Engines 20.10 to 29.
 NVIDIA_DRIVERS = frozenset({"nvidia", "nvidia.cdi", "nvidia.runtime-hook"})
 CDI_DRIVER = "cdi"
+# The CDI kind Engine 29 turns an nvidia request's ids into (daemon/devices_nvidia_linux.go).
+NVIDIA_GPU_KIND = "nvidia.com/gpu"
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 RESOURCE = "DOCKER_RESOURCE_"  # swarm's prefix for the generic resources of a task
 NONE_VALUES = frozenset({"", "none", "void"})
@@ -84,6 +86,10 @@ def _device_requests(ctx: Ctx) -> None:
         nvidia_seen = True
         caps = caps or ("gpu",)
         ctx.env_read = True  # dockerd appends the request's NVIDIA_VISIBLE_DEVICES last
+        ids, other_kinds = _nvidia_ids(ids)
+        cdi_names(ctx, fld, other_kinds)
+        if other_kinds and not ids and not count:
+            continue
         if count and ids:
             ctx.refuse(
                 fld,
@@ -107,6 +113,27 @@ def _device_requests(ctx: Ctx) -> None:
             _hook_env(ctx, fld, "a Count 0 device request")
     if nvidia_seen:
         _swarm_resources(ctx)
+
+
+def _nvidia_ids(ids: Iterable[Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """An nvidia request's ids as the GPUs they name, and the CDI names of other kinds.
+
+    Engine 29 with the toolkit's CDI hook turns each id into ``nvidia.com/gpu=<id>`` but
+    passes an id that already holds ``=`` on as the CDI name it is: ``nvidia.com/gpu=all``
+    is every GPU, ``nvidia.com/gpu=0`` GPU 0, and another kind is a CDI device of its own.
+    The runtime hook hands the same ids to the toolkit, which reads a CDI name alike, so
+    they are judged so on every Engine."""
+    plain: list[str] = []
+    other: list[str] = []
+    for ident in map(str, ids):
+        kind, eq, dev = ident.partition("=")
+        if not eq:
+            plain.append(ident)
+        elif kind == NVIDIA_GPU_KIND:
+            plain.append(dev)
+        else:
+            other.append(ident)
+    return tuple(plain), tuple(other)
 
 
 def _selected_caps(capabilities: Iterable[Any]) -> tuple[str, ...] | None:

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from allocator.core.builds import UNSET, Builder
 from allocator.core.mounts import Mount
 
 # moby 5128007 (first in 27.3.0): a nvidia device request with Count 0 and no DeviceIDs
@@ -29,6 +30,8 @@ class EngineView:
     authz_plugins: tuple[str, ...] = ()
     # Those daemon.json names for its next reload (``authorization-plugins``).
     pending_authz: tuple[str, ...] = ()
+    # What builds may be given (daemon.json's builder.entitlements, dockerd's flags).
+    builder: Builder = UNSET
 
     @classmethod
     def from_info(
@@ -70,18 +73,20 @@ class EngineView:
             default_runtime=default,
             nvidia_runtimes=nvidia,
             pending_authz=pending.authz_plugins,
+            builder=replace(pending.builder, insecure_flag=self.builder.insecure_flag),
         )
 
     @classmethod
     def from_daemon_json(cls, data: Mapping[str, Any]) -> EngineView:
         authz = data.get("authorization-plugins")
-        return cls.from_info(
+        view = cls.from_info(
             {
                 "DefaultRuntime": data.get("default-runtime"),
                 "Runtimes": data.get("runtimes"),
                 "Plugins": {"Authorization": authz if isinstance(authz, list) else None},
             }
         )
+        return replace(view, builder=Builder.from_daemon_json(data))
 
     @property
     def authz_chain(self) -> tuple[str, ...]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any, overload
 
-from allocator.core import fields, gojson, mounts, plugins, restarts, services
+from allocator.core import advisories, builds, fields, gojson, mounts, plugins, restarts, services
 from allocator.core.decisions import ALLOW, Decision, Deny, Facts, StartCheck, UpdateCheck
 from allocator.core.facts import HostFacts, Unresolvable
 from allocator.core.routes import Check, Route
@@ -194,6 +194,28 @@ def _exposes(host: HostFacts, path: str, read_only: bool = False) -> str:
     return ""
 
 
+def _buildkit(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
+    """BuildKit's gRPC by an upgrade: refused while a build step could be given GPUs.
+
+    The whole connection is refused, not one build: after the upgrade dockerd passes no
+    further call to any plugin, so a build that asks for a device cannot be told apart
+    from one that does not."""
+    doors = builds.open_doors(facts.engine.version, facts.engine.builder)
+    return Deny(builds.refusal(method, route.path, doors)) if doors else ALLOW
+
+
+def _archive(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
+    """Copying into a container: refused on an Engine an advisory says it is unsafe on."""
+    found = advisories.denying(facts.engine.version, route.check)
+    if found is None:
+        return ALLOW
+    return Deny(
+        f"gpu-alloc refused {method} {route.path}: on this Engine it is {found.cve}: "
+        f"{found.what}. Copy files in with a bind mount or an image instead; an "
+        f"administrator can upgrade Docker to {found.fixed_in} or later"
+    )
+
+
 def _unknown(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
     return Deny(
         f"gpu-alloc refused {method} {route.path}: it is not an Engine route gpu-alloc knows, "
@@ -214,5 +236,7 @@ CHECKS = {
     Check.PLUGIN_CREATE: _plugin_create,
     Check.PLUGIN_SET: _plugin,
     Check.VOLUME_CREATE: _volume_create,
+    Check.BUILDKIT: _buildkit,
+    Check.ARCHIVE: _archive,
     Check.UNKNOWN: _unknown,
 }

@@ -41,6 +41,8 @@ class Check(Enum):
     PLUGIN_ENABLE = "plugin-enable"  # no plugin implementing authz
     PLUGIN_DISABLE = "plugin-disable"  # disable, remove: not the authorization plugin
     VOLUME_CREATE = "volume-create"  # a local volume can bind-mount any host path
+    ARCHIVE = "archive"  # copy into a container: refused where an advisory says (advisories)
+    BUILDKIT = "buildkit"  # /grpc, /session upgrades: refused while builds reach GPUs (builds)
     UNKNOWN = "unknown"  # a write we do not know: deny
 
 
@@ -67,7 +69,7 @@ _WRITES: tuple[tuple[str, str, Check], ...] = (
         Check.ALLOW,
     ),
     ("POST", f"/containers/{_N}/rename", Check.RENAME),
-    ("PUT", f"/containers/{_N}/archive", Check.ALLOW),
+    ("PUT", f"/containers/{_N}/archive", Check.ARCHIVE),
     ("POST", f"/containers/{_N}/checkpoints", Check.ALLOW),
     ("DELETE", f"/containers/{_N}/checkpoints/(?P<checkpoint>[^/]*)", Check.ALLOW),
     ("DELETE", f"/containers/{_N}", Check.REMOVE),
@@ -77,7 +79,7 @@ _WRITES: tuple[tuple[str, str, Check], ...] = (
     ("POST", f"/images/{_N}/(?:push|tag)", Check.ALLOW),
     ("DELETE", f"/images/{_N}", Check.ALLOW),
     ("POST", "/build(?:/prune|/cancel)?", Check.ALLOW),
-    ("POST", "/(?:session|grpc)", Check.ALLOW),
+    ("POST", "/(?:session|grpc)", Check.BUILDKIT),
     ("POST", "/auth", Check.ALLOW),
     ("POST", "/volumes/create", Check.VOLUME_CREATE),
     ("POST", "/volumes/prune", Check.ALLOW),
@@ -110,6 +112,10 @@ for _method, _pattern, _check in _WRITES:
 # Allowed by the route alone: no body, no facts, no ledger (the plugin still has
 # renames and removals wait for a start they could redirect: allocator/core/inflight.py).
 CLEARED = frozenset({Check.ALLOW, Check.REMOVE, Check.RENAME, Check.PRUNE})
+# Judged by the plugin alone, from the Engine's version and configuration: the shim
+# splices them (a tar stream of any size, an upgrade to BuildKit's gRPC), and dockerd
+# asks the plugin about them as about every call on every socket.
+PLUGIN_JUDGED = frozenset({Check.ARCHIVE, Check.BUILDKIT})
 
 _VERSION = re.compile(r"/v(?P<v>[0-9.]+)(?=/)")
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -177,10 +183,12 @@ def by_id(target: str, route: Route, container: str) -> str:
 
 
 def needs_check(method: str, target: str) -> bool:
-    """Cheap pre-filter for the shim: everything but reads and harmless writes is vetted."""
+    """Cheap pre-filter for the shim: everything but reads, harmless writes and what the
+    plugin alone judges (`PLUGIN_JUDGED`) is vetted."""
     if method in _READS:
         return False
     try:
-        return classify(method, target).check not in CLEARED
+        check = classify(method, target).check
     except RouteError:
         return True
+    return check not in CLEARED and check not in PLUGIN_JUDGED

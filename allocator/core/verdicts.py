@@ -94,7 +94,8 @@ def cleared(route: Route) -> bool:
 
 
 # The checks whose verdict reads facts (the inventory, the Engine's view, the host's
-# filesystem): a create, a plugin's install or settings, a volume's options.  Every other
+# filesystem): a create, a plugin's install or settings, a volume's options, BuildKit's
+# upgrades and copies into a container (the Engine's version and configuration).  Every other
 # verdict is made from the request alone, and the ledger or the Engine after it.
 READS_FACTS = frozenset(
     {
@@ -106,6 +107,8 @@ READS_FACTS = frozenset(
         Check.PLUGIN_CREATE,
         Check.PLUGIN_SET,
         Check.VOLUME_CREATE,
+        Check.BUILDKIT,
+        Check.ARCHIVE,
     }
 )
 

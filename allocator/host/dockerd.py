@@ -122,6 +122,25 @@ class Running:
         return None
 
 
+def started(pid: int, proc: str = "/proc") -> float | None:
+    """When process ``pid`` started, in seconds since the epoch (None: not readable):
+    a setting dockerd reads only at its start counts from then."""
+    try:
+        stat = (Path(proc) / str(pid) / "stat").read_text()
+        boot = next(
+            int(line.split()[1])
+            for line in (Path(proc) / "stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # after the command's name
+    try:
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+    except (IndexError, ValueError):
+        return None
+
+
 def running(engine_socket: str, proc: str = "/proc") -> Running | None:
     """The dockerd behind ``engine_socket``, or None when none can be told or read."""
     pid = _dockerd(engine_socket, proc)

@@ -164,9 +164,9 @@ class Engine:
             raise EngineError(f"Engine at {self.socket}: {what} failed: {status} {why}")
         return data
 
-    def destroyed(self) -> Iterator[dict[str, Any]]:
-        """Container ``destroy`` events (the waiting line's wake-up)."""
-        return self.events({"type": ["container"], "event": ["destroy"]})
+    def destroyed(self) -> Iterator[str]:
+        """The full ids of containers as the Engine destroys them (``destroy`` events)."""
+        return (actor(e) for e in self.events({"type": ["container"], "event": ["destroy"]}))
 
     def signalled(self, container: str, since: float) -> bool:
         """Whether dockerd sent ``container`` a signal (a ``kill`` event) since ``since``
@@ -203,6 +203,14 @@ class Engine:
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+
+
+def actor(event: dict[str, Any]) -> str:
+    """Whom an event is about: ``Actor.ID``.  Engine 29 (API 1.52 on) no longer writes the
+    old top-level ``id`` (nor ``status``, ``from``) beside it; older Engines write both."""
+    who = event.get("Actor")
+    found = who.get("ID") if isinstance(who, dict) else None
+    return str(found or event.get("id") or "")
 
 
 _GO_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")

@@ -28,7 +28,7 @@ from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
 from allocator.host.health import HealthFile
 from allocator.host.ledger import Ledger
-from allocator.ops import sharing_doctor, swarm_doctor
+from allocator.ops import engine_doctor, sharing_doctor, swarm_doctor
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -137,6 +137,14 @@ def check_engine(cfg: Config) -> Line:
             )
         return Line(FAIL, line, fix)
     return Line(OK, line)
+
+
+def check_builds(cfg: Config) -> Line:
+    return Line(*engine_doctor.builds(cfg))
+
+
+def check_advisories(cfg: Config) -> Line:
+    return Line(*engine_doctor.advisories(cfg))
 
 
 def check_daemon_json(cfg: Config) -> Line:
@@ -394,6 +402,8 @@ CHECKS: tuple[Callable[[Config], Line], ...] = (
     check_pools,
     check_toolkit,
     check_engine,
+    check_builds,
+    check_advisories,
     check_daemon_json,
     check_managed_plugins,
     check_config_file,

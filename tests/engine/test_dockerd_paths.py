@@ -45,7 +45,10 @@ exec "$@"
 """
 
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+CHECKOUT = Path(__file__).resolve().parents[2]
+DEPLOY = CHECKOUT / "deploy"
+# What PrivateTmp= and ProtectHome= hide from the units.
+HIDDEN = ("/tmp/", "/home/", "/root/")
 
 
 def unit_capabilities() -> list[str]:
@@ -58,12 +61,26 @@ def unit_capabilities() -> list[str]:
     return sorted(set.intersection(*kept))
 
 
+def kept(stack: engine.Stack) -> list[str]:
+    """What the sandbox still shows: the stack's directory, and what the plugin and the
+    shim run from (the interpreter, the venv, the checkout its editable install points
+    into) where that lies in a hidden directory, as a clone in /tmp or a home does.  An
+    installed gpu-alloc lives outside them; a test checkout may not."""
+    wanted = [str(stack.dir.resolve())]
+    for path in (sys.base_prefix, sys.prefix, str(CHECKOUT)):
+        real = os.path.realpath(path)
+        if real.startswith(HIDDEN):
+            wanted.append(real)
+    out: list[str] = []
+    for path in sorted(set(wanted), key=len):  # one bind for a directory and what it holds
+        if not any(path == o or path.startswith(o + "/") for o in out):
+            out.append(path)
+    return out
+
+
 def sandboxed(stack: engine.Stack, without: str = "") -> engine.Stack:
     """The stack's plugin and shim run as the units run them (``without`` one capability)."""
-    keep = [str(stack.dir.resolve())]
-    python = os.path.realpath(sys.base_prefix)
-    if python.startswith(("/root/", "/home/")):
-        keep.append(python)
+    keep = kept(stack)
     caps = ",".join(["-all", *(f"+{c}" for c in unit_capabilities() if c != without)])
     stack.launcher = ["unshare", "-m", "--propagation", "private", "bash", "-c", SANDBOX, "sandbox",
                       *keep, "--", "setpriv", f"--bounding-set={caps}", "--inh-caps=-all",

@@ -8,7 +8,10 @@ import subprocess
 
 import pytest
 
+from allocator.core import advisories
+from allocator.core.facts import engine_version
 from allocator.host.engine import Engine, EngineError
+from allocator.ops.doctor import CHECKS
 from tests.support import engine
 
 
@@ -109,8 +112,23 @@ def test_a_daemon_json_dockerd_does_not_read_is_a_warning_naming_the_one_it_does
 
 def test_doctor_lines_all_say_ok_warn_or_fail(stack, tmp_path):
     lines = [ln for ln in doctor(stack, tmp_path).stdout.splitlines() if ln.startswith("[")]
-    assert len(lines) == 14
+    assert len(lines) == len(CHECKS)
     assert all(ln[1:5].strip() in ("ok", "warn", "FAIL") for ln in lines), json.dumps(lines)
+
+
+def test_the_build_door_and_the_engines_advisories_have_their_lines(stack, tmp_path):
+    """The stack's daemon.json closes the build door as the installer's does; the
+    advisories named are those of this Engine's version, as a warning unless severe."""
+    out = doctor(stack, tmp_path).stdout
+    assert "[  ok] builds: no build step can be given a device" in out, out
+    version = Engine(stack.engine_sock).version()["Version"]
+    found = advisories.affecting(engine_version(version))
+    for advisory in found:
+        assert advisory.cve in out
+    if not found:
+        assert f"[  ok] Engine {version}: none of the known advisories" in out, out
+    elif not any(a.severe for a in found):
+        assert f"[warn] Engine {version} is affected by" in out, out
 
 
 def test_an_engine_that_is_not_there_is_named_in_plain_words(tmp_path):

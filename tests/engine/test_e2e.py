@@ -15,7 +15,7 @@ import tempfile
 
 import pytest
 
-from tests.support import engine
+from tests.support import cdi, engine
 
 IMAGE = engine.BUSYBOX_TAG
 UUIDS = [engine.sim_gpu_uuid(k) for k in range(4)]
@@ -41,7 +41,8 @@ def status(stack: engine.Stack) -> dict:
 
 
 def visible(stack: engine.Stack, *gpus_args: str) -> subprocess.CompletedProcess:
-    return shim(stack, "run", "--rm", *gpus_args, IMAGE, "printenv", "NVIDIA_VISIBLE_DEVICES")
+    """The GPUs a container got: as the runtime hook is told, or as CDI injected them."""
+    return shim(stack, "run", "--rm", *gpus_args, IMAGE, "sh", "-c", cdi.seen())
 
 
 def test_gpus_1_gets_an_unused_gpu_by_uuid_not_index_0(stack):
@@ -103,7 +104,7 @@ def test_more_gpus_than_the_host_has_is_a_409_saying_so(stack):
 
 def test_sixteen_parallel_runs_share_four_gpus_without_overlap(stack):
     # Each container reports its GPU and when it ran (host uptime: shared clock).
-    script = "cat /proc/uptime; printenv NVIDIA_VISIBLE_DEVICES; sleep 1; cat /proc/uptime"
+    script = f"cat /proc/uptime; {cdi.seen()}; sleep 1; cat /proc/uptime"
 
     def one(_: int) -> subprocess.CompletedProcess:
         return shim(stack, "run", "--rm", "--gpus", "1", IMAGE, "sh", "-c", script)
@@ -143,9 +144,7 @@ def test_containers_without_gpus_work_on_both_sockets(stack):
 
 
 def test_a_stopped_container_keeps_its_gpu_and_rm_frees_it(stack):
-    made = shim(
-        stack, "run", "--name", "keeper", "--gpus", "1", IMAGE, "printenv", "NVIDIA_VISIBLE_DEVICES"
-    )
+    made = shim(stack, "run", "--name", "keeper", "--gpus", "1", IMAGE, "sh", "-c", cdi.seen())
     assert made.returncode == 0, made.stderr
     gpu = made.stdout.strip()
     assert status(stack)["free"] == 3  # exited, still leased
@@ -210,8 +209,9 @@ def test_a_docker_context_pointing_at_the_shim_works(stack):
                 "--gpus",
                 "1",
                 IMAGE,
-                "printenv",
-                "NVIDIA_VISIBLE_DEVICES",
+                "sh",
+                "-c",
+                cdi.seen(),
             ],
             capture_output=True,
             text=True,
@@ -244,7 +244,7 @@ def test_the_python_sdk_gets_gpus_through_the_shim(stack):
     try:
         out = client.containers.run(
             IMAGE,
-            ["printenv", "NVIDIA_VISIBLE_DEVICES"],
+            ["sh", "-c", cdi.seen()],
             remove=True,
             device_requests=[docker.types.DeviceRequest(count=2, capabilities=[["gpu"]])],
         )
@@ -351,7 +351,7 @@ def on_a_terminal(stack: engine.Stack, *args: str) -> str:
 
 
 def test_run_it_and_exec_it_get_a_terminal_through_the_shim(stack):
-    script = "test -t 0 && echo tty-ok; printenv NVIDIA_VISIBLE_DEVICES"
+    script = f"test -t 0 && echo tty-ok; {cdi.seen()}"
     out = on_a_terminal(stack, "run", "-it", "--rm", "--gpus", "1", IMAGE, "sh", "-c", script)
     assert "tty-ok" in out
     assert any(u in out for u in UUIDS), out

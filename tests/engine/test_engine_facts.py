@@ -1,9 +1,9 @@
 """The Engine facts gpu-alloc relies on (docs: engine-facts.md), pinned on each Engine.
 
-Run on every Engine of `make test` (20.10, 26, 28).  The body-size rows are the ones
+Run on every Engine of `make test` (20.10, 26, 28, 29).  The body-size rows are the ones
 that matter most: the plugin can only judge a create whose body dockerd forwards to
 it, so a create the plugin never sees must be denied (20.10, over 1 MiB) or never
-executed (Debian's 26.1 and 28.5, over 4 MiB: CVE-2026-34040's fix).
+executed (Debian's 26.1 and 28.5, and 29 from 29.3.1, over 4 MiB: CVE-2026-34040's fix).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ GPU_REQ = [{"Driver": "", "Count": 1, "Capabilities": [["gpu"]]}]
 
 # The largest body each Engine forwards to an authorization plugin, and what it does
 # with a larger one: "execute" (run it if allowed, body unseen) or "refuse" (500).
-FORWARDS_UP_TO = {"20.10": 1 * MIB, "26": 4 * MIB, "28": 4 * MIB}
-LARGER = {"20.10": "execute", "26": "refuse", "28": "refuse"}
+FORWARDS_UP_TO = {"20.10": 1 * MIB, "26": 4 * MIB, "28": 4 * MIB, "29": 4 * MIB}
+LARGER = {"20.10": "execute", "26": "refuse", "28": "refuse", "29": "refuse"}
 NO_BODY = "the Engine passed no request body to the authorization plugin"
 TOO_LARGE = "request body too large for authorization plugin"
 

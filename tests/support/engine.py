@@ -12,8 +12,9 @@ works and sets NVIDIA_VISIBLE_DEVICES), and an `nvidia` runtime that simply
 execs runc lets `--runtime nvidia` be accepted.
 
 Which dockerd runs is the Engine of the run (`engine_root.selected()`, from
-$GA_ENGINE): the host's 20.10, or 26/28 from a debootstrapped Debian root, run in
-a private mount namespace (tests/support/engine_root.py).
+$GA_ENGINE): the host's 20.10, or 26/28/29 from a debootstrapped Debian root, run in
+a private mount namespace (tests/support/engine_root.py).  With $GA_GPU_MODE=cdi (or a
+Dockerd's `gpu_mode`) dockerd gives `--gpus` through CDI instead (tests/support/cdi.py).
 
 Plain functions and classes, no pytest: conftest.py and tests/bench.py both
 build on them.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import json
 import os
 import shutil
 import signal
@@ -40,7 +42,8 @@ import docker
 import docker.errors
 import yaml
 
-from tests.support import engine_root
+from allocator.core import builds
+from tests.support import cdi, engine_root
 from tests.support.busybox_image import BUSYBOX_TAG, busybox_rootfs_tar, import_busybox  # noqa: F401
 from tests.support.clients import (  # noqa: F401
     compose_name,
@@ -243,8 +246,14 @@ class Dockerd:
         extra_args: Iterable[str] = (),
         start_timeout: float = START_TIMEOUT,
         engine: Engine | None = None,
+        gpu_mode: str | None = None,
+        gpus: Sequence[str] = (),
     ) -> None:
+        """``gpu_mode``: how dockerd gives `--gpus` (tests/support/cdi.py), default the run's;
+        ``gpus``: the UUIDs its CDI spec names, default eight simulated GPUs."""
         self.engine = engine or engine_root.selected()
+        self.gpu_mode = gpu_mode or cdi.mode()
+        self.gpus = tuple(gpus) or tuple(sim_gpu_uuid(k) for k in range(8))
         self._own_dir = state_dir is None
         self.dir = Path(state_dir or tempfile.mkdtemp(prefix="ga-", dir="/tmp"))
         check_short(self.dir)
@@ -338,6 +347,12 @@ class Dockerd:
         daemon_json = self.dir / "daemon.json"
         if not daemon_json.exists() or not daemon_json.read_text().strip():
             daemon_json.write_text("{}\n")
+        if self.gpu_mode == "cdi":
+            major = int(self.engine.version.split(".")[0])
+            adds = cdi.prepare(self.dir, bin_dir, major, self.gpus)
+            config = json.loads(daemon_json.read_text())
+            features = {**config.get("features", {}), **adds.pop("features")}
+            daemon_json.write_text(json.dumps({**config, **adds, "features": features}) + "\n")
         if self.authz_plugin_socket is not None:
             # dockerd waits ~16 s for a named plugin, then exits: the plugin must already
             # be listening, or the start fails with a clear message rather than a timeout.
@@ -517,6 +532,7 @@ class Stack:
         self.dockerd: Dockerd | None = None
         # Put before the plugin's and the shim's command: a sandbox to run them in.
         self.launcher: list[str] = []
+        self.gpu_mode: str | None = None  # dockerd's --gpus mode (cdi.py); None: the run's
 
     def write_config(self) -> Path:
         if self.sim is None:
@@ -550,6 +566,11 @@ class Stack:
 
     def start(self) -> Stack:
         self.write_config()
+        daemon_json = self.engine_dir / "daemon.json"
+        if not daemon_json.exists() or not daemon_json.read_text().strip():
+            # What deploy/install.sh writes besides the plugin's name (named here by flag).
+            self.engine_dir.mkdir(parents=True, exist_ok=True)
+            daemon_json.write_text(json.dumps(builds.CLOSED) + "\n")
         try:
             self.plugin = self._serve("plugin", self.plugin_sock)
             self.dockerd = self._new_dockerd().start()
@@ -563,8 +584,18 @@ class Stack:
     def _new_dockerd(self) -> Dockerd:
         """The private dockerd, using the plugin (subclasses put things in between)."""
         return Dockerd(
-            self.engine_dir, authz_plugin_socket=self.plugin_sock, plugin_name=self.plugin_name
+            self.engine_dir,
+            authz_plugin_socket=self.plugin_sock,
+            plugin_name=self.plugin_name,
+            gpu_mode=self.gpu_mode,
+            gpus=self.uuids(),
         )
+
+    def uuids(self) -> list[str]:
+        """The simulated GPUs' UUIDs (MIG slices' parents too), as the GPU file lists them."""
+        data = yaml.safe_load(self.gpus_file.read_text())
+        gpus = data.get("gpus", []) if isinstance(data, dict) else data
+        return [str(g["uuid"]) for g in gpus or () if isinstance(g, dict) and "uuid" in g]
 
     def stop(self) -> None:
         # The shim first (no new clients), dockerd before the plugin (dockerd's shutdown

@@ -4,10 +4,14 @@ Debian 12 ships only dockerd 20.10 and docker-compose 1.29, while GPU servers ru
 Docker 26 to 29 and Compose v2.  Newer Engines come from Debian's own packages,
 installed with debootstrap into a root filesystem (trixie: dockerd 26.1, Compose
 2.26; sid: dockerd 28.5, Compose 2.40), built on first use and cached outside the
-checkout so every worktree and every run shares one copy.  `tests/support/engine.py`
-runs dockerd inside that root (see `root_launcher`); the plugin, the shim and the
-clients stay on the host and meet dockerd in the state directory, which is seen
-at the same path on both sides.
+checkout so every worktree and every run shares one copy.  No Debian suite ships
+dockerd 29: its root is a copy of the sid root whose dockerd and docker-proxy are
+replaced by the ones built from moby's source and kept in the shared directory
+(`SHARED`/engines, beside the checkout), checked against their SHA256SUMS.  Where
+that directory is absent the Engine is not run, said in one line (`BinariesAbsent`).
+`tests/support/engine.py` runs dockerd inside that root (see `root_launcher`); the
+plugin, the shim and the clients stay on the host and meet dockerd in the state
+directory, which is seen at the same path on both sides.
 
 Debian unstable moves: a root that was built is reused as it is (the stamp names
 the package versions it was built with), and a new build that the archive cannot
@@ -39,6 +43,10 @@ ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 COMPOSE_PLUGIN = "usr/libexec/docker/cli-plugins/docker-compose"
 # Said in the pytest header, each skip and the summary when the archive fails a root.
 ARCHIVE_BANNER = "ENGINE NOT RUN: THE DEBIAN ARCHIVE FAILED"
+# Said instead when the Engine's binaries (SHARED/engines) are not beside the checkout.
+ABSENT_BANNER = "ENGINE NOT RUN: ITS BINARIES ARE ABSENT"
+# The shared directory CI lays beside the clone: ../shared from the checkout's root.
+SHARED = Path(os.environ.get("GA_SHARED") or Path(__file__).resolve().parents[2].parent / "shared")
 
 # What debootstrap prints when the archive, not this machine, is at fault.
 ARCHIVE_ERRORS = re.compile(
@@ -53,6 +61,10 @@ class ArchiveUnavailable(RuntimeError):
     """The Debian archive could not give a working root today (not our code's fault)."""
 
 
+class BinariesAbsent(ArchiveUnavailable):
+    """The shared directory with an Engine's own binaries is not beside this checkout."""
+
+
 class RootError(RuntimeError):
     """A root could not be built or does not hold the Engine it should."""
 
@@ -61,9 +73,11 @@ class RootError(RuntimeError):
 class Engine:
     """One Engine the tests can run: the host's, or one from a Debian suite's root."""
 
-    name: str  # what GA_ENGINE says: "20.10", "26", "28"
+    name: str  # what GA_ENGINE says: "20.10", "26", "28", "29"
     suite: str | None  # None: the host's own dockerd
     version: str  # the dockerd version prefix this Engine must report
+    # The build (SHARED/engines/dockerd-<binaries>.xz) replacing the suite's dockerd, if any.
+    binaries: str | None = None
 
     @property
     def host(self) -> bool:
@@ -71,15 +85,20 @@ class Engine:
 
     @property
     def root(self) -> Path | None:
-        return None if self.suite is None else CACHE / self.suite
+        if self.suite is None:
+            return None
+        return CACHE / (f"{self.suite}-{self.name}" if self.binaries else self.suite)
 
 
 ENGINES = {
     "20.10": Engine("20.10", None, "20.10."),
     "26": Engine("26", "trixie", "26.1."),
     "28": Engine("28", "sid", "28.5."),
+    "29": Engine("29", "sid", "29.7.", binaries="29.7.2-dev"),
 }
 ALIASES = {"20": "20.10", "host": "20.10", "trixie": "26", "sid": "28", "unstable": "28"}
+# The binaries an Engine from SHARED/engines brings into its root, as usr/sbin/<name>.
+SHARED_BINARIES = ("dockerd", "docker-proxy")
 
 
 def lookup(name: str) -> Engine:
@@ -112,11 +131,36 @@ def ensure_root(engine: Engine) -> Path:
     assert root is not None and engine.suite is not None, "the host Engine has no root"
     if (root / STAMP).exists():
         return root
+    if engine.binaries:
+        why = binaries_absent(engine)
+        if why:
+            raise BinariesAbsent(why)
+        suite = (e for e in ENGINES.values() if e.suite == engine.suite and not e.binaries)
+        base = ensure_root(next(suite))
+        with locked(CACHE / f"{root.name}.lock"):
+            if not (root / STAMP).exists():
+                _overlay(engine, base, root)
+        return root
     with locked(CACHE / f"{engine.suite}.lock"):
         if (root / STAMP).exists():  # another process built it while we waited
             return root
         _build(engine, root)
     return root
+
+
+def binaries_absent(engine: Engine) -> str | None:
+    """Why `engine`'s own binaries cannot be had here (None: they can, or it needs none)."""
+    if not engine.binaries:
+        return None
+    engines = SHARED / "engines"
+    wanted = [f"{name}-{engine.binaries}.xz" for name in SHARED_BINARIES]
+    missing = [w for w in ["SHA256SUMS", *wanted] if not (engines / w).is_file()]
+    if missing:
+        return (
+            f"Engine {engine.name} (dockerd {engine.binaries}) needs {', '.join(missing)} "
+            f"in {engines} (the shared directory beside the checkout; GA_SHARED overrides)"
+        )
+    return None
 
 
 def debootstrap(suite: str, packages: Sequence[str], partial: Path, log: Path) -> None:
@@ -172,6 +216,52 @@ def _build(engine: Engine, root: Path) -> None:
              *versions]  # fmt: skip
     # Written last: a root without its stamp is incomplete and rebuilt.
     (root / STAMP).write_text("\n".join(lines) + "\n")
+
+
+def _overlay(engine: Engine, base: Path, root: Path) -> None:
+    """`root` as a copy of the suite's `base` root with the shared binaries in usr/sbin."""
+    partial = root.with_name(root.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    started = time.monotonic()
+    subprocess.run(["cp", "-a", "--reflink=auto", str(base), str(partial)], check=True)
+    (partial / STAMP).unlink()
+    sums = _sha256sums(SHARED / "engines" / "SHA256SUMS")
+    lines = [f"binaries: {SHARED / 'engines'}"]
+    for name in SHARED_BINARIES:
+        packed = SHARED / "engines" / f"{name}-{engine.binaries}.xz"
+        digest = subprocess.run(["sha256sum", str(packed)], capture_output=True, text=True,
+                                check=True).stdout.split()[0]  # fmt: skip
+        if sums.get(packed.name) != digest:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise RootError(f"{packed}: sha256 {digest} is not the one SHA256SUMS lists")
+        target = partial / "usr/sbin" / name
+        with open(target.with_suffix(".new"), "wb") as out:
+            subprocess.run(["xz", "-dc", str(packed)], stdout=out, check=True)
+        target.with_suffix(".new").chmod(0o755)
+        target.with_suffix(".new").rename(target)
+        lines.append(f"usr/sbin/{name}: {packed.name} sha256 {digest}")
+    dockerd = dockerd_version(partial)
+    if not dockerd.startswith(f"Docker version {engine.version}"):
+        shutil.rmtree(partial, ignore_errors=True)
+        raise RootError(f"{engine.binaries} says {dockerd!r}, not dockerd {engine.version}x")
+    shutil.rmtree(root, ignore_errors=True)
+    partial.rename(root)
+    base_stamp = [ln for ln in (base / STAMP).read_text().splitlines()
+                  if not ln.startswith(("dockerd:", "built:"))]  # fmt: skip
+    lines = [f"dockerd: {dockerd}", *lines,
+             f"built: {time.strftime('%Y-%m-%d %H:%M:%S')} in {time.monotonic() - started:.0f} s",
+             *base_stamp]  # fmt: skip
+    (root / STAMP).write_text("\n".join(lines) + "\n")
+
+
+def _sha256sums(path: Path) -> dict[str, str]:
+    """SHA256SUMS as {file name: digest}."""
+    out: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        if name:
+            out[name.strip().lstrip("*")] = digest.strip()
+    return out
 
 
 def _clean_root(root: Path) -> None:

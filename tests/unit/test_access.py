@@ -167,3 +167,66 @@ def test_count_and_device_ids_together_says_how_to_quote_a_device_list():
         access.of_create(create(count=2, ids=["1"]), OLD, INVENTORY, TableHost())
     assert "sets both Count and DeviceIDs" in str(refused.value)
     assert "quote the list, --gpus '\"device=1,2\"'" in str(refused.value)
+
+
+# ------------------------------------------- CDI names on the nvidia driver (Engine 29)
+
+NEW = EngineView(version=(29, 7, 2))
+UUIDS = [g.uuid for g in INVENTORY.gpus]
+
+
+@pytest.mark.parametrize(
+    ("ids", "held", "leasable"),
+    [
+        (["nvidia.com/gpu=all"], None, True),  # 29 passes it on as is: every GPU
+        (["nvidia.com/gpu=0"], {UUIDS[0]}, True),
+        (["nvidia.com/gpu=" + UUIDS[2]], {UUIDS[2]}, True),
+        (["1", "nvidia.com/gpu=3"], {UUIDS[1], UUIDS[3]}, True),
+        (["nvidia.com/gpu=all", "0"], None, True),
+    ],
+)
+@pytest.mark.parametrize("engine", [TRIXIE, SID, NEW], ids=["26", "28", "29"])
+def test_cdi_ids_on_the_nvidia_driver_are_the_gpus_they_name(engine, ids, held, leasable):
+    got = access.of_container(
+        {"Config": {"Env": []}, "Mounts": [], **create(ids=ids, driver="nvidia")},
+        engine, INVENTORY, TableHost(),
+    )  # fmt: skip
+    (grant,) = got.grants
+    assert grant.gpus == held and grant.leasable == leasable
+
+
+def test_a_create_naming_a_gpu_by_its_cdi_name_leases_that_gpu():
+    got = access.of_create(create(ids=["nvidia.com/gpu=2"], driver="nvidia"), NEW, INVENTORY,
+                           TableHost())  # fmt: skip
+    (grant,) = got.grants
+    assert grant.gpus == {UUIDS[2]} and grant.demand is not None
+
+
+def test_another_cdi_kind_on_the_nvidia_driver_is_a_device_of_its_own():
+    with pytest.raises(Refusal, match=r"CDI device 'vendor\.com/fpga=0' is not one gpu-alloc"):
+        access.of_create(create(ids=["vendor.com/fpga=0"], driver="nvidia"), NEW, INVENTORY,
+                         TableHost())  # fmt: skip
+    mixed = access.of_container(
+        {"Config": {"Env": []}, "Mounts": [],
+         **create(ids=["0", "other.nvidia.com/gpu=all"], driver="nvidia")},
+        NEW, INVENTORY, TableHost(),
+    )  # fmt: skip
+    assert [(g.gpus, g.leasable) for g in mixed.grants] == [(None, False), ({UUIDS[0]}, True)]
+
+
+@pytest.mark.parametrize("engine", [TRIXIE, SID, NEW], ids=["26", "28", "29"])
+def test_a_cdi_driver_request_holds_the_gpus_it_names_and_is_not_leased(engine):
+    got = access.of_container(
+        {"Config": {"Env": []}, "Mounts": [],
+         **create(ids=["nvidia.com/gpu=1", "nvidia.com/gpu=all"], driver="cdi")},
+        engine, INVENTORY, TableHost(),
+    )  # fmt: skip
+    assert [(g.gpus, g.leasable) for g in got.grants] == [({UUIDS[1]}, False), (None, False)]
+
+
+@pytest.mark.parametrize("engine", [SID, NEW], ids=["28", "29"])
+def test_the_nvidia_driver_named_without_capabilities_is_a_gpu_request(engine):
+    """29 selects the nvidia driver by its name alone (28 fails the start): GPUs either way."""
+    body = {"HostConfig": {"DeviceRequests": [{"Driver": "nvidia", "Count": 1}]}}
+    (grant,) = access.of_create(body, engine, INVENTORY, TableHost()).grants
+    assert grant.demand is not None and grant.demand.count == 1

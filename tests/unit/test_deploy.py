@@ -48,6 +48,7 @@ def _load_helper():
 
 
 daemon_json = _load_helper()
+CLOSED_BUILDS = {"builder": {"entitlements": {"device": False}}}
 
 
 def run(script: Path, root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -215,6 +216,7 @@ def test_daemon_json_merge_keeps_the_operators_keys(staged: Path) -> None:
     assert merged == {
         **OPERATOR_DAEMON_JSON,
         "authorization-plugins": ["opa-docker-authz", "gpu-alloc"],
+        **CLOSED_BUILDS,
     }
     [backup] = backups(staged)
     assert json.loads(backup.read_text()) == OPERATOR_DAEMON_JSON
@@ -230,7 +232,8 @@ def test_second_install_changes_nothing(staged: Path) -> None:
 def test_missing_daemon_json_is_created_without_backup(tmp_path: Path) -> None:
     install(tmp_path)
     assert json.loads((tmp_path / DAEMON_JSON).read_text()) == {
-        "authorization-plugins": ["gpu-alloc"]
+        "authorization-plugins": ["gpu-alloc"],
+        **CLOSED_BUILDS,
     }
     assert backups(tmp_path) == []
 
@@ -386,7 +389,10 @@ def test_uninstall_removes_the_entry_first_and_keeps_state(staged: Path) -> None
     (staged / "opt/gpu-alloc/venv/bin").mkdir(parents=True)
     backups_before = backups(staged)
     out = run(UNINSTALL, staged).stdout
-    assert json.loads((staged / DAEMON_JSON).read_text()) == OPERATOR_DAEMON_JSON
+    assert json.loads((staged / DAEMON_JSON).read_text()) == {
+        **OPERATOR_DAEMON_JSON,
+        **CLOSED_BUILDS,
+    }
     assert len(backups(staged)) == len(backups_before) + 1
     # docker stops consulting the plugin before the plugin goes away
     assert out.index("removed gpu-alloc") < out.index("systemctl restart docker.service")
@@ -402,7 +408,7 @@ def test_uninstall_removes_the_entry_first_and_keeps_state(staged: Path) -> None
 def test_uninstall_drops_an_emptied_key(tmp_path: Path) -> None:
     install(tmp_path)
     run(UNINSTALL, tmp_path)
-    assert json.loads((tmp_path / DAEMON_JSON).read_text()) == {}
+    assert json.loads((tmp_path / DAEMON_JSON).read_text()) == CLOSED_BUILDS
 
 
 def test_uninstall_purge_removes_state_and_config(staged: Path) -> None:
@@ -434,13 +440,49 @@ def test_uninstall_refuses_invalid_daemon_json(staged: Path) -> None:
 # daemon_json.py
 
 
+@pytest.mark.parametrize(
+    ("builder", "want"),
+    [
+        ({}, {"entitlements": {"device": False}}),
+        ({"gc": {"enabled": True}}, {"gc": {"enabled": True}, "entitlements": {"device": False}}),
+        (
+            {"entitlements": {"device": True, "network-host": False}},
+            {"entitlements": {"device": False, "network-host": False}},
+        ),
+    ],
+)
+def test_helper_add_closes_the_build_door_keeping_the_builder_settings(
+    builder: dict, want: dict
+) -> None:
+    path = Path("daemon.json")
+    base = {"authorization-plugins": ["gpu-alloc"], "builder": builder}
+    assert daemon_json.updated(base, path, "add", "gpu-alloc") == {**base, "builder": want}
+    closed = {**base, "builder": want}
+    assert daemon_json.updated(closed, path, "add", "gpu-alloc") is None
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"builder": []},
+        {"builder": {"Entitlements": {"device": True}}},
+        {"builder": {"entitlements": {"Device": True}}},
+        {"builder": {"entitlements": "none"}},
+    ],
+)
+def test_helper_refuses_a_builder_it_cannot_close_unambiguously(data: dict) -> None:
+    with pytest.raises(daemon_json.Refused):
+        daemon_json.updated(data, Path("daemon.json"), "add", "gpu-alloc")
+
+
 def test_helper_add_and_remove_are_inverse_and_idempotent() -> None:
     path = Path("daemon.json")
     base = {"b": 1, "authorization-plugins": ["x"]}
     added = daemon_json.updated(base, path, "add", "gpu-alloc")
-    assert added == {"b": 1, "authorization-plugins": ["x", "gpu-alloc"]}
+    assert added == {"b": 1, "authorization-plugins": ["x", "gpu-alloc"], **CLOSED_BUILDS}
     assert daemon_json.updated(added, path, "add", "gpu-alloc") is None
-    assert daemon_json.updated(added, path, "remove", "gpu-alloc") == base
+    # The builder setting stays: harmless without gpu-alloc, and builds stay closed.
+    assert daemon_json.updated(added, path, "remove", "gpu-alloc") == {**base, **CLOSED_BUILDS}
     assert daemon_json.updated(base, path, "remove", "gpu-alloc") is None
     assert (
         daemon_json.updated({"authorization-plugins": ["gpu-alloc"]}, path, "remove", "gpu-alloc")
@@ -475,6 +517,7 @@ def test_helper_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
         "default_runtime": "runc",
         "runtimes": ["nvidia"],
         "authorization_plugins": ["opa-docker-authz"],
+        "build_devices_closed": False,
     }
 
 

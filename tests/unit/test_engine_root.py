@@ -7,6 +7,8 @@ the archive (or this machine) does.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,80 @@ def test_the_hosts_own_mount_namespace_is_never_killed() -> None:
     finally:
         os.close(held)
     assert engine_root.kill_namespace(None) == []
+
+
+SHARED29 = Engine("29", "fakesuite", "29.7.", binaries="29.7.2-dev")
+
+
+def shared_binaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str) -> Path:
+    """A shared directory whose dockerd says `version` (a script, xz-packed, summed)."""
+    engines = tmp_path / "shared" / "engines"
+    engines.mkdir(parents=True)
+    for name in engine_root.SHARED_BINARIES:
+        plain = engines / name
+        plain.write_text(f"#!/bin/sh\necho 'Docker version {version}, build x'\n")
+        subprocess.run(["xz", "-z", str(plain)], check=True)
+        (engines / f"{name}.xz").rename(engines / f"{name}-29.7.2-dev.xz")
+    names = sorted(p.name for p in engines.iterdir())
+    sums = subprocess.run(
+        ["sha256sum", *names], cwd=engines, capture_output=True, text=True, check=True
+    ).stdout
+    (engines / "SHA256SUMS").write_text(sums)
+    monkeypatch.setattr(engine_root, "SHARED", tmp_path / "shared")
+    return engines
+
+
+def test_29_is_the_sid_root_with_the_shared_dockerd(monkeypatch: pytest.MonkeyPatch) -> None:
+    eng = engine_root.lookup("29")
+    assert (eng.suite, eng.binaries) == ("sid", "29.7.2-dev")
+    assert eng.root == engine_root.CACHE / "sid-29"  # its own copy: the 28 root stays as it is
+
+
+def test_without_the_shared_binaries_the_engine_is_absent_saying_where(
+    cache, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setattr(engine_root, "SHARED", tmp_path / "nowhere")
+    why = engine_root.binaries_absent(SHARED29)
+    assert why is not None and str(tmp_path / "nowhere" / "engines") in why
+    assert "dockerd-29.7.2-dev.xz" in why and "GA_SHARED" in why
+    with pytest.raises(engine_root.BinariesAbsent, match="needs SHA256SUMS"):
+        engine_root.ensure_root(SHARED29)
+    assert engine_root.binaries_absent(engine_root.lookup("28")) is None
+
+
+def fake_suite_root(cache: Path) -> None:
+    """A built fakesuite root with a chroot-able shell (busybox-static), for the overlay."""
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("busybox-static is not installed (make deps)")
+    if os.geteuid() != 0:
+        pytest.skip("chroot needs root")
+    for d in ("bin", "usr/bin", "usr/sbin"):
+        (cache / "fakesuite" / d).mkdir(parents=True)
+    for name in ("sh", "env"):
+        shutil.copy(busybox, cache / "fakesuite" / "bin" / name)
+    (cache / "fakesuite" / engine_root.STAMP).write_text("suite: fakesuite\ndockerd: old\n")
+
+
+def test_the_shared_dockerd_replaces_the_suites_in_a_copy(cache, tmp_path, monkeypatch) -> None:
+    fake_suite_root(cache)
+    shared_binaries(tmp_path, monkeypatch, "29.7.2-dev")
+    monkeypatch.setitem(engine_root.ENGINES, "fake", FAKE)
+    root = engine_root.ensure_root(SHARED29)
+    assert root == cache / "fakesuite-29"
+    assert (root / "usr/sbin/dockerd").stat().st_mode & 0o777 == 0o755
+    assert not (cache / "fakesuite" / "usr/sbin/dockerd").exists()  # the suite's root untouched
+    said = engine_root.stamp(SHARED29)
+    assert said.startswith("dockerd: Docker version 29.7.2-dev")
+    assert "usr/sbin/docker-proxy: docker-proxy-29.7.2-dev.xz sha256" in said
+    assert "suite: fakesuite" in said
+
+
+def test_a_shared_binary_unlike_its_sum_is_refused(cache, tmp_path, monkeypatch) -> None:
+    fake_suite_root(cache)
+    engines = shared_binaries(tmp_path, monkeypatch, "29.7.2-dev")
+    (engines / "SHA256SUMS").write_text((engines / "SHA256SUMS").read_text().replace("a", "b"))
+    monkeypatch.setitem(engine_root.ENGINES, "fake", FAKE)
+    with pytest.raises(engine_root.RootError, match="is not the one SHA256SUMS lists"):
+        engine_root.ensure_root(SHARED29)
+    assert not (cache / "fakesuite-29").exists() and not (cache / "fakesuite-29.partial").exists()

@@ -57,3 +57,21 @@ def test_a_get_answered_in_plain_text_says_that_text(tmp_path):
     assert str(refused.value).endswith(
         "failed: 500 Internal Server Error: the daemon is shutting down"
     )
+
+
+# A destroy event as each Engine writes it: 29 (API 1.52 on) dropped the top-level id.
+DESTROY_28 = (
+    b'{"status":"destroy","id":"aa11","from":"busybox","Type":"container",'
+    b'"Action":"destroy","Actor":{"ID":"aa11","Attributes":{"name":"x"}},"time":1}\n'
+)
+DESTROY_29 = (
+    b'{"Type":"container","Action":"destroy","Actor":{"ID":"bb22",'
+    b'"Attributes":{"image":"busybox","name":"y"}},"scope":"local","time":1}\n'
+)
+
+
+@pytest.mark.parametrize(("line", "cid"), [(DESTROY_28, "aa11"), (DESTROY_29, "bb22")])
+def test_destroyed_containers_are_named_as_every_engine_writes_them(tmp_path, line, cid):
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    sock = serve_once(tmp_path, head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(line), line))
+    assert list(Engine(sock).destroyed()) == [cid]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests import run_engines
 from tests.run_engines import Part
+from tests.support import engine_root
 
 
 def test_quiet_and_framed_summaries_are_both_read() -> None:
@@ -38,3 +41,27 @@ def test_the_install_tier_runs_beside_the_whole_suite_not_inside_it() -> None:
     assert parts[1].title == "engine 20.10: install tier"
     only = run_engines.plan(["20.10", "26"], whole=False)
     assert all(p.paths == run_engines.ENGINE_SUITES and not p.ignore for p in only)
+
+
+def test_an_engine_without_its_binaries_is_one_line_and_the_run_stays_green(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    monkeypatch.setattr(engine_root, "SHARED", tmp_path / "nowhere")
+    assert run_engines.run(run_engines.plan(["29"], whole=False), []) == 0
+    out = capsys.readouterr().out
+    said = [ln for ln in out.splitlines() if "engine 29" in ln]
+    assert len(said) == 1
+    assert said[0].startswith("!!! engine 29 (Engine-facing suites, cdi tier): SKIPPED")
+    assert engine_root.ABSENT_BANNER in said[0] and str(tmp_path / "nowhere") in said[0]
+
+
+def test_29_runs_the_end_to_end_creates_again_with_gpus_through_cdi() -> None:
+    parts = run_engines.plan(["20.10", "28", "29"], whole=True)
+    cdi = [(p.engine, p.paths, p.gpu_mode) for p in parts if p.tier == "cdi"]
+    assert cdi == [("29", ("tests/engine/test_e2e.py",), "cdi")]
+    assert all(p.gpu_mode == "hook" for p in parts if p.tier != "cdi")
+
+
+def test_make_test_runs_29_by_default() -> None:
+    assert "ENGINES ?= 20.10,26,28,29" in Path("Makefile").read_text()
+    assert 'default="20.10,26,28,29"' in Path(run_engines.__file__).read_text()

@@ -328,3 +328,28 @@ def test_serve_sets_socket_mode_and_removes_stale_socket() -> None:
         assert not os.path.exists(path)
 
     run_async(scenario())
+
+
+def test_http2_prior_knowledge_is_refused_and_never_reaches_the_engine() -> None:
+    """Engine 29 routes HTTP/2 application/grpc on its socket to BuildKit, past every
+    authorization plugin: the shim answers the preface 400 and opens no upstream."""
+    reached: list[bytes] = []
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        reached.append(await reader.read(100))
+        writer.close()
+
+    async def scenario() -> None:
+        up, upstream = await fake_upstream(engine)
+        path, task = await start_proxy(up, Recorder())
+        reader, writer = await asyncio.open_unix_connection(path)
+        writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        answer = await reader.read()
+        assert answer.startswith(b"HTTP/1.1 400 "), answer
+        assert b'"message"' in answer  # in the Engine's error format
+        writer.close()
+        task.cancel()
+        upstream.close()
+
+    run_async(scenario())
+    assert reached == []
