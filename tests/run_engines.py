@@ -125,7 +125,7 @@ def total_line(parts: list[Part], seconds: float) -> str:
     said = ", ".join(f"{counts[k]} {k}" for k in kinds if counts.get(k))
     if any(p.rc != 0 for p in parts) and not counts.get("failed") and not counts.get("errors"):
         said = ", ".join(x for x in ("1 errors", said) if x)  # a part died without a summary
-    engines = ", ".join(p.engine for p in parts)
+    engines = ", ".join(dict.fromkeys(p.engine for p in parts))
     bar = "=" * 20
     return f"{bar} {said or 'no tests ran'} in {seconds:.2f}s (engines {engines}) {bar}"
 
