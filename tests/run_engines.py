@@ -40,6 +40,7 @@ ENGINE_SUITES = (
     "tests/engine/test_e2e.py",
     "tests/engine/test_enforcement_engine.py",
     "tests/engine/test_cdi_engine.py",  # CDI names as each Engine turns them
+    "tests/engine/test_build_door.py",  # what a build step can reach on each Engine
     "tests/engine/test_lifecycle.py",
     "tests/engine/test_departures.py",  # destroy events as each Engine writes them (29: Actor)
     "tests/engine/test_compose.py",
