@@ -86,11 +86,11 @@ def verdict(
         for s in body or ():
             key, _, value = str(s).partition("=")
             source = key.partition(".")[2].lower() == "source"  # dockerd's "<mount>.source"
-            exposed = mount_exposure(value, exposes) if source else exposes(value)
-            if "device" in key.lower() or exposed:
+            reaches = mount_exposure(value, exposes) if source else exposes(value)
+            if "device" in key.lower() or reaches:
                 return (
                     f"gpu-alloc refused the plugin setting '{s}': it can give the plugin "
-                    f"device access outside any lease{f' ({exposed})' if exposed else ''}"
+                    f"device access outside any lease{f' ({reaches})' if reaches else ''}"
                 )
         return PluginCheck(route.name, "set", chain)
     action = "remove" if method == "DELETE" else route.path.rsplit("/", 1)[-1]
