@@ -1,10 +1,18 @@
-"""A privileged container reaches every device: under `LEASE_ALL` it holds every GPU.
+"""What makes a container root on the host, and how a privileged one holds every GPU.
+
+A privileged container reaches every device: under `LEASE_ALL` it holds every GPU.
 
 ``policy.privileged: lease-all`` lets a privileged create through the shim lease every
 GPU unit of the host (whole GPUs, and under ``policy.mig`` every MIG slice), all or
 nothing, like ``--gpus all``.  The plugin admits such a create by that lease alone, and
 at start the lease must still hold the whole host: privileged is never pinned to GPUs,
 so anything less would leave GPUs reachable that another lease could be granted.
+
+Short of privileged mode, some capabilities make a container root on the host too, by
+what the kernel grants them (`root_powers`; the one list gpu-alloc keeps, service specs
+included).  Such a container could open every GPU node and rewrite gpu-alloc's ledger, so
+it is refused on every socket, through the shim as on dockerd's own, and counted as
+holding every GPU where it exists already.
 """
 
 from __future__ import annotations
@@ -12,13 +20,32 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from allocator.core import access
+from allocator.core.access_ctx import VISIBLE, env_values
 from allocator.core.grants import Access
 from allocator.core.inventory import Inventory
 
 FIELD = "HostConfig.Privileged"  # the grant `access` makes for privileged mode
 REFUSE, LEASE_ALL = "refuse", "lease-all"
 MODES = (REFUSE, LEASE_ALL)
+
+# Capabilities (as dockerd normalises them: upper case, without CAP_) that make a
+# container root on the host, and the condition under which they do.
+#
+# - /proc/<pid>/root (and cwd, fd/N, mem) of another process passes the kernel's
+#   ptrace_may_access(PTRACE_MODE_READ_FSCREDS): a caller whose capabilities are not a
+#   superset of the target's (any root daemon's: dockerd's, gpu-alloc's) needs
+#   CAP_SYS_PTRACE.  DAC_OVERRIDE, DAC_READ_SEARCH or FOWNER do not open that door, but
+#   with the host's PID namespace (``--pid host``) SYS_PTRACE reaches every host
+#   process's root, so every file on the host.
+# - open_by_handle_at(2) opens any file of a filesystem the container has any file of
+#   (its /etc/hosts is one, on the host's disk: the "shocker" escape); Docker's default
+#   seccomp profile allows the call exactly when CAP_DAC_READ_SEARCH is granted.
+# - ALL holds both.
+HOST_PID_ROOT = frozenset({"ALL", "SYS_PTRACE"})  # with --pid host (or another's PID ns)
+ANYWHERE_ROOT = frozenset({"ALL", "DAC_READ_SEARCH"})  # whatever the PID namespace
+# Capabilities that reach devices by other ways than the device cgroup guards: refused in
+# a swarm service's spec, which has no lease to hold every GPU by.
+DEVICE_CAPABILITIES = frozenset({"ALL", "SYS_ADMIN", "SYS_RAWIO", "SYS_MODULE"})
 
 
 def asked(grants: Access) -> bool:
@@ -44,13 +71,13 @@ def covers_host(inventory: Inventory, uuids: Iterable[str]) -> bool:
 def leased(spec: Mapping[str, Any], grants: Access, inventory: Inventory) -> frozenset[str] | str:
     """The GPUs a leased privileged create names (its ``NVIDIA_VISIBLE_DEVICES``, which the
     shim sets to its lease), or why they are not the whole host."""
-    values = access.env_values(spec.get("Env") or (), access.VISIBLE)
+    values = env_values(spec.get("Env") or (), VISIBLE)
     named = frozenset(values[0].split(",")) if len(values) == 1 else frozenset()
     pinned = {u for g in grants.grants if g.gpus is not None for u in g.gpus}
     if not named or not covers_host(inventory, named) or not pinned <= named:
         return (
             "gpu-alloc refused the container create: a privileged container reaches every "
-            f"GPU, and its lease must hold every one, named once in {access.VISIBLE}; "
+            f"GPU, and its lease must hold every one, named once in {VISIBLE}; "
             "create it through the gpu-alloc socket under policy.privileged: lease-all"
         )
     return named
@@ -65,3 +92,42 @@ def admitted(grants: Access, inventory: Inventory, lease_gpus: Iterable[str]) ->
         and all(g.field == FIELD or (g.gpus is not None and g.gpus <= held) for g in grants.grants)
         and covers_host(inventory, held)
     )
+
+
+def capabilities(cap_add: Any) -> frozenset[str]:
+    """``CapAdd`` as dockerd normalises it: upper case, ``CAP_`` dropped (a lone string is
+    one capability: StrSlice)."""
+    listed = [cap_add] if isinstance(cap_add, str) else list(cap_add or ())
+    return frozenset(str(c).upper().removeprefix("CAP_") for c in listed)
+
+
+def root_powers(host_config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(field, why) for each way ``host_config`` makes its container root on the host
+    short of privileged mode (which its own row judges).  ``--cap-drop`` is not read: a
+    drop that undoes an add is a spelling to fix, not to trust."""
+    if host_config.get("Privileged"):
+        return []
+    caps = capabilities(host_config.get("CapAdd"))
+    found = []
+    anywhere = sorted(caps & ANYWHERE_ROOT)
+    if anywhere:
+        found.append((
+            "HostConfig.CapAdd",
+            f"capability {anywhere[0]} opens any file of the host's filesystems "
+            "(open_by_handle_at): root on the host",
+        ))  # fmt: skip
+    pid = str(host_config.get("PidMode") or "")
+    traced = sorted(caps & HOST_PID_ROOT)
+    if traced and (pid == "host" or pid.startswith("container:")):
+        shared = (
+            "the host's PID namespace"
+            if pid == "host"
+            else f"the PID namespace of {pid} (which may be the host's; gpu-alloc does not "
+            "follow it)"
+        )
+        found.append((
+            "HostConfig.PidMode",
+            f"capability {traced[0]} in {shared} reaches every host process's files "
+            "through /proc/<pid>/root: root on the host",
+        ))  # fmt: skip
+    return found

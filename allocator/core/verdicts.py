@@ -73,6 +73,15 @@ PLAIN = {
         "it is not allowed here",
         "remove --privileged, and add with --cap-add only what the container really needs",
     ),
+    "HostConfig.PidMode": (
+        "a container that can trace the host's processes is root on the host, so it is "
+        "not allowed here",
+        "drop --cap-add SYS_PTRACE (or ALL), or do not share the host's PID namespace (--pid host)",
+    ),
+    "HostConfig.CapAdd": (
+        "a container that can open files by handle is root on the host, so it is not allowed here",
+        "drop --cap-add DAC_READ_SEARCH (or ALL)",
+    ),
 }
 SHIM_INSTEAD = "ask for GPUs with --gpus N (or a Compose device reservation) instead"
 
