@@ -15,12 +15,16 @@ and each has its allowed neighbour beside it.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from tests.engine.test_plugin_chain_engine import call, docker, listed, plugin_config, rootfs
-from tests.support import engine
+from tests.support import clients, engine
 from tests.support.faults import IMAGE, real, shim
 from tests.support.plugin_registry import PluginRegistry
 
@@ -202,9 +206,11 @@ def test_other_powers_are_created_as_before(stack, sock, args):
 # ------------------------------------------------------------ the Engine's own socket
 
 
-def socket_binds(stack, tmp_path) -> dict[str, list[str]]:
-    link = tmp_path / "sock-link"
-    link.symlink_to(stack.engine_sock)
+def socket_binds(stack) -> dict[str, list[str]]:
+    """Spellings of dockerd's socket; the link where a chrooted dockerd sees it too."""
+    link = stack.dir / "sock-link"
+    if not link.is_symlink():
+        link.symlink_to(stack.engine_sock)
     return {
         "-v": ["-v", f"{stack.engine_sock}:/var/run/docker.sock"],
         "-v ro": ["-v", f"{stack.engine_sock}:/s:ro"],
@@ -216,8 +222,8 @@ def socket_binds(stack, tmp_path) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("sock", SOCKETS)
 @pytest.mark.parametrize("how", ["-v", "-v ro", "--mount", "through a link", "spelled with .."])
-def test_a_bind_of_dockerds_socket_is_refused(stack, tmp_path, sock, how):
-    args = socket_binds(stack, tmp_path)[how]
+def test_a_bind_of_dockerds_socket_is_refused(stack, sock, how):
+    args = socket_binds(stack)[how]
     out = engine.docker_cli(getattr(stack, sock), "create", *args, IMAGE, "true")
     assert out.returncode != 0, out.stdout
     assert "gpu-alloc refused" in out.stderr and "docker.sock" in out.stderr, out.stderr
@@ -261,3 +267,81 @@ def test_pause_and_unpause_within_a_limit_work_as_before(stack):
     time.sleep(1)
     state = engine.engine_api(stack.engine_sock).inspect_container(cid)["State"]
     assert state["Running"] and not state["Paused"]
+
+
+# ------------------------------------------------- reservations kept by what a grant does
+
+ALICE, BOB = "ga34alice", "ga34bob"
+
+
+@pytest.fixture(scope="module")
+def users(stack) -> Iterator[None]:
+    for user in (ALICE, BOB):
+        if subprocess.run(["id", user], capture_output=True).returncode != 0:
+            subprocess.run(["useradd", "-M", "-s", "/bin/false", user], check=True)
+    os.chmod(stack.dir, 0o711)
+    os.chmod(stack.shim_sock, 0o666)
+    yield
+    for user in (ALICE, BOB):
+        subprocess.run(["userdel", user], capture_output=True)
+
+
+def as_user(stack, user: str, *args: str):
+    return clients.docker_cli(stack.shim_sock, *args, user=user)
+
+
+def reserve(stack, gpu: int, lead: float) -> str:
+    made = engine.gpu_alloc(stack, "reserve", "--gpu", str(gpu), "--for", ALICE,
+                            "--from", f"+{lead:g}s", "--to", "+5m")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    listed = json.loads(engine.gpu_alloc(stack, "reservations", "--json").stdout)
+    return next(r["id"] for r in listed if gpu in r["gpus"])
+
+
+def test_a_start_that_would_run_into_another_holders_window_is_refused(stack, users):
+    """Granted as ending by the window's start, a container's clock starts at its first
+    run: a start that would then run into the window is refused on both sockets."""
+    rid = reserve(stack, 1, 20)
+    try:
+        fits = as_user(stack, BOB, "create", "--name", "fits", "--gpus", "device=1",
+                       "--label", "io.gpu-alloc.time=3s", IMAGE, "true")  # fmt: skip
+        assert fits.returncode == 0, fits.stderr
+        assert as_user(stack, BOB, "start", "fits").returncode == 0  # ends before the window
+        engine.engine_api(stack.engine_sock).wait("fits", timeout=30)
+        assert clients.docker_cli(stack.engine_sock, "rm", "fits").returncode == 0
+        late = as_user(stack, BOB, "create", "--name", "late", "--gpus", "device=1",
+                       "--label", "io.gpu-alloc.time=15s", IMAGE, "sleep", "300")  # fmt: skip
+        assert late.returncode == 0, late.stderr
+        time.sleep(6)  # now 15 s more would run into the window
+        for sock in (stack.shim_sock, stack.engine_sock):
+            out = clients.docker_cli(sock, "start", "late", user=BOB if "shim" in sock else None)
+            assert out.returncode != 0, out.stdout
+            assert "would run inside that window" in out.stderr and rid in out.stderr, out.stderr
+        assert not running(stack, "late")
+    finally:
+        clients.docker_cli(stack.engine_sock, "rm", "-f", "fits", "late")
+        engine.gpu_alloc(stack, "reserve", "cancel", rid)
+
+
+def test_a_container_not_running_when_the_window_begins_gives_its_gpu_up(stack, users):
+    rid = reserve(stack, 0, 8)
+    try:
+        kept = as_user(stack, BOB, "create", "--name", "kept", "--gpus", "device=0",
+                       "--label", "io.gpu-alloc.time=3s", IMAGE, "true")  # fmt: skip
+        assert kept.returncode == 0, kept.stderr
+        time.sleep(9)  # the window has begun: "kept" was never started
+        for sock in (stack.shim_sock, stack.engine_sock):
+            out = clients.docker_cli(sock, "start", "kept", user=BOB if "shim" in sock else None)
+            assert out.returncode != 0 and rid in out.stderr, out.stderr
+        mine = as_user(stack, ALICE, "create", "--name", "mine", "--gpus", "device=0",
+                       IMAGE, "true")  # fmt: skip
+        assert mine.returncode == 0, mine.stderr  # the holder gets it: "kept" gave it up
+        out = clients.docker_cli(stack.engine_sock, "start", "kept")
+        assert out.returncode != 0 and "gave that GPU up" in out.stderr, out.stderr
+        audit = (stack.state_dir / "audit.jsonl").read_text().splitlines()
+        released = [json.loads(line) for line in audit if '"release"' in line]
+        assert any("gave the GPU up" in str(e.get("reason")) and rid in str(e.get("reason"))
+                   for e in released), released[-3:]  # fmt: skip
+    finally:
+        clients.docker_cli(stack.engine_sock, "rm", "-f", "kept", "mine")
+        engine.gpu_alloc(stack, "reserve", "cancel", rid)
