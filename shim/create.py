@@ -171,7 +171,7 @@ class CreateInterceptor:
         creates = self.alloc.creates
         known = creates.at_hand(spec) if len(request.body) <= _AT_HAND_BODY else None
         if known and not resources.any and isinstance(known[1], Ask) and not known[1].any:
-            return await forward(_with_body(request, rewrite(spec, (), None), None))
+            return await self._plain(request, spec, forward)
         got = await asyncio.to_thread(
             creates.lease_for,
             spec,
@@ -184,7 +184,7 @@ class CreateInterceptor:
             bool(wait),
         )
         if got is None:
-            return await forward(_with_body(request, rewrite(spec, (), None), None))
+            return await self._plain(request, spec, forward)
         if not isinstance(got, Asked):
             return error(_REFUSAL_STATUS[type(got)], got.msg)
         req, leased = got.req, got.leased
@@ -223,6 +223,15 @@ class CreateInterceptor:
             await asyncio.to_thread(creates.settle, grant, response.status, response.body)
         lease = grant.lease
         return replace(response, note=f"lease {lease.id}: GPUs {','.join(lease.gpus)}")
+
+    async def _plain(self, request: Request, spec: dict, forward: Forward) -> Response:
+        """A create that holds no GPU: forwarded with the void guard, and its creator
+        recorded before the client hears of it (a client inside it is them)."""
+        response = await forward(_with_body(request, rewrite(spec, (), None), None))
+        if response.status == 201:
+            record = self.alloc.lookups.record_creator
+            await asyncio.to_thread(record, request.peer, response.body)
+        return response
 
     async def _wait(
         self,
