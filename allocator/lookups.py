@@ -18,8 +18,10 @@ from allocator.core import defaults, labels, service_limits
 from allocator.core.inflight import Target
 from allocator.core.leases import Phase, State, StateError
 from allocator.core.policy import UNKNOWN, Owner, Refusal
+from allocator.core.service_marks import Signing
 from allocator.core.verdicts import Facts
 from allocator.gather import Gatherer
+from allocator.host import service_key
 from allocator.host.config import Config
 from allocator.host.creators import Creators
 from allocator.host.engine import Engine, EngineError
@@ -107,6 +109,15 @@ class Lookups:
             self._creators.record(cid, owner.uid, owner.user)
         except StateError as e:
             log.warning("container %s: its creator %s not recorded: %s", cid[:12], owner.user, e)
+
+    def service_signing(self) -> Signing:
+        """This host's key for the shim's mark on service writes, and what a service made
+        on dockerd's own socket may do (`core.service_marks`)."""
+        if not self._service_key:
+            self._service_key = service_key.load(self.config.state_dir)
+        return Signing(self._service_key, self.config.swarm.engine_socket_services)
+
+    _service_key = b""  # read once it exists
 
     def service_over_limit(
         self, owner: Owner, ref: str | None, spec: dict[str, Any]

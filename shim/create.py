@@ -43,7 +43,7 @@ from dataclasses import replace
 from functools import partial
 from urllib.parse import parse_qs, urlsplit
 
-from allocator.core import errors, gojson, labels, policy, service_limits, services
+from allocator.core import errors, gojson, labels, policy, service_limits, service_marks, services
 from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
 from allocator.core.createbody import decode_create
@@ -133,17 +133,30 @@ class CreateInterceptor:
         except gojson.BodyError:
             return request
         owner = self.alloc.lookups.owner_of(request.peer)
-        spec = service_limits.owned(services.pin(spec, self.alloc.config.swarm.kind), owner)
+        pinned = services.pin(service_marks.stripped(spec), self.alloc.config.swarm.kind)
+        spec = service_limits.owned(pinned, owner)
         ref = route.name if route.path.endswith("/update") else None
         refused = self.alloc.lookups.service_over_limit(owner, ref, spec)
         if refused is not None:
             log.info("refused service %r of %s: %s", spec.get("Name"), owner.user, refused.msg)
             return error(403, refused.msg)
-        return replace(request, body=gojson.canonical(spec))
+        body = gojson.canonical(spec)
+        key = self.alloc.lookups.service_signing().key
+        headers = [
+            (k, v) for k, v in request.headers if not k.lower().startswith(labels.HEADER_PREFIX)
+        ]
+        if key:
+            headers.append((service_marks.HEADER, service_marks.mark(key, body)))
+        return replace(request, headers=headers, body=body)
 
     def _judge(self, route: Route, request: Request) -> decide.Decision:
         """The plugin's verdict, with facts read only where the check needs them."""
-        asked = partial(decide.authz_request, route, request.method, request.target, request.body)
+        signing = self.alloc.lookups.service_signing() if route.check is Check.SERVICE else None
+        headers = dict(request.headers)
+        asked = partial(
+            decide.authz_request, route, request.method, request.target, request.body,
+            headers=headers, signing=signing,
+        )  # fmt: skip
         decision = self.alloc.gather.decide(asked, decide.reads_facts(route))
         return self.alloc.admission.resolve(decision)
 

@@ -290,18 +290,22 @@ def as_user(stack, user: str, *args: str):
     return clients.docker_cli(stack.shim_sock, *args, user=user)
 
 
-def reserve(stack, gpu: int, lead: float) -> str:
+def reserve(stack, gpu: int, lead: float) -> tuple[str, float]:
+    """A reservation of GPU ``gpu`` for alice from ``lead`` s on: (its id, a monotonic time
+    by which its window has surely begun)."""
     made = engine.gpu_alloc(stack, "reserve", "--gpu", str(gpu), "--for", ALICE,
                             "--from", f"+{lead:g}s", "--to", "+5m")  # fmt: skip
+    begun = time.monotonic() + lead
     assert made.returncode == 0, made.stderr
     listed = json.loads(engine.gpu_alloc(stack, "reservations", "--json").stdout)
-    return next(r["id"] for r in listed if gpu in r["gpus"])
+    return next(r["id"] for r in listed if gpu in r["gpus"]), begun
 
 
 def test_a_start_that_would_run_into_another_holders_window_is_refused(stack, users):
     """Granted as ending by the window's start, a container's clock starts at its first
     run: a start that would then run into the window is refused on both sockets."""
-    rid = reserve(stack, 1, 20)
+    began = time.monotonic()  # the window begins 45 s after this, or later
+    rid, begun = reserve(stack, 1, 45)
     try:
         fits = as_user(stack, BOB, "create", "--name", "fits", "--gpus", "device=1",
                        "--label", "io.gpu-alloc.time=3s", IMAGE, "true")  # fmt: skip
@@ -310,9 +314,10 @@ def test_a_start_that_would_run_into_another_holders_window_is_refused(stack, us
         engine.engine_api(stack.engine_sock).wait("fits", timeout=30)
         assert clients.docker_cli(stack.engine_sock, "rm", "fits").returncode == 0
         late = as_user(stack, BOB, "create", "--name", "late", "--gpus", "device=1",
-                       "--label", "io.gpu-alloc.time=15s", IMAGE, "sleep", "300")  # fmt: skip
+                       "--label", "io.gpu-alloc.time=30s", IMAGE, "sleep", "300")  # fmt: skip
+        assert time.monotonic() < began + 15, "too slow to tell: 30 s no longer fit"
         assert late.returncode == 0, late.stderr
-        time.sleep(6)  # now 15 s more would run into the window
+        time.sleep(max(0.0, begun - 25 - time.monotonic()))  # now 30 s run into the window
         for sock in (stack.shim_sock, stack.engine_sock):
             out = clients.docker_cli(sock, "start", "late", user=BOB if "shim" in sock else None)
             assert out.returncode != 0, out.stdout
@@ -324,12 +329,14 @@ def test_a_start_that_would_run_into_another_holders_window_is_refused(stack, us
 
 
 def test_a_container_not_running_when_the_window_begins_gives_its_gpu_up(stack, users):
-    rid = reserve(stack, 0, 8)
+    began = time.monotonic()
+    rid, begun = reserve(stack, 0, 20)
     try:
         kept = as_user(stack, BOB, "create", "--name", "kept", "--gpus", "device=0",
                        "--label", "io.gpu-alloc.time=3s", IMAGE, "true")  # fmt: skip
+        assert time.monotonic() < began + 17, "too slow to tell: 3 s no longer fit"
         assert kept.returncode == 0, kept.stderr
-        time.sleep(9)  # the window has begun: "kept" was never started
+        time.sleep(max(0.0, begun + 1 - time.monotonic()))  # begun: "kept" never started
         for sock in (stack.shim_sock, stack.engine_sock):
             out = clients.docker_cli(sock, "start", "kept", user=BOB if "shim" in sock else None)
             assert out.returncode != 0 and rid in out.stderr, out.stderr
