@@ -191,14 +191,14 @@ def test_a_gpu_service_on_the_real_socket_is_refused_and_cannot_add_to_a_limit(
         assert done.returncode != 0, done.stdout
         assert "counts for no owner gpu-alloc can tell" in done.stderr, done.stderr
     assert clean.docker(1, "service", "ls", "-q").stdout.split() == []
-    plain = service(clean, clean.sock(1), "plain")  # no GPU: dockerd's socket as before
+    plain = service(clean, clean.sock(1), "plain", *pins)  # no GPU: as before
     assert plain.returncode == 0, plain.stderr
 
 
 LABEL_LEVELS = {
     "service label": ["--label", "io.gpu-alloc.owner=1001:someone"],
     "container label": ["--container-label", "io.gpu-alloc.lease=abc"],
-    "volume label": ["--mount", "type=volume,src=ga-v,dst=/v,volume-label=io.gpu-alloc.owner=x"],
+    "volume label": ["--mount", "type=volume,dst=/v,volume-label=io.gpu-alloc.owner=x"],
 }
 
 
@@ -206,7 +206,8 @@ LABEL_LEVELS = {
 def test_gpu_allocs_labels_at_any_level_of_a_service_are_refused_on_the_real_socket(
     clean: SwarmLab, args: list[str]
 ) -> None:
-    done = service(clean, clean.sock(1), "labelled", *args)
+    pins = ["--env", "NVIDIA_VISIBLE_DEVICES=void", "--env", "DOCKER_RESOURCE_GPU=void"]
+    done = service(clean, clean.sock(1), "labelled", *pins, *args)
     assert done.returncode != 0, done.stdout
     assert "gpu-alloc refused the swarm service" in done.stderr, done.stderr
     assert "only gpu-alloc sets" in done.stderr or "are gpu-alloc's own" in done.stderr
