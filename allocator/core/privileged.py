@@ -29,7 +29,8 @@ REFUSE, LEASE_ALL = "refuse", "lease-all"
 MODES = (REFUSE, LEASE_ALL)
 
 # Capabilities (as dockerd normalises them: upper case, without CAP_) that make a
-# container root on the host, and the condition under which they do.
+# container root on the host, and the condition under which they do, from what the kernel
+# and Docker's default seccomp profile grant them:
 #
 # - /proc/<pid>/root (and cwd, fd/N, mem) of another process passes the kernel's
 #   ptrace_may_access(PTRACE_MODE_READ_FSCREDS): a caller whose capabilities are not a
@@ -37,12 +38,19 @@ MODES = (REFUSE, LEASE_ALL)
 #   CAP_SYS_PTRACE.  DAC_OVERRIDE, DAC_READ_SEARCH or FOWNER do not open that door, but
 #   with the host's PID namespace (``--pid host``) SYS_PTRACE reaches every host
 #   process's root, so every file on the host.
-# - open_by_handle_at(2) opens any file of a filesystem the container has any file of
-#   (its /etc/hosts is one, on the host's disk: the "shocker" escape); Docker's default
-#   seccomp profile allows the call exactly when CAP_DAC_READ_SEARCH is granted.
-# - ALL holds both.
+# - Whatever the PID namespace, the seccomp profile lets a capability's own system calls
+#   through once it is granted: open_by_handle_at(2) for DAC_READ_SEARCH (any file of a
+#   filesystem the container has one file of, its /etc/hosts on the host's disk: the
+#   "shocker" escape), init_module(2) for SYS_MODULE, iopl(2)/ioperm(2) for SYS_RAWIO.
+# - ALL holds them all.  SYS_ADMIN is not here: FUSE and other everyday uses need it, and
+#   Docker's AppArmor profile keeps its mounts from the host (see docs/exclusivity.md).
 HOST_PID_ROOT = frozenset({"ALL", "SYS_PTRACE"})  # with --pid host (or another's PID ns)
-ANYWHERE_ROOT = frozenset({"ALL", "DAC_READ_SEARCH"})  # whatever the PID namespace
+ANYWHERE_ROOT = {
+    "ALL": "holds every capability below",
+    "DAC_READ_SEARCH": "opens any file of the host's filesystems (open_by_handle_at)",
+    "SYS_MODULE": "loads kernel modules",
+    "SYS_RAWIO": "reaches the hardware's I/O ports (iopl, ioperm)",
+}
 # Capabilities that reach devices by other ways than the device cgroup guards: refused in
 # a swarm service's spec, which has no lease to hold every GPU by.
 DEVICE_CAPABILITIES = frozenset({"ALL", "SYS_ADMIN", "SYS_RAWIO", "SYS_MODULE"})
@@ -109,14 +117,13 @@ def root_powers(host_config: Mapping[str, Any]) -> list[tuple[str, str]]:
         return []
     caps = capabilities(host_config.get("CapAdd"))
     found = []
-    anywhere = sorted(caps & ANYWHERE_ROOT)
+    anywhere = sorted(caps & ANYWHERE_ROOT.keys())
     if anywhere:
         found.append((
             "HostConfig.CapAdd",
-            f"capability {anywhere[0]} opens any file of the host's filesystems "
-            "(open_by_handle_at): root on the host",
+            f"capability {anywhere[0]} {ANYWHERE_ROOT[anywhere[0]]}: root on the host",
         ))  # fmt: skip
-    pid = str(host_config.get("PidMode") or "")
+    pid = str(host_config.get("PidMode") or "").lower()  # compared without case: fail closed
     traced = sorted(caps & HOST_PID_ROOT)
     if traced and (pid == "host" or pid.startswith("container:")):
         shared = (

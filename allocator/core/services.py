@@ -187,8 +187,8 @@ def _capabilities(added: Sequence[str]) -> str | None:
             )
         if name in privileged.ANYWHERE_ROOT:
             return (
-                f"{SPEC}.CapabilityAdd adds {cap}, which opens any file of the host's "
-                "filesystems (open_by_handle_at): root on the host; drop it"
+                f"{SPEC}.CapabilityAdd adds {cap}, which {privileged.ANYWHERE_ROOT[name]}: "
+                "root on the host; drop it"
             )
     return None
 

@@ -80,8 +80,8 @@ PLAIN = {
         "drop --cap-add SYS_PTRACE (or ALL), or do not share the host's PID namespace (--pid host)",
     ),
     "HostConfig.CapAdd": (
-        "a container that can open files by handle is root on the host, so it is not allowed here",
-        "drop --cap-add DAC_READ_SEARCH (or ALL)",
+        "a container with that capability is root on the host, so it is not allowed here",
+        "drop --cap-add DAC_READ_SEARCH, SYS_MODULE, SYS_RAWIO and ALL",
     ),
 }
 SHIM_INSTEAD = "ask for GPUs with --gpus N (or a Compose device reservation) instead"

@@ -166,6 +166,8 @@ ROOT_POWERS = {
     "pid host + ALL": ["--pid", "host", "--cap-add", "ALL"],
     "DAC_READ_SEARCH": ["--cap-add", "DAC_READ_SEARCH"],
     "ALL, DAC_READ_SEARCH dropped": ["--cap-add", "ALL", "--cap-drop", "DAC_READ_SEARCH"],
+    "SYS_MODULE": ["--cap-add", "SYS_MODULE"],
+    "SYS_RAWIO": ["--cap-add", "sys_rawio"],
 }
 
 

@@ -50,6 +50,9 @@ def create(**host_config):
         {"CapAdd": ["DAC_READ_SEARCH"]},
         {"CapAdd": ["cap_dac_read_search"]},
         {"CapAdd": ["ALL"], "CapDrop": ["DAC_READ_SEARCH"]},  # a drop is not trusted
+        {"CapAdd": ["SYS_MODULE"]},
+        {"CapAdd": ["CAP_SYS_RAWIO"]},
+        {"PidMode": "HOST", "CapAdd": ["SYS_PTRACE"]},  # compared without case
     ],
 )
 def test_powers_that_make_a_container_root_on_the_host_hold_every_gpu(host_config):
