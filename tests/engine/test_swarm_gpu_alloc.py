@@ -306,3 +306,14 @@ def test_a_service_s_replicas_times_gpus_count_against_its_owner_s_limit(users: 
     assert ben.returncode == 0, ben.stderr
     fewer = docker_cli(shim, "service", "scale", "-d", "ann=1", user=ANN)
     assert fewer.returncode == 0, fewer.stderr
+
+
+def test_a_service_binding_dockerds_socket_is_refused_on_both_sockets(clean: SwarmLab) -> None:
+    """Its tasks would call dockerd where no plugin can tell who asks."""
+    pins = ["--env", "NVIDIA_VISIBLE_DEVICES=void", "--env", "DOCKER_RESOURCE_GPU=void"]
+    bind = ["--mount", f"type=bind,src={clean.sock(1)},dst=/var/run/docker.sock"]
+    for sock in (clean.shim(1), clean.sock(1)):
+        done = service(clean, sock, "sock", *pins, *bind)
+        assert done.returncode != 0, done.stdout
+        assert "gpu-alloc refused the swarm service" in done.stderr, done.stderr
+    assert clean.docker(1, "service", "ls", "-q").stdout.split() == []
