@@ -93,6 +93,13 @@ class Lookups:
     def _creators(self) -> Creators:
         return Creators(self.config.state_dir, self.config.policy.lock_timeout)
 
+    def forget_creator(self, container: str) -> None:
+        """``container`` was destroyed: its creator's record goes (`record_creator`)."""
+        try:
+            self._creators.forget(container)
+        except StateError as e:
+            log.warning("container %s: its creator's record kept: %s", container[:12], e)
+
     def record_creator(self, peer: Peer | None, answer: bytes) -> None:
         """The container a create answered 201 with (``answer``, dockerd's body) is the
         asker's: a client inside it later is them, as in a leased container.  One write

@@ -6,9 +6,11 @@ the shim created, so a client in a plain container with the shim's socket bound 
 its creator, not ``unknown`` (which a user at their limit could otherwise become, for a
 default limit's worth more).  Written once per create the Engine answered 201, after
 the answer and before the client hears it; read when a connection comes from inside a
-container no lease names.  Bounded: the oldest records go beyond `KEEP`, so a very old
-container's clients count as ``unknown`` again (which grants nothing a named person
-lacks).  The file holds container ids, uids and user names: 0600 in the state directory.
+container no lease names; a record goes when the Engine destroys its container (`forget`,
+from the shim's follower of ``destroy`` events).  Bounded besides: past `KEEP` live
+records the oldest go, and that container's clients count as ``unknown`` again (which
+grants nothing a named person lacks).  The file holds container ids, uids and user
+names: 0600 in the state directory.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from allocator.core.leases import StateError
 from allocator.host import store
 
 FILE, LOCK = "creators.json", "creators.lock"
-KEEP = 20_000  # records kept: the containers a host has at once, many times over
+KEEP = 100_000  # records kept: far more containers than one dockerd holds at once
 
 
 class Creators:
@@ -41,6 +43,19 @@ class Creators:
                 store.replace(self.path, json.dumps(kept).encode(), sync=False)
             except OSError as e:
                 raise StateError(f"{self.path}: cannot record a container's creator: {e}") from e
+
+    def forget(self, container: str) -> None:
+        """``container`` is gone: its record too (no write when there is none)."""
+        if container not in self._read():
+            return
+        with self._lock.held():
+            kept = self._read()
+            if kept.pop(container, None) is None:
+                return
+            try:
+                store.replace(self.path, json.dumps(kept).encode(), sync=False)
+            except OSError as e:
+                raise StateError(f"{self.path}: cannot drop a container's creator: {e}") from e
 
     def of(self, container: str) -> tuple[int | None, str] | None:
         """(uid, user) who created ``container``; None when not recorded."""

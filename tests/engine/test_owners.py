@@ -14,6 +14,7 @@ import re
 import resource
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -324,6 +325,14 @@ def test_a_client_inside_a_plain_container_the_shim_made_is_its_creator(stack, u
     assert nested.returncode == 0, nested.stderr  # what it makes is bob's again
     again = inside(stack, "nested", uid, "create", "--gpus", "1", IMAGE, "true")
     assert f"{BOB} holds 1 of 1 GPU allowed" in again.stderr, again.stderr
+    plain = engine.engine_api(stack.engine_sock).inspect_container("plain")["Id"]
+    creators = stack.state_dir / "creators.json"
+    assert plain in json.loads(creators.read_text())
+    engine.engine_api(stack.engine_sock).remove_container("plain", force=True)
+    deadline = time.monotonic() + 10  # the shim follows the Engine's destroy events
+    while plain in json.loads(creators.read_text()):
+        assert time.monotonic() < deadline, "the record outlived its container"
+        time.sleep(0.2)
 
 
 def cgroup_dirs(pid: int) -> list[Path]:

@@ -30,3 +30,12 @@ def test_an_unreadable_file_names_nobody(tmp_path):
     assert book.of("c1") is None
     book.record("c1", 7, "carol")  # and is written anew
     assert book.of("c1") == (7, "carol")
+
+
+def test_a_destroyed_containers_record_goes(tmp_path):
+    book = Creators(tmp_path)
+    book.record("c1", 1001, "alice")
+    book.record("c2", 1002, "bob")
+    book.forget("c1")
+    book.forget("c9")  # none: nothing written
+    assert book.of("c1") is None and book.of("c2") == (1002, "bob")
