@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from allocator.core import privileged
 from allocator.core.routes import Check, Route
 
 AUTHZ_TYPE = "docker.authz/1.0"
@@ -63,6 +64,12 @@ def verdict(
     set); ``chain``: the configured authorization plugins; ``exposes(path)``: what a bind
     of ``path`` would expose, in words (empty: nothing)."""
     if route.check in (Check.PLUGIN_INSTALL, Check.PLUGIN_UPGRADE):
+        root = root_powers(body)
+        if root:
+            return (
+                f"gpu-alloc refused the plugin install: by the privileges it asks for, "
+                f"{root}; install plugins that do without them"
+            )
         for p in body or ():
             name = str((p or {}).get("Name") or "")
             values = [str(v) for v in (p or {}).get("Value") or ()]
@@ -95,6 +102,20 @@ def verdict(
         return PluginCheck(route.name, "set", chain)
     action = "remove" if method == "DELETE" else route.path.rsplit("/", 1)[-1]
     return PluginCheck(route.name, action, chain)
+
+
+def root_powers(privileges: Any) -> str:
+    """What makes a plugin root on the host, by its privileges (``host pid namespace``,
+    ``capabilities``) read as a container's `privileged.root_powers`; empty: nothing."""
+    named = {
+        str((p or {}).get("Name") or ""): (p or {}).get("Value") or () for p in privileges or ()
+    }
+    config = {
+        "PidMode": "host" if "host pid namespace" in named else "",
+        "CapAdd": [str(c) for c in named.get("capabilities") or ()],
+    }
+    found = privileged.root_powers(config)
+    return found[0][1] if found else ""
 
 
 def mount_exposure(source: str, exposes: Callable[[str], str]) -> str:

@@ -115,7 +115,9 @@ def root_powers(host_config: Mapping[str, Any]) -> list[tuple[str, str]]:
     drop that undoes an add is a spelling to fix, not to trust."""
     if host_config.get("Privileged"):
         return []
-    caps = capabilities(host_config.get("CapAdd"))
+    # ``Capabilities`` (API 1.40's whole set, which later Engines ignore) read as added:
+    # an Engine that honours it grants them, and one that ignores it costs nothing.
+    caps = capabilities(host_config.get("CapAdd")) | capabilities(host_config.get("Capabilities"))
     found = []
     anywhere = sorted(caps & ANYWHERE_ROOT.keys())
     if anywhere:

@@ -45,12 +45,23 @@ def mounting(source: str) -> dict:
     return config
 
 
+def powered(capabilities: list[str], pid_host: bool = False) -> dict:
+    """A volume plugin with extra capabilities, in the host's PID namespace or not."""
+    config = plugin_config(["docker.volumedriver/1.0"])
+    config["Linux"] = {"Capabilities": capabilities, "AllowAllDevices": False, "Devices": None}
+    config["PidHost"] = pid_host
+    return config
+
+
 @pytest.fixture(scope="module")
 def registry(stack):
     served = PluginRegistry({
         "climbs": (mounting(f"{CLIMB}{stack.state_dir}"), rootfs("climbs")),
         "climbs-short": (mounting("../x"), rootfs("climbs-short")),
         "inside": (mounting("rootfs/data"), rootfs("inside")),
+        "tracer": (powered(["CAP_SYS_PTRACE"], pid_host=True), rootfs("tracer")),
+        "handles": (powered(["CAP_DAC_READ_SEARCH"]), rootfs("handles")),
+        "fuse": (powered(["CAP_SYS_ADMIN"]), rootfs("fuse")),
         "authz2": (plugin_config(["docker.authz/2.0"]), rootfs("authz2")),
         "authz-beside": (plugin_config(["docker.volumedriver/1.0", "docker.authz/1.1"]),
                          rootfs("authz-beside")),
@@ -137,6 +148,25 @@ def test_a_plugin_upgrade_to_a_mount_out_of_its_bundle_is_refused(stack, registr
     finally:
         api.close()
         remove_plugin(stack, tmp_path, "ga-up")
+
+
+@pytest.mark.parametrize("sock", SOCKETS)
+@pytest.mark.parametrize("repo", ["tracer", "handles"])
+def test_a_plugin_whose_privileges_make_it_root_on_the_host_is_not_installed(
+    stack, registry, tmp_path, sock, repo
+):
+    out = install(stack, sock, tmp_path, registry, repo, f"ga-{repo}")
+    assert out.returncode != 0
+    assert "root on the host" in out.stderr, out.stderr
+    assert f"ga-{repo}:latest" not in listed(stack)
+
+
+def test_a_plugin_with_sys_admin_installs_as_fuse_volume_plugins_need(stack, registry, tmp_path):
+    out = install(stack, "shim_sock", tmp_path, registry, "fuse", "ga-fuse", "--disable")
+    try:
+        assert out.returncode == 0, out.stderr
+    finally:
+        remove_plugin(stack, tmp_path, "ga-fuse")
 
 
 # -------------------------------------------------- authorization plugins by capability

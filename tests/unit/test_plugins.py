@@ -204,3 +204,29 @@ def test_an_authorization_plugin_is_known_by_its_capability_whatever_its_version
 def test_plugins_of_other_capabilities_are_enabled(types):
     listed = [{"Id": "e" * 64, "Name": "other:latest", "Config": {"Interface": {"Types": types}}}]
     assert refusal(PluginCheck("other", "enable", ()), listed) is None
+
+
+@pytest.mark.parametrize(
+    "privileges",
+    [
+        [{"Name": "host pid namespace", "Value": ["true"]},
+         {"Name": "capabilities", "Value": ["CAP_SYS_PTRACE"]}],
+        [{"Name": "capabilities", "Value": ["CAP_DAC_READ_SEARCH"]}],
+        [{"Name": "capabilities", "Value": ["CAP_SYS_ADMIN", "CAP_SYS_MODULE"]}],
+    ],
+)  # fmt: skip
+def test_a_plugin_whose_privileges_make_it_root_on_the_host_is_refused(privileges):
+    why = _installed(privileges)
+    assert isinstance(why, str) and "root on the host" in why, why
+
+
+@pytest.mark.parametrize(
+    "privileges",
+    [
+        [{"Name": "capabilities", "Value": ["CAP_SYS_ADMIN"]}],  # FUSE volume plugins
+        [{"Name": "host pid namespace", "Value": ["true"]}],
+        [{"Name": "capabilities", "Value": ["CAP_SYS_PTRACE"]}],
+    ],
+)
+def test_other_plugin_privileges_install(privileges):
+    assert _installed(privileges) is None
