@@ -77,6 +77,7 @@ class Departures:
         """The Engine destroyed ``cid``: end what it held."""
         if not cid:
             return
+        self.alloc.lookups.forget_creator(cid)
         state = self.alloc.ledger.read()
         if cid in state.claims or cid in state.expired:
             self.alloc.reconciler.reconcile()

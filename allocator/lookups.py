@@ -8,22 +8,29 @@ connections are kept here, once per process, as the shim kept them.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from functools import cached_property
 from typing import Any
 
 from allocator.core import defaults, labels, service_limits
 from allocator.core.inflight import Target
-from allocator.core.leases import Phase, State
-from allocator.core.policy import Owner, Refusal
+from allocator.core.leases import Phase, State, StateError
+from allocator.core.policy import UNKNOWN, Owner, Refusal
+from allocator.core.service_marks import Signing
 from allocator.core.verdicts import Facts
 from allocator.gather import Gatherer
+from allocator.host import service_key
 from allocator.host.config import Config
+from allocator.host.creators import Creators
 from allocator.host.engine import Engine, EngineError
 from allocator.host.images import ImageConfigs
 from allocator.host.ledger import Ledger
 from allocator.host.owners import Owners
 from allocator.host.peers import Peer
+
+log = logging.getLogger("gpu-alloc")
 
 
 class Lookups:
@@ -74,12 +81,50 @@ class Lookups:
         return Owners(self.engine, self._lease_owner)
 
     def _lease_owner(self, container: str) -> tuple[int | None, str] | None:
-        """(uid, user) of the live lease the ledger binds to ``container``: asked once per
-        container a connection comes from, never on a call that touches no GPU."""
+        """(uid, user) of the live lease the ledger binds to ``container``, else of the
+        creator the shim recorded for it (`record_creator`): asked once per container a
+        connection comes from, never on a call that touches no GPU."""
         for lease in self.ledger.read().leases.values():
             if lease.container == container and lease.phase is Phase.BOUND and lease.owner:
                 return lease.owner_uid, lease.owner
-        return None
+        return self._creators.of(container)
+
+    @cached_property
+    def _creators(self) -> Creators:
+        return Creators(self.config.state_dir, self.config.policy.lock_timeout)
+
+    def forget_creator(self, container: str) -> None:
+        """``container`` was destroyed: its creator's record goes (`record_creator`)."""
+        try:
+            self._creators.forget(container)
+        except StateError as e:
+            log.warning("container %s: its creator's record kept: %s", container[:12], e)
+
+    def record_creator(self, peer: Peer | None, answer: bytes) -> None:
+        """The container a create answered 201 with (``answer``, dockerd's body) is the
+        asker's: a client inside it later is them, as in a leased container.  One write
+        per create that holds no lease; a failure leaves the container's clients
+        ``unknown``, never someone else."""
+        try:
+            cid = str(json.loads(answer).get("Id") or "")
+        except (ValueError, AttributeError):
+            return
+        owner = self.owner_of(peer)
+        if not cid or owner.user == UNKNOWN:
+            return
+        try:
+            self._creators.record(cid, owner.uid, owner.user)
+        except StateError as e:
+            log.warning("container %s: its creator %s not recorded: %s", cid[:12], owner.user, e)
+
+    def service_signing(self) -> Signing:
+        """This host's key for the shim's mark on service writes, and what a service made
+        on dockerd's own socket may do (`core.service_marks`)."""
+        if not self._service_key:
+            self._service_key = service_key.load(self.config.state_dir)
+        return Signing(self._service_key, self.config.swarm.engine_socket_services)
+
+    _service_key = b""  # read once it exists
 
     def service_over_limit(
         self, owner: Owner, ref: str | None, spec: dict[str, Any]

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from allocator.core import access, labels, policy, privileged, restarts
+from allocator.core import reservations as rsv
 from allocator.core.leases import Claim, Lease, Phase, State
 from allocator.core.reconcile import STOPPED, Report, apply
 from allocator.core.verdicts import Facts
@@ -30,6 +31,7 @@ from allocator.host import ledger
 from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.ledger import Ledger
 from allocator.recorder import Recorder
+from allocator.reserving import Reservations
 
 log = logging.getLogger("gpu-alloc")
 
@@ -38,7 +40,15 @@ class Reconciler:
     """``reconcile`` the ledger with the Engine; ``without_gpus`` are the containers it
     inspected and found holding no GPU (never inspected again while they exist)."""
 
-    def __init__(self, engine: Engine | None, ledger: Ledger, gather: Gatherer, recorder: Recorder):
+    def __init__(
+        self,
+        engine: Engine | None,
+        ledger: Ledger,
+        gather: Gatherer,
+        recorder: Recorder,
+        reservations: Reservations | None = None,
+    ):
+        self.reservations = reservations
         self.engine = engine
         self.ledger = ledger
         self.gather = gather
@@ -115,9 +125,10 @@ class Reconciler:
             ledger.now(),
             self.gather.rules,
         )
+        gave_up = self._yielding(snapshot, listed)
         held_down = {
             lease_id: snapshot.leases[lease_id]
-            for lease_id in due
+            for lease_id in [*due, *gave_up]
             if self._restart_off(str(snapshot.leases[lease_id].container))
         }
         with self.ledger.transaction() as state:
@@ -128,6 +139,8 @@ class Reconciler:
             expired = [
                 i for i in policy.expired(bound, stopped, now, self.gather.rules) if i in held_down
             ]
+            expired += [i for i in gave_up if i in held_down and i in state.leases]
+            expired = list(dict.fromkeys(expired))
             for lease_id in expired:
                 state.expire(lease_id, now)
                 report.freed.append(lease_id)
@@ -145,6 +158,8 @@ class Reconciler:
             why = "container gone" if lease and lease.container else "create never completed"
             if lease_id in expired:
                 why = "stopped longer than policy.release_stopped_after"
+            if lease_id in expired and lease_id in gave_up:
+                why = rsv.gave_up(gave_up[lease_id], now)
             self.recorder.ended(lease, f"reconcile: {why}")
         for cid in report.adopted:
             claim = found[cid]
@@ -152,6 +167,29 @@ class Reconciler:
                 "adoption", gpus=claim.gpus or (), container=cid, name=claim.name, reason=claim.why
             )
         return report
+
+    def _yielding(self, snapshot: State, listed: dict[str, dict]) -> dict[str, rsv.Reservation]:
+        """Lease id -> the reservation whose window began on a GPU of the lease, for
+        another holder, while the lease's container is created or stopped: it gives the
+        GPU up (`core.reservations.yielding`).  Nothing is read without a reservation."""
+        if self.reservations is None:
+            return {}
+        now = ledger.now()
+        kept = [r for r in self.reservations.current(now) if r.active(now)]
+        if not kept:
+            return {}
+        bound = [
+            le
+            for le in snapshot.leases.values()
+            if le.phase is Phase.BOUND
+            and le.container in listed
+            and any(u in r.gpus for r in kept for u in le.gpus)
+        ]
+        idle = {
+            str(le.container) for le in bound if listed[str(le.container)].get("State") in STOPPED
+        }
+        owned = [(le, self.reservations.owner_of(le, kept)) for le in bound]
+        return rsv.yielding(owned, idle, kept, now)
 
     def _stopped_since(
         self, snapshot: State, listed: dict[str, dict]

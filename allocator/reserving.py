@@ -12,15 +12,17 @@ re-pick is written at the next `reserve` or `cancel`.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from allocator.core import policy
 from allocator.core import reservations as rsv
 from allocator.core.holders import Holder
-from allocator.core.leases import StateError
+from allocator.core.leases import Lease, StateError
 from allocator.core.placement import POLICIES
-from allocator.core.policy import Owner
+from allocator.core.policy import UNKNOWN, Owner
 from allocator.host import ledger
+from allocator.host.owners import groups_of
 from allocator.host.reservations import ReservationFile
 
 if TYPE_CHECKING:
@@ -58,6 +60,12 @@ class Reservations:
                 candidates, _ = self._candidates(r.pool)
                 out[i] = rsv.repick(r, candidates, sick, out, (), self.policy)  # in order
         return out
+
+    def owner_of(self, lease: Lease, kept: Iterable[rsv.Reservation]) -> Owner:
+        """The lease's owner as a reservation's holder is matched: with their groups, as
+        NSS says now, only when a group holds one of ``kept``."""
+        groups = groups_of(lease.owner) if any(r.holder.startswith("@") for r in kept) else ()
+        return Owner(lease.owner_uid, lease.owner or UNKNOWN, groups)
 
     def stamp(self) -> object:
         """Moves when a reservation is made or cancelled, and when one begins or ends: a

@@ -14,14 +14,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from allocator.core import policy, restarts, starts, timelimits
-from allocator.core.leases import State, StateError
+from allocator.core import access, policy, restarts, starts, timelimits
+from allocator.core import reservations as rsv
+from allocator.core.leases import Lease, State, StateError
 from allocator.gather import Gatherer
 from allocator.host import ledger
 from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.ledger import Ledger
 from allocator.reconciler import Reconciler
 from allocator.recorder import Recorder
+from allocator.reserving import Reservations
 
 log = logging.getLogger("gpu-alloc")
 _INSPECT = object()  # start_refusal's default: inspect the reference itself
@@ -35,7 +37,8 @@ def _now() -> float:
 class Restarts:
     """Starts, asked (`start_refusal`) and standing (the restart policies).
 
-    ``reconciler`` says which containers hold no GPU (`check_restarts` skips them).
+    ``reconciler`` says which containers hold no GPU (`check_restarts` skips them);
+    ``reservations``: the windows a start may not run into (None: none are kept).
     """
 
     def __init__(
@@ -45,7 +48,9 @@ class Restarts:
         gather: Gatherer,
         recorder: Recorder,
         reconciler: Reconciler,
+        reservations: Reservations | None = None,
     ):
+        self.reservations = reservations
         self.engine = engine
         self.ledger = ledger
         self.gather = gather
@@ -75,9 +80,10 @@ class Restarts:
             info = self.engine.inspect(ref) if self.engine else None
         assert info is None or isinstance(info, dict)
         if info and not isinstance(ledger, str) and info["Id"] in ledger.expired:
-            return policy.expired_text(ref, self.gather.rules)
+            return self._gave_up(ref, info) or policy.expired_text(ref, self.gather.rules)
         if info and not isinstance(ledger, str):  # policy.time_limit: its time is up
             why = timelimits.start_refusal(ref, ledger.lease_of(str(info["Id"])), _now())
+            why = why or self._reserved(ref, ledger.lease_of(str(info["Id"])))
             if why is not None:
                 return why
         old_info = None
@@ -90,6 +96,33 @@ class Restarts:
         return starts.refusal(
             ref, info, ledger, facts.engine, facts.known_gpus, facts.host, old_info, facts.volume_of
         )
+
+    def _reserved(self, ref: str, lease: Lease | None) -> str | None:
+        """A start on a GPU another holder's reservation keeps, inside its window
+        (`core.reservations.start_refusal`); the reservations are read only for a
+        container with a lease."""
+        if lease is None or self.reservations is None:
+            return None
+        now = _now()
+        kept = self.reservations.current(now)
+        if not kept:
+            return None
+        return rsv.start_refusal(ref, lease, kept, self.reservations.owner_of(lease, kept), now)
+
+    def _gave_up(self, ref: str, info: dict[str, Any]) -> str | None:
+        """Why a container whose lease ended cannot start, when it ended because it held a
+        GPU another holder's window took (`Reconciler`, `core.reservations.yielding`)."""
+        if self.reservations is None:
+            return None
+        now = _now()
+        active = [r for r in self.reservations.current(now) if r.active(now)]
+        if not active:
+            return None
+        facts = self.gather.facts()
+        held = access.of_container(info, facts.engine, facts.known_gpus, facts.host)
+        gpus = set(held.gpus(facts.known_gpus)) if held.pinned else set()
+        taken = next((r for r in active if gpus & set(r.gpus)), None)
+        return None if taken is None else rsv.gave_up_text(ref, taken, now)
 
     def restart_refusal(self, ref: str, asked: str) -> str | None:
         """Why an update that sets restart policy ``asked`` on ``ref`` must be refused:

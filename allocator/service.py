@@ -75,8 +75,12 @@ class Allocator:
         self.placer = Placer(config, self.gather, self.reservations)
         self.fair_share = FairShare(self.audit)
         self.line = Lineup(self.ledger, self.gather, self.placer, self.recorder, self.fair_share)
-        self.reconciler = Reconciler(engine, self.ledger, self.gather, self.recorder)
-        self.restarts = Restarts(engine, self.ledger, self.gather, self.recorder, self.reconciler)
+        self.reconciler = Reconciler(
+            engine, self.ledger, self.gather, self.recorder, self.reservations
+        )
+        self.restarts = Restarts(
+            engine, self.ledger, self.gather, self.recorder, self.reconciler, self.reservations
+        )
         self.book = LeaseBook(
             engine,
             self.ledger,

@@ -3,7 +3,8 @@
 (allocator/core/reclaim.py).
 
 Each look reads the ledger; only while a lease has a time limit, or idle reclaim is
-on, does it list gpu-alloc's containers (one Engine call).  A running container whose
+on, does it list gpu-alloc's containers (one Engine call); a paused one counts as
+running (`timelimits.RUNNING_STATES`).  A running container whose
 lease has a limit gets its clock started from the Engine's StartedAt the first time
 it is seen running, so neither a late look nor a later restart moves it.  A container
 to stop has its restart policy turned off first (dockerd would start it again by
@@ -77,7 +78,9 @@ class Timekeeper:
         if engine is None or not leases or not (limited or rules.reclaim_idle_after):
             return timelimits.next_check(leases, now, rules.reclaim_idle_after)
         running = {
-            c["Id"] for c in engine.containers(label=labels.LEASE) if c.get("State") == "running"
+            c["Id"]
+            for c in engine.containers(label=labels.LEASE)
+            if c.get("State") in timelimits.RUNNING_STATES
         }
         if timelimits.unstarted(leases, running):
             self._start_clocks(timelimits.unstarted(leases, running))

@@ -168,7 +168,10 @@ class Dispatcher:
     def _asked(self, route: Route, method: str, uri: str, req: dict[str, Any]) -> Asked:
         """The core's verdict on the call, for `Gatherer.decide` to give its facts."""
         body, headers = _body(req), _headers(req)
-        return partial(decide.authz_request, route, method, uri, body, headers=headers)
+        signing = self.alloc.lookups.service_signing() if route.check is Check.SERVICE else None
+        return partial(
+            decide.authz_request, route, method, uri, body, headers=headers, signing=signing
+        )
 
     def _verdict(self, route: Route, method: str, uri: str, req: dict[str, Any]) -> decide.Decision:
         asked = self.alloc.gather.decide(

@@ -43,7 +43,16 @@ from dataclasses import replace
 from functools import partial
 from urllib.parse import parse_qs, urlsplit
 
-from allocator.core import errors, gojson, labels, policy, service_limits, services, sharing
+from allocator.core import (
+    errors,
+    gojson,
+    labels,
+    policy,
+    service_limits,
+    service_marks,
+    services,
+    sharing,
+)
 from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
 from allocator.core.createbody import decode_create
@@ -133,17 +142,30 @@ class CreateInterceptor:
         except gojson.BodyError:
             return request
         owner = self.alloc.lookups.owner_of(request.peer)
-        spec = service_limits.owned(services.pin(spec, self.alloc.config.swarm.kind), owner)
+        pinned = services.pin(service_marks.stripped(spec), self.alloc.config.swarm.kind)
+        spec = service_limits.owned(pinned, owner)
         ref = route.name if route.path.endswith("/update") else None
         refused = self.alloc.lookups.service_over_limit(owner, ref, spec)
         if refused is not None:
             log.info("refused service %r of %s: %s", spec.get("Name"), owner.user, refused.msg)
             return error(403, refused.msg)
-        return replace(request, body=gojson.canonical(spec))
+        body = gojson.canonical(spec)
+        key = self.alloc.lookups.service_signing().key
+        headers = [
+            (k, v) for k, v in request.headers if not k.lower().startswith(labels.HEADER_PREFIX)
+        ]
+        if key:
+            headers.append((service_marks.HEADER, service_marks.mark(key, body)))
+        return replace(request, headers=headers, body=body)
 
     def _judge(self, route: Route, request: Request) -> decide.Decision:
         """The plugin's verdict, with facts read only where the check needs them."""
-        asked = partial(decide.authz_request, route, request.method, request.target, request.body)
+        signing = self.alloc.lookups.service_signing() if route.check is Check.SERVICE else None
+        headers = dict(request.headers)
+        asked = partial(
+            decide.authz_request, route, request.method, request.target, request.body,
+            headers=headers, signing=signing,
+        )  # fmt: skip
         decision = self.alloc.gather.decide(asked, decide.reads_facts(route))
         return self.alloc.admission.resolve(decision)
 
@@ -175,7 +197,7 @@ class CreateInterceptor:
         known = creates.at_hand(spec) if len(request.body) <= _AT_HAND_BODY else None
         plain = not resources.any and share is None
         if known and plain and isinstance(known[1], Ask) and not known[1].any:
-            return await forward(_with_body(request, rewrite(spec, (), None), None))
+            return await self._plain(request, spec, forward)
         got = await asyncio.to_thread(
             creates.lease_for,
             spec,
@@ -189,7 +211,7 @@ class CreateInterceptor:
             share,
         )
         if got is None:
-            return await forward(_with_body(request, rewrite(spec, (), None), None))
+            return await self._plain(request, spec, forward)
         if not isinstance(got, Asked):
             return error(_REFUSAL_STATUS[type(got)], got.msg)
         req, leased = got.req, got.leased
@@ -232,6 +254,15 @@ class CreateInterceptor:
             await asyncio.to_thread(creates.settle, grant, response.status, response.body)
         lease = grant.lease
         return replace(response, note=f"lease {lease.id}: GPUs {','.join(lease.gpus)}")
+
+    async def _plain(self, request: Request, spec: dict, forward: Forward) -> Response:
+        """A create that holds no GPU: forwarded with the void guard, and its creator
+        recorded before the client hears of it (a client inside it is them)."""
+        response = await forward(_with_body(request, rewrite(spec, (), None), None))
+        if response.status == 201:
+            record = self.alloc.lookups.record_creator
+            await asyncio.to_thread(record, request.peer, response.body)
+        return response
 
     async def _wait(
         self,

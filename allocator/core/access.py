@@ -35,7 +35,10 @@ import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from allocator.core import privileged
+from allocator.core.access_ctx import VISIBLE as VISIBLE
 from allocator.core.access_ctx import Ctx, MountsOf, View, VolumeOf, resolve_ids
+from allocator.core.access_ctx import env_values as env_values
 from allocator.core.access_devices import cdi_names, cgroup_rules, devices
 from allocator.core.access_mounts import binds
 from allocator.core.facts import EngineView, HostFacts
@@ -53,7 +56,6 @@ NVIDIA_DRIVERS = frozenset({"nvidia", "nvidia.cdi", "nvidia.runtime-hook"})
 CDI_DRIVER = "cdi"
 # The CDI kind Engine 29 turns an nvidia request's ids into (daemon/devices_nvidia_linux.go).
 NVIDIA_GPU_KIND = "nvidia.com/gpu"
-VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 RESOURCE = "DOCKER_RESOURCE_"  # swarm's prefix for the generic resources of a task
 NONE_VALUES = frozenset({"", "none", "void"})
 CDI_ANNOTATION_MARK = "cdi.k8s.io/"
@@ -240,14 +242,16 @@ def _legacy_cuda_image(env: Iterable[str]) -> bool:
     return "CUDA_VERSION" in names and "NVIDIA_REQUIRE_CUDA" not in names
 
 
-def env_values(env: Iterable[str], name: str) -> list[str]:
-    prefix = name + "="
-    return [e[len(prefix) :] for e in env if e.startswith(prefix)]
-
-
 def _privileged(ctx: Ctx) -> None:
     if ctx.view.host_config.get("Privileged"):
         ctx.add("HostConfig.Privileged", "privileged mode opens every device", None)
+
+
+def _root_powers(ctx: Ctx) -> None:
+    """Powers over the host's processes and files that make a container root on the host
+    (`privileged.root_powers`): it reaches every GPU, and every file gpu-alloc keeps."""
+    for fld, why in privileged.root_powers(ctx.view.host_config):
+        ctx.add(fld, why, None)
 
 
 def _links(ctx: Ctx) -> None:
@@ -281,6 +285,7 @@ SOURCES: tuple[Callable[[Ctx], None], ...] = (
     _device_requests,
     _runtime_env,
     _privileged,
+    _root_powers,
     devices,
     cgroup_rules,
     binds,

@@ -16,6 +16,7 @@ from allocator.core.facts import EngineView, HostFacts, Unresolvable
 from allocator.core.grants import Demand, Grant, Refusal
 from allocator.core.inventory import Inventory
 
+VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 MountsOf = Callable[[str], Iterable[tuple[str, str]] | None]  # container -> (source, target)
 VolumeOf = Callable[[str], tuple[str, Mapping[str, str]] | None]  # name -> (driver, options)
 
@@ -77,6 +78,12 @@ class Ctx:
         except Unresolvable as e:
             self.refuse(fld, f"{what} {path} cannot be judged: {e}")
             return None
+
+
+def env_values(env: Iterable[str], name: str) -> list[str]:
+    """Every value ``name`` is set to in ``env``, in order (the last one wins)."""
+    prefix = name + "="
+    return [e[len(prefix) :] for e in env if e.startswith(prefix)]
 
 
 def resolve_ids(ctx: Ctx, fld: str, ids: Iterable[str]) -> set[str] | None:

@@ -5,8 +5,9 @@ a fresh one), so inside a container the uid says nothing about the person.  The 
 word on where a process lives is its cgroup: dockerd puts each container in one named by
 its full id (cgroupfs ``/docker/<id>`` or ``<--cgroup-parent>/<id>``, systemd
 ``docker-<id>.scope``).  A process in one of this Engine's containers is that container's
-owner's, as the ledger records the lease gpu-alloc holds for it, so ownership carries
-over to whatever such a process creates in turn.  Never the container's labels: dockerd
+owner's, as the ledger records the lease gpu-alloc holds for it, or else as the shim
+recorded who created it (GPU or not), so ownership carries over to whatever such a
+process creates in turn.  Never the container's labels: dockerd
 merges an image's labels into every container made from it.  The path alone is not
 proof (a user may name a delegated cgroup of their own after someone's container id):
 the process must sit at or below the cgroup the container's own first process is in.
@@ -48,7 +49,7 @@ class Container:
     into every container made from it, so anyone can give a container any label."""
 
     id: str
-    leased: tuple[int | None, str] | None  # (uid, user) of the live lease bound to it
+    leased: tuple[int | None, str] | None  # (uid, user) of its live lease, else its creator
     cgroup: str | None  # /proc/<its first process>/cgroup; None: not running, unreadable
 
 
@@ -113,11 +114,12 @@ def _within(path: str, top: str | None) -> bool:
 
 
 def _leased(container: Container) -> Asker:
-    """The owner of the lease gpu-alloc holds for the container, as its ledger says."""
+    """The owner of the lease gpu-alloc holds for the container, as its ledger says, else
+    its creator as the shim recorded it."""
     where = f"in container {container.id[:12]}"
     found = container.leased
     if found is None:
-        return unknown(f"{where}, which holds no lease of gpu-alloc's")
+        return unknown(f"{where}, which holds no lease of gpu-alloc's and was not made by its shim")
     uid, user = found
     if uid is None:
         return unknown(f"{where}, whose owner gpu-alloc did not know")

@@ -19,15 +19,18 @@ the Engine's act can point it elsewhere.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from allocator.core import privileged
 from allocator.core.routes import Check, Route
 
 AUTHZ_TYPE = "docker.authz/1.0"
+AUTHZ_CAPABILITY = "authz"  # what dockerd's plugin store matches, whatever prefix or version
 _FULL_ID = re.compile(r"[a-f0-9]{64}\Z")
 OPERATOR = (
     "the authorization plugins dockerd consults are the operator's to change: edit "
@@ -61,15 +64,27 @@ def verdict(
     set); ``chain``: the configured authorization plugins; ``exposes(path)``: what a bind
     of ``path`` would expose, in words (empty: nothing)."""
     if route.check in (Check.PLUGIN_INSTALL, Check.PLUGIN_UPGRADE):
+        root = root_powers(body)
+        if root:
+            return (
+                f"gpu-alloc refused the plugin install: by the privileges it asks for, "
+                f"{root}; install plugins that do without them"
+            )
         for p in body or ():
             name = str((p or {}).get("Name") or "")
             values = [str(v) for v in (p or {}).get("Value") or ()]
-            if name in ("device", "devices", "allow-all-devices") or (
-                name == "mount" and any(exposes(v) for v in values)
-            ):
+            if name in ("device", "devices", "allow-all-devices"):
                 return (
                     f"gpu-alloc refused the plugin install: it asks for the privilege "
                     f"'{name}' {values}, which can reach GPUs outside any lease"
+                )
+            exposed = [mount_exposure(v, exposes) for v in values] if name == "mount" else []
+            exposed = [e for e in exposed if e]
+            if exposed:
+                return (
+                    f"gpu-alloc refused the plugin install: it asks for the privilege "
+                    f"'{name}' {values}: {exposed[0]}; a plugin may mount paths that expose "
+                    "no GPU device, Engine or gpu-alloc file"
                 )
         if route.check is Check.PLUGIN_INSTALL:
             return pull_refusal(uri, chain)
@@ -77,14 +92,51 @@ def verdict(
     if route.check is Check.PLUGIN_SET:
         for s in body or ():
             key, _, value = str(s).partition("=")
-            if "device" in key.lower() or exposes(value):
+            source = key.partition(".")[2].lower() == "source"  # dockerd's "<mount>.source"
+            reaches = mount_exposure(value, exposes) if source else exposes(value)
+            if "device" in key.lower() or reaches:
                 return (
                     f"gpu-alloc refused the plugin setting '{s}': it can give the plugin "
-                    "device access outside any lease"
+                    f"device access outside any lease{f' ({reaches})' if reaches else ''}"
                 )
         return PluginCheck(route.name, "set", chain)
     action = "remove" if method == "DELETE" else route.path.rsplit("/", 1)[-1]
     return PluginCheck(route.name, action, chain)
+
+
+def root_powers(privileges: Any) -> str:
+    """What makes a plugin root on the host, by its privileges (``host pid namespace``,
+    ``capabilities``) read as a container's `privileged.root_powers`; empty: nothing."""
+    named = {
+        str((p or {}).get("Name") or ""): (p or {}).get("Value") or () for p in privileges or ()
+    }
+    config = {
+        "PidMode": "host" if "host pid namespace" in named else "",
+        "CapAdd": [str(c) for c in named.get("capabilities") or ()],
+    }
+    found = privileged.root_powers(config)
+    return found[0][1] if found else ""
+
+
+def mount_exposure(source: str, exposes: Callable[[str], str]) -> str:
+    """What a managed plugin's mount of ``source`` exposes, in words (empty: nothing).
+
+    dockerd hands the source to runc as the manifest or ``plugin set`` spells it, and runc
+    joins a relative one to its working directory, the plugin's bundle, cleaning it as
+    Go's ``filepath.Join`` does: ``..`` climbs out of the bundle and stops at ``/``, so
+    enough of them reach any path of the host, at a depth (the bundle's) gpu-alloc cannot
+    see before the plugin exists.  Such a source is refused; one that stays inside the
+    bundle reaches the plugin's own files.  An absolute source is judged like any bind."""
+    if source.startswith("/"):
+        return exposes(source)
+    cleaned = posixpath.normpath(source) if source else "."
+    if cleaned == ".." or cleaned.startswith("../"):
+        return (
+            f"the relative mount source {source} climbs out of the plugin's bundle "
+            "directory, where runc resolves it, and so can reach any path of the host; "
+            "give it an absolute source"
+        )
+    return ""
 
 
 def familiar(ref: str) -> str:
@@ -149,8 +201,18 @@ def reachable(ref: str, plugins: Sequence[Mapping[str, Any]]) -> list[Mapping[st
 
 
 def is_authz(plugin: Mapping[str, Any]) -> bool:
+    """The plugin implements authorization as dockerd finds one: by the capability of any
+    of its interface types (``docker.authz/2.0``, ``docker.authz``), not the exact text."""
     types = ((plugin.get("Config") or {}).get("Interface") or {}).get("Types") or ()
-    return AUTHZ_TYPE in [str(t) for t in types]
+    return any(capability(str(t)) == AUTHZ_CAPABILITY for t in types)
+
+
+def capability(kind: str) -> str:
+    """An interface type's capability, split as moby's ``PluginInterfaceType`` unmarshals
+    it: the prefix ends at the last ``.`` before the first ``/``, the version follows that
+    ``/``.  Compared without case: a near-spelling fails closed."""
+    head = kind.partition("/")[0]
+    return head.rpartition(".")[2].lower()
 
 
 def refusal(check: PluginCheck, plugins: Sequence[Mapping[str, Any]]) -> str | None:
@@ -162,8 +224,8 @@ def refusal(check: PluginCheck, plugins: Sequence[Mapping[str, Any]]) -> str | N
             return None
         return (
             f"gpu-alloc refused enabling plugin '{check.ref}': {_named(authz)} implements "
-            f"{AUTHZ_TYPE}, and an enabled authorization plugin can take the place of the "
-            f"one dockerd consults; {OPERATOR}"
+            f"{_types(authz)} (dockerd's {AUTHZ_CAPABILITY} capability), and an enabled "
+            f"authorization plugin can take the place of the one dockerd consults; {OPERATOR}"
         )
     chain = {str(p.get("Id")): name for name in check.chain for p in resolves(name, plugins)}
     own = next((p for p in hit if str(p.get("Id")) in chain), None)
@@ -174,6 +236,11 @@ def refusal(check: PluginCheck, plugins: Sequence[Mapping[str, Any]]) -> str | N
         f"authorization plugin '{chain[str(own.get('Id'))]}' dockerd consults, and without "
         f"it nothing guards the GPUs; {OPERATOR}"
     )
+
+
+def _types(plugin: Mapping[str, Any]) -> str:
+    types = ((plugin.get("Config") or {}).get("Interface") or {}).get("Types") or ()
+    return ", ".join(str(t) for t in types)
 
 
 def _named(plugin: Mapping[str, Any]) -> str:

@@ -20,7 +20,7 @@ Every function takes ``now`` and the facts it needs: no clock, no file.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,7 @@ from allocator.core.holders import Holder
 
 if TYPE_CHECKING:
     from allocator.core.inventory import GPU
+    from allocator.core.leases import Lease
     from allocator.core.policy import Owner
 
 Pick = Callable[[Sequence["GPU"], Sequence["GPU"], int], "list[GPU] | None"]
@@ -318,3 +319,79 @@ def plan(
 def current(reservations: Iterable[Reservation], now: float) -> list[Reservation]:
     """Those not yet over, by start: an ended reservation is dropped at the next write."""
     return sorted((r for r in reservations if r.end > now), key=lambda r: (r.start, r.id))
+
+
+# ------------------------------------------------------- what a grant may do, later
+#
+# Rule 3 is kept by what a grant may *do*, not only by the time limit it was given: a
+# container's clock starts at its first run, so one created before a window may be
+# started inside it, or stay stopped on the GPU until it begins.  Every start is
+# judged again (`start_refusal`), and a container not running when the window begins
+# gives its reserved GPUs up (`yielding`): its lease ends as a stopped one's past
+# ``release_stopped_after`` does, and its start is refused (`gave_up_text`).
+
+
+def left(lease: Lease, now: float) -> float | None:
+    """Seconds the lease's container may still run from ``now`` (None: no limit): its
+    clock runs from its first start, or would start now."""
+    if lease.time_limit is None:
+        return None
+    began = lease.started if lease.started is not None else now
+    return max(began + lease.time_limit - now, 0.0)
+
+
+def start_refusal(
+    ref: str, lease: Lease | None, reservations: Iterable[Reservation], owner: Owner, now: float
+) -> str | None:
+    """Why a start of ``ref`` (holding ``lease``, whose owner is ``owner``) would run on a
+    GPU another holder's reservation keeps: inside its window, or before it for longer
+    than the time left before it begins."""
+    if lease is None:
+        return None
+    kept = blocked(reservations, owner, left(lease, now), now)
+    hit = [kept[u] for u in lease.gpus if u in kept]
+    if not hit:
+        return None
+    return (
+        f"gpu-alloc refused to start {ref}: its GPU is {hit[0].why}, and this start would "
+        "run inside that window (its time limit counts from its first start); start it "
+        "after the window ends, or remove it and create it again (docker rm, then docker "
+        "run --gpus ...) to be placed on a GPU free now"
+    )
+
+
+def yielding(
+    leases: Iterable[tuple[Lease, Owner]],
+    idle: Collection[str],
+    reservations: Iterable[Reservation],
+    now: float,
+) -> dict[str, Reservation]:
+    """Lease id -> the reservation whose window has begun on one of its GPUs, for another
+    holder, while its container (in ``idle``: created or stopped) does not run."""
+    active = [r for r in reservations if r.active(now)]
+    out: dict[str, Reservation] = {}
+    for lease, owner in leases:
+        if lease.container not in idle:
+            continue
+        for r in active:
+            if not r.holds(owner) and set(r.gpus) & set(lease.gpus):
+                out[lease.id] = r
+                break
+    return out
+
+
+def gave_up(r: Reservation, now: float) -> str:
+    """Why a lease ended for a reservation, for the audit line."""
+    return (
+        f"not running when the window of a GPU it held began ({held_text(r, now)}): "
+        "gave the GPU up, and its start is refused"
+    )
+
+
+def gave_up_text(ref: str, r: Reservation, now: float) -> str:
+    """A container that gave its GPU up to a reservation, at a start."""
+    return (
+        f"gpu-alloc refused to start {ref}: it was not running when the window of the GPU "
+        f"it held began ({held_text(r, now)}), so it gave that GPU up and its lease ended; "
+        "remove it and create it again (docker rm, then docker run --gpus ...) to get GPUs"
+    )

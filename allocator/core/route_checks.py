@@ -11,7 +11,17 @@ from __future__ import annotations
 import functools
 from typing import Any, overload
 
-from allocator.core import advisories, builds, fields, gojson, mounts, plugins, restarts, services
+from allocator.core import (
+    advisories,
+    builds,
+    fields,
+    gojson,
+    mounts,
+    plugins,
+    restarts,
+    service_marks,
+    services,
+)
 from allocator.core.decisions import ALLOW, Decision, Deny, Facts, StartCheck, UpdateCheck
 from allocator.core.facts import HostFacts, Unresolvable
 from allocator.core.routes import Check, Route
@@ -104,15 +114,26 @@ def _exec(route: Route, method: str, uri: str, body: bytes | None, facts: Facts)
     return ALLOW
 
 
-def _service(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
+def service(
+    route: Route,
+    method: str,
+    uri: str,
+    body: bytes | None,
+    facts: Facts,
+    marked: bool = False,
+    engine_socket: str = "refuse",
+) -> Decision:
     """A service create or update: its tasks never pass a plugin, so their spec is judged
-    here, for every node (`services.refusal`)."""
+    here, for every node (`services.refusal`); one the shim did not mark (``marked``) by
+    what dockerd's own socket may set (`service_marks.unmarked_refusal`)."""
     spec = _body_as(route, method, uri, body, SERVICE_SPEC, "swarm service")
     if isinstance(spec, Deny):
         return spec
     why = services.refusal(
         spec or {}, facts.swarm_kind, facts.engine, facts.known_gpus, facts.host, facts.volume_of
     )
+    if not why and not marked:
+        why = service_marks.unmarked_refusal(spec or {}, facts.swarm_kind, engine_socket)
     return Deny(f"gpu-alloc refused the swarm service: {why}") if why else ALLOW
 
 
@@ -228,7 +249,7 @@ CHECKS = {
     Check.RESTART: _restart,
     Check.UPDATE: _update,
     Check.EXEC: _exec,
-    Check.SERVICE: _service,
+    Check.SERVICE: service,
     Check.PLUGIN_INSTALL: _plugin,
     Check.PLUGIN_UPGRADE: _plugin,
     Check.PLUGIN_ENABLE: _plugin,

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from allocator.core import access, gojson, labels
+from allocator.core import access, gojson, labels, privileged
 from allocator.core.access_ctx import VolumeOf
 from allocator.core.access_mounts import SENTINEL_MOUNT_DIR
 from allocator.core.facts import EngineView, HostFacts
@@ -56,9 +56,6 @@ DEVICE_VARIABLES = frozenset(
         "NVIDIA_NVSWITCH",
     }
 )
-# Capabilities beyond Docker's defaults that reach devices by other ways than the device
-# cgroup guards (CAP_ prefixed or not, as dockerd accepts both).
-DEVICE_CAPABILITIES = frozenset({"ALL", "SYS_ADMIN", "SYS_RAWIO", "SYS_MODULE"})
 
 
 def decode(body: bytes) -> dict[str, Any]:
@@ -183,10 +180,15 @@ def _pinned(env: Sequence[str], name: str, kind: str) -> str | None:
 def _capabilities(added: Sequence[str]) -> str | None:
     for cap in added:
         name = str(cap).upper().removeprefix("CAP_")
-        if name in DEVICE_CAPABILITIES:
+        if name in privileged.DEVICE_CAPABILITIES:
             return (
                 f"{SPEC}.CapabilityAdd adds {cap}, which can open or make device nodes, GPUs "
                 "included; drop it"
+            )
+        if name in privileged.ANYWHERE_ROOT:
+            return (
+                f"{SPEC}.CapabilityAdd adds {cap}, which {privileged.ANYWHERE_ROOT[name]}: "
+                "root on the host; drop it"
             )
     return None
 

@@ -24,6 +24,11 @@ from allocator.core.policy import TIME, Invalid, Owner, Rules, parse_duration
 CHECK_MIN, CHECK_MAX = 0.5, 10.0  # seconds between the timekeeper's looks
 ENGINE_GRACE = 10  # seconds dockerd waits after the stop signal when a container sets none
 GRACE_MAX = 30  # the longest a container's own StopTimeout may delay its SIGKILL
+# The Engine's container states (``GET /containers/json``'s State) in which a container's
+# processes hold its GPUs: a paused container is frozen, not stopped, so its clock runs,
+# and it is stopped at its limit or when idle as a running one is (dockerd's stop of a
+# paused container signals it, then kills and thaws it after the grace period).
+RUNNING_STATES = frozenset({"running", "paused"})
 _Scope = TypeVar("_Scope")
 
 

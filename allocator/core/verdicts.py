@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from allocator.core import access, gojson, labels, privileged, sharing
+from allocator.core import access, gojson, labels, privileged, service_marks, sharing
 from allocator.core.ask import Ask, ask_of
 from allocator.core.createbody import decode_create
 from allocator.core.decisions import (
@@ -43,8 +43,9 @@ from allocator.core.decisions import (
 )
 from allocator.core.facts import EngineView, NotAsked
 from allocator.core.grants import Access, Grant, Refusal
-from allocator.core.route_checks import CHECKS, needs_body
+from allocator.core.route_checks import CHECKS, needs_body, service
 from allocator.core.routes import CLEARED, Check, Route, RouteError, classify
+from allocator.core.service_marks import Signing
 
 # The decisions are this module's answers: callers read them from here.
 __all__ = [
@@ -72,6 +73,15 @@ PLAIN = {
         "a privileged container sees every device on the host, every GPU included, so "
         "it is not allowed here",
         "remove --privileged, and add with --cap-add only what the container really needs",
+    ),
+    "HostConfig.PidMode": (
+        "a container that can trace the host's processes is root on the host, so it is "
+        "not allowed here",
+        "drop --cap-add SYS_PTRACE (or ALL), or do not share the host's PID namespace (--pid host)",
+    ),
+    "HostConfig.CapAdd": (
+        "a container with that capability is root on the host, so it is not allowed here",
+        "drop --cap-add DAC_READ_SEARCH, SYS_MODULE, SYS_RAWIO and ALL",
     ),
 }
 SHIM_INSTEAD = "ask for GPUs with --gpus N (or a Compose device reservation) instead"
@@ -130,15 +140,21 @@ def authz_request(
     body: bytes | None,
     facts: Facts,
     headers: Mapping[str, Any] | None = None,
+    signing: Signing | None = None,
 ) -> Decision:
     """The verdict on a call before the Engine acts (the plugin's AuthZReq; the shim's
     non-create writes).  Reads and harmless writes return before any parsing, and
-    touch no fact.  ``headers``: the
-    request's, where a leased create carries its lease token (creates alone read it)."""
+    touch no fact.  ``headers``: the request's, where a leased create carries its lease
+    token and a service write the shim's mark (`service_marks`), checked with
+    ``signing`` (creates and services alone read them)."""
     if cleared(route):
         return ALLOW
     if route.check is Check.CREATE:
         return _create(route, method, uri, body, facts, labels.parse_lease_header(headers))
+    if route.check is Check.SERVICE:
+        sign = signing or Signing()
+        marked = service_marks.marked(headers, sign.key, body)
+        return service(route, method, uri, body, facts, marked, sign.engine_socket)
     return CHECKS[route.check](route, method, uri, body, facts)
 
 

@@ -142,18 +142,42 @@ def engine_paths(info: dict, daemon_json: str, socket: str, proc: str = "/proc")
 
     ``GET /info`` names the data root; its command line (read from /proc for the process
     listening on ``socket``, when readable) and daemon.json name the exec root and
-    containerd's socket.  Each path is given as named and as it resolves.  The Engine's
-    socket itself is not among them: every call on it passes the plugin.
+    containerd's socket.  Each path is given as named and as it resolves.  So are the
+    Engine's API sockets (``socket``, each unix ``-H``/``hosts`` it listens on, else its
+    default): a container given one calls dockerd where the plugin cannot tell who asks,
+    which turns a user of the shim alone into one of the real socket.
     """
-    flags = _cmdline_flags(_listener_cmdline(socket, proc))
+    argv = _listener_cmdline(socket, proc)
+    flags = _cmdline_flags(argv)
     conf = _read_json(flags.get("config-file") or daemon_json)
-    found = [str(info.get("DockerRootDir") or "")]
+    found = [socket, *_api_sockets(argv, conf)]
+    found.append(str(info.get("DockerRootDir") or ""))
     found += [str(conf.get(k) or "") for k in _PATH_KEYS]
     found += [flags.get(k, "") for k in ("data-root", "exec-root", "pidfile")]
     for sock in (str(conf.get("containerd") or ""), flags.get("containerd", "")):
         found.append(os.path.dirname(sock) if sock else "")
     absolute = [p for p in found if p.startswith("/")]
     return tuple(dict.fromkeys([*absolute, *map(os.path.realpath, absolute)]))
+
+
+DEFAULT_SOCKET = "/var/run/docker.sock"  # dockerd's unix listener without -H or hosts
+
+
+def _api_sockets(argv: list[str], conf: dict) -> list[str]:
+    """The unix sockets dockerd serves its API on: every ``-H``/``--host`` of its command
+    line and daemon.json's ``hosts``; its default when it names none (``fd://`` is
+    systemd's socket, by convention that same path)."""
+    hosts = [str(h) for h in conf.get("hosts") or () if isinstance(h, str)]
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in ("-H", "--host"):
+            hosts.append(value if eq else argv[i + 1] if i + 1 < len(argv) else "")
+        elif arg.startswith("-H") and len(arg) > 2:
+            hosts.append(arg[2:])
+    named = [h.removeprefix("unix://") for h in hosts if h.startswith("unix://")]
+    if not all(named) or "fd://" in hosts or not named:  # "unix://" alone is the default
+        named.append(DEFAULT_SOCKET)
+    return [p for p in named if p]
 
 
 def _read_json(path: str) -> dict:

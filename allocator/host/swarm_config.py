@@ -14,7 +14,15 @@ from typing import Any
 
 from allocator.core.services import DEFAULT_KIND
 
-KEYS: dict[str, type | tuple[type, ...]] = {"kind": str, "gpus": list, "toolkit_config": str}
+KEYS: dict[str, type | tuple[type, ...]] = {
+    "kind": str,
+    "gpus": list,
+    "toolkit_config": str,
+    "engine_socket_services": str,
+}
+# A GPU service made on dockerd's own socket, which names no owner: refused, or (trusted)
+# root's, counted for nobody, as services were before gpu-alloc kept swarm limits.
+ENGINE_SOCKET_SERVICES = ("refuse", "trusted")
 TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 _KIND = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 
@@ -24,6 +32,7 @@ class SwarmConfig:
     kind: str = DEFAULT_KIND
     gpus: tuple[str, ...] = ()  # UUIDs of this node's GPUs that swarm schedules
     toolkit_config: str = TOOLKIT_CONFIG  # where the toolkit reads its swarm-resource
+    engine_socket_services: str = "refuse"  # or "trusted": `ENGINE_SOCKET_SERVICES`
 
     @property
     def variable(self) -> str:
@@ -52,4 +61,7 @@ def parse(raw: dict[str, Any]) -> SwarmConfig | tuple[str, str]:
     path = raw.get("toolkit_config", TOOLKIT_CONFIG)
     if not path.startswith("/"):
         return "swarm.toolkit_config", f"must be an absolute path, got '{path}'"
-    return SwarmConfig(kind, tuple(gpus), path)
+    own = raw.get("engine_socket_services", "refuse")
+    if own not in ENGINE_SOCKET_SERVICES:
+        return "swarm.engine_socket_services", f"must be one of {', '.join(ENGINE_SOCKET_SERVICES)}"
+    return SwarmConfig(kind, tuple(gpus), path, own)

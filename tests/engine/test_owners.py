@@ -14,6 +14,7 @@ import re
 import resource
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -300,13 +301,38 @@ def test_a_client_inside_alices_container_is_alice_whatever_uid_it_runs_as(stack
 
 
 def test_a_client_inside_a_container_gpu_alloc_did_not_make_is_unknown(stack):
-    run_client(stack, ALICE, "plain")  # no GPU: no lease, no owner label
+    # made on dockerd's own socket, without a GPU: no lease, no creator the shim saw
+    made = engine.docker_cli(stack.engine_sock, "run", "-d", "--name", "plain", *client(stack))
+    assert made.returncode == 0, made.stderr
     made = inside(stack, "plain", "0", "create", "--gpus", "1", "--name", "inner", IMAGE, "true")
     assert made.returncode == 0, made.stderr + stack.logs()
     labels = engine.engine_api(stack.engine_sock).inspect_container("inner")["Config"]["Labels"]
     assert labels["io.gpu-alloc.owner"] == ":unknown"
     again = inside(stack, "plain", "0", "create", "--gpus", "1", IMAGE, "true")
     assert "unknown holds 1 of 1 GPU allowed (policy.limits.default)" in again.stderr
+
+
+@pytest.mark.parametrize("uid", ["0", "4321"])
+def test_a_client_inside_a_plain_container_the_shim_made_is_its_creator(stack, uid):
+    """bob at his limit runs a container without GPUs through the shim, the shim's socket
+    bound in: from inside it he is still bob, at his limit, not ``unknown``."""
+    run_client(stack, BOB, "bobs", "--gpus", "1")
+    run_client(stack, BOB, "plain")  # no GPU: the shim records its creator all the same
+    got = inside(stack, "plain", uid, "create", "--gpus", "1", IMAGE, "true")
+    assert got.returncode != 0, got.stdout
+    assert f"{BOB} holds 1 of 1 GPU allowed (policy.limits.default)" in got.stderr, got.stderr
+    nested = inside(stack, "plain", uid, "run", "-d", "--name", "nested", *client(stack))
+    assert nested.returncode == 0, nested.stderr  # what it makes is bob's again
+    again = inside(stack, "nested", uid, "create", "--gpus", "1", IMAGE, "true")
+    assert f"{BOB} holds 1 of 1 GPU allowed" in again.stderr, again.stderr
+    plain = engine.engine_api(stack.engine_sock).inspect_container("plain")["Id"]
+    creators = stack.state_dir / "creators.json"
+    assert plain in json.loads(creators.read_text())
+    engine.engine_api(stack.engine_sock).remove_container("plain", force=True)
+    deadline = time.monotonic() + 10  # the shim follows the Engine's destroy events
+    while plain in json.loads(creators.read_text()):
+        assert time.monotonic() < deadline, "the record outlived its container"
+        time.sleep(0.2)
 
 
 def cgroup_dirs(pid: int) -> list[Path]:
@@ -343,8 +369,9 @@ def test_an_image_labelled_as_gpu_allocs_does_not_make_its_containers_anyones(st
     changes = ["LABEL io.gpu-alloc.owner=0:root", "LABEL io.gpu-alloc.lease=x"]
     try:
         api.commit(base, repository=forged, changes=changes)
-        made = as_user(stack, ALICE, "run", "-d", "--name", "forged", *client(stack)[:-3],
-                       forged, "sleep", "300")  # fmt: skip
+        # on dockerd's own socket: the shim recorded no creator, only the labels could say
+        made = engine.docker_cli(stack.engine_sock, "run", "-d", "--name", "forged",
+                                 *client(stack)[:-3], forged, "sleep", "300")  # fmt: skip
         assert made.returncode == 0, made.stderr + stack.logs()
         got = inside(stack, "forged", "0", "create", "--gpus", "1", "--name", "took", IMAGE, "true")
         assert got.returncode == 0, got.stderr + stack.logs()

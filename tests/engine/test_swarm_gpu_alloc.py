@@ -174,7 +174,58 @@ def test_a_service_the_real_socket_gets_without_the_pin_is_refused_with_the_fix(
     pinned = service(clean, clean.sock(1), "pinned", "--generic-resource", "gpu=1",
                      "--env", "NVIDIA_VISIBLE_DEVICES=void",
                      "--env", "DOCKER_RESOURCE_GPU=void")  # fmt: skip
-    assert pinned.returncode == 0, pinned.stderr
+    # pinned, it still counts for no owner gpu-alloc can tell (swarm.engine_socket_services)
+    assert pinned.returncode != 0
+    assert "swarm.engine_socket_services: trusted" in pinned.stderr, pinned.stderr
+
+
+def test_a_gpu_service_on_the_real_socket_is_refused_and_cannot_add_to_a_limit(
+    clean: SwarmLab,
+) -> None:
+    """3 replicas on dockerd's socket, then more through the shim: never past the limit."""
+    pins = ["--env", "NVIDIA_VISIBLE_DEVICES=void", "--env", "DOCKER_RESOURCE_GPU=void"]
+    modes = (["--replicas", "3"], ["--replicas", "1"], ["--mode", "global"])
+    for mode, reservation in zip(modes, ("gpu=1", "gpu=2", "gpu=1"), strict=True):
+        done = service(clean, clean.sock(1), "real", *mode, "--generic-resource", reservation,
+                       *pins)  # fmt: skip
+        assert done.returncode != 0, done.stdout
+        assert "counts for no owner gpu-alloc can tell" in done.stderr, done.stderr
+    assert clean.docker(1, "service", "ls", "-q").stdout.split() == []
+    plain = service(clean, clean.sock(1), "plain", *pins)  # no GPU: as before
+    assert plain.returncode == 0, plain.stderr
+
+
+LABEL_LEVELS = {
+    "service label": ["--label", "io.gpu-alloc.owner=1001:someone"],
+    "container label": ["--container-label", "io.gpu-alloc.lease=abc"],
+    "volume label": ["--mount", "type=volume,dst=/v,volume-label=io.gpu-alloc.owner=x"],
+}
+
+
+@pytest.mark.parametrize("args", LABEL_LEVELS.values(), ids=LABEL_LEVELS.keys())
+def test_gpu_allocs_labels_at_any_level_of_a_service_are_refused_on_the_real_socket(
+    clean: SwarmLab, args: list[str]
+) -> None:
+    pins = ["--env", "NVIDIA_VISIBLE_DEVICES=void", "--env", "DOCKER_RESOURCE_GPU=void"]
+    done = service(clean, clean.sock(1), "labelled", *pins, *args)
+    assert done.returncode != 0, done.stdout
+    assert "gpu-alloc refused the swarm service" in done.stderr, done.stderr
+    assert "only gpu-alloc sets" in done.stderr or "are gpu-alloc's own" in done.stderr
+    assert clean.docker(1, "service", "ls", "-q").stdout.split() == []
+
+
+def test_gpu_allocs_labels_at_any_level_are_stripped_through_the_shim(clean: SwarmLab) -> None:
+    args = [a for level in LABEL_LEVELS.values() for a in level]
+    done = service(clean, clean.shim(1), "stripped", "--generic-resource", "gpu=1", *args)
+    assert done.returncode == 0, done.stderr
+    spec = clean.docker(1, "service", "inspect", "--format", "{{json .Spec}}", "stripped")
+    assert "io.gpu-alloc.lease" not in spec.stdout and "someone" not in spec.stdout
+    assert '"io.gpu-alloc.owner":"0:root"' in spec.stdout.replace(" ", ""), spec.stdout
+    # its update on dockerd's own socket carries the shim's owner label: refused there
+    upd = docker_cli(clean.sock(1), "service", "update", "-d", "--env-add", "A=1", "stripped")
+    assert upd.returncode != 0 and "only gpu-alloc sets" in upd.stderr, upd.stderr
+    ok = docker_cli(clean.shim(1), "service", "update", "-d", "--env-add", "A=1", "stripped")
+    assert ok.returncode == 0, ok.stderr
 
 
 def test_a_local_gpu_run_on_a_node_never_gets_a_swarm_gpu(clean: SwarmLab) -> None:
@@ -255,3 +306,14 @@ def test_a_service_s_replicas_times_gpus_count_against_its_owner_s_limit(users: 
     assert ben.returncode == 0, ben.stderr
     fewer = docker_cli(shim, "service", "scale", "-d", "ann=1", user=ANN)
     assert fewer.returncode == 0, fewer.stderr
+
+
+def test_a_service_binding_dockerds_socket_is_refused_on_both_sockets(clean: SwarmLab) -> None:
+    """Its tasks would call dockerd where no plugin can tell who asks."""
+    pins = ["--env", "NVIDIA_VISIBLE_DEVICES=void", "--env", "DOCKER_RESOURCE_GPU=void"]
+    bind = ["--mount", f"type=bind,src={clean.sock(1)},dst=/var/run/docker.sock"]
+    for sock in (clean.shim(1), clean.sock(1)):
+        done = service(clean, sock, "sock", *pins, *bind)
+        assert done.returncode != 0, done.stdout
+        assert "gpu-alloc refused the swarm service" in done.stderr, done.stderr
+    assert clean.docker(1, "service", "ls", "-q").stdout.split() == []

@@ -136,7 +136,35 @@ def test_the_engines_paths_come_from_info_daemon_json_and_its_command_line(tmp_p
     (proc / "77/cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
     paths = engine_paths({"DockerRootDir": "/srv/root"}, "/nonexistent", sock, str(proc))
     assert {"/srv/root", "/srv/data", "/srv/exec", "/srv/ctd"} <= set(paths)
-    assert sock not in paths  # every call on the Engine's socket passes the plugin
+    # A container given the Engine's socket calls it where the plugin cannot tell who asks.
+    assert {sock, "/var/run/docker.sock"} <= set(paths)
+
+
+@pytest.mark.parametrize(
+    ("argv", "hosts", "sockets"),
+    [
+        (["-H", "unix:///srv/a.sock", "-H=tcp://0.0.0.0:2375"], [], {"/srv/a.sock"}),
+        (["--host=unix:///srv/b.sock", "-Hunix:///srv/c.sock"], [], {"/srv/b.sock", "/srv/c.sock"}),
+        (["-H", "fd://"], [], {"/var/run/docker.sock"}),
+        ([], ["unix:///srv/d.sock", "unix://"], {"/srv/d.sock", "/var/run/docker.sock"}),
+        (["-H", "tcp://127.0.0.1:2375"], [], {"/var/run/docker.sock"}),
+    ],
+)
+def test_every_api_socket_dockerd_serves_is_protected(tmp_path, argv, hosts, sockets):
+    proc = tmp_path / "proc"
+    sock = "/srv/config.sock"
+    (proc / "net").mkdir(parents=True)
+    (proc / "net/unix").write_text(
+        "Num RefCount Protocol Flags Type St Inode Path\n"
+        f"0000: 00000002 00000000 00010000 0001 01 4242 {sock}\n"
+    )
+    (proc / "77/fd").mkdir(parents=True)
+    (proc / "77/fd/3").symlink_to("socket:[4242]")
+    conf = tmp_path / "daemon.json"
+    conf.write_text(json.dumps({"hosts": hosts}))
+    (proc / "77/cmdline").write_bytes(b"\0".join(a.encode() for a in ["dockerd", *argv]) + b"\0")
+    paths = set(engine_paths({}, str(conf), sock, str(proc)))
+    assert sockets | {sock} <= paths
 
 
 def test_a_container_whose_link_alias_makes_a_variable_holds_every_gpu_at_start():

@@ -143,3 +143,90 @@ def test_plugins_outside_the_chain_are_managed_freely():
 def test_an_ambiguous_prefix_in_the_chain_names_no_plugin():
     assert plugins.resolves("ab", LISTED) == []
     assert plugins.resolves("abc", LISTED) == [LISTED[0]]
+
+
+def _nothing(path: str) -> str:
+    """`exposes` for a host where no absolute path is protected."""
+    return ""
+
+
+def _installed(privileges: list, path: str = "/v1.41/plugins/pull?remote=x") -> object:
+    route = decide.route_of("POST", path)
+    return plugins.verdict(route, "POST", path, privileges, ("gpu-alloc",), _nothing)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["../../../../../../var/lib/gpu-alloc", "..", "../x", "rootfs/../../x", "./../../x",
+     "a/b/../../../x", "rootfs//..//..//etc"],
+)  # fmt: skip
+@pytest.mark.parametrize("path", ["/plugins/pull?remote=x", "/plugins/x/upgrade?remote=x"])
+def test_a_relative_plugin_mount_that_climbs_out_of_its_bundle_is_refused(source, path):
+    """runc joins a relative source to the plugin's bundle; ``..`` climbs out, to ``/``."""
+    why = _installed([{"Name": "mount", "Value": [source]}], path)
+    assert isinstance(why, str) and "climbs out of the plugin's bundle" in why, why
+
+
+@pytest.mark.parametrize("source", ["rootfs/data", "data", "./data", "a/../data", "rootfs/./x"])
+def test_a_relative_plugin_mount_inside_its_bundle_installs(source):
+    assert _installed([{"Name": "mount", "Value": [source]}]) is None
+
+
+@pytest.mark.parametrize(
+    "setting", ["st.source=../../../../var/lib/gpu-alloc", "st.Source=..", "m.source=x/../../y"]
+)
+def test_a_plugin_setting_that_points_a_mount_out_of_its_bundle_is_refused(setting):
+    route = decide.route_of("POST", "/plugins/x/set")
+    why = plugins.verdict(route, "POST", "/plugins/x/set", [setting], (), _nothing)
+    assert isinstance(why, str) and "climbs out" in why and setting in why
+
+
+def test_plugin_settings_that_name_no_mount_source_keep_their_relative_values():
+    route = decide.route_of("POST", "/plugins/x/set")
+    decision = plugins.verdict(
+        route, "POST", "/plugins/x/set", ["DEBUG=../1", "st.source=d"], (), _nothing
+    )
+    assert decision == PluginCheck("x", "set", ())
+
+
+@pytest.mark.parametrize(
+    "types",
+    [["docker.authz/2.0"], ["docker.volumedriver/1.0", "docker.authz/1.1"], ["docker.authz"],
+     ["docker.AuthZ/1.0"], ["x.docker.authz/9"]],
+)  # fmt: skip
+def test_an_authorization_plugin_is_known_by_its_capability_whatever_its_version(types):
+    listed = [{"Id": "e" * 64, "Name": "other:latest", "Config": {"Interface": {"Types": types}}}]
+    why = refusal(PluginCheck("other", "enable", ()), listed)
+    assert why is not None and "authz capability" in why and types[-1] in why
+
+
+@pytest.mark.parametrize("types", [["docker.volumedriver/1.0"], ["docker.authzx/1.0"], []])
+def test_plugins_of_other_capabilities_are_enabled(types):
+    listed = [{"Id": "e" * 64, "Name": "other:latest", "Config": {"Interface": {"Types": types}}}]
+    assert refusal(PluginCheck("other", "enable", ()), listed) is None
+
+
+@pytest.mark.parametrize(
+    "privileges",
+    [
+        [{"Name": "host pid namespace", "Value": ["true"]},
+         {"Name": "capabilities", "Value": ["CAP_SYS_PTRACE"]}],
+        [{"Name": "capabilities", "Value": ["CAP_DAC_READ_SEARCH"]}],
+        [{"Name": "capabilities", "Value": ["CAP_SYS_ADMIN", "CAP_SYS_MODULE"]}],
+    ],
+)  # fmt: skip
+def test_a_plugin_whose_privileges_make_it_root_on_the_host_is_refused(privileges):
+    why = _installed(privileges)
+    assert isinstance(why, str) and "root on the host" in why, why
+
+
+@pytest.mark.parametrize(
+    "privileges",
+    [
+        [{"Name": "capabilities", "Value": ["CAP_SYS_ADMIN"]}],  # FUSE volume plugins
+        [{"Name": "host pid namespace", "Value": ["true"]}],
+        [{"Name": "capabilities", "Value": ["CAP_SYS_PTRACE"]}],
+    ],
+)
+def test_other_plugin_privileges_install(privileges):
+    assert _installed(privileges) is None

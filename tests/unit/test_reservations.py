@@ -8,6 +8,7 @@ import pytest
 
 from allocator.core import reservations as rsv
 from allocator.core.inventory import GPU
+from allocator.core.leases import Lease
 from allocator.core.placement import first_fit
 from allocator.core.policy import Owner
 
@@ -140,3 +141,50 @@ def test_ended_reservations_are_dropped_and_the_rest_kept_by_start() -> None:
     c = rsv.Reservation("r0", "bob", ("GPU-0",), NOW, NOW + H)
     assert rsv.current([a, b, c], NOW) == [c, a]
     assert rsv.Reservation.from_json(a.to_json()) == a
+
+
+def bobs(gpus=("GPU-1",), limit=None, started=None, container="c1"):
+    return Lease("l1", tuple(gpus), "", "bound", container, "job", NOW - H, owner="bob",
+                 time_limit=limit, started=started)  # fmt: skip
+
+
+def test_a_start_inside_anothers_window_is_refused_naming_it() -> None:
+    r = res(start=NOW - 60)
+    why = rsv.start_refusal("job", bobs(limit=30.0), [r], BOB, NOW)
+    assert why is not None and "would run inside that window" in why and "r1" in why
+    assert rsv.start_refusal("job", bobs(limit=30.0), [r], ALICE, NOW) is None  # the holder
+
+
+@pytest.mark.parametrize(
+    ("limit", "started", "refused"),
+    [
+        (60.0, None, False),  # first start: 60 s fit before the window
+        (120.0, None, True),  # first start: 120 s would run into it
+        (600.0, NOW - 590, False),  # 10 s left of its clock
+        (600.0, NOW - 400, True),  # 200 s left: into the window
+        (None, None, True),  # no limit: never ends before it
+    ],
+)
+def test_a_start_before_the_window_is_judged_by_the_time_its_clock_has_left(
+    limit, started, refused
+) -> None:
+    r = res(start=NOW + 100)
+    why = rsv.start_refusal("job", bobs(limit=limit, started=started), [r], BOB, NOW)
+    assert (why is not None) is refused, why
+
+
+def test_a_start_on_other_gpus_or_without_a_lease_is_not_judged_here() -> None:
+    r = res(start=NOW - 60)
+    assert rsv.start_refusal("job", bobs(gpus=("GPU-2",)), [r], BOB, NOW) is None
+    assert rsv.start_refusal("job", None, [r], BOB, NOW) is None
+
+
+def test_a_container_not_running_when_the_window_begins_gives_its_gpu_up() -> None:
+    r = res(start=NOW - 1)
+    lease = bobs(limit=30.0)
+    assert rsv.yielding([(lease, BOB)], {"c1"}, [r], NOW) == {"l1": r}
+    assert rsv.yielding([(lease, BOB)], set(), [r], NOW) == {}  # running: the timekeeper's
+    assert rsv.yielding([(lease, ALICE)], {"c1"}, [r], NOW) == {}  # the holder keeps it
+    assert rsv.yielding([(lease, BOB)], {"c1"}, [res()], NOW) == {}  # window not begun
+    text = rsv.gave_up_text("job", r, NOW)
+    assert "gave that GPU up" in text and "r1" in text and "docker rm" in text

@@ -44,11 +44,11 @@ def judge(body: dict, host: TableHost | None = None) -> str | None:
     return services.refusal(body, "gpu", ENGINE, INVENTORY, host or TableHost())
 
 
-def verdict(uri: str, body: bytes | None) -> decisions.Decision:
+def verdict(uri: str, body: bytes | None, marked: bool = True) -> decisions.Decision:
+    """The plugin's verdict on a service write; ``marked``: one the shim forwarded
+    (`core.service_marks`), so only its spec is judged."""
     facts = Facts(INVENTORY, ENGINE, TableHost())
-    return route_checks.CHECKS[classify("POST", uri).check](
-        classify("POST", uri), "POST", uri, body, facts
-    )
+    return route_checks.service(classify("POST", uri), "POST", uri, body, facts, marked)
 
 
 # ------------------------------------------------------------------ allowed

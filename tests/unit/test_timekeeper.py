@@ -168,3 +168,28 @@ def test_status_shows_the_limit_and_the_time_left(tmp_path):
     (holder,) = snapshot(alloc)["holders"]
     assert holder["time_limit_s"] == 3600 and 3020 <= holder["time_left_s"] <= 3030
     assert "running, 50m left" in render_table(snapshot(alloc))
+
+
+def paused(alloc: Allocator, cid: str) -> None:
+    """``docker pause``: dockerd says Running and Paused, state "paused"."""
+    alloc.engine.by_id[cid]["State"].update(Running=True, Paused=True, Status="paused")  # type: ignore[union-attr]
+
+
+def test_a_paused_container_is_stopped_at_its_time_limit(tmp_path):
+    alloc = make(tmp_path, POLICY)
+    lease_id, cid = running_job(alloc, Wanted(time=60))
+    paused(alloc, cid)
+    alloc.timekeeper.check(T0 + 30)
+    assert alloc.ledger.read().leases[lease_id].started == T0  # its clock runs, paused
+    alloc.timekeeper.check(T0 + 60)
+    fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
+    assert fake.stopped.wait(10) and [c for c, _ in fake.stops] == [cid]
+
+
+def test_a_paused_idle_container_is_reclaimed(tmp_path):
+    alloc = make(tmp_path, {"exempt": [], "reclaim_idle_after": "2s"}, {"utilization": 0.0})
+    _, cid = running_job(alloc)
+    paused(alloc, cid)
+    alloc.timekeeper.check(time.time() + 5)
+    fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
+    assert fake.stopped.wait(10) and [c for c, _ in fake.stops] == [cid]

@@ -1,0 +1,73 @@
+"""Who created each container the shim forwarded a create for: ``creators.json``.
+
+A client inside a container is its creator's (allocator/core/owners.py).  For a GPU
+container the ledger's lease says who that is; this store says it for every other one
+the shim created, so a client in a plain container with the shim's socket bound in is
+its creator, not ``unknown`` (which a user at their limit could otherwise become, for a
+default limit's worth more).  Written once per create the Engine answered 201, after
+the answer and before the client hears it; read when a connection comes from inside a
+container no lease names; a record goes when the Engine destroys its container (`forget`,
+from the shim's follower of ``destroy`` events).  Bounded besides: past `KEEP` live
+records the oldest go, and that container's clients count as ``unknown`` again (which
+grants nothing a named person lacks).  The file holds container ids, uids and user
+names: 0600 in the state directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from allocator.core.leases import StateError
+from allocator.host import store
+
+FILE, LOCK = "creators.json", "creators.lock"
+KEEP = 100_000  # records kept: far more containers than one dockerd holds at once
+
+
+class Creators:
+    def __init__(self, state_dir: str | os.PathLike[str], lock_timeout: float = 5.0):
+        self.path = Path(state_dir) / FILE
+        self._lock = store.Lock(Path(state_dir) / LOCK, lock_timeout)
+
+    def record(self, container: str, uid: int | None, user: str) -> None:
+        """``container`` was created by ``user`` (uid ``uid``).  Raises `StateError`."""
+        with self._lock.held():
+            kept = self._read()
+            kept.pop(container, None)  # the newest last: the oldest go first
+            kept[container] = [uid, user]
+            while len(kept) > KEEP:
+                kept.pop(next(iter(kept)))
+            try:
+                store.replace(self.path, json.dumps(kept).encode(), sync=False)
+            except OSError as e:
+                raise StateError(f"{self.path}: cannot record a container's creator: {e}") from e
+
+    def forget(self, container: str) -> None:
+        """``container`` is gone: its record too (no write when there is none)."""
+        if container not in self._read():
+            return
+        with self._lock.held():
+            kept = self._read()
+            if kept.pop(container, None) is None:
+                return
+            try:
+                store.replace(self.path, json.dumps(kept).encode(), sync=False)
+            except OSError as e:
+                raise StateError(f"{self.path}: cannot drop a container's creator: {e}") from e
+
+    def of(self, container: str) -> tuple[int | None, str] | None:
+        """(uid, user) who created ``container``; None when not recorded."""
+        found = self._read().get(container)
+        if not isinstance(found, list) or len(found) != 2 or not isinstance(found[1], str):
+            return None
+        uid = found[0] if isinstance(found[0], int) and not isinstance(found[0], bool) else None
+        return uid, found[1]
+
+    def _read(self) -> dict[str, list]:
+        try:
+            data = json.loads(store.read(self.path))
+        except (OSError, ValueError):
+            return {}  # none yet, or unreadable: nobody is recorded (unknown, fail closed)
+        return data if isinstance(data, dict) else {}

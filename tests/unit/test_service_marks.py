@@ -1,0 +1,96 @@
+"""Service writes the shim made, and what one made on dockerd's own socket may set
+(allocator/core/service_marks.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from allocator.core import service_marks as marks
+from allocator.core import verdicts as decide
+from allocator.core.decisions import Deny
+from allocator.core.facts import EngineView
+from allocator.core.service_marks import Signing
+from tests.support.table_host import TableHost
+
+KEY = b"k" * 32
+PINS = ["NVIDIA_VISIBLE_DEVICES=void", "DOCKER_RESOURCE_GPU=void"]
+
+
+def gpu_service(**extra) -> dict:
+    cs = {"Image": "cuda", "Env": PINS, **extra.pop("cs", {})}
+    resources = {"Reservations": {"GenericResources": [
+        {"DiscreteResourceSpec": {"Kind": "gpu", "Value": 1}}]}}  # fmt: skip
+    return {"Name": "s", "TaskTemplate": {"ContainerSpec": cs, "Resources": resources}, **extra}
+
+
+def judge(spec: dict, headers=None, engine_socket="refuse") -> decide.Decision:
+    body = json.dumps(spec).encode()
+    facts = decide.Facts(None, EngineView(), TableHost())
+    route = decide.route_of("POST", "/v1.41/services/create")
+    signing = Signing(KEY, engine_socket)
+    return decide.authz_request(route, "POST", "/v1.41/services/create", body, facts,  # type: ignore[arg-type]
+                                headers=headers, signing=signing)  # fmt: skip
+
+
+def test_a_gpu_service_the_shim_marked_is_judged_on_its_spec_alone():
+    body = json.dumps(gpu_service()).encode()
+    headers = {"X-Gpu-Alloc-Service": marks.mark(KEY, body)}
+    assert judge(gpu_service(), headers) == decide.ALLOW
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        None,
+        {"X-Gpu-Alloc-Service": "0" * 64},
+        {"X-Gpu-Alloc-Service": marks.mark(b"x" * 32, b"{}")},
+    ],
+)
+def test_a_gpu_service_without_the_shims_mark_counts_for_no_one_and_is_refused(headers):
+    found = judge(gpu_service(), headers)
+    assert isinstance(found, Deny) and "counts for no owner" in found.msg
+    assert "swarm.engine_socket_services: trusted" in found.msg
+
+
+def test_trusted_root_services_go_on_and_plain_ones_always_do():
+    assert judge(gpu_service(), engine_socket="trusted") == decide.ALLOW
+    plain = {"Name": "p", "TaskTemplate": {"ContainerSpec": {"Image": "x", "Env": PINS}}}
+    assert judge(plain) == decide.ALLOW
+
+
+def test_a_mark_for_another_body_does_not_count():
+    other = json.dumps(gpu_service(Labels={"a": "b"})).encode()
+    assert not marks.marked({"x-gpu-alloc-service": marks.mark(KEY, other)}, KEY, b"{}")
+    assert not marks.marked({"x-gpu-alloc-service": marks.mark(b"", b"{}")}, b"", b"{}")
+
+
+LEVELS = {
+    "service": {"Labels": {"io.gpu-alloc.owner": "1001:alice"}},
+    "container": {"cs": {"Labels": {"io.gpu-alloc.lease": "x"}}},
+    "volume": {"cs": {"Mounts": [{"Type": "volume", "Target": "/v",
+                                  "VolumeOptions": {"Labels": {"io.gpu-alloc.owner": "x"}}}]}},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("level", LEVELS.values(), ids=LEVELS.keys())
+@pytest.mark.parametrize("engine_socket", ["refuse", "trusted"])
+def test_gpu_allocs_labels_at_any_level_are_refused_without_the_mark(level, engine_socket):
+    found = judge(gpu_service(**level), engine_socket=engine_socket)
+    assert isinstance(found, Deny) and "io.gpu-alloc." in found.msg, found
+    assert "only gpu-alloc sets" in found.msg or "are gpu-alloc's own" in found.msg
+
+
+@pytest.mark.parametrize("level", LEVELS.values(), ids=LEVELS.keys())
+def test_the_shim_strips_gpu_allocs_labels_at_any_level(level):
+    spec = gpu_service(**level)
+    assert list(marks.labelled(spec))
+    assert list(marks.labelled(marks.stripped(spec))) == []
+    other = gpu_service(Labels={"team": "ml"})
+    assert marks.stripped(other) == other
+
+
+def test_a_key_spelled_in_another_case_is_refused_before_any_label_is_read():
+    found = judge(gpu_service(labels={"io.gpu-alloc.owner": "0:root"}))
+    assert isinstance(found, Deny) and "only by letter case" in found.msg
