@@ -77,31 +77,6 @@ def test_a_quarter_is_one_of_four_shares_and_a_size_the_shares_it_fills() -> Non
     assert "more than its 4 shares" in str(ShareAsk(memory=90 << 30).slots(TIMESLICE, GPUS[0]))
 
 
-def test_shares_pack_onto_the_gpu_with_most_out_and_spread_when_asked() -> None:
-    out = {"GPU-1": Out(2, frozenset({"0"}))}
-    assert place(QUARTER, GPUS, [QUARTERS], out, ()).gpu.uuid == "GPU-1"
-    assert place(QUARTER, GPUS, [SPREAD], out, ()).gpu.uuid == "GPU-0"
-    assert place(QUARTER, GPUS, [QUARTERS], {}, ()).gpu.uuid == "GPU-0"
-
-
-def test_a_full_gpu_sends_the_next_share_to_the_next_gpu() -> None:
-    out = {"GPU-0": Out(4, frozenset({"0"}))}
-    got = place(QUARTER, GPUS, [QUARTERS], out, ())
-    assert isinstance(got, Placed) and (got.gpu.uuid, got.slots, got.of) == ("GPU-1", 1, 4)
-
-
-def test_a_share_never_lands_on_a_gpu_held_whole() -> None:
-    got = place(QUARTER, GPUS, [QUARTERS], {}, {"GPU-0", "GPU-1"})
-    assert isinstance(got, Shortage) and got.waitable
-    assert "GPU 0: held whole" in got.msg and "GPU 1: held whole" in got.msg
-
-
-def test_a_share_of_gpus_nobody_shares_is_refused_for_good() -> None:
-    got = place(QUARTER, GPUS[2:], [QUARTERS], {}, ())
-    assert isinstance(got, Shortage) and not got.waitable
-    assert "policy.sharing names none of them" in got.msg
-
-
 def test_mps_serves_one_user_at_a_time_unless_the_rule_says_any() -> None:
     out = {u: Out(1, frozenset({"1000"})) for u in ("GPU-0", "GPU-1")}
     root = ShareAsk(1, 4, user="0")
