@@ -22,6 +22,7 @@ import threading
 from collections.abc import Sequence
 
 from allocator.core import labels, reclaim, restarts, timelimits
+from allocator.core import usage as usage_core
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import Lease
 from allocator.gather import Gatherer
@@ -115,7 +116,7 @@ class Timekeeper:
             return []  # no reading: nothing is known to be idle
         active = {u for u, x in use.items() if x.active}
         seen = self.activity.observe(active, now, min(60.0, after / 4))
-        args = (use.keys(), active, seen, now, self.gather.rules)
+        args = (usage_core.known(use), active, seen, now, self.gather.rules)
         maybe = reclaim.idle(leases, dict.fromkeys(running), *args)
         assert self.engine is not None or not maybe
         started: dict[str, float | None] = {}

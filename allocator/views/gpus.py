@@ -20,7 +20,7 @@ from allocator.core.gpu_states import Activity, GpuState, states
 from allocator.core.health import Health
 from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.leases import Lease, State
-from allocator.core.usage import Usage
+from allocator.core.usage import Usage, known
 from allocator.host import ledger, usage
 from allocator.host.engine import EngineError
 from allocator.service import Allocator
@@ -63,7 +63,7 @@ class LiveView:
             (*inventory.gpus, *inventory.migs),
             holders,
             health,
-            Activity(now, idle_after, active, seen),
+            Activity(now, idle_after, active, seen, known(use)),
             {cid: str(c.get("State") or "") for cid, c in listed.items()},
         )
         return Reading(now, inventory, state, found, use, listed)
@@ -100,6 +100,7 @@ class LiveView:
             "lease_age_s": None if lease is None else max(0.0, got.now - lease.created),
             "idle": s.idle_since is not None,
             "idle_since": s.idle_since,
+            "use": s.use,  # active, unused or unknown: never idle on unknown use
             "pools": [n for n, idx in pools.items() if g is not None and g.index in idx],
             "processes": [self._process(p, got.ledger) for p in u.processes],
         }

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.support import engine
-from tests.support.faults import IMAGE, shim, status, visible_devices
+from tests.support.faults import IMAGE, gpu_alloc, shim, status, visible_devices
 
 POLICY = {
     "exempt": [],
@@ -166,6 +166,27 @@ def test_a_container_whose_gpus_sit_unused_is_stopped_and_keeps_its_lease(stack)
     holders = [h for h in status(stack, reconcile=False)["holders"] if h["container"] == cid]
     assert holders  # stopped, its GPU still leased until release_stopped_after
     assert shim(stack, "rm", "sleepy").returncode == 0
+
+
+def test_a_gpu_whose_use_cannot_be_read_is_shown_unknown_and_never_reclaimed(stack):
+    """30 GB used and 250 W, but no utilisation figure (as NVML on some boards): not idle."""
+    cid = run(stack, "unread")
+    uuid = visible_devices(stack, cid)
+    set_usage(stack, {"memory_used_mib": 30000, "power_w": 250}, only=uuid)
+    assert stopped_within(stack, cid, 8) is None, stack.logs()  # reclaim_idle_after is 2 s
+    assert all(e["container"] != cid for e in audited(stack, "idle-reclaim"))
+    snap = status(stack)
+    [gpu] = [g for g in snap["gpus"] if g["uuid"] == uuid]
+    assert (gpu["use"], gpu["idle_since"]) == ("unknown", None)
+    [holder] = [h for h in snap["holders"] if h["container"] == cid]
+    assert (holder["use"], holder["idle"]) == ("unknown", False)
+    table = gpu_alloc(stack, "status")
+    assert "use unknown" in table.stdout and "(idle)" not in table.stdout
+    rows = json.loads(gpu_alloc(stack, "gpus", "--json").stdout)["gpus"]
+    [row] = [r for r in rows if r["uuid"] == uuid]
+    assert (row["use"], row["idle"]) == ("unknown", False)
+    assert "use unknown" in gpu_alloc(stack, "gpus").stdout
+    assert shim(stack, "rm", "-f", "unread").returncode == 0
 
 
 def test_a_busy_container_and_an_exempt_owners_idle_one_keep_running(stack):

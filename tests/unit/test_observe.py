@@ -56,7 +56,7 @@ def write_gpus(path: Path, use: dict[int, dict[str, Any]]) -> None:
 @pytest.fixture
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Allocator, Path]:
     gpus_file = tmp_path / "gpus.yaml"
-    write_gpus(gpus_file, {})
+    write_gpus(gpus_file, {i: {"utilization": 0.0} for i in range(len(UUIDS))})  # read, unused
     (tmp_path / "state").mkdir()
     config = Config(
         state_dir=str(tmp_path / "state"),
@@ -317,6 +317,27 @@ def test_numeric_gpu_series_are_labelled_by_gpu_only_and_the_holder_is_an_info_f
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_leased_gpu_without_a_utilisation_reading_is_unknown_in_every_view(
+    world: tuple[Allocator, Path],
+) -> None:
+    """Where NVML cannot read utilisation, a leased GPU is never shown idle."""
+    alloc, gpus_file = world
+    write_gpus(gpus_file, {0: {"memory_used_mib": 30000, "power_w": 250}})
+    later = time.time() + 7200  # far past policy.idle_after
+    [row, *_] = gpus.LiveView(alloc).snapshot(later)["gpus"]
+    assert (row["use"], row["idle"], row["idle_since"]) == ("unknown", False, None)
+    assert "use unknown" in gpus_table.describe(row)
+    port, server = serving(alloc)
+    try:
+        idle = families(port)["gpu_alloc_gpu_idle"].samples
+        assert [s for s in idle if s.labels["uuid"] == UUIDS[0]] == []  # no sample, not 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    text = status_table.render_table(status.snapshot(alloc))
+    assert "(idle)" not in text and "use unknown" in text and "GPU 0" in text
 
 
 def mark_unhealthy(alloc: Allocator, uuid: str) -> None:

@@ -157,6 +157,20 @@ def test_an_idle_container_is_stopped_and_a_busy_one_is_not(tmp_path):
     assert busy.engine.stops == []  # type: ignore[union-attr]
 
 
+def test_a_gpu_with_memory_and_power_but_no_utilisation_figure_is_never_reclaimed(tmp_path):
+    unread = {"memory_used_mib": 30000, "power_w": 250}  # in use, by all appearances
+    alloc = make(tmp_path, {"exempt": [], "reclaim_idle_after": "2s"}, unread)
+    running_job(alloc)
+    alloc.timekeeper.check(time.time() + 3600)
+    time.sleep(0.2)  # a stop would run on a thread of its own
+    assert alloc.engine.stops == [] and audit_lines(alloc, "idle-reclaim") == []  # type: ignore[union-attr]
+
+
+def audit_lines(alloc: Allocator, event: str) -> list[dict[str, Any]]:
+    path = Path(alloc.config.state_dir, "audit.jsonl")
+    return audit(alloc, event) if path.exists() else []
+
+
 def test_status_shows_the_limit_and_the_time_left(tmp_path):
     from allocator.ops.status import render_table
     from allocator.views.status import snapshot
