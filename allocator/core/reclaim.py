@@ -7,7 +7,8 @@ its GPUs was seen in use (`allocator/core/usage.py`'s rule, over the whole lease
 Only a GPU whose use was read counts as unused (``usage.known``: a utilisation
 figure and its process list): a GPU whose use cannot be read now, or reads memory
 and power but no utilisation, never gets its container stopped.  The exempt
-(``policy.exempt``) are never reclaimed.  A reclaimed container keeps its lease as any stopped one does.
+(``policy.exempt``) are never reclaimed.  A reclaimed container keeps its lease as
+any stopped one does.
 """
 
 from __future__ import annotations
