@@ -123,6 +123,35 @@ def test_a_container_past_its_time_limit_is_stopped_may_not_start_and_loses_its_
     assert shim(stack, "rm", "timed").returncode == 0
 
 
+def test_the_clock_starts_at_the_first_start_even_after_a_restart_before_the_first_look(stack):
+    """The timekeeper looks every few seconds; a restart in between moves StartedAt, not
+    the clock: dockerd's own start events say when the container first ran."""
+    cid = run(stack, "restarted", "io.gpu-alloc.time=30m")
+    api = engine.engine_api(stack.engine_sock)
+    first = engine_time(api.inspect_container(cid)["State"]["StartedAt"])
+    api.restart(cid, timeout=0)
+    assert engine_time(api.inspect_container(cid)["State"]["StartedAt"]) > first
+    deadline = time.monotonic() + 30
+    while (started := lease_of(stack, cid).get("started")) is None:
+        assert time.monotonic() < deadline, stack.logs()
+        time.sleep(0.5)
+    assert started == pytest.approx(first, abs=0.01)
+    assert shim(stack, "rm", "-f", "restarted").returncode == 0
+
+
+def engine_time(text: str) -> float:
+    from allocator.host.engine import go_time
+
+    stamp = go_time(text)
+    assert stamp is not None, text
+    return stamp
+
+
+def lease_of(stack: engine.Stack, cid: str) -> dict[str, Any]:
+    [lease] = [le for le in status(stack, reconcile=False)["leases"] if le["container"] == cid]
+    return lease
+
+
 def test_a_container_ignoring_its_stop_signal_is_killed_within_30_s_whatever_its_stop_timeout(
     stack,
 ):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,22 @@ def test_the_clock_starts_at_the_engines_started_at_and_the_stop_comes_at_the_en
     assert "restart policy always was turned off" in line["reason"]
     assert lease_id in alloc.ledger.read().leases  # the lease stays: the container exists
     assert "ran its time limit" in (alloc.restarts.start_refusal(cid) or "")
+
+
+def test_a_restart_before_the_first_look_does_not_move_the_clock(tmp_path):
+    """The clock starts at the first start, as the Engine's start events say it, even when
+    the container restarted (a later StartedAt) before the timekeeper first looked."""
+    alloc = make(tmp_path, POLICY)
+    lease_id, cid = running_job(alloc, Wanted(time=60))
+    fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
+    first = alloc.ledger.read().leases[lease_id].created + 1
+    fake.starts[cid] = [first, first + 8]  # started, restarted 8 s later
+    later = datetime.fromtimestamp(first + 8, UTC).isoformat().replace("+00:00", "Z")
+    fake.by_id[cid]["State"]["StartedAt"] = later
+    alloc.timekeeper.check(first + 9)
+    assert alloc.ledger.read().leases[lease_id].started == first
+    alloc.timekeeper.check(first + 60)
+    assert fake.stopped.wait(10)
 
 
 def test_without_limits_or_reclaim_the_timekeeper_asks_the_engine_nothing(tmp_path):
