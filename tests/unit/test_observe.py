@@ -409,3 +409,34 @@ def test_a_metrics_port_in_use_is_a_config_error_naming_the_key(world) -> None:
     assert f"metrics.listen {listen}: cannot listen there" in str(refused.value)
     assert "set metrics.listen to a free host:port" in str(refused.value)
     assert "Errno" not in str(refused.value)
+
+
+def test_activity_marks_from_threads_at_once_are_all_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timekeeper and the views mark activity.json from threads of their own: each
+    read-modify-write holds the store's lock, so no mark is lost to another's write."""
+    import threading
+
+    from allocator.host import store
+
+    real_replace = store.replace
+
+    def slow_replace(path: Path, data: bytes, **kw: Any) -> None:
+        time.sleep(0.05)  # widen the window between the read and the write
+        real_replace(path, data, **kw)
+
+    monkeypatch.setattr(store, "replace", slow_replace)
+    keepers = [usage.Activity(str(tmp_path)) for _ in range(4)]
+    go = threading.Barrier(len(keepers))
+
+    def mark(i: int) -> None:
+        go.wait()
+        keepers[i].observe({f"GPU-{i}"}, 1000.0 + i, 1.0)
+
+    threads = [threading.Thread(target=mark, args=(i,)) for i in range(len(keepers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert usage.Activity(str(tmp_path)).read() == {f"GPU-{i}": 1000.0 + i for i in range(4)}
