@@ -94,11 +94,13 @@ def cleared(route: Route) -> bool:
 
 
 # The checks whose verdict reads facts (the inventory, the Engine's view, the host's
-# filesystem): a create, a plugin's install or settings, a volume's options.  Every other
-# verdict is made from the request alone, and the ledger or the Engine after it.
+# filesystem, swarm.kind): a create, a service's spec, a plugin's install or settings, a
+# volume's options.  Every other verdict is made from the request alone, and the ledger
+# or the Engine after it.
 READS_FACTS = frozenset(
     {
         Check.CREATE,
+        Check.SERVICE,
         Check.PLUGIN_INSTALL,
         Check.PLUGIN_UPGRADE,
         Check.PLUGIN_ENABLE,
