@@ -41,6 +41,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from functools import partial
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from allocator.core import errors, gojson, labels, policy, service_limits, services
@@ -76,9 +77,14 @@ class CreateInterceptor:
     def __init__(self, allocator: Allocator, waitline: Waitline | None = None):
         self.alloc = allocator
         self.waitline = waitline or Waitline(allocator)
+        self._swarm_variable = services.resource_variable(allocator.config.swarm.kind)
 
     def wants(self, method: str, target: str) -> bool:
         return needs_check(method, target)
+
+    def _unleased(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """The body of a create without GPUs: the guards alone (`rewrite`)."""
+        return rewrite(spec, (), None, swarm_variable=self._swarm_variable)
 
     def stop(self) -> None:
         """The shim is stopping: waiting creates are answered, not left hanging."""
@@ -171,7 +177,7 @@ class CreateInterceptor:
         creates = self.alloc.creates
         known = creates.at_hand(spec) if len(request.body) <= _AT_HAND_BODY else None
         if known and not resources.any and isinstance(known[1], Ask) and not known[1].any:
-            return await forward(_with_body(request, rewrite(spec, (), None), None))
+            return await forward(_with_body(request, self._unleased(spec), None))
         got = await asyncio.to_thread(
             creates.lease_for,
             spec,
@@ -184,7 +190,7 @@ class CreateInterceptor:
             bool(wait),
         )
         if got is None:
-            return await forward(_with_body(request, rewrite(spec, (), None), None))
+            return await forward(_with_body(request, self._unleased(spec), None))
         if not isinstance(got, Asked):
             return error(_REFUSAL_STATUS[type(got)], got.msg)
         req, leased = got.req, got.leased
