@@ -149,6 +149,9 @@ def reason_kind(reason: str) -> str:
     return "other policy"
 
 
+COUNTED = ("use", "refusal", "denial")  # the events a row counts: grants, waits, refusals
+
+
 @dataclass(frozen=True)
 class Window:
     since: float
@@ -186,6 +189,8 @@ def rows(
             r["gpu_seconds_idle"] += idle
             r["gpu_seconds_unsampled"] += span[1] - span[0] - sampled
     for e in uses:
+        if e.get("event") not in COUNTED:  # a reservation, a health turn: no row of its own
+            continue
         if not e.get("from") or not window.since <= parse_time(e["from"]) < window.until:
             continue
         owner, event = e.get("owner") or "", e.get("event")
