@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from allocator.core import compose, labels, policy
+from allocator.core import compose, labels, policy, timelimits
 from allocator.core.gpu_states import Activity, GpuState, states
 from allocator.core.health import Health
 from allocator.core.inventory import Inventory, InventoryError
@@ -98,6 +98,8 @@ class LiveView:
             "container_state": s.container_state,
             **self._who(holder.container if holder else None, lease, holder.name if holder else ""),
             "lease_age_s": None if lease is None else max(0.0, got.now - lease.created),
+            # policy.time_limit: what is left of the lease's (None: no limit)
+            "time_left_s": None if lease is None else timelimits.left(lease, got.now),
             "idle": s.idle_since is not None,
             "idle_since": s.idle_since,
             "use": s.use,  # active, unused or unknown: never idle on unknown use
