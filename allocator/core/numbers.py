@@ -123,3 +123,16 @@ def maybe(text: object, kind: Kind) -> int | float | None:
         return read(text, kind)
     except BadNumber:
         return None
+
+
+LATEST = 253402214400.0  # 9999-12-30T00:00:00Z: a later time leaves Python's calendar
+
+
+def instant(epoch: float, said: str) -> float:
+    """A time (epoch seconds) from 1970 to `LATEST`; `BadNumber` naming ``said`` else, so
+    that no date read from a person overflows a calendar later."""
+    if not 0 <= epoch <= LATEST:
+        raise BadNumber(
+            f"'{_shown(said)}' is out of range: expected a time from 1970 to 9999", False
+        )
+    return epoch

@@ -22,9 +22,9 @@ __all__ = ["select", "since_epoch", "uses"]
 def since_epoch(text: str, now: float, flag: str = "--since") -> float:
     """A duration back from ``now``, or an RFC 3339 time, as epoch seconds."""
     with contextlib.suppress(numbers.BadNumber):
-        return now - numbers.read(text, numbers.SPAN)
+        return max(0.0, now - numbers.read(text, numbers.SPAN))  # before 1970: all of it
     try:
-        return parse_time(text)
+        return numbers.instant(parse_time(text), text)
     except ValueError:
         raise ValueError(
             f"{flag} {text!r}: expected a duration such as 7d, 12h or 30m, "

@@ -133,5 +133,7 @@ def test_reserve_answers_odd_gpus_and_windows_with_exit_2_or_a_refusal(stack, ca
             assert err.strip(), args
 
     check()
-    assert cli.main(["--config", config, "reserve", "--for", "root", "--from", "now",
-                     "--to", "+99999999d", "--gpus", "1"]) == 2  # fmt: skip
+    for end in ("+99999999d", "9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+01:00"):
+        argv = ["--config", config, "reserve", "--for", "root", "--from", "now", "--to", end]
+        assert cli.main([*argv, "--gpus", "1"]) == 2, end  # a date out of any calendar
+        assert "out of range" in capsys.readouterr().err
