@@ -117,6 +117,9 @@ def explain(
     want = wanted(given)
     if isinstance(want, Invalid):
         return base | _answer(INVALID, want.msg)
+    resources = gpu_labels.resources(given)  # refused as the shim refuses them
+    if isinstance(resources, str):
+        return base | _answer(INVALID, f"gpu-alloc refused the container create: {resources}")
     ask = decide.shim_ask(spec, alloc.gather.facts())
     if isinstance(ask, decide.Deny):
         return base | _answer(INVALID, ask.msg)

@@ -103,6 +103,11 @@ def test_explain_and_report_answer_odd_query_parameters_with_what_was_expected(s
         for gpus in (text, f"device={text}", f"count={text}"):
             code, answer = get("/gpu-alloc/v1/explain?" + urllib.parse.urlencode({"gpus": gpus}))
             assert code == 200 and answer["verdict"] in ("invalid", "short", "fits"), answer
+        for label in LABELS:  # explain answers what a create with the label gets: refused
+            query = urllib.parse.urlencode({"gpus": "1", "label": f"{label}={text}"})
+            code, answer = get("/gpu-alloc/v1/explain?" + query)
+            assert code == 200 and answer["verdict"] == "invalid", (label, text, answer)
+            assert says_expected(answer["message"]), answer
         for key in ("since", "until"):
             query = urllib.parse.urlencode({"since": "0", key: text})
             code, answer = get("/gpu-alloc/v1/report?" + query)
