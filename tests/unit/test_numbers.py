@@ -64,3 +64,12 @@ def test_any_text_is_a_number_within_bounds_or_a_bad_number(text: str) -> None:
             continue
         assert kind.low <= value <= kind.high
         assert all(c.isascii() for c in text.strip())
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "²", "-1", "9" * 400])
+def test_the_cli_refuses_an_odd_timeout_with_exit_2(text, capsys) -> None:
+    from allocator.ops import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["ready", "shim", "--timeout", text])
+    assert e.value.code == 2 and "a number of seconds such as 30" in capsys.readouterr().err
