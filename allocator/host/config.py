@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from allocator.core import numbers
 from allocator.core.cpus import parse_list
 from allocator.core.health import DEFAULT_IGNORED_XIDS, HealthPolicy
 from allocator.core.policy import Pool, Rules, Ulimit, parse_size
@@ -274,7 +275,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
     listen = sections["metrics"].get("listen")
     if listen is not None:
         host, colon, port = listen.rpartition(":")
-        if not (colon and host and port.isdigit() and 0 < int(port) < 65536):
+        if not (colon and host and numbers.maybe(port, PORT)):
             raise _fail(path, "metrics.listen", f"expected host:port, got '{listen}'")
     swarm = swarm_config.parse(sections["swarm"])
     if isinstance(swarm, tuple):
@@ -298,6 +299,9 @@ def _build(data: dict[str, Any], path: str) -> Config:
         sysfs=data.get("sysfs", Config.sysfs),
         source=path,
     )
+
+
+PORT = numbers.whole("a TCP port", high=65535, low=1)
 
 
 def _mode(path: str, value: int | str) -> int:
