@@ -19,7 +19,7 @@ from allocator.core import compose, labels, policy, timelimits
 from allocator.core.gpu_states import Activity, GpuState, states
 from allocator.core.health import Health
 from allocator.core.inventory import Inventory, InventoryError
-from allocator.core.leases import Lease, State
+from allocator.core.leases import Lease, State, StateError
 from allocator.core.usage import Usage, known
 from allocator.host import ledger, usage
 from allocator.host.engine import EngineError
@@ -55,7 +55,10 @@ class LiveView:
             use = {}
         idle_after = self.alloc.config.policy.idle_after
         active = frozenset(u for u, x in use.items() if x.active)
-        seen = self.activity.observe(set(active), now, min(60.0, idle_after / 4))
+        try:
+            seen = self.activity.observe(set(active), now, min(60.0, idle_after / 4))
+        except StateError:  # its lock not free in time: shown from the marks as they are
+            seen = self.activity.read()
         holders = state.holders(inventory.uuids)
         listed = self._containers(sorted({h.container for h in holders.values() if h.container}))
         health = Health() if self.alloc.config.health.disabled else self.alloc.health.read()
