@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -199,11 +200,26 @@ def test_a_plugin_reached_under_another_name_is_told_to_set_plugin_name_and_that
     assert engine.ping(stack.engine_sock)  # dockerd, untouched, still runs
 
 
+class OwnDockerd(engine.Dockerd):
+    """A dockerd that also sees the stack's plugin socket (a root Engine's dockerd sees
+    only the directories bound into its root), so the advice's plugin name resolves."""
+
+    def __init__(self, *args, also: str, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.also = Path(also).parent.resolve()
+
+    def _binds(self) -> list[Path]:
+        found = super()._binds()
+        inside = any(self.also == d or d in self.also.parents for d in found)
+        return found if inside else [*found, self.also]
+
+
 def own_dockerd(stack, tmp_path, **kw) -> tuple[engine.Dockerd, object]:
     """A dockerd of its own (no shim), and a config of the stack's plugin pointing at it."""
     import yaml
 
-    d = engine.Dockerd(tempfile.mkdtemp(prefix="ga-", dir="/tmp"), **kw).start()
+    d = OwnDockerd(tempfile.mkdtemp(prefix="ga-", dir="/tmp"), also=stack.plugin_sock, **kw)
+    d.start()
     data = yaml.safe_load(stack.config_path.read_text())
     data["engine"].update(socket=d.sock, daemon_json=str(d.dir / "daemon.json"))
     cfg = tmp_path / "own.yaml"
@@ -211,9 +227,9 @@ def own_dockerd(stack, tmp_path, **kw) -> tuple[engine.Dockerd, object]:
     return d, cfg
 
 
-def restarted(d: engine.Dockerd, **kw) -> engine.Dockerd:
+def restarted(d: OwnDockerd, **kw) -> engine.Dockerd:
     d.stop(remove=False)
-    return engine.Dockerd(d.dir, **kw).start()  # raises if dockerd does not start
+    return OwnDockerd(d.dir, also=str(d.also / "x"), **kw).start()  # raises if it does not start
 
 
 def test_advice_for_a_dockerd_naming_no_plugins_is_daemon_json_and_dockerd_then_starts(
