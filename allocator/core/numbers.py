@@ -114,6 +114,7 @@ SPAN = Kind(
 
 INDEX = whole("a GPU index such as 0", high=1 << 16)
 COUNT = whole("a number of GPUs such as 2", high=1 << 16)
+PORT = whole("a TCP port", high=65535, low=1)
 
 
 def maybe(text: object, kind: Kind) -> int | float | None:

@@ -275,7 +275,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
     listen = sections["metrics"].get("listen")
     if listen is not None:
         host, colon, port = listen.rpartition(":")
-        if not (colon and host and numbers.maybe(port, PORT)):
+        if not (colon and host and numbers.maybe(port, numbers.PORT)):
             raise _fail(path, "metrics.listen", f"expected host:port, got '{listen}'")
     swarm = swarm_config.parse(sections["swarm"])
     if isinstance(swarm, tuple):
@@ -299,9 +299,6 @@ def _build(data: dict[str, Any], path: str) -> Config:
         sysfs=data.get("sysfs", Config.sysfs),
         source=path,
     )
-
-
-PORT = numbers.whole("a TCP port", high=65535, low=1)
 
 
 def _mode(path: str, value: int | str) -> int:
