@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from allocator.core import cuda, defaults, labels, outcomes, policy, sharing
+from allocator.core import cuda, defaults, labels, outcomes, policy, services, sharing
 from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
 from allocator.core.cpus import Placed, Resources, conflicts
@@ -155,7 +155,12 @@ class Creates:
         placed = Placed(lease.cpus, lease.mems, lease.memory)
         with_defaults = policy.with_defaults(spec, self.gather.rules)
         body = rewrite(
-            with_defaults, lease.gpus, labels.lease_label(lease.id), req.ask.caps, placed
+            with_defaults,
+            lease.gpus,
+            labels.lease_label(lease.id),
+            req.ask.caps,
+            placed,
+            services.resource_variable(self.gather.config.swarm.kind),
         )
         body["Labels"][policy.OWNER] = policy.owner_label(req.owner)
         if added := defaults.added(spec, with_defaults):

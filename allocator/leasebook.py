@@ -85,11 +85,8 @@ class LeaseBook:
         host needs no more free GPUs than it had.  The old container's restart policy
         is turned off before (`Restarts.hold_down`): dockerd would start it unasked.
         """
-        ask, name, owner = req.ask, req.name, req.owner
-        scope = policy.eligible(
-            self.gather.inventory(), req.want, owner, self.gather.rules, ask.required
-        )
-        scope = timelimits.within(scope, self.gather.rules, owner, req.want.time)
+        name, owner = req.name, req.owner
+        scope = self.placer.scope(req.ask, owner, req.want)
         if not isinstance(scope, tuple):
             self.recorder.refused(scope, name, owner)
             return scope
@@ -147,8 +144,7 @@ class LeaseBook:
         The ledger is read without the lock, so the answer can be stale by one create.
         """
         rules = self.gather.rules
-        scope = policy.eligible(self.gather.inventory(), want, owner, rules, ask.required)
-        scope = timelimits.within(scope, rules, owner, want.time)
+        scope = self.placer.scope(ask, owner, want)
         if not isinstance(scope, tuple):
             return scope
         inventory, pool = scope

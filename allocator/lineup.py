@@ -107,7 +107,7 @@ class Lineup:
             w: queue.Waiter, blocked: frozenset[str]
         ) -> queue.Placed | queue.Short | queue.OverLimit:
             req: LeaseRequest = w.ask
-            scope = policy.eligible(inventory, req.want, req.owner, rules, req.ask.required)
+            scope = self.placer.scope(req.ask, req.owner, req.want)  # as a create's, now
             if not isinstance(scope, tuple):
                 return queue.OverLimit(scope.msg)
             topology = self.gather.cpu_topology() if req.resources.any else None

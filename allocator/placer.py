@@ -19,7 +19,7 @@ from allocator.core.holders import Holder
 from allocator.core.inventory import GPU, Inventory
 from allocator.core.leases import Lease, Phase, State
 from allocator.core.placement import POLICIES, Shortage, place, shares
-from allocator.core.policy import NOBODY, Owner, Refusal, Wanted
+from allocator.core.policy import NOBODY, Invalid, Owner, Refusal, Wanted
 from allocator.core.sharing import ShareAsk, fraction
 from allocator.gather import Gatherer
 from allocator.host import ledger
@@ -55,6 +55,17 @@ class Placer:
         self.gather = gather
         self.reservations = reservations
         self.policy = POLICIES[config.policy.placement]
+
+    def scope(
+        self, ask: Ask, owner: Owner, want: Wanted
+    ) -> tuple[Inventory, str | None] | Refusal | Invalid:
+        """The GPUs the policy lets this create have, and their pool, or why none: the
+        one check of the pool, request labels and time limit that a create arriving now
+        (`LeaseBook.lease`), `LeaseBook.explain` and a waiter served from the line
+        (`Lineup`) all go through, against the rules as they are now."""
+        rules = self.gather.rules
+        scope = policy.eligible(self.gather.inventory(), want, owner, rules, ask.required)
+        return timelimits.within(scope, rules, owner, want.time)
 
     def place(
         self,

@@ -3,8 +3,8 @@
 One part of the composed service (allocator/service.py).  Every other part that
 applies a decision (a grant, a refusal, a release, an adoption, a restart policy turned
 off) writes its one audit line here, never under the ledger lock.  `ended` is the one
-way a lease's end is told: the metrics, its audit line, then the ``listeners`` (the
-shim's waiting line wakes up).
+way a lease's end is told: the metrics, fair share's record (allocator/host/held.py),
+its audit line, then the ``listeners`` (the shim's waiting line wakes up).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from allocator.core.policy import Invalid, Owner, Refusal
 from allocator.gather import Gatherer
 from allocator.host import ledger, metrics
 from allocator.host.audit import AuditLog
+from allocator.host.held import HeldRecord
 
 
 class AuditFields(TypedDict, total=False):
@@ -41,9 +42,10 @@ class Recorder:
     ``gather`` gives the inventory, to name GPUs by index as well as UUID.
     """
 
-    def __init__(self, audit: AuditLog, gather: Gatherer):
+    def __init__(self, audit: AuditLog, gather: Gatherer, held: HeldRecord):
         self.audit = audit
         self.gather = gather
+        self.held = held
         # Called (from any thread) after a lease ends here: the shim's queue wakes up.
         self.listeners: list[Callable[[], None]] = []
 
@@ -92,6 +94,7 @@ class Recorder:
         listeners told."""
         if lease is not None:
             metrics.lease_ended(ledger.now() - lease.created)
+            self.held.ended(lease, ledger.now())  # fair share's own memory of it
             self.record("release", lease, reason=reason)
             for listener in self.listeners:
                 listener()

@@ -12,7 +12,7 @@ Theory of operation
   and what they keep from everyone else's placement.
 - ``placer`` (`Placer`): places one create in a ledger state (limits, GPUs, cores).
 - ``line`` (`Lineup`): the waiting line's grants and what it keeps from others.
-- ``fair_share`` (`FairShare`): each owner's decayed GPU usage from the audit trail,
+- ``fair_share`` (`FairShare`): each owner's decayed GPU usage from its own record,
   which orders the line's equal priorities when policy.fair_share is set.
 - ``reconciler`` (`Reconciler`): makes the ledger agree with what the Engine proves.
 - ``restarts`` (`Restarts`): which starts may happen, asked or by a restart policy.
@@ -41,6 +41,7 @@ from allocator.host.config import Config
 from allocator.host.engine import Engine
 from allocator.host.filesystem import Host
 from allocator.host.health import HealthFile
+from allocator.host.held import HeldRecord
 from allocator.host.ledger import Ledger
 from allocator.leasebook import LeaseBook
 from allocator.lineup import Lineup
@@ -69,11 +70,12 @@ class Allocator:
         self.audit = AuditLog(config.state_dir)
         self.health = HealthFile(self.ledger)
         self.gather = Gatherer(config, engine, self.health, host)
-        self.recorder = Recorder(self.audit, self.gather)
+        self.held = HeldRecord(config.state_dir)
+        self.recorder = Recorder(self.audit, self.gather, self.held)
         self.health.listeners.append(self.recorder.health_turned)
         self.reservations = Reservations(config, self.ledger, self.gather, self.recorder)
         self.placer = Placer(config, self.gather, self.reservations)
-        self.fair_share = FairShare(self.audit)
+        self.fair_share = FairShare(self.audit, self.held)
         self.line = Lineup(self.ledger, self.gather, self.placer, self.recorder, self.fair_share)
         self.reconciler = Reconciler(
             engine, self.ledger, self.gather, self.recorder, self.reservations

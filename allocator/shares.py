@@ -5,9 +5,11 @@ line (`Lineup.usage`) asks it, and ``status`` and ``explain`` show its `table`.
 
 With ``policy.fair_share.half_life`` set, the line orders equal priorities by each
 owner's GPU-seconds held, each second weighted by ``2 ** (-age / half_life)``
-(`core.report.decayed`, over the intervals ``gpu-alloc history`` and ``report``
-show), before what they hold now.  Reading the audit trail costs a file, so the
-answer is kept `TTL` seconds and the file re-read in the background (`FairShare`);
+(`core.report.decayed`), before what they hold now.  The intervals are fair share's
+own record of ended leases (allocator/host/held.py, which no flood of audit lines
+rotates away), and the audit trail's uses for the rest (those still held, and
+those from before the record).  Reading them costs files, so the answer is kept
+`TTL` seconds and the files re-read in the background (`FairShare`);
 only the line asks (a create with waiters, the queue's serving, status and
 explain), never the path of a create without GPUs.
 """
@@ -17,15 +19,17 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 
 from allocator.core import report
 from allocator.core.report import Held
 from allocator.core.uses import uses
 from allocator.host.audit import AuditLog
+from allocator.host.held import HeldRecord
 
 TTL = 5.0  # seconds an answer is kept
 
-Stamp = tuple[int, int, int] | None  # the audit file's inode, size and mtime; None: absent
+Stamp = tuple[tuple[int, int, int] | None, ...]  # each file's inode, size, mtime (None: absent)
 
 
 class FairShare:
@@ -37,11 +41,12 @@ class FairShare:
     uses still held counted up to now, so no create waits on the file under the lock.
     """
 
-    def __init__(self, audit: AuditLog) -> None:
+    def __init__(self, audit: AuditLog, record: HeldRecord) -> None:
         self.audit = audit
+        self.record = record
         self._lock = threading.Lock()
         self._held: list[Held] | None = None
-        self._stamp: Stamp = None
+        self._stamp: Stamp = ()
         self._refreshing = False
         self._kept: tuple[float, float, dict[str, float]] | None = None  # at, half-life, usage
 
@@ -64,7 +69,11 @@ class FairShare:
             return found
 
     def _read(self) -> list[Held]:
-        return report.held(uses(self.audit.read()))
+        ended = self.record.read()
+        recorded = {e["l"] for e in ended}
+        rows = [r for r in uses(self.audit.read()) if r.get("lease") not in recorded]
+        own = [Held(e["o"], str(u), None, e["s"], e["e"]) for e in ended for u in e["g"]]
+        return own + report.held(rows)
 
     def _refresh(self) -> None:
         try:
@@ -76,11 +85,15 @@ class FairShare:
             self._refreshing = False
 
     def _stamp_now(self) -> Stamp:
-        try:
-            st = os.stat(self.audit.path)
-        except OSError:
-            return None
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
+        return tuple(_stamp(p) for p in (self.audit.path, self.record.path))
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def table(fair: FairShare, half_life: float | None, now: float | None = None) -> dict | None:

@@ -4,9 +4,11 @@
 
 Each look reads the ledger; only while a lease has a time limit, or idle reclaim is
 on, does it list gpu-alloc's containers (one Engine call); a paused one counts as
-running (`timelimits.RUNNING_STATES`).  A running container whose
-lease has a limit gets its clock started from the Engine's StartedAt the first time
-it is seen running, so neither a late look nor a later restart moves it.  A container
+running (`timelimits.RUNNING_STATES`).  A running container whose lease has a limit
+gets its clock started from the Engine's first start of it: the earliest of its
+StartedAt and the first ``start`` event dockerd still holds since the grant, so neither
+a late look (up to `timelimits.CHECK_MAX` after the start) nor a restart before it moves
+the clock.  A container
 to stop has its restart policy turned off first (dockerd would start it again by
 itself at its next start), then gets the Engine's own stop: its stop signal, then
 SIGKILL after its ``StopTimeout`` (10 s by default, at most 30 s: `timelimits.grace`).
@@ -23,6 +25,7 @@ import threading
 from collections.abc import Sequence
 
 from allocator.core import labels, reclaim, restarts, timelimits
+from allocator.core import usage as usage_core
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import Lease
 from allocator.gather import Gatherer
@@ -94,14 +97,19 @@ class Timekeeper:
         return timelimits.next_check(leases, now, after)
 
     def _start_clocks(self, leases: Sequence[Lease]) -> None:
-        """Each lease's clock from its container's StartedAt, as the Engine says it."""
+        """Each lease's clock from its container's first start, as the Engine says it."""
         assert self.engine is not None
         found = {}
         for le in leases:
             info = self.engine.inspect(str(le.container))
-            stamp = go_time(((info or {}).get("State") or {}).get("StartedAt"))
-            if stamp is not None:
-                found[le.id] = (str(le.container), stamp)
+            stamps = [go_time(((info or {}).get("State") or {}).get("StartedAt"))]
+            try:
+                stamps.append(self.engine.first_start(str(le.container), le.created - 1))
+            except EngineError as e:  # its StartedAt alone: at worst, a late look's
+                log.warning("start events of %s unread: %s", le.name, e)
+            known = [s for s in stamps if s is not None]
+            if known:
+                found[le.id] = (str(le.container), min(known))
         if found:
             with self.ledger.transaction() as state:
                 for lease_id, (cid, stamp) in found.items():
@@ -118,7 +126,7 @@ class Timekeeper:
             return []  # no reading: nothing is known to be idle
         active = {u for u, x in use.items() if x.active}
         seen = self.activity.observe(active, now, min(60.0, after / 4))
-        args = (use.keys(), active, seen, now, self.gather.rules)
+        args = (usage_core.known(use), active, seen, now, self.gather.rules)
         maybe = reclaim.idle(leases, dict.fromkeys(running), *args)
         assert self.engine is not None or not maybe
         started: dict[str, float | None] = {}

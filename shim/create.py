@@ -41,6 +41,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from functools import partial
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from allocator.core import (
@@ -85,9 +86,14 @@ class CreateInterceptor:
     def __init__(self, allocator: Allocator, waitline: Waitline | None = None):
         self.alloc = allocator
         self.waitline = waitline or Waitline(allocator)
+        self._swarm_variable = services.resource_variable(allocator.config.swarm.kind)
 
     def wants(self, method: str, target: str) -> bool:
         return needs_check(method, target)
+
+    def _unleased(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """The body of a create without GPUs: the guards alone (`rewrite`)."""
+        return rewrite(spec, (), None, swarm_variable=self._swarm_variable)
 
     def stop(self) -> None:
         """The shim is stopping: waiting creates are answered, not left hanging."""
@@ -258,7 +264,7 @@ class CreateInterceptor:
     async def _plain(self, request: Request, spec: dict, forward: Forward) -> Response:
         """A create that holds no GPU: forwarded with the void guard, and its creator
         recorded before the client hears of it (a client inside it is them)."""
-        response = await forward(_with_body(request, rewrite(spec, (), None), None))
+        response = await forward(_with_body(request, self._unleased(spec), None))
         if response.status == 201:
             record = self.alloc.lookups.record_creator
             await asyncio.to_thread(record, request.peer, response.body)

@@ -123,7 +123,8 @@ def gpu_families(snap: dict[str, Any]) -> tuple[GaugeMetricFamily, ...]:
                                g["compose_project"] or ""], 1)  # fmt: skip
             if g["container_state"] is not None:  # None: the Engine did not list it
                 running.add_metric(gpu, 1 if g["container_state"] == "running" else 0)
-            idle.add_metric(gpu, 1 if g["idle"] else 0)
+            if g["use"] != "unknown":  # no sample: neither idle nor not (never reclaimed)
+                idle.add_metric(gpu, 1 if g["idle"] else 0)
         if g["utilization"] is not None:
             util.add_metric(gpu, g["utilization"])
         if g["memory_used_bytes"] is not None:

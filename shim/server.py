@@ -11,6 +11,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+from allocator.core import numbers
 from allocator.host import listener
 from shim.framing import FORWARD_TIMEOUT, MAX_BODY, Interceptor
 from shim.splice import Connection
@@ -35,9 +36,13 @@ class Proxy:
         self.conns: set[Connection] = set()
 
 
+GID = numbers.whole("a group id", high=(1 << 32) - 2)
+
+
 def _gid(group: str) -> int:
-    if group.isdigit():
-        return int(group)
+    gid = numbers.maybe(group, GID)
+    if gid is not None:
+        return int(gid)
     try:
         return grp.getgrnam(group).gr_gid
     except KeyError:

@@ -1,9 +1,11 @@
-"""Regenerate docs/dashboard.png: `.venv/bin/python -m tests.dashboard_screenshot`.
+"""Regenerate docs/dashboard.png: `.venv/bin/python -m tests.dashboard_screenshot`
+(``OUT.png [7d]``: the page at 7 days instead of 24 hours).
 
-Six simulated H100s in two pools: alice computes, bob's notebook has idled for
-hours, carol's sweep runs, one GPU took an Xid 79 and one is free; dave waits in
-line.  Below, the last 24 hours from a scripted audit trail and utilisation samples,
-with erin's reservation of two GPUs drawn ahead.  The page is the real dashboard
+Six simulated H100s in two pools: alice computes with 30 minutes of her time limit
+left, bob's notebook has idled for hours, carol's sweep started ten minutes ago, one
+GPU took an Xid 79 and one is free; dave waits in line.  Below, the last 24 hours
+from a scripted audit trail and utilisation samples, with erin's reservation of two
+GPUs drawn ahead (their tiles say so).  The page is the real dashboard
 served by the real listener; only the GPUs, the Engine and the line are stand-ins.
 """
 
@@ -62,7 +64,7 @@ HOLDERS = [("a" * 64, "alice", "llm-finetune", 7200), ("b" * 64, "bob", "noteboo
            ("c" * 64, "carol", "eval-sweep", 600)]  # fmt: skip
 
 
-def main(out: str) -> None:
+def main(out: str, period: str = "24h") -> None:
     d = Path(tempfile.mkdtemp(prefix="ga-shot-"))
     (d / "state").mkdir()
     entries = [{"uuid": u, "index": i, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559,
@@ -78,8 +80,9 @@ def main(out: str) -> None:
     for n, ((cid, owner, name, age), uuid) in enumerate(zip(HOLDERS, UUIDS, strict=False)):
         lease, _ = alloc.book.lease(LeaseRequest(Ask((uuid,), 0, False, ("gpu",)), name))
         alloc.book.bind(lease.id, cid)
+        limited = {"time_limit": 7200.0, "started": now - 5400} if owner == "alice" else {}
         with alloc.ledger.transaction() as state:
-            state.leases[lease.id] = replace(state.leases[lease.id], created=now - age)
+            state.leases[lease.id] = replace(state.leases[lease.id], created=now - age, **limited)
         held.append((now - age, events.record("grant", now - age, gpus=[uuid], indices={uuid: n},
                                               lease=lease.id, owner=owner, name=name)))  # fmt: skip
     engine = FakeEngine()
@@ -102,7 +105,7 @@ def main(out: str) -> None:
         subprocess.run(
             ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
              "--virtual-time-budget=4000", "--window-size=1180,1110", f"--screenshot={out}",
-             f"http://127.0.0.1:{port}/"],
+             f"http://127.0.0.1:{port}/#{period}"],
             check=True, capture_output=True,
         )  # fmt: skip
     finally:
@@ -151,4 +154,4 @@ def write_past(state: Path, now: float, held: list[tuple[float, dict[str, Any]]]
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "docs/dashboard.png")
+    main(*(sys.argv[1:3] if len(sys.argv) > 1 else ["docs/dashboard.png"]))

@@ -149,14 +149,16 @@ def _selected_caps(capabilities: Iterable[Any]) -> tuple[str, ...] | None:
 def _swarm_resources(ctx: Ctx) -> None:
     """The toolkit's swarm-resource option reads DOCKER_RESOURCE_* before the request.
 
-    Refused at a create; on an existing container (a swarm task's, given its GPUs by
-    swarm's scheduler) it holds the GPUs its value names.  The toolkit reads the env as a
-    map, so a variable set twice (the spec's void pin, then what swarm appends) is its
-    last value, and one naming void selects nothing."""
+    Refused at a create, unless it pins the variable to ``void`` (the pin a service's
+    tasks carry, and the shim's rewrite adds for ``swarm.kind``: an image's ENV of the
+    name then never reaches the toolkit); on an existing container (a swarm task's, given
+    its GPUs by swarm's scheduler) it holds the GPUs its value names.  The toolkit reads
+    the env as a map, so a variable set twice (the spec's void pin, then what swarm
+    appends) is its last value, and one naming void selects nothing."""
     names = dict.fromkeys(e.partition("=")[0] for e in ctx.view.env if e.startswith(RESOURCE))
     for name in names:
         value = env_values(ctx.view.env, name)[-1]
-        if ctx.strict:
+        if ctx.strict and value.strip() != "void":
             ctx.refuse("Config.Env", f"{name} can select GPUs in the toolkit")
             continue
         ids = tuple(v.strip() for v in value.split(",") if v.strip())

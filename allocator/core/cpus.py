@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from allocator.core import numbers
+
 CONFLICTING = {
     # HostConfig field -> what a create must not set itself when it asks for it.
     "CpusetCpus": "cpus",
@@ -135,14 +137,14 @@ def owned_fields(cpus: Sequence[int], memory: int) -> tuple[str, ...]:
 
 # --- Linux's list format ("0-3,8-11") and sizes ----------------------------------------------
 
-_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+_RANGE = re.compile(r"([0-9]{1,5})(?:-([0-9]{1,5}))?", re.ASCII)  # fullmatch: no final newline
 
 
 def parse_list(text: str) -> list[int]:
     """The kernel's cpulist format; `ValueError` on anything else."""
     out: list[int] = []
     for part in filter(None, text.strip().split(",")):
-        m = _RANGE.match(part.strip())
+        m = _RANGE.fullmatch(part.strip())
         if not m or (m[2] and int(m[2]) < int(m[1])):
             raise ValueError(f"'{text.strip()}' is not a CPU list such as 0-3,8")
         out += range(int(m[1]), int(m[2] or m[1]) + 1)
@@ -160,16 +162,10 @@ def format_list(cpus: Iterable[int]) -> str:
     return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
 
 
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?) ?([kmgtp])?i?b?$", re.IGNORECASE)
-_UNITS = {None: 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
-
-
 def parse_size(text: str) -> int:
-    """Bytes from ``512m``, ``4g``, ``4GiB``: docker's own ``--memory`` format (go-units)."""
-    m = _SIZE.match(text.strip())
-    if not m:
-        raise ValueError(f"'{text}' is not a size such as 512m or 4g")
-    return int(float(m[1]) * _UNITS[m[2].lower() if m[2] else None])
+    """Bytes from ``512m``, ``4g``, ``4GiB``: docker's own ``--memory`` format (go-units);
+    `numbers.BadNumber` (a ValueError) on anything else."""
+    return int(numbers.read(text, numbers.SIZE))
 
 
 def _size(n: int) -> str:

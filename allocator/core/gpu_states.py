@@ -20,7 +20,9 @@ Beside the state, and shown with it whatever the state: the `holder` (an
 unhealthy GPU keeps its holder, who is reported and never stopped), the
 holder's container state (``running``, ``exited``, ... as the Engine lists it;
 ``creating`` while a lease waits for its container), the health event, and
-``idle_since`` (a leased GPU unused for ``idle_after``).
+``idle_since`` (a leased GPU unused for ``idle_after``) and ``use``
+(allocator/core/usage.py's ``active``, ``unused`` or ``unknown``): a GPU whose use
+was not read is never idle.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from allocator.core.health import GpuHealth, Health
 from allocator.core.holders import Holder
 from allocator.core.inventory import GPU
-from allocator.core.usage import idle_since
+from allocator.core.usage import ACTIVE, UNKNOWN, UNUSED, idle_since
 
 DEPARTED, UNHEALTHY, LEASED, BUSY, MIG, FREE = (
     "departed",
@@ -53,6 +55,12 @@ class Activity:
     idle_after: float
     active: frozenset[str] = frozenset()
     last_active: Mapping[str, float] | None = None
+    read: frozenset[str] = frozenset()  # whose use was read now (the rest: unknown)
+
+    def use(self, uuid: str) -> str:
+        if uuid in self.active:
+            return ACTIVE
+        return UNUSED if uuid in self.read else UNKNOWN
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,7 @@ class GpuState:
     container_state: str | None  # the holder's container as the Engine lists it
     health: GpuHealth
     idle_since: float | None
+    use: str = UNKNOWN
 
     @property
     def free(self) -> bool:
@@ -129,6 +138,7 @@ def _one(
         container_state=_container_state(holder, containers),
         health=health,
         idle_since=_idle(uuid, holder, activity),
+        use=activity.use(uuid),
     )
 
 
@@ -144,6 +154,8 @@ def _idle(uuid: str, holder: Holder | None, activity: Activity) -> float | None:
     """When a leased GPU stopped being used, once unused for ``idle_after``; else None."""
     if holder is None or holder.lease is None or holder.since is None:
         return None
+    if activity.use(uuid) == UNKNOWN:
+        return None  # never idle on what was not read
     last = (activity.last_active or {}).get(uuid)
     return idle_since(
         holder.since, last, uuid in activity.active, activity.now, activity.idle_after

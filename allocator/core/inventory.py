@@ -23,6 +23,8 @@ import functools
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from allocator.core.numbers import INDEX, maybe
+
 
 class InventoryError(Exception):
     """The GPU list could not be read; nothing may be allocated."""
@@ -141,10 +143,11 @@ class Inventory:
         """One GPU for an index, a UUID, or a unique UUID prefix; `LookupError` otherwise."""
         ident = ident.strip()
         gpu, colon, mig = ident.partition(":")
-        if ident.isdigit():
-            found = [g for g in self.gpus if g.index == int(ident)]
-        elif colon and gpu.isdigit() and mig.isdigit():
-            found = [m for m in self.migs if (m.index, m.mig_index) == (int(gpu), int(mig))]
+        index, pair = maybe(ident, INDEX), (maybe(gpu, INDEX), maybe(mig, INDEX))
+        if index is not None:
+            found = [g for g in self.gpus if g.index == index]
+        elif colon and None not in pair:
+            found = [m for m in self.migs if (m.index, m.mig_index) == pair]
         else:
             every = (*self.gpus, *self.migs)
             found = [g for g in every if g.uuid == ident]

@@ -16,7 +16,10 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
+from allocator.core import numbers
 from allocator.core.cpus import Resources, parse_list, parse_size
+
+CORES = numbers.whole("a whole number of physical cores, such as 8", high=1 << 16)
 
 PREFIX = "io.gpu-alloc."
 LEASE = PREFIX + "lease"
@@ -136,9 +139,13 @@ def unknown(labels: Mapping[str, Any] | None) -> str | None:
 def resources(labels: Mapping[str, Any] | None) -> Resources | str:
     """CPU cores and memory a create asks for by label, or why the labels are wrong."""
     given = labels or {}
-    cpus = str(given.get(REQUEST_CPUS, "0")).strip()
-    if not cpus.isdigit():
-        return f"{REQUEST_CPUS}={cpus}: expected a whole number of physical cores, such as 8"
+    try:
+        cpus = int(numbers.read(str(given.get(REQUEST_CPUS, "0")), CORES))
+    except numbers.BadNumber as e:
+        shown = str(given.get(REQUEST_CPUS)).strip()[:40]
+        return f"{REQUEST_CPUS}={shown}: expected {CORES.expected}" + (
+            "" if e.syntax else f" ({e})"
+        )
     memory = 0
     if REQUEST_MEMORY in given:
         try:
@@ -148,4 +155,4 @@ def resources(labels: Mapping[str, Any] | None) -> Resources | str:
     topology = str(given.get(REQUEST_TOPOLOGY, "prefer")).strip()
     if topology not in TOPOLOGIES:
         return f"{REQUEST_TOPOLOGY}={topology}: expected {' or '.join(TOPOLOGIES)}"
-    return Resources(int(cpus), memory, topology == "strict")
+    return Resources(cpus, memory, topology == "strict")

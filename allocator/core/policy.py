@@ -9,12 +9,11 @@ request that cannot be understood (`Invalid`, an unknown pool, a bad size) is a
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocator.core import labels
+from allocator.core import labels, numbers
 from allocator.core.inventory import GPU, Inventory
 from allocator.core.sharing import Sharing
 
@@ -127,16 +126,10 @@ POOL, MODEL, MIN_MEMORY, OWNER, WAIT, TIME = (
     labels.TIME,
 )
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}
-
 
 def parse_size(text: str) -> int:
     """Bytes in ``text`` as Docker reads ``--shm-size`` (1024-based; ``40g``, ``512MiB``)."""
-    m = _SIZE.match(str(text))
-    if m is None:
-        raise ValueError(f"'{text}' is not a size such as 40g or 512m")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    return int(numbers.read(text, numbers.SIZE))
 
 
 def wanted(given: Mapping[str, Any] | None) -> Wanted | Invalid:
@@ -151,10 +144,7 @@ def wanted(given: Mapping[str, Any] | None) -> Wanted | Invalid:
     try:
         seconds = None if raw in (None, "") else parse_duration(str(raw))
     except ValueError as e:
-        return Invalid(
-            f"gpu-alloc refused the container create: label {TIME}: {e} "
-            "(a number of seconds, or a number with s, m, h or d)"
-        )
+        return Invalid(f"gpu-alloc refused the container create: label {TIME}: {e}")
     if seconds is not None and seconds <= 0:
         return Invalid(
             f"gpu-alloc refused the container create: label {TIME}: '{raw}' is not a time "
@@ -228,16 +218,9 @@ def priority_of(owner: Owner, rules: Rules) -> int:
     return max(found, default=0)
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", re.IGNORECASE)
-_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
 def parse_duration(text: str) -> float:
-    """Seconds in ``90``, ``30s``, ``15m``, ``2h`` or ``1d``."""
-    m = _DURATION.match(str(text))
-    if m is None:
-        raise ValueError(f"'{text}' is not a duration such as 30s, 15m or 2h")
-    return float(m.group(1)) * _SECONDS[m.group(2).lower()]
+    """Seconds in ``90``, ``30s``, ``15m``, ``2h`` or ``1d`` (at most 100 years)."""
+    return float(numbers.read(text, numbers.DURATION))
 
 
 def wait_of(given: Mapping[str, Any] | None, rules: Rules) -> float | Invalid:

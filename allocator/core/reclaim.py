@@ -4,9 +4,11 @@ to be stopped (``policy.reclaim_idle_after``; unset: none).
 A container is idle when every GPU of its lease ran no process at 0 % utilisation
 since the latest of its grant, its container's last start and the last time any of
 its GPUs was seen in use (`allocator/core/usage.py`'s rule, over the whole lease).
-Only a GPU with a reading counts as unused: a GPU whose use cannot be read now
-never gets its container stopped.  The exempt (``policy.exempt``) are never
-reclaimed.  A reclaimed container keeps its lease as any stopped one does.
+Only a GPU whose use was read counts as unused (``usage.known``: a utilisation
+figure and its process list): a GPU whose use cannot be read now, or reads memory
+and power but no utilisation, never gets its container stopped.  The exempt
+(``policy.exempt``) are never reclaimed.  A reclaimed container keeps its lease as
+any stopped one does.
 """
 
 from __future__ import annotations

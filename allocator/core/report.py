@@ -157,6 +157,9 @@ def reason_kind(reason: str) -> str:
     return "other policy"
 
 
+COUNTED = ("use", "refusal", "denial")  # the events a row counts: grants, waits, refusals
+
+
 @dataclass(frozen=True)
 class Window:
     since: float
@@ -194,6 +197,8 @@ def rows(
             r["gpu_seconds_idle"] += idle * h.part
             r["gpu_seconds_unsampled"] += (span[1] - span[0] - sampled) * h.part
     for e in uses:
+        if e.get("event") not in COUNTED:  # a reservation, a health turn: no row of its own
+            continue
         if not e.get("from") or not window.since <= parse_time(e["from"]) < window.until:
             continue
         owner, event = e.get("owner") or "", e.get("event")

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from allocator.core import numbers
 from allocator.core.holders import Holder
 
 if TYPE_CHECKING:
@@ -173,16 +174,17 @@ def parse_time(text: str, now: float) -> float:
         return now
     if raw.startswith("+"):
         try:
-            return now + parse_duration(raw[1:])
-        except ValueError:
-            pass
+            return numbers.instant(now + parse_duration(raw[1:]), text)
+        except numbers.BadNumber as e:
+            if not e.syntax:
+                raise
     else:
         try:
             t = datetime.fromisoformat(raw.replace("z", "Z"))
         except ValueError:
             t = None
         if t is not None and t.tzinfo is not None:
-            return t.timestamp()
+            return numbers.instant(t.timestamp(), text)
     raise ValueError(
         f"'{text}' is not a time: give an RFC 3339 time with its offset "
         "(2026-12-04T14:00:00Z, 2026-12-04T15:00:00+01:00), 'now', or a time from now "

@@ -18,6 +18,7 @@ def rewrite(
     label: str | None,
     caps: Sequence[str] = ("gpu",),
     placed: Placed | None = None,
+    swarm_variable: str = "DOCKER_RESOURCE_GPU",
 ) -> dict[str, Any]:
     """The canonical body the shim forwards: UUID device request, guard env, lease label.
 
@@ -25,6 +26,10 @@ def rewrite(
     ``NVIDIA_VISIBLE_DEVICES`` from reaching any GPU should a hook ever run.  A leased
     container gets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless it sets one, so CUDA numbers
     its GPUs as ``nvidia-smi`` does, and the cores and memory `placed` with its GPUs.
+    ``swarm_variable`` (``DOCKER_RESOURCE_<swarm.kind>``, which the toolkit reads before
+    ``NVIDIA_VISIBLE_DEVICES``) is pinned to ``void`` unless the body sets it, so an
+    image whose ENV sets it runs as created: its start is judged on the pin, not the
+    image's value.
     """
     out = dict(spec)
     hc = dict(out.get("HostConfig") or {})
@@ -51,6 +56,8 @@ def rewrite(
                     "Options": {},
                 }
             ]
+    if not any(str(e).startswith(swarm_variable + "=") for e in env):
+        env.append(f"{swarm_variable}=void")
     out["Env"] = env
     out["Labels"] = own
     if hc or "HostConfig" in out:

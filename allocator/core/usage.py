@@ -6,13 +6,22 @@ carries (``/docker/<id>``, ``docker-<id>.scope``, ...); `container_of_cgroup`
 reads that from the text of ``/proc/PID/cgroup``.  A leased GPU is idle when it
 ran no process at zero utilisation for ``idle_after`` seconds since the later
 of the grant and the last time it was seen busy.
+
+A GPU's `use` is one of `USES`: ``active`` (a process, or utilisation above 0),
+``unused`` (both read: no process, 0 %), or ``unknown`` (not read: no utilisation
+figure, a process list that could not be read, or no reading at all).  Only an
+``unused`` GPU is ever idle: unknown use is never shown as idle nor reclaimed.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+ACTIVE, UNUSED, UNKNOWN = "active", "unused", "unknown"
+USES = (ACTIVE, UNUSED, UNKNOWN)
 
 _CONTAINER_ID = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?(?:/|$)")
 
@@ -32,13 +41,29 @@ class Usage:
     temperature_c: float | None = None
     power_w: float | None = None
     processes: tuple[Process, ...] = field(default_factory=tuple)
+    processes_read: bool = True  # False: the process list could not be read
 
     @property
     def active(self) -> bool:
         return bool(self.processes) or bool(self.utilization)
 
+    @property
+    def use(self) -> str:
+        """`ACTIVE`, `UNUSED` (known to run nothing at 0 %) or `UNKNOWN`."""
+        if self.active:
+            return ACTIVE
+        if self.utilization is None or not self.processes_read:
+            return UNKNOWN
+        return UNUSED
+
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k != "processes"}
+        skip = ("processes", "processes_read")
+        return {k: v for k, v in asdict(self).items() if k not in skip}
+
+
+def known(use: Mapping[str, Usage]) -> frozenset[str]:
+    """The GPUs whose use was read now: in use, or known to be unused."""
+    return frozenset(u for u, x in use.items() if x.use != UNKNOWN)
 
 
 def container_of_cgroup(text: str) -> str | None:

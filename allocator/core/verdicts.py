@@ -104,12 +104,14 @@ def cleared(route: Route) -> bool:
 
 
 # The checks whose verdict reads facts (the inventory, the Engine's view, the host's
-# filesystem): a create, a plugin's install or settings, a volume's options, BuildKit's
-# upgrades and copies into a container (the Engine's version and configuration).  Every other
-# verdict is made from the request alone, and the ledger or the Engine after it.
+# filesystem, swarm.kind): a create, a service's spec, a plugin's install or settings, a
+# volume's options, BuildKit's upgrades and copies into a container (the Engine's version
+# and configuration).  Every other verdict is made from the request alone, and the ledger
+# or the Engine after it.
 READS_FACTS = frozenset(
     {
         Check.CREATE,
+        Check.SERVICE,
         Check.PLUGIN_INSTALL,
         Check.PLUGIN_UPGRADE,
         Check.PLUGIN_ENABLE,

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from allocator.core import numbers
 from allocator.core.cpus import parse_list
 from allocator.core.health import DEFAULT_IGNORED_XIDS, HealthPolicy
 from allocator.core.policy import Pool, Rules, Ulimit, parse_size
@@ -266,7 +267,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
     listen = sections["metrics"].get("listen")
     if listen is not None:
         host, colon, port = listen.rpartition(":")
-        if not (colon and host and port.isdigit() and 0 < int(port) < 65536):
+        if not (colon and host and numbers.maybe(port, numbers.PORT)):
             raise _fail(path, "metrics.listen", f"expected host:port, got '{listen}'")
     swarm = swarm_config.parse(sections["swarm"])
     if isinstance(swarm, tuple):

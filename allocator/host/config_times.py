@@ -4,9 +4,11 @@ allocator/core/reclaim.py)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+from allocator.core import numbers
+
 TIME_LIMIT_KEYS = ("default", "pools", "users", "groups")
 
 
@@ -25,12 +27,13 @@ def duration(key: str, value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise KeyProblem(key, f"expected a duration such as 24h or 30m, got {value!r}")
     if isinstance(value, str):
-        text = value.strip()
-        unit = _UNITS.get(text[-1:].lower())
         try:
-            value = float(text[:-1] if unit else text) * (unit or 1)
-        except ValueError:
-            raise KeyProblem(key, f"expected a duration such as 24h or 30m, got '{text}'") from None
+            value = numbers.read(value, numbers.DURATION)
+        except numbers.BadNumber as e:
+            why = f"expected a duration such as 24h or 30m, got '{value.strip()[:40]}'"
+            raise KeyProblem(key, why + ("" if e.syntax else f" ({e})")) from None
+    if not math.isfinite(value) or value > numbers.CENTURY:
+        raise KeyProblem(key, f"expected a duration such as 24h or 30m, got {value!r}")
     if value <= 0:
         raise KeyProblem(key, "must be greater than zero")
     return float(value)

@@ -175,6 +175,16 @@ class Engine:
         filters = {"type": ["container"], "container": [container], "event": ["kill"]}
         return any(True for _ in self.events(filters, since, until=time.time()))
 
+    def first_start(self, container: str, since: float) -> float | None:
+        """When dockerd first started ``container`` since ``since`` (Unix seconds), by its
+        ``start`` events among those it still holds (its last 256); None when none is."""
+        filters = {"type": ["container"], "container": [container], "event": ["start"]}
+        for event in self.events(filters, since, until=time.time()):
+            stamp = event.get("timeNano") or int(event.get("time") or 0) * 10**9
+            if stamp:
+                return int(stamp) / 1e9
+        return None
+
     def events(
         self,
         filters: dict[str, list[str]],

@@ -218,14 +218,15 @@ def usage(nvml: Any = None) -> dict[str, Usage]:
             memory = _try(nvml.nvmlDeviceGetMemoryInfo, h)
             util = _try(nvml.nvmlDeviceGetUtilizationRates, h)
             power = _try(nvml.nvmlDeviceGetPowerUsage, h)  # milliwatts
-            procs = _try(nvml.nvmlDeviceGetComputeRunningProcesses, h) or ()
+            procs = _try(nvml.nvmlDeviceGetComputeRunningProcesses, h)
             found[_text(nvml.nvmlDeviceGetUUID(h))] = Usage(
                 utilization=None if util is None else util.gpu / 100,
                 memory_used_bytes=None if memory is None else int(memory.used),
                 memory_total_bytes=None if memory is None else int(memory.total),
                 temperature_c=_try(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU),
                 power_w=None if power is None else power / 1000,
-                processes=tuple(Process(int(p.pid), _memory(p.usedGpuMemory)) for p in procs),
+                processes=tuple(Process(int(p.pid), _memory(p.usedGpuMemory)) for p in procs or ()),
+                processes_read=procs is not None,
             )
         return found
     except Exception as e:

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from allocator import gather
+from allocator.core import numbers
 from allocator.core.facts import EngineView
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
@@ -166,9 +167,20 @@ def _parser() -> argparse.ArgumentParser:
     sc.set_defaults(func=cmd_swarm)
     w = add("ready", "wait until the plugin's or the shim's socket (from the config) answers")
     w.add_argument("role", choices=("plugin", "shim"))
-    w.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
+    w.add_argument("--timeout", type=_seconds, default=30.0, help="seconds (default 30)")
     w.set_defaults(func=cmd_ready)
     return p
+
+
+def _seconds(text: str) -> float:
+    """``--timeout``, through the one number reader: argparse says its error, exit 2."""
+    try:
+        return float(numbers.read(text, SECONDS))
+    except numbers.BadNumber as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+SECONDS = numbers.Kind("a number of seconds such as 30", fraction=True, high=86400)
 
 
 def check_pools(cfg: Config) -> None:

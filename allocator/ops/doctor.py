@@ -7,7 +7,6 @@ function from the config to a `Line`; the table `CHECKS` is the whole doctor.
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import http.client
 import json
@@ -18,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from allocator.core import plugins
 from allocator.core.facts import EngineView
 from allocator.core.leases import StateError
 from allocator.core.policy import missing_pool_gpus
@@ -28,7 +26,7 @@ from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
 from allocator.host.health import HealthFile
 from allocator.host.ledger import Ledger
-from allocator.ops import engine_doctor, sharing_doctor, swarm_doctor
+from allocator.ops import authz_doctor, engine_doctor, sharing_doctor, swarm_doctor
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -123,6 +121,9 @@ def check_engine(cfg: Config) -> Line:
     )
     if cfg.plugin.name not in authz:
         engine = dockerd.running(cfg.engine.socket)
+        ours = authz_doctor.ours_as(cfg, authz, engine)
+        if ours is not None:
+            return Line(FAIL, line, authz_doctor.rename(cfg, *ours))
         if engine is not None and engine.flags("--authorization-plugin"):
             fix = (
                 f"add --authorization-plugin={cfg.plugin.name} beside the other "
@@ -148,103 +149,11 @@ def check_advisories(cfg: Config) -> Line:
 
 
 def check_daemon_json(cfg: Config) -> Line:
-    """The plugin named where dockerd takes it from: daemon.json, or its command line,
-    never both (dockerd then refuses to start)."""
-    path = cfg.engine.daemon_json
-    engine = dockerd.running(cfg.engine.socket)
-    flagged = engine.flags("--authorization-plugin") if engine is not None else []
-    by_flag = (
-        f"{path}: leaves authorization plugins to dockerd's command line, which names "
-        f"{cfg.plugin.name} (--authorization-plugin)"
-    )
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        if cfg.plugin.name in flagged:
-            return Line(OK, by_flag)
-        return Line(
-            WARN,
-            f"{path}: missing (the plugin may be named on dockerd's command line)",
-            "run deploy/install.sh",
-        )
-    except (OSError, ValueError) as e:
-        return Line(FAIL, f"{path}: unreadable ({e})", "fix the JSON; dockerd will not start")
-    if flagged and "authorization-plugins" in data:
-        return Line(
-            FAIL,
-            f'{path}: "authorization-plugins" is set, and dockerd\'s command line has '
-            f"--authorization-plugin ({', '.join(flagged)}): dockerd refuses to start with "
-            "both at its next restart",
-            f'remove "authorization-plugins" from {path}, or the flags from dockerd\'s unit',
-        )
-    if cfg.plugin.name in flagged:
-        return Line(OK, by_flag)
-    if cfg.plugin.name not in (data.get("authorization-plugins") or []):
-        # The Engine check above says whether dockerd uses the plugin; a plugin named
-        # nowhere dockerd reads at its next start is lost then.
-        return Line(
-            WARN,
-            f'{path}: "authorization-plugins" does not name {cfg.plugin.name}',
-            "run deploy/install.sh (it merges the entry and keeps a backup)",
-        )
-    return Line(OK, f"{path}: names the {cfg.plugin.name} authorization plugin")
-
-
-# Where dockerd finds plugins that are no managed plugins (moby pkg/plugins/discovery.go).
-SOCKET_DIRS = ("/run/docker/plugins",)
-SPEC_DIRS = ("/etc/docker/plugins", "/usr/lib/docker/plugins")
+    return Line(*authz_doctor.daemon_json(cfg))
 
 
 def check_managed_plugins(cfg: Config) -> Line:
-    """A managed plugin under a configured authorization plugin's name: dockerd consults
-    it, not a socket or spec file of that name, from its next reload (moby
-    plugin/store.go ``Get``), and a disabled one fails every call."""
-    engine = Engine(cfg.engine.socket, cfg.engine.timeout)
-    try:
-        info, listed = engine.info(), engine.plugins()
-    except EngineError as e:
-        return Line(WARN, f"managed plugins: not checked: {e}")
-    view = EngineView.from_info(info)
-    with contextlib.suppress(OSError, ValueError):
-        data = json.loads(Path(cfg.engine.daemon_json).read_text())
-        if isinstance(data, dict):  # the names dockerd takes at its next reload count too
-            view = view.with_pending(EngineView.from_daemon_json(data))
-    root = info.get("DockerRootDir") or "/var/lib/docker"
-    for name in view.authz_chain:
-        for p in plugins.resolves(name, listed):
-            what = f"managed plugin {p.get('Name')} (id {str(p.get('Id'))[:12]})"
-            fix = (
-                f"systemctl stop docker && rm -rf {root}/plugins/{p.get('Id')} && "
-                "systemctl start docker (gpu-alloc refuses removing it through the API)"
-            )
-            legacy = _legacy_plugin(name)
-            if legacy:
-                return Line(
-                    FAIL,
-                    f"{what} takes the authorization plugin name '{name}' from {legacy}: "
-                    "dockerd consults it instead from its next reload or restart",
-                    fix,
-                )
-            if not p.get("Enabled") or not plugins.is_authz(p):
-                return Line(
-                    FAIL,
-                    f"{what} is the authorization plugin '{name}' but is disabled or no "
-                    "authz plugin: dockerd fails every call from its next reload",
-                    f"docker plugin enable {p.get('Name')}, or {fix}",
-                )
-    names = ", ".join(view.authz_chain) or "none configured"
-    return Line(
-        OK, f"managed plugins: {len(listed)}, none under an authorization plugin's name ({names})"
-    )
-
-
-def _legacy_plugin(name: str) -> str:
-    """The socket or spec file dockerd would find ``name`` by, were no managed plugin so
-    named; empty when none."""
-    found = [os.path.join(d, f"{name}.sock") for d in SOCKET_DIRS]
-    found += [os.path.join(d, name, f"{name}.sock") for d in SOCKET_DIRS]
-    found += [os.path.join(d, f"{name}{ext}") for d in SPEC_DIRS for ext in (".spec", ".json")]
-    return next((f for f in found if os.path.exists(f)), "")
+    return Line(*authz_doctor.managed_plugins(cfg))
 
 
 def check_config_file(cfg: Config) -> Line:

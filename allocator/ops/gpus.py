@@ -26,6 +26,8 @@ def describe(g: dict[str, Any]) -> str:
         extra.append(g["container_state"])
     if g["idle"]:
         extra.append("idle")
+    elif g["holder"] and g.get("use") == "unknown":
+        extra.append("use unknown")  # never idle, never reclaimed
     return g["state"] + (f" ({', '.join(extra)})" if extra else "")
 
 

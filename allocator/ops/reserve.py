@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from allocator.core import numbers
 from allocator.core import reservations as rsv
 from allocator.core.events import parse_time
 from allocator.core.holders import ago
@@ -30,7 +31,7 @@ Add = Callable[[str, str], argparse.ArgumentParser]
 def register(add: Add) -> None:
     """The commands, on the CLI's subparsers (``add(name, help)``)."""
     r = add("reserve", "keep GPUs for a user or group over a window (root)")
-    r.add_argument("--gpus", type=int, metavar="N", help="how many GPUs (picked now)")
+    r.add_argument("--gpus", type=_count, metavar="N", help="how many GPUs (picked now)")
     r.add_argument("--pool", help="the pool to pick --gpus N in")
     r.add_argument("--gpu", nargs="+", default=[], metavar="I", help="GPUs by index or UUID")
     r.add_argument("--for", dest="holder", metavar="USER|@GROUP", help="who may use them")
@@ -43,6 +44,14 @@ def register(add: Add) -> None:
     s = add("reservations", "list the reservations not over yet")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_reservations)
+
+
+def _count(text: str) -> int:
+    """``--gpus N`` through the one number reader: argparse says its error, exit 2."""
+    try:
+        return int(numbers.read(text, numbers.COUNT))
+    except numbers.BadNumber as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _fail(text: str, code: int = EXIT_FAIL) -> int:

@@ -42,6 +42,12 @@ def render_table(snap: dict[str, Any]) -> str:
     )
     if busy:
         lines.append(f"busy with host processes: GPU {','.join(busy)}")
+    unread = [str(g["index"]) for g in snap["gpus"] if g["holder"] and g.get("use") == "unknown"]
+    if unread:
+        lines.append(
+            f"use unknown (no utilisation reading), never marked idle nor reclaimed: "
+            f"GPU {','.join(unread)}"
+        )
     swarm = [str(g["index"]) for g in snap["gpus"] if g.get("swarm")]
     if swarm:
         lines.append(

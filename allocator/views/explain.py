@@ -15,7 +15,7 @@ from typing import Any
 
 from allocator import shares
 from allocator.core import labels as gpu_labels
-from allocator.core import reservations, sharing, timelimits
+from allocator.core import numbers, reservations, sharing, timelimits
 from allocator.core import verdicts as decide
 from allocator.core.holders import ago
 from allocator.core.placement import Shortage
@@ -35,8 +35,9 @@ def device_request(gpus: str) -> dict[str, Any]:
     """``--gpus`` as the docker CLI reads it: ``all``, ``N``, or CSV ``device=…,count=…``."""
     if gpus == "all":
         return {"Driver": "", "Count": -1, "Capabilities": [["gpu"]]}
-    if _number(gpus):
-        return {"Driver": "", "Count": int(gpus), "Capabilities": [["gpu"]]}
+    count = numbers.maybe(gpus, numbers.COUNT)
+    if count is not None:
+        return {"Driver": "", "Count": count, "Capabilities": [["gpu"]]}
     req: dict[str, Any] = {"Driver": "", "Count": 0, "Capabilities": [["gpu"]]}
     try:
         fields = next(csv.reader([gpus]), [])
@@ -60,14 +61,10 @@ def device_request(gpus: str) -> dict[str, Any]:
 
 
 def _int(value: str, gpus: str) -> int:
-    if not _number(value):
-        raise BadRequest(f"--gpus {gpus!r}: count must be a number or 'all'")
-    return int(value)
-
-
-def _number(text: str) -> bool:
-    """Digits as the docker CLI takes them: ASCII, and few (no GPU count has 19)."""
-    return text.isascii() and text.isdigit() and len(text) <= 18
+    try:
+        return int(numbers.read(value, numbers.COUNT))
+    except numbers.BadNumber as e:
+        raise BadRequest(f"--gpus {gpus!r}: count: {e}, or 'all'") from None
 
 
 def owner(name: str | None) -> Owner:
@@ -120,6 +117,9 @@ def explain(
     want = wanted(given)
     if isinstance(want, Invalid):
         return base | _answer(INVALID, want.msg)
+    resources = gpu_labels.resources(given)  # refused as the shim refuses them
+    if isinstance(resources, str):
+        return base | _answer(INVALID, f"gpu-alloc refused the container create: {resources}")
     ask = decide.shim_ask(spec, alloc.gather.facts())
     if isinstance(ask, decide.Deny):
         return base | _answer(INVALID, ask.msg)

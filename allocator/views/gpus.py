@@ -15,12 +15,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from allocator.core import compose, labels, policy
+from allocator.core import compose, labels, policy, timelimits
 from allocator.core.gpu_states import Activity, GpuState, states
 from allocator.core.health import Health
 from allocator.core.inventory import Inventory, InventoryError
-from allocator.core.leases import Lease, State
-from allocator.core.usage import Usage
+from allocator.core.leases import Lease, State, StateError
+from allocator.core.usage import Usage, known
 from allocator.host import ledger, usage
 from allocator.host.engine import EngineError
 from allocator.service import Allocator
@@ -56,7 +56,10 @@ class LiveView:
             use = {}
         idle_after = self.alloc.config.policy.idle_after
         active = frozenset(u for u, x in use.items() if x.active)
-        seen = self.activity.observe(set(active), now, min(60.0, idle_after / 4))
+        try:
+            seen = self.activity.observe(set(active), now, min(60.0, idle_after / 4))
+        except StateError:  # its lock not free in time: shown from the marks as they are
+            seen = self.activity.read()
         holders = state.holders(inventory.uuids)
         listed = self._containers(sorted({h.container for h in holders.values() if h.container}))
         health = Health() if self.alloc.config.health.disabled else self.alloc.health.read()
@@ -64,7 +67,7 @@ class LiveView:
             (*inventory.gpus, *inventory.migs),
             holders,
             health,
-            Activity(now, idle_after, active, seen),
+            Activity(now, idle_after, active, seen, known(use)),
             {cid: str(c.get("State") or "") for cid, c in listed.items()},
         )
         return Reading(now, inventory, state, found, use, listed)
@@ -104,8 +107,11 @@ class LiveView:
             "container_state": s.container_state,
             **self._who(holder.container if holder else None, lease, holder.name if holder else ""),
             "lease_age_s": None if lease is None else max(0.0, got.now - lease.created),
+            # policy.time_limit: what is left of the lease's (None: no limit)
+            "time_left_s": None if lease is None else timelimits.left(lease, got.now),
             "idle": s.idle_since is not None,
             "idle_since": s.idle_since,
+            "use": s.use,  # active, unused or unknown: never idle on unknown use
             "pools": [n for n, idx in pools.items() if g is not None and g.index in idx],
             "processes": [self._process(p, got.ledger) for p in u.processes],
         }

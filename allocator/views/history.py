@@ -9,25 +9,22 @@ or an RFC 3339 time.
 
 from __future__ import annotations
 
-import re
+import contextlib
 from typing import Any
 
+from allocator.core import numbers
 from allocator.core.events import parse_time
 from allocator.core.uses import uses
 
 __all__ = ["select", "since_epoch", "uses"]
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
-
 
 def since_epoch(text: str, now: float, flag: str = "--since") -> float:
     """A duration back from ``now``, or an RFC 3339 time, as epoch seconds."""
-    m = _DURATION.match(text.strip())
-    if m:
-        return now - float(m[1]) * _UNITS[m[2]]
+    with contextlib.suppress(numbers.BadNumber):
+        return max(0.0, now - numbers.read(text, numbers.SPAN))  # before 1970: all of it
     try:
-        return parse_time(text)
+        return numbers.instant(parse_time(text), text)
     except ValueError:
         raise ValueError(
             f"{flag} {text!r}: expected a duration such as 7d, 12h or 30m, "
@@ -41,7 +38,7 @@ def select(
     def on_gpu(r: dict[str, Any]) -> bool:
         if gpu is None:
             return True
-        if gpu.isdigit():
+        if gpu.isascii() and gpu.isdigit():
             return int(gpu) in (r.get("indices") or ())
         return any(str(u).startswith(gpu) for u in r.get("gpus") or ())
 

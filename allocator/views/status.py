@@ -14,6 +14,7 @@ from allocator.core.gpu_states import GpuState
 from allocator.core.health import GpuHealth
 from allocator.core.inventory import GPU
 from allocator.core.leases import Lease
+from allocator.core.usage import ACTIVE, UNKNOWN, UNUSED
 from allocator.service import Allocator
 from allocator.views import shares as shared_view
 from allocator.views.gpus import LiveView
@@ -61,6 +62,7 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
                 "lease": h.lease,
                 "why": h.why,
                 "idle": False,
+                "use": UNUSED,  # the lease's: unknown if any GPU's is, else active if any is
                 # policy.time_limit: the lease's limit and what is left of it (None: none)
                 "time_limit_s": lease.time_limit if lease else None,
                 "time_left_s": None if lease is None else _left(lease, now),
@@ -68,6 +70,7 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
         )
         entry["uuids"].append(uuid)
         entry["idle"] = entry["idle"] or read[uuid].idle_since is not None
+        entry["use"] = max(entry["use"], read[uuid].use, key=(UNUSED, ACTIVE, UNKNOWN).index)
         if uuid in index:
             entry["gpus"].append(index[uuid])
         elif uuid in slice_of:
@@ -94,6 +97,7 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
             "container_state": s.container_state,
             "holder": holder,
             "idle_since": s.idle_since,
+            "use": s.use,
             **_health(s.health),
         }
 

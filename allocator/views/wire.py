@@ -12,8 +12,13 @@ import json
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+from allocator.core import numbers
 from allocator.core.leases import StateError
 from allocator.host import unixhttp
+
+EPOCH = numbers.Kind(
+    "a time in seconds since 1970, such as 1767225600", fraction=True, high=253402300799
+)
 
 STATUS_PATH = "/gpu-alloc/v1/status"
 QUEUE_PATH = "/gpu-alloc/v1/queue"  # the creates waiting in the shim's memory
@@ -71,10 +76,17 @@ def report_request(target: str) -> tuple[float, float | None, str]:
     query = parse_qs(urlsplit(target).query)
     until = query.get("until")
     return (
-        float((query.get("since") or [""])[0]),
-        float(until[0]) if until else None,
+        _epoch("--since", (query.get("since") or [""])[0]),
+        _epoch("--until", until[0]) if until else None,
         (query.get("by") or ["user"])[0],
     )
+
+
+def _epoch(flag: str, text: str) -> float:
+    try:
+        return float(numbers.read(text, EPOCH))
+    except numbers.BadNumber as e:
+        raise ValueError(f"{flag} {e}") from None
 
 
 def report(socket_path: str, since: float, until: float | None, by: str) -> dict[str, Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -90,8 +92,10 @@ def test_a_dead_shim_and_a_wrong_plugin_name_are_failures(stack, tmp_path):
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 1
     assert "shim at" in out.stdout and "not answering" in out.stdout
-    # The test dockerd names its plugin with a flag: daemon.json would stop it starting.
-    assert "add --authorization-plugin=not-gpu-alloc beside the other" in out.stdout
+    # dockerd reaches the plugin by its spec file under another name: naming
+    # not-gpu-alloc to dockerd (flag or daemon.json) would stop it starting.
+    assert f"set plugin.name: {stack.plugin_name} in {cfg}" in out.stdout
+    assert "--authorization-plugin=not-gpu-alloc" not in out.stdout
     assert 'add "authorization-plugins"' not in out.stdout
     assert "systemctl restart gpu-alloc-shim" in out.stdout
 
@@ -174,3 +178,117 @@ def test_daemon_json_naming_plugins_beside_the_flag_fails_before_dockerd_does(st
     assert out.returncode == 1
     assert f'[FAIL] {both}: "authorization-plugins" is set' in out.stdout
     assert "dockerd refuses to start with both" in out.stdout
+
+
+# ----------------------------------------------- each piece of advice, followed on a dockerd
+
+
+def run_doctor(cfg) -> subprocess.CompletedProcess:
+    return subprocess.run([*engine.gpu_alloc_command(), "--config", str(cfg), "doctor"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def authz_lines(out: subprocess.CompletedProcess) -> str:
+    """doctor's Engine and daemon.json lines, with their fixes."""
+    keep, lines = False, []
+    for line in out.stdout.splitlines():
+        if line.startswith("["):
+            keep = "authorization plugins" in line or "daemon.json" in line or "Engine" in line
+        if keep:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def test_a_plugin_reached_under_another_name_is_told_to_set_plugin_name_and_that_works(
+    stack, tmp_path
+):
+    import yaml
+
+    data = yaml.safe_load(stack.config_path.read_text())
+    data["plugin"]["name"] = "gpu-alloc"  # the default; dockerd knows it by its spec file
+    cfg = tmp_path / "renamed.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    said = authz_lines(run_doctor(cfg))
+    assert f"fix: set plugin.name: {stack.plugin_name} in {cfg}" in said, said
+    assert "--authorization-plugin=gpu-alloc" not in said and "install.sh" not in said
+    data["plugin"]["name"] = stack.plugin_name  # the advice, followed
+    cfg.write_text(yaml.safe_dump(data))
+    after = authz_lines(run_doctor(cfg))
+    assert "[FAIL]" not in after and "[warn]" not in after, after
+    assert engine.ping(stack.engine_sock)  # dockerd, untouched, still runs
+
+
+class OwnDockerd(engine.Dockerd):
+    """A dockerd that also sees the stack's plugin socket (a root Engine's dockerd sees
+    only the directories bound into its root), so the advice's plugin name resolves."""
+
+    def __init__(self, *args, also: str, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.also = Path(also).parent.resolve()
+
+    def _binds(self) -> list[Path]:
+        found = super()._binds()
+        inside = any(self.also == d or d in self.also.parents for d in found)
+        return found if inside else [*found, self.also]
+
+
+def own_dockerd(stack, tmp_path, **kw) -> tuple[engine.Dockerd, object]:
+    """A dockerd of its own (no shim), and a config of the stack's plugin pointing at it."""
+    import yaml
+
+    d = OwnDockerd(tempfile.mkdtemp(prefix="ga-", dir="/tmp"), also=stack.plugin_sock, **kw)
+    d.start()
+    data = yaml.safe_load(stack.config_path.read_text())
+    data["engine"].update(socket=d.sock, daemon_json=str(d.dir / "daemon.json"))
+    cfg = tmp_path / "own.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    return d, cfg
+
+
+def restarted(d: OwnDockerd, **kw) -> engine.Dockerd:
+    d.stop(remove=False)
+    return OwnDockerd(d.dir, also=str(d.also / "x"), **kw).start()  # raises if it does not start
+
+
+def test_advice_for_a_dockerd_naming_no_plugins_is_daemon_json_and_dockerd_then_starts(
+    stack, tmp_path
+):
+    d, cfg = own_dockerd(stack, tmp_path)
+    try:
+        said = authz_lines(run_doctor(cfg))
+        assert f'add "authorization-plugins": ["{stack.plugin_name}"]' in said, said
+        assert "--authorization-plugin" not in said
+        (d.dir / "daemon.json").write_text(
+            json.dumps({"authorization-plugins": [stack.plugin_name]})
+        )
+        d = restarted(d)
+        after = authz_lines(run_doctor(cfg))
+        assert "[FAIL]" not in after and "[warn]" not in after, after
+    finally:
+        d.stop()
+
+
+def test_advice_for_a_dockerd_naming_plugins_by_flag_is_a_flag_and_dockerd_then_starts(
+    stack, tmp_path
+):
+    """dockerd names another plugin (gpu-alloc's, through a proxy socket it cannot tell
+    is ours) by flag: the advice is a flag, never daemon.json, which would name plugins
+    twice and stop dockerd starting."""
+    from tests.support.faults import PluginProxy
+
+    proxy = PluginProxy(str(tmp_path / "proxy.sock"), stack.plugin_sock)
+    other = f"ga-proxy-{os.getpid()}"
+    d, cfg = own_dockerd(stack, tmp_path, authz_plugin_socket=proxy.server_address,
+                         plugin_name=other)  # fmt: skip
+    try:
+        said = authz_lines(run_doctor(cfg))
+        assert f"--authorization-plugin={stack.plugin_name}" in said, said
+        assert 'add "authorization-plugins"' not in said and "install.sh" not in said
+        flag = f"--authorization-plugin={stack.plugin_name}"
+        d = restarted(d, authz_plugin_socket=proxy.server_address, plugin_name=other,
+                      extra_args=[flag])  # fmt: skip
+        after = authz_lines(run_doctor(cfg))
+        assert "[FAIL]" not in after and "[warn]" not in after, after
+    finally:
+        d.stop()
+        proxy.close()

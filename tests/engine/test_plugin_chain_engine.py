@@ -22,7 +22,7 @@ import tarfile
 import pytest
 
 from allocator.host import config
-from allocator.ops import doctor
+from allocator.ops import authz_doctor, doctor
 from tests.support import engine
 from tests.support.plugin_registry import PluginRegistry
 
@@ -283,7 +283,7 @@ def test_volume_plugins_are_managed_as_before(stack):
 
 def test_doctor_names_a_managed_plugin_that_takes_a_spec_files_name(stack, tmp_path, monkeypatch):
     (tmp_path / f"{OWN}.spec").write_text("unix:///run/gpu-alloc/plugin.sock\n")
-    monkeypatch.setattr(doctor, "SPEC_DIRS", (str(tmp_path),))
+    monkeypatch.setattr(authz_doctor, "SPEC_DIRS", (str(tmp_path),))
     line = doctor.check_managed_plugins(config.load(str(stack.config_path)))
     pid = plugin_id(stack, OWN)
     assert line.status == doctor.FAIL

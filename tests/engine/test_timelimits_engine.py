@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.support import engine
-from tests.support.faults import IMAGE, shim, status, visible_devices
+from tests.support.faults import IMAGE, gpu_alloc, shim, status, visible_devices
 
 POLICY = {
     "exempt": [],
@@ -123,6 +123,35 @@ def test_a_container_past_its_time_limit_is_stopped_may_not_start_and_loses_its_
     assert shim(stack, "rm", "timed").returncode == 0
 
 
+def test_the_clock_starts_at_the_first_start_even_after_a_restart_before_the_first_look(stack):
+    """The timekeeper looks every few seconds; a restart in between moves StartedAt, not
+    the clock: dockerd's own start events say when the container first ran."""
+    cid = run(stack, "restarted", "io.gpu-alloc.time=30m")
+    api = engine.engine_api(stack.engine_sock)
+    first = engine_time(api.inspect_container(cid)["State"]["StartedAt"])
+    api.restart(cid, timeout=0)
+    assert engine_time(api.inspect_container(cid)["State"]["StartedAt"]) > first
+    deadline = time.monotonic() + 30
+    while (started := lease_of(stack, cid).get("started")) is None:
+        assert time.monotonic() < deadline, stack.logs()
+        time.sleep(0.5)
+    assert started == pytest.approx(first, abs=0.01)
+    assert shim(stack, "rm", "-f", "restarted").returncode == 0
+
+
+def engine_time(text: str) -> float:
+    from allocator.host.engine import go_time
+
+    stamp = go_time(text)
+    assert stamp is not None, text
+    return stamp
+
+
+def lease_of(stack: engine.Stack, cid: str) -> dict[str, Any]:
+    [lease] = [le for le in status(stack, reconcile=False)["leases"] if le["container"] == cid]
+    return lease
+
+
 def test_a_container_ignoring_its_stop_signal_is_killed_within_30_s_whatever_its_stop_timeout(
     stack,
 ):
@@ -166,6 +195,27 @@ def test_a_container_whose_gpus_sit_unused_is_stopped_and_keeps_its_lease(stack)
     holders = [h for h in status(stack, reconcile=False)["holders"] if h["container"] == cid]
     assert holders  # stopped, its GPU still leased until release_stopped_after
     assert shim(stack, "rm", "sleepy").returncode == 0
+
+
+def test_a_gpu_whose_use_cannot_be_read_is_shown_unknown_and_never_reclaimed(stack):
+    """30 GB used and 250 W, but no utilisation figure (as NVML on some boards): not idle."""
+    cid = run(stack, "unread")
+    uuid = visible_devices(stack, cid)
+    set_usage(stack, {"memory_used_mib": 30000, "power_w": 250}, only=uuid)
+    assert stopped_within(stack, cid, 8) is None, stack.logs()  # reclaim_idle_after is 2 s
+    assert all(e["container"] != cid for e in audited(stack, "idle-reclaim"))
+    snap = status(stack)
+    [gpu] = [g for g in snap["gpus"] if g["uuid"] == uuid]
+    assert (gpu["use"], gpu["idle_since"]) == ("unknown", None)
+    [holder] = [h for h in snap["holders"] if h["container"] == cid]
+    assert (holder["use"], holder["idle"]) == ("unknown", False)
+    table = gpu_alloc(stack, "status")
+    assert "use unknown" in table.stdout and "(idle)" not in table.stdout
+    rows = json.loads(gpu_alloc(stack, "gpus", "--json").stdout)["gpus"]
+    [row] = [r for r in rows if r["uuid"] == uuid]
+    assert (row["use"], row["idle"]) == ("unknown", False)
+    assert "use unknown" in gpu_alloc(stack, "gpus").stdout
+    assert shim(stack, "rm", "-f", "unread").returncode == 0
 
 
 def test_a_busy_container_and_an_exempt_owners_idle_one_keep_running(stack):

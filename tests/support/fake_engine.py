@@ -36,6 +36,7 @@ class FakeEngine:
         self.opened: list[tuple[dict, int | None]] = []
         self.opened_at: list[float] = []
         self.feed: queue.Queue[dict | None] = queue.Queue()
+        self.starts: dict[str, list[float]] = {}  # container -> its start events' times
         self.during_image: Callable[[], None] = lambda: None
         # A swarm manager's services, as GET /services lists them, and its nodes.
         self.services_by_id: dict[str, dict[str, Any]] = {}
@@ -178,6 +179,10 @@ class FakeEngine:
         self._call("image")
         self.during_image()
         return self.images.get(name)
+
+    def first_start(self, container: str, since: float) -> float | None:
+        self._call("events")
+        return min((t for t in self.starts.get(container, ()) if t >= since), default=None)
 
     def events(self, filters: dict, since: int | None = None) -> Iterator[dict]:
         """The stream the test feeds: each event counts as handled once the next is asked."""

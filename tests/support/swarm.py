@@ -141,7 +141,7 @@ class SwarmDockerd(Dockerd):
         daemon: dict[str, object] = {"runtimes": {"nvidia": {"path": str(runtime)}}}
         if resources:
             daemon["node-generic-resources"] = [
-                f"{KIND}={u}" for u in self.lab.swarm_gpus(self.index)
+                f"{self.lab.kind}={u}" for u in self.lab.swarm_gpus(self.index)
             ]
             daemon["default-runtime"] = "nvidia"
         (self.dir / "daemon.json").write_text(json.dumps(daemon) + "\n")
@@ -210,7 +210,8 @@ class SwarmStack(Stack):
             for k in range(lab.gpus_per_node + lab.local_gpus)
         ]  # fmt: skip
         directory = lab.dir / f"s{index}"
-        swarm = {"gpus": lab.swarm_gpus(index), "toolkit_config": str(directory / "config.toml")}
+        swarm = {"gpus": lab.swarm_gpus(index), "toolkit_config": str(directory / "config.toml"),
+                 "kind": lab.kind}  # fmt: skip
         super().__init__(directory, sim=sim, extra={"swarm": swarm}, policy=lab.policy)
         self.lab = lab
         self.index = index
@@ -234,9 +235,9 @@ class SwarmLab:
     """`nodes` swarm nodes (node 1 the manager), `gpus_per_node` fake GPUs each for swarm.
 
     ``gpu_alloc``: each node runs gpu-alloc's plugin and shim (`stacks`) with ``swarm.gpus``
-    those GPUs, and `local_gpus` more that swarm does not get, and `policy` (extra keys of
-    the config's ``policy:``); clients' socket is `shim(i)`, and `sock(i)` dockerd's own
-    (behind the plugin).
+    those GPUs (of ``kind``: ``swarm.kind``), and `local_gpus` more that swarm does not
+    get, and `policy` (extra keys of the config's ``policy:``); clients' socket is
+    `shim(i)`, and `sock(i)` dockerd's own (behind the plugin).
     """
 
     def __init__(
@@ -246,8 +247,10 @@ class SwarmLab:
         gpu_alloc: bool = False,
         local_gpus: int = 0,
         policy: Mapping[str, Any] | None = None,
+        kind: str = KIND,
     ) -> None:
         self.count = nodes
+        self.kind = kind  # the generic-resource kind of its GPUs (swarm.kind)
         self.gpus_per_node = gpus_per_node
         self.local_gpus = local_gpus  # with gpu_alloc: GPUs of each node not given to swarm
         self.gpu_alloc = gpu_alloc

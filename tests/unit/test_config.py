@@ -178,6 +178,16 @@ REFUSED = {
         "policy.pending_ttl",
         "longer than shim.create_timeout (600s)",
     ),
+    "a metrics port in another script's digits": (
+        "metrics: {listen: '127.0.0.1:²'}",
+        "metrics.listen",
+        "expected host:port",
+    ),
+    "a half-life of a thousand centuries": (
+        "policy: {fair_share: {half_life: 99999999d}}",
+        "policy.fair_share.half_life",
+        "out of range",
+    ),
     "malformed fair-share half-life": (
         "policy: {fair_share: {half_life: a week}}",
         "policy.fair_share.half_life",

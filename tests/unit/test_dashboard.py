@@ -213,3 +213,38 @@ def test_a_shared_gpu_lists_its_shares_on_its_tile(world) -> None:
         server.server_close()
     assert "shared: 2 shares" in dom
     assert "1/4 al / nb-al" in dom and "1/4 bo / nb-bo" in dom
+
+
+def test_short_holds_utc_dates_minutes_reservations_and_time_left_are_all_on_the_page(
+    world,
+) -> None:
+    """A hold of seconds is still a visible bar at the now-line; the axis says the date and
+    UTC; GPU-hours below an hour are minutes; a free GPU reserved ahead says so, and a
+    time-limited lease says what is left."""
+    from dataclasses import replace
+
+    alloc, _ = world
+    made = write_history(alloc)  # GPU 2 reserved for dave from in an hour
+    now = time.time()
+    with alloc.ledger.transaction() as state:  # alice's lease (GPU 0, just granted): 1 h limit
+        [lid] = list(state.leases)
+        state.leases[lid] = replace(state.leases[lid], time_limit=3600.0, started=now - 600)
+    port = free_port()
+    server = metrics_server.serve(f"127.0.0.1:{port}", gpus.LiveView(alloc))
+    try:
+        dom = chromium("--dump-dom", f"http://127.0.0.1:{port}/")
+        week = chromium("--dump-dom", f"http://127.0.0.1:{port}/#7d")
+    finally:
+        server.shutdown()
+        server.server_close()
+    for page in (dom, week):
+        widths = re.findall(rf'<g class="row" data-uuid="{UUIDS[0]}">.*?class="hold"[^>]*'
+                            r'width="([\d.]+)"', page)  # fmt: skip
+        assert widths and float(widths[0]) >= 6, widths  # the hold of seconds, at any zoom
+        assert '<text class="axiszone" x="4" y="11">UTC</text>' in page
+        months = re.findall(r'<text class="axis"[^>]*>(\d+ [A-Z][a-z]{2})', page)
+        assert months, "no date on the axis"
+    assert re.search(r"<td>.*unknown</td><td>(&lt;1|\d+) min</td>", dom), "minutes below 1 h"
+    assert "reserved from " in dom and "UTC" in dom and f"for {made.holder}" in dom
+    assert re.search(r'<span class="leftmark">(49|50)m left</span>', dom)
+    assert re.search(r"updated \d\d:\d\d:\d\d UTC", dom)

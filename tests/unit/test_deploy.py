@@ -17,6 +17,7 @@ import re
 import shutil
 import stat
 import subprocess
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -530,6 +531,25 @@ def test_example_config_is_exactly_the_defaults_but_turns_metrics_on() -> None:
     parsed = allocator_config.parse(Path(path).read_text(), path)
     metrics = allocator_config.MetricsConfig(listen="127.0.0.1:9403")
     assert parsed == allocator_config.Config(source=path, metrics=metrics)
+
+
+def test_example_config_says_nvidia_as_default_runtime_is_refused_except_on_a_swarm_node(
+    tmp_path: Path,
+) -> None:
+    """What the example says is what the plugin does: nvidia as dockerd's default runtime is
+    refused, unless swarm.gpus gives GPUs to swarm (whose setup makes it the default)."""
+    from allocator.ops import cli
+
+    text = (DEPLOY / "config.example.yaml").read_text()
+    said = text[text.index('reads "default-runtime"') :].split("daemon_json:")[0]
+    assert "refuses to run if it is an nvidia runtime" in said and "unless swarm.gpus" in said
+    daemon = tmp_path / "daemon.json"
+    daemon.write_text('{"default-runtime": "nvidia", "runtimes": {"nvidia": {"path": "x"}}}')
+    plain = allocator_config.Config(engine=allocator_config.EngineConfig(daemon_json=str(daemon)))
+    with pytest.raises(cli.StartupError):
+        cli.check_default_runtime(plain)
+    swarm = replace(plain, swarm=replace(plain.swarm, gpus=("GPU-1",)))
+    cli.check_default_runtime(swarm)  # the swarm setup's own default runtime: allowed
 
 
 # moby api/types/plugin: Config (json tags) and the `required:` lists in api/swagger.yaml.

@@ -79,3 +79,29 @@ def test_a_verdict_that_reads_no_fact_reads_none(
         decide.reads_facts(route),
     )
     assert got == decide.StartCheck("job")
+
+
+@pytest.mark.parametrize("kind", ["gpu", "nvidia_gpu"])
+def test_a_service_is_judged_on_the_facts_read_like_any_other_fact(tmp_path: Path, kind) -> None:
+    """swarm.kind is a fact as the Engine's view is: a service spec pinned for the
+    configured kind passes, whatever the kind (it was judged on unread facts, kind gpu)."""
+    from allocator.core import services
+
+    cfg = {"state_dir": str(tmp_path / "state"),
+           "gpus": str(sim.write_sim_gpus(tmp_path / "gpus.yaml", 2)),
+           "engine": {"socket": str(tmp_path / "none.sock")},
+           "swarm": {"kind": kind}}  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    alloc = Allocator(configmod.load(str(tmp_path / "config.yaml")), FakeEngine())  # type: ignore[arg-type]
+    task = {"ContainerSpec": {"Image": "busybox"},
+            "Resources": {"Reservations": {"GenericResources": [
+                {"DiscreteResourceSpec": {"Kind": kind, "Value": 1}}]}}}  # fmt: skip
+    spec = services.pin({"Name": "train", "TaskTemplate": task}, kind)
+    uri = "/v1.41/services/create"
+    route = decide.route_of("POST", uri)
+    assert not isinstance(route, decide.Deny) and decide.reads_facts(route)
+    got = alloc.gather.decide(
+        lambda facts: decide.authz_request(route, "POST", uri, json.dumps(spec).encode(), facts),
+        decide.reads_facts(route),
+    )
+    assert got == decide.ALLOW, got

@@ -32,12 +32,13 @@ def read(
     sick: dict[str, GpuHealth] | None = None,
     active: frozenset[str] = frozenset(),
     containers: dict[str, str] | None = None,
+    unread: frozenset[str] = frozenset(),
 ) -> dict[str, GpuState]:
     got = states(
         gpus,
         holders or {},
         Health(sick or {}),
-        Activity(NOW, IDLE_AFTER, active, {}),
+        Activity(NOW, IDLE_AFTER, active, {}, frozenset(U) - unread),
         containers,
     )
     return {s.uuid: s for s in got}
@@ -105,6 +106,14 @@ def test_a_lease_unused_for_idle_after_is_idle_and_use_clears_it() -> None:
     assert read([GPU(U[0], 0)], holders, active=frozenset({U[0]}))[U[0]].idle_since is None
     fresh = Holder(CID, "x", "leased by gpu-alloc", "l3", "bound", "a", since=NOW - 10)
     assert read([GPU(U[0], 0)], {U[0]: fresh})[U[0]].idle_since is None
+
+
+def test_a_leased_gpu_whose_use_was_not_read_is_unknown_never_idle() -> None:
+    got = read([GPU(U[0], 0), GPU(U[1], 1)], {U[0]: LEASE, U[1]: LEASE}, unread=frozenset(U[:1]))
+    assert (got[U[0]].use, got[U[0]].idle_since) == ("unknown", None)
+    assert (got[U[1]].use, got[U[1]].idle_since) == ("unused", LEASE.since)
+    busy = read([GPU(U[0], 0)], {U[0]: LEASE}, active=frozenset(U[:1]), unread=frozenset(U[:1]))
+    assert busy[U[0]].use == "active"  # a process seen is use, whatever else is unread
 
 
 def test_an_adopted_claim_holds_but_is_never_marked_idle() -> None:

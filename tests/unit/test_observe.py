@@ -56,7 +56,7 @@ def write_gpus(path: Path, use: dict[int, dict[str, Any]]) -> None:
 @pytest.fixture
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Allocator, Path]:
     gpus_file = tmp_path / "gpus.yaml"
-    write_gpus(gpus_file, {})
+    write_gpus(gpus_file, {i: {"utilization": 0.0} for i in range(len(UUIDS))})  # read, unused
     (tmp_path / "state").mkdir()
     config = Config(
         state_dir=str(tmp_path / "state"),
@@ -319,6 +319,27 @@ def test_numeric_gpu_series_are_labelled_by_gpu_only_and_the_holder_is_an_info_f
         server.server_close()
 
 
+def test_a_leased_gpu_without_a_utilisation_reading_is_unknown_in_every_view(
+    world: tuple[Allocator, Path],
+) -> None:
+    """Where NVML cannot read utilisation, a leased GPU is never shown idle."""
+    alloc, gpus_file = world
+    write_gpus(gpus_file, {0: {"memory_used_mib": 30000, "power_w": 250}})
+    later = time.time() + 7200  # far past policy.idle_after
+    [row, *_] = gpus.LiveView(alloc).snapshot(later)["gpus"]
+    assert (row["use"], row["idle"], row["idle_since"]) == ("unknown", False, None)
+    assert "use unknown" in gpus_table.describe(row)
+    port, server = serving(alloc)
+    try:
+        idle = families(port)["gpu_alloc_gpu_idle"].samples
+        assert [s for s in idle if s.labels["uuid"] == UUIDS[0]] == []  # no sample, not 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    text = status_table.render_table(status.snapshot(alloc))
+    assert "(idle)" not in text and "use unknown" in text and "GPU 0" in text
+
+
 def mark_unhealthy(alloc: Allocator, uuid: str) -> None:
     """What the watcher does on a critical Xid."""
     with alloc.health.transaction() as box:
@@ -388,3 +409,34 @@ def test_a_metrics_port_in_use_is_a_config_error_naming_the_key(world) -> None:
     assert f"metrics.listen {listen}: cannot listen there" in str(refused.value)
     assert "set metrics.listen to a free host:port" in str(refused.value)
     assert "Errno" not in str(refused.value)
+
+
+def test_activity_marks_from_threads_at_once_are_all_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timekeeper and the views mark activity.json from threads of their own: each
+    read-modify-write holds the store's lock, so no mark is lost to another's write."""
+    import threading
+
+    from allocator.host import store
+
+    real_replace = store.replace
+
+    def slow_replace(path: Path, data: bytes, **kw: Any) -> None:
+        time.sleep(0.05)  # widen the window between the read and the write
+        real_replace(path, data, **kw)
+
+    monkeypatch.setattr(store, "replace", slow_replace)
+    keepers = [usage.Activity(str(tmp_path)) for _ in range(4)]
+    go = threading.Barrier(len(keepers))
+
+    def mark(i: int) -> None:
+        go.wait()
+        keepers[i].observe({f"GPU-{i}"}, 1000.0 + i, 1.0)
+
+    threads = [threading.Thread(target=mark, args=(i,)) for i in range(len(keepers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert usage.Activity(str(tmp_path)).read() == {f"GPU-{i}": 1000.0 + i for i in range(4)}

@@ -175,3 +175,13 @@ def test_an_interval_names_its_container_by_name_or_short_id() -> None:
         events.record("grant", HOUR, gpus=[B], lease="L2", owner="bob", container="e" * 64),
     ]
     assert [h.name for h in held(uses(trail))] == ["train", "e" * 12]
+
+
+def test_a_reservation_made_and_cancelled_makes_no_row_of_its_own() -> None:
+    """Rows are for owners with use, waits or refusals: a group's reservation, made and
+    cancelled, is no user row of zeros."""
+    trail_ = [*trail(), events.record("reserve", HOUR, gpus=[A], owner="@lab", reason="r"),
+              events.record("reserve-cancel", HOUR + 5, gpus=[A], owner="@lab", reason="c"),
+              events.record("health", HOUR, gpus=[A], reason="GPU unhealthy")]  # fmt: skip
+    got = {r["user"] for r in rows(uses(trail_), {}, Window(0, 6 * HOUR), "user", by_user)}
+    assert got == {"alice", "bob", "carol"}

@@ -26,6 +26,7 @@ def test_a_leased_create_gets_its_gpus_by_uuid_the_guard_env_and_the_lease_label
         "A=1",
         "NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b",
         "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+        "DOCKER_RESOURCE_GPU=void",
     ]
     assert out["Labels"] == {"team": "a", labels.PLACED: "", labels.LEASE: "l1"}
 
@@ -39,7 +40,7 @@ def test_a_cuda_device_order_the_user_set_is_kept() -> None:
 
 def test_a_create_without_gpus_gets_only_the_void_guard_and_no_gpu_alloc_label() -> None:
     out = rewrite(spec(), (), None)
-    assert out["Env"] == ["A=1", "NVIDIA_VISIBLE_DEVICES=void"]
+    assert out["Env"] == ["A=1", "NVIDIA_VISIBLE_DEVICES=void", "DOCKER_RESOURCE_GPU=void"]
     assert out["Labels"] == {"team": "a"}
     assert out["HostConfig"]["DeviceRequests"] == [ASKED]
 
@@ -55,3 +56,14 @@ def test_client_labels_under_the_prefix_are_dropped_and_others_kept() -> None:
     assert strip_labels(spec())["Labels"] == {"team": "a"}
     untouched = {"Labels": {"team": "a"}}
     assert strip_labels(untouched) is untouched
+
+
+def test_the_swarm_variable_is_pinned_void_unless_the_create_sets_it() -> None:
+    """The toolkit reads DOCKER_RESOURCE_<swarm.kind> before NVIDIA_VISIBLE_DEVICES: the
+    pin keeps an image's ENV of it from selecting GPUs, so such an image runs locally."""
+    out = rewrite(spec(), (), None, swarm_variable="DOCKER_RESOURCE_NVIDIA_GPU")
+    assert out["Env"][-1] == "DOCKER_RESOURCE_NVIDIA_GPU=void"
+    own = rewrite(spec(Env=["DOCKER_RESOURCE_GPU=void"]), GPUS, "l1")
+    assert [e for e in own["Env"] if e.startswith("DOCKER_RESOURCE_")] == [
+        "DOCKER_RESOURCE_GPU=void"
+    ]

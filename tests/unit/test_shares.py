@@ -10,6 +10,7 @@ import pytest
 from allocator import shares
 from allocator.core import events
 from allocator.host.audit import AuditLog
+from allocator.host.held import HeldRecord
 from allocator.ops.explain import render
 from allocator.ops.status import fair_share_line
 
@@ -18,7 +19,7 @@ HOUR = 3600.0
 
 
 def test_fair_share_off_reads_nothing(tmp_path: Path) -> None:
-    fair = shares.FairShare(AuditLog(str(tmp_path)))
+    fair = shares.FairShare(AuditLog(str(tmp_path)), HeldRecord(str(tmp_path)))
     assert fair.usage(None) is None
     assert shares.table(fair, None) is None
 
@@ -27,7 +28,7 @@ def test_usage_is_kept_then_refreshed_without_waiting_for_the_file(tmp_path: Pat
     now = time.time()
     audit = AuditLog(str(tmp_path))
     audit.write(events.record("grant", now - HOUR, gpus=[A], lease="L1", owner="alice"))
-    fair = shares.FairShare(AuditLog(str(tmp_path)))
+    fair = shares.FairShare(AuditLog(str(tmp_path)), HeldRecord(str(tmp_path)))
     first = fair.usage(HOUR, now)
     assert first is not None and first["alice"] == pytest.approx(HOUR / 2 / 0.6931, rel=1e-3)
     audit.write(events.record("release", now - HOUR / 2, gpus=[A], lease="L1", owner="alice"))
@@ -47,7 +48,8 @@ def test_the_table_lists_owners_least_use_first_with_their_share(tmp_path: Path)
     audit.write(events.record("grant", now - 3 * HOUR, gpus=[A], lease="L1", owner="alice"))
     audit.write(events.record("release", now - HOUR, gpus=[A], lease="L1", owner="alice"))
     audit.write(events.record("grant", now - HOUR, gpus=[A], lease="L2", owner="bob"))
-    got = shares.table(shares.FairShare(AuditLog(str(tmp_path))), 7 * 86400.0, now)
+    fair = shares.FairShare(AuditLog(str(tmp_path)), HeldRecord(str(tmp_path)))
+    got = shares.table(fair, 7 * 86400.0, now)
     assert got is not None and got["half_life_s"] == 7 * 86400.0
     assert [o["owner"] for o in got["owners"]] == ["bob", "alice"]
     assert sum(o["share"] for o in got["owners"]) == pytest.approx(1.0, abs=1e-3)
@@ -68,3 +70,30 @@ def test_status_and_explain_say_each_owners_share_least_first() -> None:
     answer = {"message": "would be granted now: GPU 0", "fair_share": fair}
     assert render(answer, as_json=False).splitlines() == ["would be granted now: GPU 0", line]
     assert render({"message": "m", "fair_share": None}, as_json=False) == "m"
+
+
+def test_a_flood_of_denials_rotating_the_audit_trail_leaves_fair_share_its_memory(
+    tmp_path: Path,
+) -> None:
+    """Fair share reads its own record of ended leases: the audit trail's size rotation
+    (here after a few hundred bytes) drops the grant and release, not alice's use."""
+    from allocator.core.ask import Ask
+    from allocator.core.policy import Owner
+    from allocator.host.config import Config
+    from allocator.placer import LeaseRequest
+    from allocator.service import Allocator
+    from tests.support import engine as sim
+
+    gpus = sim.write_sim_gpus(tmp_path / "gpus.yaml", 2)
+    (tmp_path / "state").mkdir()
+    alloc = Allocator(Config(state_dir=str(tmp_path / "state"), gpus=str(gpus)))
+    alloc.audit.max_bytes, alloc.audit.keep = 2000, 1
+    alice = Owner(1001, "alice", ("alice",))
+    got = alloc.book.lease(LeaseRequest(Ask((), 1, False, ("gpu",)), "train", alice))
+    assert isinstance(got, tuple)
+    alloc.recorder.ended(got[0], "container removed")
+    for _ in range(100):  # denials: one audit line each
+        alloc.audit.write(events.record("denial", time.time(), owner="mallory", reason="x" * 80))
+    assert not any(e.get("owner") == "alice" for e in alloc.audit.read())  # rotated away
+    usage = alloc.fair_share.usage(HOUR, time.time() + 60)
+    assert usage is not None and usage.get("alice", 0.0) > 0.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,22 @@ def test_the_clock_starts_at_the_engines_started_at_and_the_stop_comes_at_the_en
     assert "ran its time limit" in (alloc.restarts.start_refusal(cid) or "")
 
 
+def test_a_restart_before_the_first_look_does_not_move_the_clock(tmp_path):
+    """The clock starts at the first start, as the Engine's start events say it, even when
+    the container restarted (a later StartedAt) before the timekeeper first looked."""
+    alloc = make(tmp_path, POLICY)
+    lease_id, cid = running_job(alloc, Wanted(time=60))
+    fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
+    first = alloc.ledger.read().leases[lease_id].created + 1
+    fake.starts[cid] = [first, first + 8]  # started, restarted 8 s later
+    later = datetime.fromtimestamp(first + 8, UTC).isoformat().replace("+00:00", "Z")
+    fake.by_id[cid]["State"]["StartedAt"] = later
+    alloc.timekeeper.check(first + 9)
+    assert alloc.ledger.read().leases[lease_id].started == first
+    alloc.timekeeper.check(first + 60)
+    assert fake.stopped.wait(10)
+
+
 def test_without_limits_or_reclaim_the_timekeeper_asks_the_engine_nothing(tmp_path):
     alloc = make(tmp_path, {"exempt": []})
     running_job(alloc)
@@ -155,6 +172,20 @@ def test_an_idle_container_is_stopped_and_a_busy_one_is_not(tmp_path):
     running_job(busy)
     busy.timekeeper.check(time.time() + 60)
     assert busy.engine.stops == []  # type: ignore[union-attr]
+
+
+def test_a_gpu_with_memory_and_power_but_no_utilisation_figure_is_never_reclaimed(tmp_path):
+    unread = {"memory_used_mib": 30000, "power_w": 250}  # in use, by all appearances
+    alloc = make(tmp_path, {"exempt": [], "reclaim_idle_after": "2s"}, unread)
+    running_job(alloc)
+    alloc.timekeeper.check(time.time() + 3600)
+    time.sleep(0.2)  # a stop would run on a thread of its own
+    assert alloc.engine.stops == [] and audit_lines(alloc, "idle-reclaim") == []  # type: ignore[union-attr]
+
+
+def audit_lines(alloc: Allocator, event: str) -> list[dict[str, Any]]:
+    path = Path(alloc.config.state_dir, "audit.jsonl")
+    return audit(alloc, event) if path.exists() else []
 
 
 def test_status_shows_the_limit_and_the_time_left(tmp_path):

@@ -21,7 +21,7 @@ from allocator.core import labels, outcomes, policy
 from allocator.core.ask import Ask
 from allocator.core.leases import Phase
 from allocator.core.placement import Shortage
-from allocator.core.policy import Owner, Refusal, Wanted
+from allocator.core.policy import Invalid, Owner, Refusal, Wanted
 from allocator.core.queue import Waiter
 from allocator.host import config as configmod
 from allocator.ops import status
@@ -198,6 +198,17 @@ def test_a_waiter_at_its_limit_waits_without_blocking_others(tmp_path, fake) -> 
     limited, other = waiter(ALICE, 1), waiter(BOB, 2)
     granted = alloc.line.serve_waiters([limited, other])
     assert [w.id for w, _ in granted] == ["w2"]
+
+
+def test_a_waiter_is_served_only_through_the_time_limit_a_create_now_gets(tmp_path, fake) -> None:
+    """The line's grants go through the same checks as a create arriving now
+    (`Placer.scope`): a waiter asking more time than the policy gives is never granted."""
+    alloc = make(tmp_path, fake, time_limit={"default": "1h"})
+    long, short = waiter(ALICE, 1, time=7200.0), waiter(BOB, 2, time=600.0)
+    assert isinstance(alloc.book.lease(long.ask), Refusal | Invalid)  # as a create now
+    granted = alloc.line.serve_waiters([long, short])
+    assert [w.id for w, _ in granted] == ["w2"]
+    assert [le.owner for le in alloc.ledger.read().leases.values()] == ["bob"]
 
 
 def test_a_waiter_whose_pool_has_room_is_served_past_a_short_head(tmp_path, fake) -> None:
