@@ -15,11 +15,12 @@ import logging
 from typing import TYPE_CHECKING
 
 from shim.flow import Pause
-from shim.framing import MAX_HEAD, NO_BODY_STATUS, BadMessage
+from shim.framing import NO_BODY_STATUS, BadMessage
+from shim.headlimit import response_head_end
 from shim.states import Ev, Req, Resp
 
 if TYPE_CHECKING:
-    from shim.splice import Connection
+    from shim.ports import Client
     from shim.upstream import Upstream
 
 log = logging.getLogger(__name__)
@@ -30,15 +31,13 @@ HEAD, BODY, UNTIL_CLOSE, RAW, COLLECTING = (
 )  # fmt: skip
 RESPONSE_END, SENT = Ev.RESPONSE_END, Req.SENT
 
-_CRLF2 = b"\r\n\r\n"
-
 
 class Relay:
     """What a connection's upstream hears: answers framed and passed on, hijacks, EOFs."""
 
     __slots__ = ("conn",)
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Client) -> None:
         self.conn = conn
 
     def data(self, up: Upstream, data: bytes) -> None:
@@ -88,12 +87,9 @@ class Relay:
             if state is not HEAD:
                 raise BadMessage(f"the Engine sent {len(ubuf)} bytes nobody asked for")
             assert exchange is not None  # a spliced request went upstream
-            end = ubuf.find(_CRLF2)
-            if end < 0:
-                if len(ubuf) > MAX_HEAD:
-                    raise BadMessage("response header section too large")
+            end = response_head_end(ubuf)
+            if not end:
                 return
-            end += 4
             if not p.head(ubuf, end):
                 up.buf = ubuf[end:]
                 continue

@@ -43,7 +43,7 @@ from shim.upstream import Link
 
 if TYPE_CHECKING:
     from allocator.host.peers import Peer
-    from shim.server import Proxy
+    from shim.ports import Settings
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class Connection(asyncio.Protocol):
     run the interceptor.
     """
 
-    def __init__(self, proxy: Proxy) -> None:
+    def __init__(self, proxy: Settings) -> None:
         self.proxy = proxy
         self.ct: asyncio.Transport | None = None
         self.peer: Peer | None = None
@@ -71,8 +71,10 @@ class Connection(asyncio.Protocol):
         self.parser = Parser()
         self.req = Machine(REQUEST, Req.IDLE)
         self.flow = FlowControl()
-        self.link = Link(self)  # the Engine's side
         self.relay = Relay(self)  # the Engine's answers, back to the client
+        self.link = Link(  # the Engine's side
+            proxy.upstream_path, proxy.forward_timeout, self.flow, self.relay, self._gone
+        )
         self.intercepted = Interception(self)
         self.exchange: Exchange | None = None  # the spliced request being answered
         self.client_eof = False
@@ -80,6 +82,9 @@ class Connection(asyncio.Protocol):
 
     @property
     def closed(self) -> bool:
+        return self.req.state is CLOSED
+
+    def _gone(self) -> bool:
         return self.req.state is CLOSED
 
     # -- client transport callbacks
