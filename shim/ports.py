@@ -15,7 +15,7 @@ from allocator.host.peers import Peer
 from shim.flow import FlowControl
 from shim.framing import Interceptor
 from shim.parser import Parser
-from shim.states import Exchange, Machine, Req
+from shim.states import Conversation, Exchange, Machine, Req
 from shim.upstream import Link
 
 
@@ -45,7 +45,8 @@ class Client(Protocol):
     peer: Peer | None
     buf: bytes
     parser: Parser
-    req: Machine[Req]
+    talk: Conversation
+    req: Machine[Req]  # talk.req
     flow: FlowControl
     link: Link
     exchange: Exchange | None

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from shim.flow import Pause
 from shim.framing import NO_BODY_STATUS, BadMessage
 from shim.headlimit import response_head_end
-from shim.states import Ev, Req, Resp
+from shim.states import Act, Ev, Resp
 
 if TYPE_CHECKING:
     from shim.ports import Client
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 HEAD, BODY, UNTIL_CLOSE, RAW, COLLECTING = (
     Resp.HEAD, Resp.BODY, Resp.UNTIL_CLOSE, Resp.RAW, Resp.COLLECTING,
 )  # fmt: skip
-RESPONSE_END, SENT = Ev.RESPONSE_END, Req.SENT
+CLOSE, GO_ON = Act.CLOSE, Act.GO_ON
 
 
 class Relay:
@@ -136,18 +136,16 @@ class Relay:
 
     def _response_done(self, up: Upstream, keep: bool) -> None:
         conn = self.conn
-        conn.link.resp.fire(RESPONSE_END)
         exchange = conn.exchange
         assert exchange is not None
         conn.exchange = None
         if up.buf:
             log.warning("the Engine sent %d bytes after a response", len(up.buf))
             keep = False
-        if not (keep and exchange.keep) or conn.link.eof_sent:
+        act = conn.talk.answer_ended(keep and exchange.keep and not conn.link.eof_sent)
+        if act is CLOSE:
             conn.close()
-            return
-        if conn.req.state is SENT:
-            conn.req.fire(RESPONSE_END)
+        elif act is GO_ON:
             if conn.flow.paused:
                 conn.flow.resume_client(Pause.AHEAD)
             if conn.buf or conn.client_eof:
@@ -156,8 +154,7 @@ class Relay:
     def _hijack(self, up: Upstream) -> None:
         """From now on both directions are raw byte pipes; EOFs pass on as write-EOFs."""
         conn = self.conn
-        conn.req.fire(Ev.HIJACK)
-        conn.link.resp.fire(Ev.HIJACK)
+        conn.talk.fire(Ev.HIJACK)
         ut = up.transport
         assert ut is not None
         if conn.buf:
@@ -193,16 +190,13 @@ class Relay:
     def _up_gone(self, up: Upstream) -> None:
         """The Engine closed our upstream connection (outside a hijack)."""
         conn = self.conn
-        state = conn.link.resp.state
-        if state is Resp.COLLECTING:
+        act = conn.talk.upstream_closed(bool(conn.exchange and conn.exchange.answered))
+        if act is Act.SETTLE:
             conn.link.collect(up, eof=True)
-            return
-        if state is Resp.UNTIL_CLOSE:
-            conn.close()
-        elif state is Resp.HEAD and not (conn.exchange and conn.exchange.answered):
+        elif act is Act.REPLY_502:
             log.error("the Engine closed the connection before answering")
             conn.reply_error(502, "gpu-alloc shim: the Engine closed the connection")
-        elif state is not Resp.IDLE or conn.req.state is Req.STREAMING:
+        elif act is CLOSE:
             conn.close()  # a truncated exchange: the client must see the connection end
         else:
             conn.link.drop()  # idle: reconnect for the next request

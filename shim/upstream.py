@@ -26,7 +26,7 @@ from shim.framing import (
 )
 from shim.headlimit import response_head_end
 from shim.parser import Parser
-from shim.states import RESPONSE, Ev, Machine, Resp
+from shim.states import Ev, Machine, Resp
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class Link:
 
     It knows of its client connection only what it is given: where the Engine is, the
     forward timeout, the flow control both sides share, whom upstream connections report
-    to, and whether the client has gone.
+    to, whether the client has gone, and the Engine's side of the connection's states.
     """
 
     __slots__ = (
@@ -115,6 +115,7 @@ class Link:
         flow: FlowControl,
         hearer: Hearer,
         client_gone: Callable[[], bool],
+        resp: Machine[Resp],
     ) -> None:
         self.path = path
         self.forward_timeout = forward_timeout
@@ -122,7 +123,7 @@ class Link:
         self.hearer = hearer
         self.client_gone = client_gone
         self.up: Upstream | None = None
-        self.resp = Machine(RESPONSE, Resp.IDLE)
+        self.resp = resp  # the Engine's side of the connection's Conversation
         self.connecting: asyncio.Future[None] | None = None
         self.collector: Collector | None = None
         self.eof_sent = False  # the client's EOF went upstream as a write-EOF
