@@ -192,6 +192,16 @@ UPSTREAM_CLOSED: Mapping[Resp, Act] = {
 }
 
 
+# Read once: on Python 3.11 each `Req.X` runs EnumType's Python-level __getattr__ hook.
+_SENT, _STREAMING, _RESPONSE_END, _BODY_SENT = (
+    Req.SENT,
+    Req.STREAMING,
+    Ev.RESPONSE_END,
+    Ev.BODY_SENT,
+)
+_GO_ON, _WAIT, _CLOSE = Act.GO_ON, Act.WAIT, Act.CLOSE
+
+
 class Conversation:
     """Both sides of one connection and the rules between them, with no I/O: events in,
     what to do out (h11's `ConnectionState` is the model).  The transport executes the
@@ -213,19 +223,19 @@ class Conversation:
         """A spliced answer ended; `reuse` says both peers keep the connection alive and
         the client has not half-closed.  The client's next request may be read only once
         its last one went up whole (a body still streaming ends it later: body_sent)."""
-        self.resp.fire(Ev.RESPONSE_END)
+        self.resp.fire(_RESPONSE_END)
         if not reuse:
-            return Act.CLOSE
-        if self.req.state is Req.SENT:
-            self.req.fire(Ev.RESPONSE_END)
-            return Act.GO_ON
-        return Act.WAIT
+            return _CLOSE
+        if self.req.state is _SENT:
+            self.req.fire(_RESPONSE_END)
+            return _GO_ON
+        return _WAIT
 
     def body_sent(self, answered: bool) -> None:
         """A spliced request's body went up whole; `answered` if its answer already ended."""
-        self.req.fire(Ev.BODY_SENT)
+        self.req.fire(_BODY_SENT)
         if answered:
-            self.req.fire(Ev.RESPONSE_END)
+            self.req.fire(_RESPONSE_END)
 
     def client_eof(self, awaiting: bool) -> Act:
         """The client half-closed; `awaiting` if a spliced answer is still to come."""
@@ -236,7 +246,7 @@ class Conversation:
         current answer already reached the client (then it is cut short, not missing)."""
         act = UPSTREAM_CLOSED[self.resp.state]
         if act is Act.REPLY_502 and answered:
-            return Act.CLOSE
-        if act is Act.DROP and self.req.state is Req.STREAMING:
-            return Act.CLOSE  # the request it was sending is cut short
+            return _CLOSE
+        if act is Act.DROP and self.req.state is _STREAMING:
+            return _CLOSE  # the request it was sending is cut short
         return act
