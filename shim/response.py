@@ -15,9 +15,9 @@ import logging
 from typing import TYPE_CHECKING
 
 from shim.flow import Pause
-from shim.framing import NO_BODY_STATUS, BadMessage
+from shim.framing import BadMessage
 from shim.headlimit import response_head_end
-from shim.states import Act, Ev, Resp
+from shim.states import Act, Answer, Ev, Resp, answer
 
 if TYPE_CHECKING:
     from shim.ports import Client
@@ -30,6 +30,9 @@ HEAD, BODY, UNTIL_CLOSE, RAW, COLLECTING = (
     Resp.HEAD, Resp.BODY, Resp.UNTIL_CLOSE, Resp.RAW, Resp.COLLECTING,
 )  # fmt: skip
 CLOSE, GO_ON = Act.CLOSE, Act.GO_ON
+INTERIM, HIJACK, NO_BODY, ENDS_AT_CLOSE = (
+    Answer.INTERIM, Answer.HIJACK, Answer.NO_BODY, Answer.UNTIL_CLOSE,
+)  # fmt: skip
 
 
 class Relay:
@@ -93,35 +96,25 @@ class Relay:
             if not p.head(ubuf, end):
                 up.buf = ubuf[end:]
                 continue
-            status = p.status
             exchange.answered = True
-            if 100 <= status < 200 and status != 101:  # interim (100 Continue): pass it on
+            what = answer(p.status, p.upgraded, p.framing, exchange.head_req)
+            if what is INTERIM:  # (100 Continue): pass it on
                 ct.write(memoryview(ubuf)[:end])
                 up.buf = ubuf[end:]
                 continue
-            framing = p.framing
-            if (
-                status == 101
-                or p.upgraded
-                or (
-                    status == 200
-                    and framing.raw_type
-                    and framing.length is None
-                    and not framing.chunked
-                )
-            ):
+            if what is HIJACK:
                 ct.write(ubuf)
                 up.buf = b""
                 self._hijack(up)
                 return
-            if exchange.head_req or status in NO_BODY_STATUS:
+            if what is NO_BODY:
                 if exchange.head_req:
                     p.skip_body()
                 ct.write(memoryview(ubuf)[:end] if end < len(ubuf) else ubuf)
                 up.buf = ubuf[end:]
                 self._response_done(up, p.keep_alive)
                 return
-            if not framing.chunked and framing.length is None:
+            if what is ENDS_AT_CLOSE:
                 ct.write(ubuf)  # delimited by the Engine closing the connection
                 up.buf = b""
                 resp.fire(Ev.UNTIL_CLOSE)

@@ -13,6 +13,8 @@ import enum
 from collections.abc import Mapping
 from typing import Generic, TypeVar
 
+from shim.framing import NO_BODY_STATUS, Framing
+
 
 class Req(enum.Enum):
     """Where the client's side of a connection is."""
@@ -250,3 +252,39 @@ class Conversation:
         if act is Act.DROP and self.req.state is _STREAMING:
             return _CLOSE  # the request it was sending is cut short
         return act
+
+
+class Answer(enum.Enum):
+    """What follows the head of a spliced request's answer."""
+
+    __hash__ = object.__hash__
+
+    INTERIM = "interim"  # a 1xx other than 101 (100 Continue): passed on, a head follows
+    HIJACK = "hijack"  # both sides become raw byte pipes
+    NO_BODY = "no body"  # an answer to HEAD, or a status that has none
+    UNTIL_CLOSE = "until close"  # a body the Engine ends by closing the connection
+    FRAMED = "framed"  # a body with a length or chunks
+
+
+_INTERIM, _HIJACK, _NO_BODY, _UNTIL_CLOSE, _FRAMED = (
+    Answer.INTERIM, Answer.HIJACK, Answer.NO_BODY, Answer.UNTIL_CLOSE, Answer.FRAMED,
+)  # fmt: skip
+
+
+def answer(status: int, upgraded: bool, framing: Framing, head_req: bool) -> Answer:
+    """What follows an answer's head, from the head and whether the request was HEAD: an
+    upgrade (`101`) or the legacy raw stream (`200` with a vnd.docker raw type and no
+    length) is a hijack whatever was asked; an answer to HEAD has no body whatever it says."""
+    if 100 <= status < 200 and status != 101:
+        return _INTERIM
+    if (
+        status == 101
+        or upgraded
+        or (status == 200 and framing.raw_type and framing.length is None and not framing.chunked)
+    ):
+        return _HIJACK
+    if head_req or status in NO_BODY_STATUS:
+        return _NO_BODY
+    if not framing.chunked and framing.length is None:
+        return _UNTIL_CLOSE
+    return _FRAMED

@@ -5,7 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from shim.states import BOTH, CLIENT_EOF, UPSTREAM_CLOSED, Act, Conversation, Ev, Req, Resp
+from shim.framing import Framing
+from shim.states import (
+    BOTH,
+    CLIENT_EOF,
+    UPSTREAM_CLOSED,
+    Act,
+    Answer,
+    Conversation,
+    Ev,
+    Req,
+    Resp,
+    answer,
+)
 
 
 def at(req: Req, resp: Resp) -> Conversation:
@@ -94,3 +106,30 @@ def test_the_engine_closing(req: Req, resp: Resp, answered: bool, act: Act) -> N
 
 def test_every_engine_close_is_decided() -> None:
     assert set(UPSTREAM_CLOSED) == set(Resp)
+
+
+def framing(length: int | None = None, chunked: bool = False, raw: bool = False) -> Framing:
+    f = Framing()
+    f.length, f.chunked, f.raw_type = length, chunked, raw
+    return f
+
+
+@pytest.mark.parametrize(
+    ("status", "upgraded", "body", "head_req", "what"),
+    [
+        (100, False, framing(), False, Answer.INTERIM),
+        (101, True, framing(), False, Answer.HIJACK),  # attach, exec, session, grpc
+        (200, False, framing(raw=True), False, Answer.HIJACK),  # the legacy raw stream
+        (200, False, framing(length=5, raw=True), False, Answer.FRAMED),  # raw type, framed
+        (200, False, framing(length=5), True, Answer.NO_BODY),  # an answer to HEAD
+        (204, False, framing(), False, Answer.NO_BODY),
+        (304, False, framing(), False, Answer.NO_BODY),
+        (200, False, framing(), False, Answer.UNTIL_CLOSE),
+        (200, False, framing(chunked=True), False, Answer.FRAMED),  # logs -f, events
+        (404, False, framing(length=30), False, Answer.FRAMED),
+    ],
+)
+def test_what_follows_an_answers_head(
+    status: int, upgraded: bool, body: Framing, head_req: bool, what: Answer
+) -> None:
+    assert answer(status, upgraded, body, head_req) is what
