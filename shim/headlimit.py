@@ -1,12 +1,16 @@
-"""Where a request head ends, and the most of it the shim reads: dockerd's own limit.
+"""Where a message head ends, and the most of it the shim reads: heads are found only here.
 
-dockerd serves its API with Go's net/http defaults: a head (request line through the blank
-line) may take http.DefaultMaxHeaderBytes (1 << 20) plus the 4096 bytes of bufio slack
-net/http allows, and a longer one gets 431.  The shim draws the same line on the head's
-length, so what passes does not depend on how the bytes were split into reads.
+Requests get dockerd's own limit.  dockerd serves its API with Go's net/http defaults: a
+head (request line through the blank line) may take http.DefaultMaxHeaderBytes (1 << 20)
+plus the 4096 bytes of bufio slack net/http allows, and a longer one gets 431.  The shim
+draws the same line on the head's length, so what passes does not depend on how the bytes
+were split into reads.  The Engine's answers get framing.MAX_HEAD, a bound on what the
+shim buffers.
 """
 
 from __future__ import annotations
+
+from shim.framing import MAX_HEAD, BadMessage
 
 MAX_REQUEST_HEAD = (1 << 20) + 4096
 
@@ -32,4 +36,15 @@ def request_head_end(buf: bytes) -> int:
         return 0
     if end + 4 > MAX_REQUEST_HEAD:
         raise HeadTooLarge
+    return end + 4
+
+
+def response_head_end(buf: bytes) -> int:
+    """The offset just past the Engine's answer head at the start of `buf`; 0 while it is
+    incomplete; BadMessage once more than MAX_HEAD bytes hold no end."""
+    end = buf.find(_CRLF2)
+    if end < 0:
+        if len(buf) > MAX_HEAD:
+            raise BadMessage("response header section too large")
+        return 0
     return end + 4

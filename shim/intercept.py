@@ -18,7 +18,7 @@ from shim.framing import Request, UpstreamError, encode_response, error_bytes
 from shim.states import Ev
 
 if TYPE_CHECKING:
-    from shim.splice import Connection
+    from shim.ports import Client
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ class Interception:
 
     __slots__ = ("conn", "gone", "pending", "size")
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Client) -> None:
         self.conn = conn
         self.pending: tuple[str, str, list[tuple[str, str]], bool] | None = None
         self.size = 0  # body bytes so far

@@ -15,11 +15,12 @@ import logging
 from typing import TYPE_CHECKING
 
 from shim.flow import Pause
-from shim.framing import MAX_HEAD, NO_BODY_STATUS, BadMessage
-from shim.states import Ev, Req, Resp
+from shim.framing import BadMessage
+from shim.headlimit import response_head_end
+from shim.states import Act, Answer, Ev, Resp, answer
 
 if TYPE_CHECKING:
-    from shim.splice import Connection
+    from shim.ports import Client
     from shim.upstream import Upstream
 
 log = logging.getLogger(__name__)
@@ -28,9 +29,10 @@ log = logging.getLogger(__name__)
 HEAD, BODY, UNTIL_CLOSE, RAW, COLLECTING = (
     Resp.HEAD, Resp.BODY, Resp.UNTIL_CLOSE, Resp.RAW, Resp.COLLECTING,
 )  # fmt: skip
-RESPONSE_END, SENT = Ev.RESPONSE_END, Req.SENT
-
-_CRLF2 = b"\r\n\r\n"
+CLOSE, GO_ON = Act.CLOSE, Act.GO_ON
+INTERIM, HIJACK, NO_BODY, ENDS_AT_CLOSE = (
+    Answer.INTERIM, Answer.HIJACK, Answer.NO_BODY, Answer.UNTIL_CLOSE,
+)  # fmt: skip
 
 
 class Relay:
@@ -38,7 +40,7 @@ class Relay:
 
     __slots__ = ("conn",)
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Client) -> None:
         self.conn = conn
 
     def data(self, up: Upstream, data: bytes) -> None:
@@ -88,44 +90,31 @@ class Relay:
             if state is not HEAD:
                 raise BadMessage(f"the Engine sent {len(ubuf)} bytes nobody asked for")
             assert exchange is not None  # a spliced request went upstream
-            end = ubuf.find(_CRLF2)
-            if end < 0:
-                if len(ubuf) > MAX_HEAD:
-                    raise BadMessage("response header section too large")
+            end = response_head_end(ubuf)
+            if not end:
                 return
-            end += 4
             if not p.head(ubuf, end):
                 up.buf = ubuf[end:]
                 continue
-            status = p.status
             exchange.answered = True
-            if 100 <= status < 200 and status != 101:  # interim (100 Continue): pass it on
+            what = answer(p.status, p.upgraded, p.framing, exchange.head_req)
+            if what is INTERIM:  # (100 Continue): pass it on
                 ct.write(memoryview(ubuf)[:end])
                 up.buf = ubuf[end:]
                 continue
-            framing = p.framing
-            if (
-                status == 101
-                or p.upgraded
-                or (
-                    status == 200
-                    and framing.raw_type
-                    and framing.length is None
-                    and not framing.chunked
-                )
-            ):
+            if what is HIJACK:
                 ct.write(ubuf)
                 up.buf = b""
                 self._hijack(up)
                 return
-            if exchange.head_req or status in NO_BODY_STATUS:
+            if what is NO_BODY:
                 if exchange.head_req:
                     p.skip_body()
                 ct.write(memoryview(ubuf)[:end] if end < len(ubuf) else ubuf)
                 up.buf = ubuf[end:]
                 self._response_done(up, p.keep_alive)
                 return
-            if not framing.chunked and framing.length is None:
+            if what is ENDS_AT_CLOSE:
                 ct.write(ubuf)  # delimited by the Engine closing the connection
                 up.buf = b""
                 resp.fire(Ev.UNTIL_CLOSE)
@@ -140,18 +129,16 @@ class Relay:
 
     def _response_done(self, up: Upstream, keep: bool) -> None:
         conn = self.conn
-        conn.link.resp.fire(RESPONSE_END)
         exchange = conn.exchange
         assert exchange is not None
         conn.exchange = None
         if up.buf:
             log.warning("the Engine sent %d bytes after a response", len(up.buf))
             keep = False
-        if not (keep and exchange.keep) or conn.link.eof_sent:
+        act = conn.talk.answer_ended(keep and exchange.keep and not conn.link.eof_sent)
+        if act is CLOSE:
             conn.close()
-            return
-        if conn.req.state is SENT:
-            conn.req.fire(RESPONSE_END)
+        elif act is GO_ON:
             if conn.flow.paused:
                 conn.flow.resume_client(Pause.AHEAD)
             if conn.buf or conn.client_eof:
@@ -160,8 +147,7 @@ class Relay:
     def _hijack(self, up: Upstream) -> None:
         """From now on both directions are raw byte pipes; EOFs pass on as write-EOFs."""
         conn = self.conn
-        conn.req.fire(Ev.HIJACK)
-        conn.link.resp.fire(Ev.HIJACK)
+        conn.talk.fire(Ev.HIJACK)
         ut = up.transport
         assert ut is not None
         if conn.buf:
@@ -197,16 +183,13 @@ class Relay:
     def _up_gone(self, up: Upstream) -> None:
         """The Engine closed our upstream connection (outside a hijack)."""
         conn = self.conn
-        state = conn.link.resp.state
-        if state is Resp.COLLECTING:
+        act = conn.talk.upstream_closed(bool(conn.exchange and conn.exchange.answered))
+        if act is Act.SETTLE:
             conn.link.collect(up, eof=True)
-            return
-        if state is Resp.UNTIL_CLOSE:
-            conn.close()
-        elif state is Resp.HEAD and not (conn.exchange and conn.exchange.answered):
+        elif act is Act.REPLY_502:
             log.error("the Engine closed the connection before answering")
             conn.reply_error(502, "gpu-alloc shim: the Engine closed the connection")
-        elif state is not Resp.IDLE or conn.req.state is Req.STREAMING:
+        elif act is CLOSE:
             conn.close()  # a truncated exchange: the client must see the connection end
         else:
             conn.link.drop()  # idle: reconnect for the next request

@@ -38,12 +38,12 @@ from shim.headlimit import HeadTooLarge, request_head_end
 from shim.intercept import Interception
 from shim.parser import Parser
 from shim.response import Relay
-from shim.states import REQUEST, Ev, Exchange, Machine, Req
+from shim.states import Act, Conversation, Ev, Exchange, Req
 from shim.upstream import Link
 
 if TYPE_CHECKING:
     from allocator.host.peers import Peer
-    from shim.server import Proxy
+    from shim.ports import Settings
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +63,24 @@ class Connection(asyncio.Protocol):
     run the interceptor.
     """
 
-    def __init__(self, proxy: Proxy) -> None:
+    def __init__(self, proxy: Settings) -> None:
         self.proxy = proxy
         self.ct: asyncio.Transport | None = None
         self.peer: Peer | None = None
         self.buf = b""  # client bytes not yet forwarded
         self.parser = Parser()
-        self.req = Machine(REQUEST, Req.IDLE)
+        self.talk = Conversation()  # both sides' states and the rules between them
+        self.req = self.talk.req
         self.flow = FlowControl()
-        self.link = Link(self)  # the Engine's side
         self.relay = Relay(self)  # the Engine's answers, back to the client
+        self.link = Link(  # the Engine's side
+            proxy.upstream_path,
+            proxy.forward_timeout,
+            self.flow,
+            self.relay,
+            self._gone,
+            self.talk.resp,
+        )
         self.intercepted = Interception(self)
         self.exchange: Exchange | None = None  # the spliced request being answered
         self.client_eof = False
@@ -80,6 +88,9 @@ class Connection(asyncio.Protocol):
 
     @property
     def closed(self) -> bool:
+        return self.req.state is CLOSED
+
+    def _gone(self) -> bool:
         return self.req.state is CLOSED
 
     # -- client transport callbacks
@@ -111,24 +122,21 @@ class Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         self.client_eof = True
-        state = self.req.state
         ut = self.link.transport
-        if state is Req.RAW:
+        gone = self.intercepted.gone
+        if self.req.state is Req.INTERCEPTING and gone is not None:
+            gone.set()  # a waiting create leaves the queue; others finish as before
+        act = self.talk.client_eof(self.exchange is not None)
+        if act is Act.HALF_CLOSE:
             if ut is not None and not ut.is_closing():
                 ut.write_eof()
             if self.link.up is None or self.link.up.eof:
                 self.close()
             return True
-        gone = self.intercepted.gone
-        if state is Req.INTERCEPTING and gone is not None:
-            gone.set()  # a waiting create leaves the queue; others finish as before
-        waiting = self.exchange is not None
-        if state in (Req.STREAMING, Req.COLLECTING) or (state is Req.IDLE and not waiting):
-            self.close()  # nothing to answer, or the request can never be completed
+        if act is Act.CLOSE:
+            self.close()
             return False
-        if waiting and not self.buf and ut is not None and not self.link.eof_sent:
-            # Pass the half-close on: Go's server then cancels a streaming request (events,
-            # logs -f) whose client has gone, and still answers one that only shut down writing.
+        if act is Act.PASS_EOF and not self.buf and ut is not None and not self.link.eof_sent:
             self.link.eof_sent = True
             ut.write_eof()
         return True
@@ -174,9 +182,7 @@ class Connection(asyncio.Protocol):
                 self.buf = buf[end:]
                 if not p.done:
                     return
-                self.req.fire(Ev.BODY_SENT)
-                if self.exchange is None:  # the Engine answered before the body ended
-                    self.req.fire(Ev.RESPONSE_END)
+                self.talk.body_sent(answered=self.exchange is None)
             elif state is COLLECTING:
                 if not buf:
                     return
@@ -218,8 +224,7 @@ class Connection(asyncio.Protocol):
         ut.write(buf if pos == len(buf) else memoryview(buf)[:pos])
         self.buf = buf[pos:]
         self.exchange = exchange
-        self.link.resp.fire(SEND)
-        self.req.fire(SEND if self.parser.done else SEND_PART)
+        self.talk.fire(SEND if self.parser.done else SEND_PART)
 
     async def _connect_then_send(self, send: partial[None]) -> None:
         """Open the upstream connection, then send the held request and carry on."""
@@ -251,8 +256,7 @@ class Connection(asyncio.Protocol):
     def close(self, *, abort: bool = False) -> None:
         if self.closed:
             return
-        self.req.fire(Ev.CLOSE)
-        self.link.resp.fire(Ev.CLOSE)
+        self.talk.fire(Ev.CLOSE)
         if self.intercepted.gone is not None:
             self.intercepted.gone.set()
         if self.task is not None:

@@ -13,6 +13,8 @@ import enum
 from collections.abc import Mapping
 from typing import Generic, TypeVar
 
+from shim.framing import NO_BODY_STATUS, Framing
+
 
 class Req(enum.Enum):
     """Where the client's side of a connection is."""
@@ -132,3 +134,157 @@ RESPONSE: Mapping[tuple[Resp, Ev], Resp] = {
     (Resp.HEAD, Ev.HIJACK): Resp.RAW,
     **_closing(Resp),
 }
+
+
+# -- both sides: the cross-side rules
+
+# Events of the whole connection and what each side sees of them: a spliced request going
+# up opens an answer on the Engine's side; a hijack and a close take both sides at once.
+BOTH: Mapping[Ev, tuple[Ev, Ev]] = {
+    Ev.SEND: (Ev.SEND, Ev.SEND),
+    Ev.SEND_PART: (Ev.SEND_PART, Ev.SEND),
+    Ev.HIJACK: (Ev.HIJACK, Ev.HIJACK),
+    Ev.CLOSE: (Ev.CLOSE, Ev.CLOSE),
+}
+
+
+class Act(enum.Enum):
+    """What the connection's I/O does next, as the cross-side rules decide it."""
+
+    __hash__ = object.__hash__
+
+    GO_ON = "go on"  # nothing to end: carry on with the bytes held, if any
+    WAIT = "wait"  # nothing to do until more happens
+    PASS_EOF = "pass eof"  # pass the client's half-close upstream as a write-EOF
+    HALF_CLOSE = "half close"  # hijacked: pass the EOF on; end once both sides have
+    SETTLE = "settle"  # settle `forward`'s answer with what came
+    DROP = "drop"  # forget the upstream connection: the next request opens a new one
+    REPLY_502 = "reply 502"  # the Engine went away before answering: say so, and end
+    CLOSE = "close"  # end the connection
+
+
+# The client half-closed, by its side's state and whether a spliced answer is awaited: a
+# request that can never be completed, or nothing to answer, ends the connection; an
+# awaited answer goes on, the EOF passed upstream (Go's server then cancels a streaming
+# request whose client has gone, and still answers one that only shut down writing); an
+# intercepted request or an upstream connection being made is finished as before.
+CLIENT_EOF: Mapping[tuple[Req, bool], Act] = {
+    **{(s, False): Act.WAIT for s in Req},
+    **{(s, True): Act.PASS_EOF for s in Req},
+    (Req.IDLE, False): Act.CLOSE,
+    (Req.STREAMING, False): Act.CLOSE,
+    (Req.STREAMING, True): Act.CLOSE,
+    (Req.COLLECTING, False): Act.CLOSE,
+    (Req.COLLECTING, True): Act.CLOSE,
+    (Req.RAW, False): Act.HALF_CLOSE,
+    (Req.RAW, True): Act.HALF_CLOSE,
+}
+
+# The Engine closed the upstream connection outside a hijack, by its side's state: a
+# buffered answer is settled, a head never answered is a 502, a body cut short ends the
+# connection (the client must see it end), and an idle connection is just reopened later.
+UPSTREAM_CLOSED: Mapping[Resp, Act] = {
+    Resp.IDLE: Act.DROP,
+    Resp.HEAD: Act.REPLY_502,
+    Resp.BODY: Act.CLOSE,
+    Resp.UNTIL_CLOSE: Act.CLOSE,
+    Resp.COLLECTING: Act.SETTLE,
+    Resp.RAW: Act.CLOSE,
+    Resp.CLOSED: Act.CLOSE,
+}
+
+
+# Read once: on Python 3.11 each `Req.X` runs EnumType's Python-level __getattr__ hook.
+_SENT, _STREAMING, _RESPONSE_END, _BODY_SENT = (
+    Req.SENT,
+    Req.STREAMING,
+    Ev.RESPONSE_END,
+    Ev.BODY_SENT,
+)
+_GO_ON, _WAIT, _CLOSE = Act.GO_ON, Act.WAIT, Act.CLOSE
+
+
+class Conversation:
+    """Both sides of one connection and the rules between them, with no I/O: events in,
+    what to do out (h11's `ConnectionState` is the model).  The transport executes the
+    `Act`s; every change of state still goes through a side's table."""
+
+    __slots__ = ("req", "resp")
+
+    def __init__(self) -> None:
+        self.req = Machine(REQUEST, Req.IDLE)
+        self.resp = Machine(RESPONSE, Resp.IDLE)
+
+    def fire(self, event: Ev) -> None:
+        """An event of the whole connection (BOTH): each side moves by its own table."""
+        on_req, on_resp = BOTH[event]
+        self.req.fire(on_req)
+        self.resp.fire(on_resp)
+
+    def answer_ended(self, reuse: bool) -> Act:
+        """A spliced answer ended; `reuse` says both peers keep the connection alive and
+        the client has not half-closed.  The client's next request may be read only once
+        its last one went up whole (a body still streaming ends it later: body_sent)."""
+        self.resp.fire(_RESPONSE_END)
+        if not reuse:
+            return _CLOSE
+        if self.req.state is _SENT:
+            self.req.fire(_RESPONSE_END)
+            return _GO_ON
+        return _WAIT
+
+    def body_sent(self, answered: bool) -> None:
+        """A spliced request's body went up whole; `answered` if its answer already ended."""
+        self.req.fire(_BODY_SENT)
+        if answered:
+            self.req.fire(_RESPONSE_END)
+
+    def client_eof(self, awaiting: bool) -> Act:
+        """The client half-closed; `awaiting` if a spliced answer is still to come."""
+        return CLIENT_EOF[self.req.state, awaiting]
+
+    def upstream_closed(self, answered: bool) -> Act:
+        """The Engine closed the connection outside a hijack; `answered` if some of the
+        current answer already reached the client (then it is cut short, not missing)."""
+        act = UPSTREAM_CLOSED[self.resp.state]
+        if act is Act.REPLY_502 and answered:
+            return _CLOSE
+        if act is Act.DROP and self.req.state is _STREAMING:
+            return _CLOSE  # the request it was sending is cut short
+        return act
+
+
+class Answer(enum.Enum):
+    """What follows the head of a spliced request's answer."""
+
+    __hash__ = object.__hash__
+
+    INTERIM = "interim"  # a 1xx other than 101 (100 Continue): passed on, a head follows
+    HIJACK = "hijack"  # both sides become raw byte pipes
+    NO_BODY = "no body"  # an answer to HEAD, or a status that has none
+    UNTIL_CLOSE = "until close"  # a body the Engine ends by closing the connection
+    FRAMED = "framed"  # a body with a length or chunks
+
+
+_INTERIM, _HIJACK, _NO_BODY, _UNTIL_CLOSE, _FRAMED = (
+    Answer.INTERIM, Answer.HIJACK, Answer.NO_BODY, Answer.UNTIL_CLOSE, Answer.FRAMED,
+)  # fmt: skip
+
+
+def answer(status: int, upgraded: bool, framing: Framing, head_req: bool) -> Answer:
+    """What follows an answer's head, from the head and whether the request was HEAD: an
+    upgrade (`101`) or the legacy raw stream (`200` with a vnd.docker raw type and no
+    length) is a hijack whatever was asked; an answer to HEAD has no body whatever it says."""
+    if 100 <= status < 200 and status != 101:
+        return _INTERIM
+    if (
+        status == 101
+        or upgraded
+        or (status == 200 and framing.raw_type and framing.length is None and not framing.chunked)
+    ):
+        return _HIJACK
+    if head_req or status in NO_BODY_STATUS:
+        return _NO_BODY
+    if not framing.chunked and framing.length is None:
+        return _UNTIL_CLOSE
+    return _FRAMED

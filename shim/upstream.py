@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
-from shim.flow import Pause
+from shim.flow import FlowControl, Pause
 from shim.framing import (
     MAX_BODY,
-    MAX_HEAD,
     NO_BODY_STATUS,
     BadMessage,
     Closed,
@@ -24,25 +24,30 @@ from shim.framing import (
     UpstreamError,
     encode_request,
 )
+from shim.headlimit import response_head_end
 from shim.parser import Parser
-from shim.states import RESPONSE, Ev, Machine, Resp
-
-if TYPE_CHECKING:
-    from shim.splice import Connection
+from shim.states import Ev, Machine, Resp
 
 log = logging.getLogger(__name__)
 
-_CRLF2 = b"\r\n\r\n"
+
+class Hearer(Protocol):
+    """What an upstream connection reports to (shim/response.py's `Relay`)."""
+
+    def data(self, up: Upstream, data: bytes) -> None: ...
+    def eof(self, up: Upstream) -> bool: ...
+    def lost(self, up: Upstream) -> None: ...
 
 
 class Upstream(asyncio.Protocol):
     """One connection to the Engine: its unread bytes and the parser of its answers.
-    Everything it hears goes to the owning connection's relay (shim/response.py)."""
+    Everything it hears goes to its hearer (the connection's relay, shim/response.py)."""
 
-    __slots__ = ("buf", "conn", "eof", "parser", "transport")
+    __slots__ = ("buf", "eof", "flow", "hearer", "parser", "transport")
 
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
+    def __init__(self, hearer: Hearer, flow: FlowControl) -> None:
+        self.hearer = hearer
+        self.flow = flow
         self.eof = False
         self.transport: asyncio.Transport | None = None
         self.buf = b""  # the Engine's bytes not yet passed on
@@ -52,20 +57,20 @@ class Upstream(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # typeshed: BaseTransport
 
     def data_received(self, data: bytes) -> None:
-        self.conn.relay.data(self, data)
+        self.hearer.data(self, data)
 
     def eof_received(self) -> bool:
         self.eof = True
-        return self.conn.relay.eof(self)
+        return self.hearer.eof(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.conn.relay.lost(self)
+        self.hearer.lost(self)
 
     def pause_writing(self) -> None:
-        self.conn.flow.pause_client(Pause.PEER)
+        self.flow.pause_client(Pause.PEER)
 
     def resume_writing(self) -> None:
-        self.conn.flow.resume_client(Pause.PEER)
+        self.flow.resume_client(Pause.PEER)
 
 
 class Collector:
@@ -91,14 +96,34 @@ class Collector:
 
 class Link:
     """A client connection's way to the Engine: the current upstream connection (if any),
-    the state of the Engine's side, and `forward` for the interceptor."""
+    the state of the Engine's side, and `forward` for the interceptor.
 
-    __slots__ = ("collector", "conn", "connecting", "eof_sent", "resp", "up")
+    It knows of its client connection only what it is given: where the Engine is, the
+    forward timeout, the flow control both sides share, whom upstream connections report
+    to, whether the client has gone, and the Engine's side of the connection's states.
+    """
 
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
+    __slots__ = (
+        "client_gone", "collector", "connecting", "eof_sent", "flow", "forward_timeout",
+        "hearer", "path", "resp", "up",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        path: str,
+        forward_timeout: float,
+        flow: FlowControl,
+        hearer: Hearer,
+        client_gone: Callable[[], bool],
+        resp: Machine[Resp],
+    ) -> None:
+        self.path = path
+        self.forward_timeout = forward_timeout
+        self.flow = flow
+        self.hearer = hearer
+        self.client_gone = client_gone
         self.up: Upstream | None = None
-        self.resp = Machine(RESPONSE, Resp.IDLE)
+        self.resp = resp  # the Engine's side of the connection's Conversation
         self.connecting: asyncio.Future[None] | None = None
         self.collector: Collector | None = None
         self.eof_sent = False  # the client's EOF went upstream as a write-EOF
@@ -121,12 +146,11 @@ class Link:
     async def forward(self, request: Request, *, timeout: float | None = None) -> Response:
         """Send `request` on this connection's upstream; return the whole response."""
         raw = encode_request(request)
-        proxy = self.conn.proxy
-        limit = proxy.forward_timeout if timeout is None else timeout
+        limit = self.forward_timeout if timeout is None else timeout
         written = False
         try:
             async with asyncio.timeout(limit):
-                if self.conn.closed:
+                if self.client_gone():
                     raise Closed("client went away")
                 await self.ensure()
                 assert self.up is not None and self.up.transport is not None
@@ -156,14 +180,11 @@ class Link:
         p = up.parser
         try:
             while not c.headed:
-                end = up.buf.find(_CRLF2)
-                if end < 0:
+                end = response_head_end(up.buf)
+                if not end:
                     if eof:
                         raise Closed("the Engine closed the connection before answering")
-                    if len(up.buf) > MAX_HEAD:
-                        raise BadMessage("response header section too large")
                     return
-                end += 4
                 if p.head(up.buf, end) and (p.upgraded or p.status >= 200):
                     _headed(c, p)  # else an interim answer (100 Continue): skipped
                 up.buf = up.buf[end:]
@@ -201,10 +222,12 @@ class Link:
             return
         self.drop()
         loop = asyncio.get_running_loop()
-        path = self.conn.proxy.upstream_path
+        path = self.path
         self.connecting = loop.create_future()
         try:
-            transport, up = await loop.create_unix_connection(lambda: Upstream(self.conn), path)
+            transport, up = await loop.create_unix_connection(
+                lambda: Upstream(self.hearer, self.flow), path
+            )
         except OSError as e:
             raise UpstreamError(
                 f"cannot connect to the Engine at {path}: {e}", maybe_delivered=False
@@ -212,11 +235,11 @@ class Link:
         finally:
             self.connecting.set_result(None)
             self.connecting = None
-        if self.conn.closed:
+        if self.client_gone():
             transport.abort()
             raise Closed("client went away")
         self.up = up
-        self.conn.flow.attach_upstream(transport)
+        self.flow.attach_upstream(transport)
 
     def drop(self) -> None:
         """Abort the upstream connection, if any: the next request opens a new one."""
@@ -224,7 +247,7 @@ class Link:
             self.up.transport.abort()
         self.up = None
         self.eof_sent = False
-        self.conn.flow.attach_upstream(None)
+        self.flow.attach_upstream(None)
 
 
 def _headed(c: Collector, p: Parser) -> None:

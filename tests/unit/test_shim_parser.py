@@ -8,11 +8,12 @@ once whole and once cut into arbitrary reads, and hold the two to the same answe
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from shim.framing import BadMessage
-from shim.headlimit import HeadTooLarge, request_head_end
+from shim.framing import MAX_HEAD, BadMessage
+from shim.headlimit import HeadTooLarge, request_head_end, response_head_end
 from shim.parser import Parser
 
 CLI_GET = (
@@ -251,3 +252,11 @@ def test_an_upgrade_request_the_engine_did_not_upgrade_leaves_the_next_request_r
     assert parser.head(post, len(post) - 2) and not parser.upgraded and not parser.done
     assert parser.body(post, len(post) - 2) == len(post) and parser.done
     assert (parser.method, parser.url) == (b"POST", b"/containers/x/wait")
+
+
+def test_an_answer_head_ends_after_its_blank_line_and_is_bounded():
+    assert response_head_end(b"HTTP/1.1 200 OK\r\nA: b\r\n\r\nbody") == 25
+    assert response_head_end(b"HTTP/1.1 200 OK\r\nA: b\r\n") == 0
+    assert response_head_end(b"x" * MAX_HEAD) == 0
+    with pytest.raises(BadMessage, match="response header section too large"):
+        response_head_end(b"x" * (MAX_HEAD + 1))
