@@ -90,7 +90,8 @@ def test_a_service_is_judged_on_the_facts_read_like_any_other_fact(tmp_path: Pat
     cfg = {"state_dir": str(tmp_path / "state"),
            "gpus": str(sim.write_sim_gpus(tmp_path / "gpus.yaml", 2)),
            "engine": {"socket": str(tmp_path / "none.sock")},
-           "swarm": {"kind": kind}}  # fmt: skip
+           # trusted: a service made on dockerd's socket is judged, not refused unmarked
+           "swarm": {"kind": kind, "engine_socket_services": "trusted"}}  # fmt: skip
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     alloc = Allocator(configmod.load(str(tmp_path / "config.yaml")), FakeEngine())  # type: ignore[arg-type]
     task = {"ContainerSpec": {"Image": "busybox"},
@@ -100,8 +101,9 @@ def test_a_service_is_judged_on_the_facts_read_like_any_other_fact(tmp_path: Pat
     uri = "/v1.41/services/create"
     route = decide.route_of("POST", uri)
     assert not isinstance(route, decide.Deny) and decide.reads_facts(route)
+    body, signing = json.dumps(spec).encode(), alloc.lookups.service_signing()
     got = alloc.gather.decide(
-        lambda facts: decide.authz_request(route, "POST", uri, json.dumps(spec).encode(), facts),
+        lambda facts: decide.authz_request(route, "POST", uri, body, facts, signing=signing),
         decide.reads_facts(route),
     )
     assert got == decide.ALLOW, got
