@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.support import engine_root, systemd_root
 from tests.support.busybox_image import BUSYBOX_TAG, busybox_rootfs_tar
@@ -33,6 +34,25 @@ CTX = "docker --context gpu-alloc"
 PLUGIN_SOCK = "/run/docker/plugins/gpu-alloc.sock"
 SHIM_SOCK = "/run/gpu-alloc/docker.sock"
 VENV = "/opt/gpu-alloc/venv"
+MPS_LOG = "/run/gpu-alloc/mps-calls.log"
+# A fake `nvidia-cuda-mps-control` that records its calls in MPS_LOG (both the shim and
+# the daemon's transient unit can write /run/gpu-alloc): `-d` forks a "daemon" that
+# leaves a mark on the /dev/shm it sees and runs until a client reads `quit`.
+MPS_FAKE = f"""#!/bin/sh
+pipe="$CUDA_MPS_PIPE_DIRECTORY"
+printf 'call gpu=%s pipe=%s args=%s\\n' "$CUDA_VISIBLE_DEVICES" "$pipe" "$*" >> {MPS_LOG}
+if [ "$1" = "-d" ]; then
+    rm -f "$pipe/quit" && touch /dev/shm/daemon-was-here
+    setsid sh -c 'while [ ! -e "$1/quit" ]; do sleep 0.2; done' sh "$pipe" \\
+        </dev/null >/dev/null 2>&1 &
+    exit 0
+fi
+while read -r line; do
+    printf 'cmd gpu=%s %s\\n' "$CUDA_VISIBLE_DEVICES" "$line" >> {MPS_LOG}
+    [ "$line" = quit ] && touch "$pipe/quit"
+done
+exit 0
+"""
 
 
 def _require() -> Path:
@@ -174,6 +194,51 @@ def test_a_second_copy_refuses_to_start_and_the_unit_keeps_serving(host, role, s
     host.sh(f"systemctl is-active gpu-alloc-{role}.service && test -S {sock}")
     out = host.sh(f"{CTX} run --rm --gpus 1 {IMAGE} printenv NVIDIA_VISIBLE_DEVICES").stdout
     assert out.strip().startswith("GPU-")
+
+
+def test_a_shared_gpu_gets_one_mps_daemon_as_a_transient_unit_while_shares_are_out(host):
+    """The shim, sandboxed by its unit, starts the MPS daemon of a shared GPU with
+    `systemd-run` (a unit outside its own cgroup, /dev/shm bound by systemd) and has it
+    quit once the last share ends."""
+    config_path = host.root / "etc/gpu-alloc/config.yaml"
+    original = config_path.read_text()
+    config = yaml.safe_load(original)
+    config["policy"]["sharing"] = {"gpus": [0], "shares": 4}
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    fake = host.root / "usr/local/bin/nvidia-cuda-mps-control"  # mps.control, on PATH
+    fake.write_text(MPS_FAKE)
+    fake.chmod(0o755)
+    gpu = sim_gpu_uuid(0)
+    unit = f"gpu-alloc-mps-{gpu}.service"
+    units = "systemctl list-units --all --plain --no-legend 'gpu-alloc-mps-*'"
+    restart = "systemctl restart gpu-alloc-plugin gpu-alloc-shim"
+    try:
+        host.sh(restart)
+        wait_for_shim(host)
+        for name in ("quarter-a", "quarter-b"):
+            host.sh(f"{CTX} run -d --name {name} --gpus 1 --label io.gpu-alloc.share=1/4"
+                    f" {IMAGE} sleep 100000")  # fmt: skip
+        assert gpus_of(host, "quarter-a") == gpus_of(host, "quarter-b") == [gpu]
+        assert host.sh(f"systemctl is-active {unit}").stdout.strip() == "active"
+        assert [ln.split()[0] for ln in host.sh(units).stdout.splitlines()] == [unit]
+        calls = host.sh(f"cat {MPS_LOG}").stdout.splitlines()
+        assert [c for c in calls if c.endswith("args=-d")] == [
+            f"call gpu={gpu} pipe=/run/gpu-alloc/mps/{gpu}/pipe args=-d"
+        ]
+        # 81920 MiB / 4 and 100 % / 4, set on the daemon by its own index 0
+        assert f"cmd gpu={gpu} set_default_device_pinned_mem_limit 0 20480M" in calls
+        assert f"cmd gpu={gpu} set_default_active_thread_percentage 25" in calls
+        host.sh(f"test -e /run/gpu-alloc/mps/{gpu}/shm/daemon-was-here")  # BindPaths=
+
+        host.sh(f"{CTX} rm -f quarter-a quarter-b")
+        host.sh(f"for i in $(seq 50); do [ -z \"$({units})\" ] && exit 0; sleep 0.2; done;"
+                f" {units}; exit 1", timeout=30)  # fmt: skip
+        assert f"cmd gpu={gpu} quit" in host.sh(f"cat {MPS_LOG}").stdout
+    finally:
+        host.sh(f"{CTX} rm -f quarter-a quarter-b", check=False)
+        config_path.write_text(original)
+        host.sh(restart)
+        wait_for_shim(host)
 
 
 def test_a_reboot_keeps_leases_and_brings_back_only_leased_gpu_containers(host) -> None:
