@@ -1,11 +1,12 @@
 """GPU utilisation over time: ``state_dir/samples/``, one mean per GPU per minute.
 
 The shim's sampler (shim/metrics_server.py) adds each look at the GPUs; a minute's
-samples are summed in memory and in ``current.json`` (`store.replace` at each sample,
-not fsync'd: a power cut costs at most a minute of samples; a restarted shim resumes
-its minute and a report sees it at once), and appended as one line to the day's file
-``YYYY-MM-DD.jsonl`` (UTC) when the minute is over.  The shim's sampler is the one
-writer (one shim a host), so no lock is taken; a reader skips a torn last line::
+samples are summed in ``current.json`` (read, added to and replaced under the store's
+lock, `store.Lock`, at each sample, not fsync'd: a power cut costs at most a minute of
+samples; a restarted shim, or a second one beside it, adds to the same minute and a
+report sees it at once), and appended as one line to the day's file ``YYYY-MM-DD.jsonl``
+(UTC), under the same lock, when the minute is over.  A reader takes no lock: it skips
+a torn last line::
 
     {"t": 1764684000, "s": 60, "g": {"GPU-...": [0.853, 1.0]}}
 
@@ -34,6 +35,8 @@ log = logging.getLogger("gpu-alloc.samples")
 BUCKET = 60.0
 KEEP_DAYS = 35
 CURRENT = "current.json"
+LOCK = ".lock"
+LOCK_TIMEOUT = 2.0  # the sampler looks every few seconds: a late lock skips one look
 
 
 def _day(epoch: float) -> str:
@@ -45,26 +48,35 @@ class Samples:
         self.dir = Path(state_dir, "samples")
         self.bucket = bucket
         self.keep_days = keep_days
-        self._start: float | None = None
-        self._sums: dict[str, list[float]] = {}  # UUID -> [utilisation, in use, samples]
+        self._lock = store.Lock(self.dir / LOCK, LOCK_TIMEOUT)
 
     def add(self, now: float, use: Mapping[str, Usage]) -> None:
-        """One look at the GPUs: into this minute's sums, a finished minute to its day file."""
+        """One look at the GPUs: into this minute's sums, a finished minute to its day file.
+        Best effort: a lock not had in time, like a full disk, loses this sample only."""
+        try:
+            self.dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+            with self._lock.held():
+                self._add(now, use)
+        except (OSError, store.StateError) as e:
+            log.warning("samples: could not add a sample in %s: %s", self.dir, e)
+
+    def _add(self, now: float, use: Mapping[str, Usage]) -> None:
         start = now - now % self.bucket
-        if self._start is None:
-            self._resume()
-        if self._start is not None and self._start != start:
-            self._append(self._start, self._sums)
-            self._sums = {}
-        self._start = start
+        current, sums = self._current_sums()
+        if current is not None and current != start:
+            self._append(current, sums)
+            sums = {}
         for uuid, u in use.items():
             if u.utilization is None:
                 continue
-            s = self._sums.setdefault(uuid, [0.0, 0.0, 0.0])
+            s = sums.setdefault(uuid, [0.0, 0.0, 0.0])
             s[0] += u.utilization
             s[1] += 1.0 if u.active else 0.0
             s[2] += 1.0
-        self._write_current()
+        data = {"t": start, "s": self.bucket, "g": sums}
+        store.replace(
+            self.dir / CURRENT, json.dumps(data, separators=(",", ":")).encode(), sync=False
+        )
 
     def read(self, since: float, until: float) -> dict[str, list[Bucket]]:
         """UUID -> its buckets overlapping ``[since, until)``, by start time."""
@@ -109,24 +121,14 @@ class Samples:
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return None
 
-    def _resume(self) -> None:
-        """Pick up the minute a previous shim left in ``current.json``."""
+    def _current_sums(self) -> tuple[float | None, dict[str, list[float]]]:
+        """The minute ``current.json`` sums and its sums (None, {} when there is none)."""
         try:
             data = json.loads(store.read(self.dir / CURRENT))
-            self._start = float(data["t"])
-            self._sums = {str(u): [float(x) for x in s] for u, s in data["g"].items()}
+            sums = {str(u): [float(x) for x in s] for u, s in data["g"].items()}
+            return float(data["t"]), sums
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
-            self._start, self._sums = None, {}
-
-    def _write_current(self) -> None:
-        data = {"t": self._start, "s": self.bucket, "g": self._sums}
-        try:
-            self.dir.mkdir(mode=0o750, parents=True, exist_ok=True)
-            store.replace(
-                self.dir / CURRENT, json.dumps(data, separators=(",", ":")).encode(), sync=False
-            )
-        except OSError as e:
-            log.warning("samples: could not write %s: %s", self.dir / CURRENT, e)
+            return None, {}
 
     def _append(self, start: float, sums: dict[str, list[float]]) -> None:
         means = {u: [round(x, 4) for x in _mean(*s)] for u, s in sums.items() if s[2]}

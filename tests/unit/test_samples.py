@@ -48,3 +48,25 @@ def test_day_files_older_than_the_keep_are_deleted_as_a_new_day_begins(tmp_path:
     days = sorted(p.name for p in (tmp_path / "samples").glob("*.jsonl"))
     assert days == ["1970-01-03.jsonl", "1970-01-04.jsonl", "1970-01-05.jsonl"]
     assert s.read(0, DAY) == {}
+
+
+def test_two_samplers_at_once_add_to_one_minute_and_lose_no_sample(tmp_path: Path) -> None:
+    """Each sample is read, added to and written under the store's lock, so a second shim
+    (or a thread of another) beside the first never overwrites the minute's sums."""
+    import threading
+
+    first, second = Samples(str(tmp_path)), Samples(str(tmp_path))
+
+    def sample(s: Samples, util: float) -> None:
+        for i in range(50):
+            s.add(10 * DAY + i % 60 * 0.5, {A: busy(util)})
+
+    threads = [
+        threading.Thread(target=sample, args=(s, u)) for s, u in ((first, 1.0), (second, 0.0))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    current = json.loads((tmp_path / "samples" / "current.json").read_text())
+    assert current["g"][A] == [50.0, 50.0, 100.0]  # 100 samples, half of them in use
