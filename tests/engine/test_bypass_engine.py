@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.engine.test_plugin_chain_engine import call, docker, listed, plugin_config, rootfs
-from tests.support import clients, engine
+from tests.support import clients, engine, engine_root
 from tests.support.faults import IMAGE, real, shim
 from tests.support.plugin_registry import PluginRegistry
 
@@ -303,7 +303,7 @@ def test_pause_and_unpause_within_a_limit_work_as_before(stack):
 
 # ------------------------------------------------- reservations kept by what a grant does
 
-ALICE, BOB = "ga34alice", "ga34bob"
+ALICE, BOB = engine_root.host_user("ga34alice"), engine_root.host_user("ga34bob")
 
 
 @pytest.fixture(scope="module")

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import engine, swarm
+from tests.support import engine, engine_root, swarm
 from tests.support.busybox_image import busybox_rootfs_tar
 from tests.support.clients import docker_cli
 from tests.support.swarm import SwarmLab
 
 ALL_IMAGE = "gpu-alloc-test/cuda-like:latest"  # an image whose ENV asks for every GPU
-ANN, BEN = "gasvcann", "gasvcben"  # non-root users with a limit of 2 GPUs each; root is exempt
+# Non-root users with a limit of 2 GPUs each; root is exempt.
+ANN, BEN = engine_root.host_user("gasvcann"), engine_root.host_user("gasvcben")
 SWARM_ENV_IMAGE = "gpu-alloc-test/swarm-env:latest"  # its ENV sets swarm's own variable
 
 

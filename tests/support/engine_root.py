@@ -113,6 +113,13 @@ def selected() -> Engine:
     return lookup(os.environ.get("GA_ENGINE") or "20.10")
 
 
+def host_user(base: str) -> str:
+    """`base` made this Engine's own (``gaann`` -> ``gaann28``): the parts of `make test`
+    run in parallel, and a part that removes its host users at its end must not remove
+    those another part is still using."""
+    return base + re.sub(r"[^a-z0-9]", "", selected().name)
+
+
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
     """An exclusive flock: two pytest processes never build the same root at once."""
