@@ -116,7 +116,8 @@ def test_a_held_gpu_that_turns_unhealthy_is_unhealthy_and_held_in_every_view(
     assert (live["state"], live["healthy"], live["container_name"]) == ("unhealthy", False, "held")
     assert "Xid 79 at" in live["health"]
     table = gpu_alloc(stack, "gpus").stdout.splitlines()
-    assert "unhealthy (held)" in table[4] and "held" in table[4].split()[-1]
+    # a simulated GPU has no utilisation figure: its use is said to be unknown, never idle
+    assert "unhealthy (held, use unknown)" in table[4] and "held" in table[4].split()[-1]
     dashboard = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{PORT}/api/gpus").read())
     assert dashboard["gpus"][3]["state"] == "unhealthy"
 
