@@ -154,8 +154,11 @@ def _swarm_resources(ctx: Ctx) -> None:
     name then never reaches the toolkit); on an existing container (a swarm task's, given
     its GPUs by swarm's scheduler) it holds the GPUs its value names.  The toolkit reads
     the env as a map, so a variable set twice (the spec's void pin, then what swarm
-    appends) is its last value, and one naming void selects nothing."""
-    names = dict.fromkeys(e.partition("=")[0] for e in ctx.view.env if e.startswith(RESOURCE))
+    appends) is its last value, and one naming void selects nothing.  An entry without
+    ``=`` is no variable to the toolkit (it splits each entry at ``=`` and skips the rest)."""
+    names = dict.fromkeys(
+        e.partition("=")[0] for e in ctx.view.env if e.startswith(RESOURCE) and "=" in e
+    )
     for name in names:
         value = env_values(ctx.view.env, name)[-1]
         if ctx.strict and value.strip() != "void":

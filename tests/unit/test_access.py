@@ -89,6 +89,17 @@ def test_a_running_count_zero_container_holds_what_its_env_gives_the_hook(env, h
     assert access.of_container(inspect(env), SID, INVENTORY, TableHost()).none
 
 
+def test_a_swarm_resource_name_without_a_value_is_no_variable_to_the_toolkit():
+    """The toolkit splits each env entry at ``=`` and skips one without it; a bare name
+    (found by the property test of mutated bodies) selects nothing and is no error."""
+    pinned = ["NVIDIA_VISIBLE_DEVICES=void", "DOCKER_RESOURCE_GPU"]
+    assert access.of_create(create(pinned), OLD, INVENTORY, TableHost()).none
+    task = inspect(["DOCKER_RESOURCE_GPU", f"DOCKER_RESOURCE_GPU={INVENTORY.gpus[1].uuid}"])
+    assert access.of_container(task, OLD, INVENTORY, TableHost()).gpus(INVENTORY) == {
+        INVENTORY.gpus[1].uuid
+    }
+
+
 def test_device_ids_all_is_leased_like_count_minus_one():
     (grant,) = access.of_create(create(ids=["all"]), OLD, INVENTORY, TableHost()).grants
     assert grant.demand == access.Demand(all=True, caps=("gpu",))
