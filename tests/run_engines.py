@@ -1,5 +1,6 @@
-"""`make test`'s runner: the whole suite on the host's Engine and, in the same run, the
-Engine-facing suites on dockerd 26, 28 and 29, as separate pytest processes in parallel.
+"""`make test`'s runner: the whole suite on the host's Engine (its Engine-facing suites and
+the rest in two parts) and, in the same run, the Engine-facing suites on dockerd 26, 28
+and 29, as separate pytest processes in parallel.
 
 Why parallel processes: each part mostly waits on its own dockerd (container starts,
 Compose, stop timeouts), so three parts on two cores take little longer than the
@@ -81,13 +82,22 @@ class Part:
     archive: str = ""
 
     @property
+    def rest(self) -> bool:
+        """The whole suite less the Engine-facing suites, which a part of their own runs."""
+        return not self.paths and ENGINE_SUITES[0] in self.ignore
+
+    @property
     def key(self) -> str:
         """Distinct per part: its log's and its basetemp's name."""
-        return f"{self.engine}-{self.tier}" if self.tier else self.engine
+        if self.tier:
+            return f"{self.engine}-{self.tier}"
+        return f"{self.engine}-rest" if self.rest else self.engine
 
     @property
     def title(self) -> str:
-        what = "whole suite" if not self.paths else "Engine-facing suites"
+        what = "Engine-facing suites" if self.paths else "the whole suite"
+        if self.rest:
+            what = "the rest of the suite"
         return f"engine {self.engine}: {f'{self.tier} tier' if self.tier else what}"
 
 
@@ -203,13 +213,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def plan(names: list[str], whole: bool) -> list[Part]:
-    """The parts: the whole suite on the first Engine (the install tier beside it, in a part
-    of its own), the Engine-facing suites on the others, and the CDI tier on the Engines
-    that give --gpus through CDI."""
-    parts = [Part(n, () if i == 0 and whole else ENGINE_SUITES) for i, n in enumerate(names)]
+    """The parts: the Engine-facing suites on every Engine; on the first, with `whole`, the
+    rest of the suite and the install tier too, each in a part of its own (the whole suite
+    in one part was the run's long pole, twice as long as any other); and the CDI tier on
+    the Engines that give --gpus through CDI.  The Engine-facing suites already run beside
+    everything else, so splitting the first Engine's share there runs nothing at once that
+    did not before."""
+    parts = [Part(n, ENGINE_SUITES) for n in names]
     if whole and names:
-        parts[0].ignore = (INSTALL_TIER,)
-        parts.insert(1, Part(names[0], (INSTALL_TIER,), tier="install"))
+        parts[1:1] = [Part(names[0], (), ignore=(INSTALL_TIER, *ENGINE_SUITES)),
+                      Part(names[0], (INSTALL_TIER,), tier="install")]  # fmt: skip
     parts += [Part(n, CDI_SUITES, tier="cdi", gpu_mode="cdi") for n in names if n in CDI_ENGINES]
     return parts
 

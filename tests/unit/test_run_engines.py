@@ -32,13 +32,16 @@ def test_the_total_adds_every_part_and_a_dead_part_counts_as_an_error() -> None:
 
 def test_the_install_tier_runs_beside_the_whole_suite_not_inside_it() -> None:
     parts = run_engines.plan(["20.10", "26"], whole=True)
+    suites = run_engines.ENGINE_SUITES
     assert [(p.engine, p.paths, p.ignore) for p in parts] == [
-        ("20.10", (), ("tests/installed",)),
+        ("20.10", suites, ()),  # the whole suite, in two parts: its Engine-facing suites
+        ("20.10", (), ("tests/installed", *suites)),  # and the rest
         ("20.10", ("tests/installed",), ()),
-        ("26", run_engines.ENGINE_SUITES, ()),
+        ("26", suites, ()),
     ]
-    assert len({p.key for p in parts}) == 3  # each its own log and basetemp
-    assert parts[1].title == "engine 20.10: install tier"
+    assert len({p.key for p in parts}) == 4  # each its own log and basetemp
+    assert parts[1].title == "engine 20.10: the rest of the suite"
+    assert parts[2].title == "engine 20.10: install tier"
     only = run_engines.plan(["20.10", "26"], whole=False)
     assert all(p.paths == run_engines.ENGINE_SUITES and not p.ignore for p in only)
 
