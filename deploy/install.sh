@@ -131,8 +131,9 @@ if [[ -n $WHEELS ]]; then
         die "--wheels: no gpu_alloc-*.whl in $WHEELS (make them with: pip wheel -w $WHEELS $SOURCE)"
 fi
 SOURCE=$(cd "$SOURCE" && pwd) || die "--source: no such directory"
-HELPER=(python3 "$SCRIPT_DIR/daemon_json.py")
-command -v python3 >/dev/null || HELPER=("${PYTHON:-$DEFAULT_PYTHON}" "${HELPER[1]}")
+# The system interpreter runs the helpers: whatever python3 comes first on PATH may not.
+SYS_PY=${DEFAULT_PYTHON:-${PYTHON:-python3}}
+HELPER=("$SYS_PY" "$SCRIPT_DIR/daemon_json.py")
 DJ=$DESTDIR$DAEMON_JSON
 
 # ------------------------------------------------------------------------------------
@@ -154,15 +155,15 @@ note "$DJ: readable"
 # The nvidia runtime as the default runtime hands every GPU to any container whose
 # image sets NVIDIA_VISIBLE_DEVICES (nvidia/cuda images set "all"), past any allocator.
 dj_info=$("${HELPER[@]}" inspect "$DJ")
-default_runtime=$(printf '%s' "$dj_info" | python3 -c 'import json,sys; print(json.load(sys.stdin)["default_runtime"] or "")')
-runtimes=$(printf '%s' "$dj_info" | python3 -c 'import json,sys; print(" ".join(json.load(sys.stdin)["runtimes"]))')
+default_runtime=$("$SYS_PY" -c 'import json,sys; print(json.loads(sys.argv[1])["default_runtime"] or "")' "$dj_info")
+runtimes=$("$SYS_PY" -c 'import json,sys; print(" ".join(json.loads(sys.argv[1])["runtimes"]))' "$dj_info")
 docker_up=0
 if [[ -z $DESTDIR ]] && command -v docker >/dev/null &&
     info=$(timeout 20 docker info --format '{{.DefaultRuntime}}|{{json .Runtimes}}|{{.ContainersRunning}}|{{.LiveRestoreEnabled}}|{{json .Plugins.Authorization}}' 2>/dev/null); then
     docker_up=1
     IFS='|' read -r d_default d_runtimes d_running d_live_restore d_authz <<<"$info"
     default_runtime=${d_default:-$default_runtime}
-    runtimes=$(printf '%s' "$d_runtimes" | python3 -c 'import json,sys; print(" ".join(json.load(sys.stdin) or {}))')
+    runtimes=$("$SYS_PY" -c 'import json,sys; print(" ".join(json.loads(sys.argv[1]) or {}))' "$d_runtimes")
     note "docker: running; default runtime ${default_runtime:-runc}; runtimes: $runtimes"
 else
     note "docker: not reachable${DESTDIR:+ (DESTDIR staging)}; runtimes read from $DJ only"
@@ -277,7 +278,7 @@ activate() {
         curl -fsS --max-time 2 --unix-socket "$PLUGIN_SOCK" -X POST -d '{}' \
             http://localhost/Plugin.Activate 2>/dev/null
     else
-        python3 - "$PLUGIN_SOCK" <<'EOF'
+        "$SYS_PY" - "$PLUGIN_SOCK" <<'EOF'
 import http.client, socket, sys
 c = http.client.HTTPConnection("localhost", timeout=2)
 c.sock = socket.socket(socket.AF_UNIX); c.sock.settimeout(2); c.sock.connect(sys.argv[1])
@@ -303,7 +304,7 @@ else
 fi
 
 say "docker: authorization-plugins and builder.entitlements.device in $DAEMON_JSON"
-builds_were_closed=$("${HELPER[@]}" inspect "$DJ" | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["build_devices_closed"]))')
+builds_were_closed=$("$SYS_PY" -c 'import json,sys; print(int(json.loads(sys.argv[1])["build_devices_closed"]))' "$("${HELPER[@]}" inspect "$DJ")")
 daemon_json add "$DJ"
 if [[ $builds_were_closed == 0 ]]; then
     # dockerd reads the builder settings only when it starts: a reload does not apply them.

@@ -340,10 +340,15 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
 
 
 def fake_python(tmp_path: Path, runs_from: str) -> Path:
-    """An interpreter of 3.11+ that says it runs from ``runs_from`` (a pyenv under /root)."""
+    """An interpreter of 3.11+ that says it runs from ``runs_from`` (a pyenv under /root).
+
+    Each run is logged to ``calls`` beside it, so a test can tell whether it ran at all."""
     py = tmp_path / "bin" / "python3"
     py.parent.mkdir(parents=True)
-    py.write_text(f"#!/bin/sh\nprintf '%s\\n' {runs_from}/bin/python3.11 {runs_from}\n")
+    py.write_text(
+        f"#!/bin/sh\necho \"$*\" >> {tmp_path}/calls\n"
+        f"printf '%s\\n' {runs_from}/bin/python3.11 {runs_from}\n"
+    )
     py.chmod(0o755)
     return py
 
@@ -379,6 +384,7 @@ def test_the_default_interpreter_is_the_systems_not_the_first_on_path(tmp_path: 
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert f"+ /usr/bin/python3 -m venv {tmp_path}/root{PREFIX}/venv" in proc.stdout
+    assert not (tmp_path / "path" / "calls").exists(), "install.sh ran the first python3 on PATH"
 
 
 # ---------------------------------------------------------------------------------------------
