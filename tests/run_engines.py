@@ -1,6 +1,6 @@
-"""`make test`'s runner: the whole suite on the host's Engine (its Engine-facing suites and
-the rest in two parts) and, in the same run, the Engine-facing suites on dockerd 26, 28
-and 29, as separate pytest processes in parallel.
+"""`make test`'s runner: the whole suite on the host's Engine (its Engine-facing suites, its
+other Engine tests and the rest, in parts of their own) and, in the same run, the
+Engine-facing suites on dockerd 26, 28 and 29, as separate pytest processes in parallel.
 
 Why parallel processes: each part mostly waits on its own dockerd (container starts,
 Compose, stop timeouts), so three parts on two cores take little longer than the
@@ -56,6 +56,10 @@ CDI_SUITES = ("tests/engine/test_e2e.py",)
 CDI_ENGINES = ("29",)
 # The install tier (a booted systemd root) runs beside the whole suite, not inside it.
 INSTALL_TIER = "tests/installed"
+ENGINE_TESTS = "tests/engine"
+# The first Engine's share beyond its Engine-facing suites, in two parts so the run's tail
+# keeps both cores busy: the tests that start no dockerd, and the other Engine tests.
+REST_TITLES = {"rest": "the rest of the suite", "engine-rest": "the rest of its Engine tests"}
 ARCHIVE_BANNER = engine_root.ARCHIVE_BANNER
 BANNERS = (ARCHIVE_BANNER, engine_root.ABSENT_BANNER)
 # pytest's last line: "2 failed, 915 passed in 758.76s (0:12:38)", framed by "=" without -q.
@@ -69,7 +73,8 @@ COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|desele
 class Part:
     engine: str
     paths: tuple[str, ...]  # empty: the whole suite
-    tier: str = ""  # a tier of its own ("install", "cdi"), not the Engine's suites
+    # A tier of its own ("install", "cdi", a REST_TITLES part), not the Engine's suites.
+    tier: str = ""
     ignore: tuple[str, ...] = ()  # what the whole suite leaves to another part
     gpu_mode: str = "hook"  # how its dockerds give --gpus (tests/support/cdi.py)
     proc: subprocess.Popen | None = None
@@ -82,23 +87,14 @@ class Part:
     archive: str = ""
 
     @property
-    def rest(self) -> bool:
-        """The whole suite less the Engine-facing suites, which a part of their own runs."""
-        return not self.paths and ENGINE_SUITES[0] in self.ignore
-
-    @property
     def key(self) -> str:
         """Distinct per part: its log's and its basetemp's name."""
-        if self.tier:
-            return f"{self.engine}-{self.tier}"
-        return f"{self.engine}-rest" if self.rest else self.engine
+        return f"{self.engine}-{self.tier}" if self.tier else self.engine
 
     @property
     def title(self) -> str:
-        what = "Engine-facing suites" if self.paths else "the whole suite"
-        if self.rest:
-            what = "the rest of the suite"
-        return f"engine {self.engine}: {f'{self.tier} tier' if self.tier else what}"
+        what = REST_TITLES.get(self.tier, f"{self.tier} tier") if self.tier else ""
+        return f"engine {self.engine}: {what or 'Engine-facing suites'}"
 
 
 def start(part: Part, tmp: Path, extra: list[str]) -> None:
@@ -214,14 +210,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def plan(names: list[str], whole: bool) -> list[Part]:
     """The parts: the Engine-facing suites on every Engine; on the first, with `whole`, the
-    rest of the suite and the install tier too, each in a part of its own (the whole suite
-    in one part was the run's long pole, twice as long as any other); and the CDI tier on
+    rest of the suite (in two parts: REST_TITLES) and the install tier too, each in a part
+    of its own (the whole suite in one part was the run's long pole, twice as long as any
+    other); and the CDI tier on
     the Engines that give --gpus through CDI.  The Engine-facing suites already run beside
     everything else, so splitting the first Engine's share there runs nothing at once that
     did not before."""
     parts = [Part(n, ENGINE_SUITES) for n in names]
     if whole and names:
-        parts[1:1] = [Part(names[0], (), ignore=(INSTALL_TIER, *ENGINE_SUITES)),
+        parts[1:1] = [Part(names[0], (), tier="rest", ignore=(INSTALL_TIER, ENGINE_TESTS)),
+                      Part(names[0], (ENGINE_TESTS,), tier="engine-rest", ignore=ENGINE_SUITES),
                       Part(names[0], (INSTALL_TIER,), tier="install")]  # fmt: skip
     parts += [Part(n, CDI_SUITES, tier="cdi", gpu_mode="cdi") for n in names if n in CDI_ENGINES]
     return parts
