@@ -26,7 +26,7 @@ from allocator.host import unixhttp
 from allocator.ops import cli
 from allocator.reconciler import Reconciler
 from allocator.views.wire import explain_target as explain_route
-from tests.support import engine
+from tests.support import engine, host_users
 from tests.support.engine import gpu_alloc
 
 IMAGE = engine.BUSYBOX_TAG
@@ -57,16 +57,9 @@ def make_stack() -> engine.Stack:
 @pytest.fixture(scope="module", autouse=True)
 def users(stack: engine.Stack) -> Iterator[None]:
     """Two people who may use the shim socket, and nothing else of the stack."""
-    subprocess.run(["groupadd", "-f", GROUP], check=True)
-    for user, extra in ((ALICE, ["-G", GROUP]), (BOB, [])):
-        if subprocess.run(["id", user], capture_output=True).returncode != 0:
-            subprocess.run(["useradd", "-M", "-s", "/bin/false", *extra, user], check=True)
-    os.chmod(stack.dir, 0o711)
-    os.chmod(stack.shim_sock, 0o666)
-    yield
-    for user in (ALICE, BOB):
-        subprocess.run(["userdel", user], capture_output=True)
-    subprocess.run(["groupdel", GROUP], capture_output=True)
+    with host_users.present(ALICE, BOB, groups={ALICE: GROUP}):
+        host_users.open_shim(stack)
+        yield
 
 
 def as_user(stack: engine.Stack, user: str | None, *args: str) -> subprocess.CompletedProcess:

@@ -23,7 +23,7 @@ from allocator.host.audit import AuditLog
 from allocator.views import wire
 from tests.engine.test_observe_engine import set_usage
 from tests.engine.test_waiting_engine import until, waiting_create
-from tests.support import clients, engine
+from tests.support import clients, engine, host_users
 
 IMAGE = engine.BUSYBOX_TAG
 ANN, BEN = "ga28ann", "ga28ben"
@@ -36,17 +36,12 @@ def make_stack() -> engine.Stack:
 
 @pytest.fixture(scope="module", autouse=True)
 def users(stack: engine.Stack) -> Iterator[None]:
-    for user in (ANN, BEN):
-        if subprocess.run(["id", user], capture_output=True).returncode != 0:
-            subprocess.run(["useradd", "-M", "-s", "/bin/false", user], check=True)
-    os.chmod(stack.dir, 0o711)
-    os.chmod(stack.state_dir, 0o700)  # root's, as installed: others ask the shim
-    os.chmod(stack.shim_sock, 0o666)
-    for index, util in UTIL.items():
-        set_usage(stack, engine.sim_gpu_uuid(index), {"utilization": util})
-    yield
-    for user in (ANN, BEN):
-        subprocess.run(["userdel", user], capture_output=True)
+    with host_users.present(ANN, BEN):
+        host_users.open_shim(stack)
+        os.chmod(stack.state_dir, 0o700)  # root's, as installed: others ask the shim
+        for index, util in UTIL.items():
+            set_usage(stack, engine.sim_gpu_uuid(index), {"utilization": util})
+        yield
 
 
 def docker(stack: engine.Stack, *args: str, user: str | None = None):

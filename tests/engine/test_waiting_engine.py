@@ -9,7 +9,6 @@ their arrival's.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -20,7 +19,7 @@ import pytest
 
 from allocator.host.audit import AuditLog
 from allocator.host.ledger import Ledger
-from tests.support import clients, engine
+from tests.support import clients, engine, host_users
 
 IMAGE = engine.BUSYBOX_TAG
 LOW, MID, HIGH = "ga15low", "ga15mid", "ga15high"
@@ -34,14 +33,9 @@ def make_stack() -> engine.Stack:
 
 @pytest.fixture(scope="module", autouse=True)
 def users(stack: engine.Stack) -> Iterator[None]:
-    for user in (LOW, MID, HIGH):
-        if subprocess.run(["id", user], capture_output=True).returncode != 0:
-            subprocess.run(["useradd", "-M", "-s", "/bin/false", user], check=True)
-    os.chmod(stack.dir, 0o711)
-    os.chmod(stack.shim_sock, 0o666)
-    yield
-    for user in (LOW, MID, HIGH):
-        subprocess.run(["userdel", user], capture_output=True)
+    with host_users.present(LOW, MID, HIGH):
+        host_users.open_shim(stack)
+        yield
 
 
 def docker(stack: engine.Stack, *args: str, user: str | None = None):

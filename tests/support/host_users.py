@@ -1,0 +1,37 @@
+"""People on the host, for Engine tests that run the docker CLI as someone other than root."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+
+@contextlib.contextmanager
+def present(*users: str, groups: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Each of ``users`` exists inside the block: made when missing (no home, no shell),
+    removed at its end.  ``groups`` (user -> group) adds a user to a group, made first and
+    removed after."""
+    groups = groups or {}
+    for group in set(groups.values()):
+        subprocess.run(["groupadd", "-f", group], check=True)
+    for user in users:
+        if subprocess.run(["id", user], capture_output=True).returncode != 0:
+            extra = ["-G", groups[user]] if user in groups else []
+            subprocess.run(["useradd", "-M", "-s", "/bin/false", *extra, user], check=True)
+    try:
+        yield
+    finally:
+        for user in users:
+            subprocess.run(["userdel", user], capture_output=True)
+        for group in set(groups.values()):
+            subprocess.run(["groupdel", group], capture_output=True)
+
+
+def open_shim(stack: Any) -> None:
+    """Anyone may reach the stack's shim socket (and nothing else of the stack's directory),
+    as the installed shim's socket is open to its users."""
+    os.chmod(stack.dir, 0o711)
+    os.chmod(stack.shim_sock, 0o666)
