@@ -187,7 +187,9 @@ class Dispatcher:
         goes there with its decision, for the audit trail."""
         began = time.perf_counter()
         try:
-            asked = self.alloc.gather.at_hand(self._asked(route, method, uri, req))
+            asked = self.alloc.gather.at_hand(
+                self._asked(route, method, uri, req), decide.reads_facts(route)
+            )
             decision = None if isinstance(asked, Need) else self.alloc.admission.resolve(asked)
         except Exception:  # any failure: decided in full, and logged
             decision = None

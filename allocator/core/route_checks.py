@@ -22,7 +22,16 @@ from allocator.core import (
     service_marks,
     services,
 )
-from allocator.core.decisions import ALLOW, Decision, Deny, Facts, StartCheck, UpdateCheck
+from allocator.core.decisions import (
+    ALLOW,
+    NO_FACT,
+    Decision,
+    Deny,
+    Fact,
+    Facts,
+    StartCheck,
+    UpdateCheck,
+)
 from allocator.core.facts import HostFacts, Unresolvable
 from allocator.core.routes import Check, Route
 from allocator.core.service_fields import SERVICE_SPEC
@@ -260,4 +269,35 @@ CHECKS = {
     Check.BUILDKIT: _buildkit,
     Check.ARCHIVE: _archive,
     Check.UNKNOWN: _unknown,
+}
+
+
+# The facts each route's verdict reads (`verdicts.authz_request`), every check listed:
+# only these are gathered for it, and a read of another is `decisions.Unread`.  The
+# tests make every route's verdict on recording facts and hold it to this table
+# (tests/unit/test_fact_reads.py).  A create is judged in `verdicts`; a start's facts
+# are read when it is resolved (`StartCheck`: allocator/restarts.py), not here.
+_A_GRANT = frozenset({Fact.INVENTORY, Fact.ENGINE, Fact.HOST, Fact.VOLUME_OF})
+_A_PLUGIN = frozenset({Fact.ENGINE, Fact.HOST})
+READS: dict[Check, frozenset[Fact]] = {
+    Check.ALLOW: NO_FACT,
+    Check.REMOVE: NO_FACT,
+    Check.RENAME: NO_FACT,
+    Check.PRUNE: NO_FACT,
+    Check.CREATE: _A_GRANT | {Fact.MOUNTS_OF, Fact.SHIM_SOCKET},
+    Check.START: NO_FACT,
+    Check.RESTART: NO_FACT,
+    Check.UPDATE: NO_FACT,
+    Check.EXEC: NO_FACT,
+    Check.SERVICE: _A_GRANT | {Fact.SWARM_KIND},
+    Check.PLUGIN_INSTALL: _A_PLUGIN,
+    Check.PLUGIN_UPGRADE: _A_PLUGIN,
+    Check.PLUGIN_ENABLE: _A_PLUGIN,
+    Check.PLUGIN_DISABLE: _A_PLUGIN,
+    Check.PLUGIN_CREATE: NO_FACT,
+    Check.PLUGIN_SET: _A_PLUGIN,
+    Check.VOLUME_CREATE: frozenset({Fact.HOST}),
+    Check.BUILDKIT: frozenset({Fact.ENGINE}),
+    Check.ARCHIVE: frozenset({Fact.ENGINE}),
+    Check.UNKNOWN: NO_FACT,
 }

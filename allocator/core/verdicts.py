@@ -31,19 +31,22 @@ from allocator.core.createbody import decode_create
 from allocator.core.decisions import (
     ALLOW,
     HINT,
+    NO_FACT,
     Allow,
     AllowStart,
     Decision,
     Deny,
+    Fact,
     Facts,
     NeedsLease,
     StartCheck,
+    Unread,
     UpdateCheck,
     context_hint,
 )
 from allocator.core.facts import EngineView, NotAsked
 from allocator.core.grants import Access, Grant, Refusal
-from allocator.core.route_checks import CHECKS, needs_body, service
+from allocator.core.route_checks import CHECKS, READS, needs_body, service
 from allocator.core.routes import CLEARED, Check, Route, RouteError, classify
 from allocator.core.service_marks import Signing
 
@@ -55,9 +58,11 @@ __all__ = [
     "AllowStart",
     "Decision",
     "Deny",
+    "Fact",
     "Facts",
     "NeedsLease",
     "StartCheck",
+    "Unread",
     "UpdateCheck",
     "authz_request",
     "cleared",
@@ -103,36 +108,20 @@ def cleared(route: Route) -> bool:
     return route.check in CLEARED
 
 
-# The checks whose verdict reads facts (the inventory, the Engine's view, the host's
-# filesystem, swarm.kind): a create, a service's spec, a plugin's install or settings, a
-# volume's options, BuildKit's upgrades and copies into a container (the Engine's version
-# and configuration).  Every other verdict is made from the request alone, and the ledger
-# or the Engine after it.
-READS_FACTS = frozenset(
-    {
-        Check.CREATE,
-        Check.SERVICE,
-        Check.PLUGIN_INSTALL,
-        Check.PLUGIN_UPGRADE,
-        Check.PLUGIN_ENABLE,
-        Check.PLUGIN_DISABLE,
-        Check.PLUGIN_CREATE,
-        Check.PLUGIN_SET,
-        Check.VOLUME_CREATE,
-        Check.BUILDKIT,
-        Check.ARCHIVE,
-    }
-)
+def reads_facts(route: Route) -> frozenset[Fact]:
+    """The facts `authz_request` reads for ``route`` (`route_checks.READS`); empty when
+    it reads none, and then none is gathered for it (`unread` will do)."""
+    return NO_FACT if cleared(route) else READS[route.check]
 
 
-def reads_facts(route: Route) -> bool:
-    """Whether `authz_request` reads ``facts`` for ``route`` (else `unread` will do)."""
-    return route.check in READS_FACTS and not cleared(route)
+# What `shim_ask` reads: a create's grants, and policy.privileged.
+SHIM_ASK_READS = READS[Check.CREATE] - {Fact.SHIM_SOCKET} | {Fact.PRIVILEGED_MODE}
 
 
 def unread() -> Facts:
-    """Facts for a verdict that reads none (`reads_facts` False): nothing is in them."""
-    return Facts(None, EngineView(), NotAsked(()), inventory_error="not read")
+    """Facts for a verdict that reads none (`reads_facts` empty): none gathered, so any
+    read of one is `Unread`."""
+    return Facts(None, EngineView(), NotAsked(()), gathered=NO_FACT)
 
 
 def authz_request(
