@@ -54,6 +54,8 @@ class Fact(StrEnum):
 
 EVERY_FACT = frozenset(Fact)
 NO_FACT: frozenset[Fact] = frozenset()
+# What judging a spec's or a container's access reads (`access`, `starts`, `services`).
+ACCESS_READS = frozenset({Fact.INVENTORY, Fact.ENGINE, Fact.HOST, Fact.VOLUME_OF})
 
 
 class Unread(LookupError):

@@ -23,6 +23,7 @@ from allocator.core import (
     services,
 )
 from allocator.core.decisions import (
+    ACCESS_READS,
     ALLOW,
     NO_FACT,
     Decision,
@@ -277,19 +278,18 @@ CHECKS = {
 # tests make every route's verdict on recording facts and hold it to this table
 # (tests/unit/test_fact_reads.py).  A create is judged in `verdicts`; a start's facts
 # are read when it is resolved (`StartCheck`: allocator/restarts.py), not here.
-_A_GRANT = frozenset({Fact.INVENTORY, Fact.ENGINE, Fact.HOST, Fact.VOLUME_OF})
 _A_PLUGIN = frozenset({Fact.ENGINE, Fact.HOST})
 READS: dict[Check, frozenset[Fact]] = {
     Check.ALLOW: NO_FACT,
     Check.REMOVE: NO_FACT,
     Check.RENAME: NO_FACT,
     Check.PRUNE: NO_FACT,
-    Check.CREATE: _A_GRANT | {Fact.MOUNTS_OF, Fact.SHIM_SOCKET},
+    Check.CREATE: ACCESS_READS | {Fact.MOUNTS_OF, Fact.SHIM_SOCKET},
     Check.START: NO_FACT,
     Check.RESTART: NO_FACT,
     Check.UPDATE: NO_FACT,
     Check.EXEC: NO_FACT,
-    Check.SERVICE: _A_GRANT | {Fact.SWARM_KIND},
+    Check.SERVICE: ACCESS_READS | {Fact.SWARM_KIND},
     Check.PLUGIN_INSTALL: _A_PLUGIN,
     Check.PLUGIN_UPGRADE: _A_PLUGIN,
     Check.PLUGIN_ENABLE: _A_PLUGIN,

@@ -29,6 +29,7 @@ from allocator.core import access, gojson, labels, privileged, service_marks, sh
 from allocator.core.ask import Ask, ask_of
 from allocator.core.createbody import decode_create
 from allocator.core.decisions import (
+    ACCESS_READS,
     ALLOW,
     HINT,
     NO_FACT,
@@ -52,6 +53,7 @@ from allocator.core.service_marks import Signing
 
 # The decisions are this module's answers: callers read them from here.
 __all__ = [
+    "ACCESS_READS",
     "ALLOW",
     "HINT",
     "Allow",

@@ -4,6 +4,7 @@ when it asked for one not at hand."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -141,3 +142,16 @@ def test_a_verdict_gets_only_the_facts_it_declares(alloc: Allocator) -> None:
     seen: list[decide.Facts] = []
     alloc.gather.decide(lambda facts: seen.append(facts), frozenset({Fact.ENGINE}))
     assert seen[0].gathered == {Fact.ENGINE}
+
+
+def test_every_decision_gets_its_facts_through_the_driver() -> None:
+    """Creates, starts, updates, services, reconcile and explain: `Gatherer.decide` is the
+    one way to facts, so each verdict gets only those it declares."""
+    root = Path(__file__).resolve().parents[2]
+    callers = [
+        str(path.relative_to(root))
+        for package in ("allocator", "plugin", "shim")
+        for path in (root / package).rglob("*.py")
+        if path.name != "gather.py" and re.search(r"\.facts\(\)", path.read_text())
+    ]
+    assert callers == []
