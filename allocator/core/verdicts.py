@@ -46,6 +46,7 @@ from allocator.core.decisions import (
     context_hint,
 )
 from allocator.core.facts import EngineView, NotAsked
+from allocator.core.gojson import AnyBody, Body
 from allocator.core.grants import Access, Grant, Refusal
 from allocator.core.route_checks import CHECKS, READS, needs_body, service
 from allocator.core.routes import CLEARED, Check, Route, RouteError, classify
@@ -130,7 +131,7 @@ def authz_request(
     route: Route,
     method: str,
     uri: str,
-    body: bytes | None,
+    body: AnyBody,
     facts: Facts,
     headers: Mapping[str, Any] | None = None,
     signing: Signing | None = None,
@@ -139,23 +140,25 @@ def authz_request(
     non-create writes).  Reads and harmless writes return before any parsing, and
     touch no fact.  ``headers``: the request's, where a leased create carries its lease
     token and a service write the shim's mark (`service_marks`), checked with
-    ``signing`` (creates and services alone read them)."""
+    ``signing`` (creates and services alone read them).  ``body``: its bytes, or the
+    `gojson.Body` that keeps its decoding for the next time the call is judged."""
     if cleared(route):
         return ALLOW
+    kept = Body.of(body)
     if route.check is Check.CREATE:
-        return _create(route, method, uri, body, facts, labels.parse_lease_header(headers))
+        return _create(route, method, uri, kept, facts, labels.parse_lease_header(headers))
     if route.check is Check.SERVICE:
         sign = signing or Signing()
-        marked = service_marks.marked(headers, sign.key, body)
-        return service(route, method, uri, body, facts, marked, sign.engine_socket)
-    return CHECKS[route.check](route, method, uri, body, facts)
+        marked = service_marks.marked(headers, sign.key, kept.raw)
+        return service(route, method, uri, kept, facts, marked, sign.engine_socket)
+    return CHECKS[route.check](route, method, uri, kept, facts)
 
 
 def _create(
     route: Route,
     method: str,
     uri: str,
-    body: bytes | None,
+    body: Body,
     facts: Facts,
     lease: tuple[str, str] = ("", ""),
 ) -> Decision:
@@ -166,7 +169,7 @@ def _create(
     if missing:
         return missing
     try:
-        spec = decode_create(body or b"")
+        spec = body.decoded(decode_create)
     except gojson.BodyError as e:
         return Deny(f"gpu-alloc refused the container create: {e}")
     grants = grants_of_create(spec, facts)
