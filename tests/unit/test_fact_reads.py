@@ -16,8 +16,10 @@ import pytest
 
 from allocator.core import routes, services
 from allocator.core import verdicts as decide
+from allocator.core.createbody import decode_create
 from allocator.core.decisions import EVERY_FACT, Fact, Facts, Unread
 from allocator.core.facts import EngineView
+from allocator.core.gojson import BodyError
 from allocator.core.inventory import GPU, Inventory
 from allocator.core.route_checks import READS
 from allocator.core.routes import Check
@@ -137,3 +139,17 @@ def test_a_service_judged_without_its_swarm_kind_raises() -> None:
 def test_the_needs_of_facts_not_asked_are_no_read() -> None:
     facts = recording()
     assert facts.needs == "" and facts.read == set()
+
+
+def test_the_shims_ask_reads_only_the_facts_it_declares() -> None:
+    read: set[Fact] = set()
+    for raw in BODIES[Check.CREATE]:
+        assert isinstance(raw, bytes)
+        try:
+            spec = decode_create(raw)
+        except BodyError:
+            continue  # refused before any fact, as the shim refuses it
+        facts = recording()
+        decide.shim_ask(spec, facts)
+        read |= facts.read
+    assert read == decide.SHIM_ASK_READS
