@@ -363,7 +363,7 @@ def _given(verdict: Callable[[Facts], T], facts: Facts, reads: frozenset[Fact]) 
     """``verdict`` on ``facts`` with only ``reads`` readable; made again on all of them
     when it reads another (`Unread`: its declaration is wrong)."""
     try:
-        return verdict(facts.only(reads))
+        return verdict(facts if reads >= facts.gathered else facts.only(reads))
     except Unread as e:
         _drifted(e)
     return verdict(facts)

@@ -58,7 +58,7 @@ NO_FACT: frozenset[Fact] = frozenset()
 ACCESS_READS = frozenset({Fact.INVENTORY, Fact.ENGINE, Fact.HOST, Fact.VOLUME_OF})
 
 
-class Unread(LookupError):
+class Unread(Exception):
     """A verdict read ``fact``, which was not gathered for it: its declaration
     (`route_checks.READS`) is wrong.  Never answered by a default: the caller makes the
     verdict again on every fact (`allocator.gather.Gatherer.decide`), or, in the tests,
