@@ -209,7 +209,8 @@ class Gatherer:
         """The one way a decision gets its facts: ``verdict`` on the facts it ``reads``
         (its declaration: `verdicts.reads_facts`), those at hand when they suffice
         (`at_hand`), else read now and asked once more.  None read when it reads none.
-        ``now``: read now, never at hand (a start is judged on the host as it is).
+        ``now``: read now, never at hand (a verdict that itself asks the Engine, such as
+        reconcile's; one whose facts were not at hand a moment ago).
 
         A verdict that reads a fact outside ``reads`` (`Unread`) is made again on every
         fact, never on a default; under `STRICT_ENV` (the tests) that is an error."""
