@@ -149,9 +149,7 @@ def service(
     return Deny(f"gpu-alloc refused the swarm service: {why}") if why else ALLOW
 
 
-def _plugin_create(
-    route: Route, method: str, uri: str, body: AnyBody, facts: Facts
-) -> Decision:
+def _plugin_create(route: Route, method: str, uri: str, body: AnyBody, facts: Facts) -> Decision:
     return Deny(
         "gpu-alloc refused 'docker plugin create': a plugin built from a local tarball can "
         "ask for any device, and its manifest is not visible to gpu-alloc; install plugins "
@@ -189,9 +187,7 @@ _VOLUME_BODY = fields.Struct(
 )
 
 
-def _volume_create(
-    route: Route, method: str, uri: str, body: AnyBody, facts: Facts
-) -> Decision:
+def _volume_create(route: Route, method: str, uri: str, body: AnyBody, facts: Facts) -> Decision:
     spec = _body_as(route, method, uri, body, _VOLUME_BODY, "volume create")
     if isinstance(spec, Deny):
         return spec
