@@ -96,7 +96,7 @@ class Creates:
         None when a fact is not at hand or the decision failed (`lease_for` decides it
         with the facts read)."""
         try:
-            judged = self.gather.at_hand(partial(_judged, spec))
+            judged = self.gather.at_hand(partial(_judged, spec), decide.SHIM_ASK_READS)
         except Exception:  # any failure: decided (and reported) in full
             return None
         return None if isinstance(judged, Need) else judged
@@ -119,7 +119,7 @@ class Creates:
         None for a create that asks for no GPU, or what was leased (`Asked`).  ``waits``:
         the create waits in line if refused for now (`LeaseBook.lease`); ``share``: it
         asks for part of a shared GPU (allocator/core/sharing.py)."""
-        facts, ask = known or self.gather.decide(partial(_judged, spec))
+        facts, ask = known or self.gather.decide(partial(_judged, spec), decide.SHIM_ASK_READS)
         if isinstance(ask, decide.Deny):
             self._refused(name, peer, ask.msg, ask.field)
             return ask

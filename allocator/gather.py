@@ -21,7 +21,8 @@ from dataclasses import replace
 from typing import TypeVar
 
 from allocator.core import cpus
-from allocator.core.facts import EngineView, Need, NotAsked
+from allocator.core.decisions import EVERY_FACT, Fact, Unread
+from allocator.core.facts import EngineView, HostFacts, Need, NotAsked
 from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.policy import Rules, missing_pool_gpus
 from allocator.core.verdicts import Facts, unread
@@ -175,39 +176,56 @@ class Gatherer:
         return view, host
 
     def facts(self) -> Facts:
-        """The facts for a decision; an unreadable inventory is one of them, not an error."""
-        with_engine = self.engine is not None
+        """Every fact, read now; an unreadable inventory is one of them, not an error.
+        Decisions get theirs through `decide`."""
         try:
-            inventory, missing = self.inventory(), ""
+            found: Inventory | InventoryError = self.inventory()
         except InventoryError as e:
-            inventory, missing = None, str(e)
-        view, host = self._engine_facts()
+            found = e
+        return self._facts(found, *self._engine_facts())
+
+    def _facts(self, found: Inventory | InventoryError, view: EngineView, host: HostFacts) -> Facts:
+        """The one place `Facts` are made: from the inventory (or why it is missing), the
+        Engine's view and the host, read now or (`NotAsked`) not asked; the Engine's
+        lookups are the host's then, or none without an Engine."""
+        inventory = None if isinstance(found, InventoryError) else found
+        lookups = self.engine is not None
+        unasked = host if isinstance(host, NotAsked) else None
         return Facts(
             inventory,
             view,
             host,
-            mounts_of=self._bind_mounts if with_engine else None,
-            inventory_error=missing,
-            volume_of=self._volume if with_engine else None,
+            mounts_of=(unasked.mounts_of if unasked else self._bind_mounts) if lookups else None,
+            inventory_error="" if inventory is not None else str(found),
+            volume_of=(unasked.volume_of if unasked else self._volume) if lookups else None,
             shim_socket=self.config.shim.socket,
             privileged_mode=self._rules.privileged,
             swarm_kind=self.config.swarm.kind,
         )
 
-    def decide(self, verdict: Callable[[Facts], T], reads: bool = True) -> T:
-        """``verdict`` on the facts: those at hand when they suffice (`at_hand`), else on
-        the facts read now, asked once more.  ``reads`` False: the core says the verdict
-        reads no fact (`verdicts.reads_facts`), so none is read for it.  The one way a
-        decision gets its facts."""
-        if not reads:
-            facts = unread()
-            given = verdict(facts)
-            if not facts.needs:
-                return given
-        got = self.at_hand(verdict)
-        return verdict(self.facts()) if isinstance(got, Need) else got
+    def decide(
+        self, verdict: Callable[[Facts], T], reads: frozenset[Fact] = EVERY_FACT, now: bool = False
+    ) -> T:
+        """The one way a decision gets its facts: ``verdict`` on the facts it ``reads``
+        (its declaration: `verdicts.reads_facts`), those at hand when they suffice
+        (`at_hand`), else read now and asked once more.  None read when it reads none.
+        ``now``: read now, never at hand (a verdict that itself asks the Engine, such as
+        reconcile's; one whose facts were not at hand a moment ago).
 
-    def at_hand(self, verdict: Callable[[Facts], T]) -> T | Need:
+        A verdict that reads a fact outside ``reads`` (`Unread`) is made again on every
+        fact, never on a default; under `STRICT_ENV` (the tests) that is an error."""
+        if not reads:
+            try:
+                return verdict(unread())
+            except Unread as e:
+                _drifted(e)
+            reads = EVERY_FACT
+        got = Need("facts read now") if now else self.at_hand(verdict, reads)
+        return _given(verdict, self.facts(), reads) if isinstance(got, Need) else got
+
+    def at_hand(
+        self, verdict: Callable[[Facts], T], reads: frozenset[Fact] = EVERY_FACT
+    ) -> T | Need:
         """``verdict`` on the facts this process holds already, for a decision where
         nothing may wait (an event loop); `Need`, naming the fact, when it asked for one
         not at hand: the Engine's view gone stale, the inventory changed since it was
@@ -222,23 +240,9 @@ class Gatherer:
         held = self._inventory
         if held is None or held[0] != self._inventory_stamp():
             return Need("the GPU inventory")
-        found = held[1]
-        inventory = None if isinstance(found, InventoryError) else found
         view, host = known
-        unasked = NotAsked(host.protected)
-        with_engine = self.engine is not None
-        facts = Facts(
-            inventory,
-            view,
-            unasked,
-            mounts_of=unasked.mounts_of if with_engine else None,
-            inventory_error=str(found) if inventory is None else "",
-            volume_of=unasked.volume_of if with_engine else None,
-            shim_socket=self.config.shim.socket,
-            privileged_mode=self._rules.privileged,
-            swarm_kind=self.config.swarm.kind,
-        )
-        got = verdict(facts)
+        facts = self._facts(held[1], view, NotAsked(host.protected))
+        got = _given(verdict, facts, reads)
         return Need(facts.needs) if facts.needs else got
 
     def _volume(self, name: str) -> tuple[str, dict[str, str]] | None:
@@ -351,3 +355,24 @@ def _daemon_json(path: str) -> EngineView | None:
     except (OSError, ValueError):
         return None
     return EngineView.from_daemon_json(data) if isinstance(data, dict) else None
+
+
+STRICT_ENV = "GPU_ALLOC_STRICT_FACTS"  # "1": a verdict's read of a fact not gathered fails
+
+
+def _given(verdict: Callable[[Facts], T], facts: Facts, reads: frozenset[Fact]) -> T:
+    """``verdict`` on ``facts`` with only ``reads`` readable; made again on all of them
+    when it reads another (`Unread`: its declaration is wrong)."""
+    try:
+        return verdict(facts if reads >= facts.gathered else facts.only(reads))
+    except Unread as e:
+        _drifted(e)
+    return verdict(facts)
+
+
+def _drifted(e: Unread) -> None:
+    """A verdict read a fact it does not declare: the tests fail on it; a running service
+    logs it, and judges on every fact."""
+    if os.environ.get(STRICT_ENV) == "1":
+        raise e
+    log.error("gpu-alloc bug: %s; judged again on every fact", e)

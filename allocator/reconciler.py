@@ -19,13 +19,14 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from allocator.core import access, labels, policy, privileged, restarts
 from allocator.core import reservations as rsv
 from allocator.core.leases import Claim, Lease, Phase, State
 from allocator.core.reconcile import STOPPED, Report, apply
-from allocator.core.verdicts import Facts
+from allocator.core.verdicts import ACCESS_READS, Facts
 from allocator.gather import Gatherer
 from allocator.host import ledger
 from allocator.host.engine import Engine, EngineError, go_time
@@ -100,24 +101,8 @@ class Reconciler:
             listed.update((c["Id"], c) for c in self.engine.containers(ids=list(snapshot.claims)))
         if adopt:
             listed.update((c["Id"], c) for c in self.engine.containers())
-        facts = self.gather.facts()
-        facts.require_inventory()  # which GPUs a claim holds needs the inventory
-        by_label: dict[str, str] = {}
-        for cid, c in listed.items():
-            lease = snapshot.leases.get(labels.lease_of(c.get("Labels")))
-            if lease and lease.container is None and self._carries(cid, lease, facts):
-                by_label[lease.id] = cid
-        found: dict[str, Claim] = {}
-        if adopt:
-            known = {le.container for le in snapshot.leases.values()} | set(snapshot.claims)
-            known |= set(snapshot.expired)  # their GPUs went back: never adopt them
-            for cid in listed.keys() - known - self.without_gpus - set(by_label.values()):
-                claim = self._claim_of(cid, facts)
-                if claim is None:
-                    self.without_gpus.add(cid)
-                else:
-                    found[cid] = claim
-            self.without_gpus &= set(listed)
+        held = partial(self._holders, snapshot, listed, adopt)
+        by_label, found = self.gather.decide(held, ACCESS_READS, now=True)
         stopped, policies = self._stopped_since(snapshot, listed)
         due = policy.expired(
             [(le.id, le.container or "") for le in snapshot.leases.values()],
@@ -242,6 +227,30 @@ class Reconciler:
             self.recorder.record(
                 "restart-off", lease, reason=f"restart policy {was} turned off: {why}"
             )
+
+    def _holders(
+        self, snapshot: State, listed: dict[str, dict], adopt: bool, facts: Facts
+    ) -> tuple[dict[str, str], dict[str, Claim]]:
+        """Which pending lease each listed container carries (by its label, and its
+        access), and (``adopt``) the claims of GPU holders the ledger does not know."""
+        facts.require_inventory()  # which GPUs a claim holds needs the inventory
+        by_label: dict[str, str] = {}
+        for cid, c in listed.items():
+            lease = snapshot.leases.get(labels.lease_of(c.get("Labels")))
+            if lease and lease.container is None and self._carries(cid, lease, facts):
+                by_label[lease.id] = cid
+        found: dict[str, Claim] = {}
+        if adopt:
+            known = {le.container for le in snapshot.leases.values()} | set(snapshot.claims)
+            known |= set(snapshot.expired)  # their GPUs went back: never adopt them
+            for cid in listed.keys() - known - self.without_gpus - set(by_label.values()):
+                claim = self._claim_of(cid, facts)
+                if claim is None:
+                    self.without_gpus.add(cid)
+                else:
+                    found[cid] = claim
+            self.without_gpus &= set(listed)
+        return by_label, found
 
     def _carries(self, cid: str, lease: Lease, facts: Facts) -> bool:
         """Does this container really hold the lease's GPUs (not a label copied by commit)?"""

@@ -12,11 +12,13 @@ start of whose container would be refused is turned off (`check_restarts`).
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from allocator.core import access, policy, restarts, starts, timelimits
 from allocator.core import reservations as rsv
 from allocator.core.leases import Lease, State, StateError
+from allocator.core.verdicts import ACCESS_READS, Facts
 from allocator.gather import Gatherer
 from allocator.host import ledger
 from allocator.host.engine import Engine, EngineError, go_time
@@ -92,10 +94,14 @@ class Restarts:
             old = ledger.predecessor_of(lease.id) if lease else None
             if old is not None and old.container:
                 old_info = self.engine.inspect(old.container)  # by full id: None if gone
-        facts = self.gather.facts()
-        return starts.refusal(
-            ref, info, ledger, facts.engine, facts.known_gpus, facts.host, old_info, facts.volume_of
-        )
+
+        def refusal(facts: Facts) -> str | None:
+            return starts.refusal(
+                ref, info, ledger, facts.engine, facts.known_gpus, facts.host, old_info,
+                facts.volume_of,
+            )  # fmt: skip
+
+        return self.gather.decide(refusal, ACCESS_READS)
 
     def _reserved(self, ref: str, lease: Lease | None) -> str | None:
         """A start on a GPU another holder's reservation keeps, inside its window
@@ -118,9 +124,7 @@ class Restarts:
         active = [r for r in self.reservations.current(now) if r.active(now)]
         if not active:
             return None
-        facts = self.gather.facts()
-        held = access.of_container(info, facts.engine, facts.known_gpus, facts.host)
-        gpus = set(held.gpus(facts.known_gpus)) if held.pinned else set()
+        gpus = self.gather.decide(partial(_pinned, info), ACCESS_READS)
         taken = next((r for r in active if gpus & set(r.gpus)), None)
         return None if taken is None else rsv.gave_up_text(ref, taken, now)
 
@@ -217,3 +221,9 @@ class Restarts:
             )
             turned.append(cid)
         return turned
+
+
+def _pinned(info: dict[str, Any], facts: Facts) -> set[str]:
+    """The GPUs a container's access pins it to; none when it is not pinned."""
+    held = access.of_container(info, facts.engine, facts.known_gpus, facts.host)
+    return set(held.gpus(facts.known_gpus)) if held.pinned else set()

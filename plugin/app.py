@@ -44,6 +44,7 @@ from typing import Any
 from allocator.core import outcomes
 from allocator.core import verdicts as decide
 from allocator.core.facts import Need
+from allocator.core.gojson import Body
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
 from allocator.core.routes import Check, Route
@@ -157,29 +158,30 @@ class Dispatcher:
             return _deny(route.msg)
         if decide.cleared(route) and not self.inflight.guards(route):
             return _ALLOW
+        call = _Call(route, method, uri, req)
         if (
             route.check is Check.CREATE
             and len(req.get("RequestBody") or "") <= _QUICK_BODY
             and self.inflight.alone(route, uri)
         ):
-            return self._quick(route, method, uri, req)
-        return partial(self._decide, route, method, uri, req)
+            return self._quick(call)
+        return partial(self._decide, call)
 
-    def _asked(self, route: Route, method: str, uri: str, req: dict[str, Any]) -> Asked:
+    def _asked(self, call: _Call) -> Asked:
         """The core's verdict on the call, for `Gatherer.decide` to give its facts."""
-        body, headers = _body(req), _headers(req)
+        route = call.route
         signing = self.alloc.lookups.service_signing() if route.check is Check.SERVICE else None
         return partial(
-            decide.authz_request, route, method, uri, body, headers=headers, signing=signing
-        )
+            decide.authz_request, route, call.method, call.uri, call.body,
+            headers=_headers(call.req), signing=signing,
+        )  # fmt: skip
 
-    def _verdict(self, route: Route, method: str, uri: str, req: dict[str, Any]) -> decide.Decision:
-        asked = self.alloc.gather.decide(
-            self._asked(route, method, uri, req), decide.reads_facts(route)
-        )
+    def _verdict(self, call: _Call) -> decide.Decision:
+        reads = decide.reads_facts(call.route)
+        asked = self.alloc.gather.decide(self._asked(call), reads, now=call.read_now)
         return self.alloc.admission.resolve(asked)
 
-    def _quick(self, route: Route, method: str, uri: str, req: dict[str, Any]) -> bytes | Later:
+    def _quick(self, call: _Call) -> bytes | Later:
         """An unnamed create, decided here when the facts at hand suffice
         (`Gatherer.at_hand`: the Engine's view and the inventory as cached) and allowed
         by the ledger's files (read without the lock: no wait, no write).  A create that
@@ -187,26 +189,21 @@ class Dispatcher:
         goes there with its decision, for the audit trail."""
         began = time.perf_counter()
         try:
-            asked = self.alloc.gather.at_hand(self._asked(route, method, uri, req))
+            asked = self.alloc.gather.at_hand(self._asked(call), decide.reads_facts(call.route))
+            call.read_now = isinstance(asked, Need)  # the pool's look would not find them
             decision = None if isinstance(asked, Need) else self.alloc.admission.resolve(asked)
         except Exception:  # any failure: decided in full, and logged
             decision = None
         if not isinstance(decision, decide.Allow):
-            return partial(self._decide, route, method, uri, req, decision)
+            return partial(self._decide, call, decision)
         metrics.decision(time.perf_counter() - began)
         return _ALLOW
 
-    def _decide(
-        self,
-        route: Route,
-        method: str,
-        uri: str,
-        req: dict[str, Any],
-        decided: decide.Decision | None = None,
-    ) -> bytes:
+    def _decide(self, call: _Call, decided: decide.Decision | None = None) -> bytes:
         """The call decided where waiting blocks nobody; ``decided``: already, at hand."""
         began = time.perf_counter()
-        verdict: Callable[[], decide.Decision] = partial(self._verdict, route, method, uri, req)
+        route, method, uri = call.route, call.method, call.uri
+        verdict: Callable[[], decide.Decision] = partial(self._verdict, call)
         if decided is not None:
             verdict = partial(_given, decided)
         try:
@@ -266,6 +263,25 @@ class Dispatcher:
                 # The container exists already; reconcile binds it by label later.
                 log.error("could not settle %s %s: %s", method, uri, e)
         return _ALLOW
+
+
+class _Call:
+    """One authz call: its envelope parsed and its route classified once, and its body
+    decoded (base64, then as dockerd reads it: `gojson.Body`) once, on first use, however
+    often its verdict is made (at hand, then on the pool at hand and on facts read)."""
+
+    __slots__ = ("_body", "method", "read_now", "req", "route", "uri")
+
+    def __init__(self, route: Route, method: str, uri: str, req: dict[str, Any]):
+        self.route, self.method, self.uri, self.req = route, method, uri, req
+        self._body: Body | None = None
+        self.read_now = False  # the facts at hand did not suffice: read them now
+
+    @property
+    def body(self) -> Body:
+        if self._body is None:
+            self._body = Body(_body(self.req))
+        return self._body
 
 
 def _given(decision: decide.Decision) -> decide.Decision:

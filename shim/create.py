@@ -57,6 +57,7 @@ from allocator.core import (
 from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
 from allocator.core.createbody import decode_create
+from allocator.core.gojson import Body
 from allocator.core.holders import ago
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import Lease, StateError
@@ -169,7 +170,7 @@ class CreateInterceptor:
         signing = self.alloc.lookups.service_signing() if route.check is Check.SERVICE else None
         headers = dict(request.headers)
         asked = partial(
-            decide.authz_request, route, request.method, request.target, request.body,
+            decide.authz_request, route, request.method, request.target, Body(request.body),
             headers=headers, signing=signing,
         )  # fmt: skip
         decision = self.alloc.gather.decide(asked, decide.reads_facts(route))

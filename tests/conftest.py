@@ -25,6 +25,11 @@ from hypothesis import HealthCheck, settings
 
 from tests.support import cdi, engine, engine_root
 
+# A verdict that reads a fact it does not declare (allocator/core/route_checks.py's READS)
+# fails the test, here and in every plugin or shim a test starts, instead of being judged
+# again on every fact as a running service does (allocator/gather.py).
+os.environ["GPU_ALLOC_STRICT_FACTS"] = "1"
+
 # Property tests check behaviour, not speed: on a loaded 2-core CI machine a per-example
 # deadline only makes them flaky.  Speed is measured by the benchmarks.
 settings.register_profile("gpu-alloc", deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -10,6 +10,7 @@ GPU on the real socket ends with it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from allocator.core import privileged, services
 from allocator.core.access_ctx import MountsOf, VolumeOf
@@ -36,43 +37,158 @@ HINT = context_hint()
 NO_GPUS = Inventory(())
 
 
-@dataclass(frozen=True)
+class Fact(StrEnum):
+    """A fact a verdict may read.  Each check declares those it reads
+    (`route_checks.READS`); only those are gathered for it, and a read of another is
+    `Unread`."""
+
+    INVENTORY = "inventory"  # the GPU inventory, and why it is missing
+    ENGINE = "engine"  # what the Engine says it is (`facts.EngineView`)
+    HOST = "host"  # the host's filesystem as dockerd sees it
+    MOUNTS_OF = "mounts_of"  # another container's binds (VolumesFrom)
+    VOLUME_OF = "volume_of"  # a named volume's driver and options
+    SHIM_SOCKET = "shim_socket"  # for the hint on the real socket
+    PRIVILEGED_MODE = "privileged_mode"  # policy.privileged
+    SWARM_KIND = "swarm_kind"  # swarm.kind: the generic resource of GPUs
+
+
+EVERY_FACT = frozenset(Fact)
+NO_FACT: frozenset[Fact] = frozenset()
+# What judging a spec's or a container's access reads (`access`, `starts`, `services`).
+ACCESS_READS = frozenset({Fact.INVENTORY, Fact.ENGINE, Fact.HOST, Fact.VOLUME_OF})
+
+
+class Unread(Exception):
+    """A verdict read ``fact``, which was not gathered for it: its declaration
+    (`route_checks.READS`) is wrong.  Never answered by a default: the caller makes the
+    verdict again on every fact (`allocator.gather.Gatherer.decide`), or, in the tests,
+    fails."""
+
+    def __init__(self, fact: Fact):
+        super().__init__(f"a verdict read {fact.value}, a fact not gathered for it")
+        self.fact = fact
+
+
 class Facts:
-    """The world a decision is made against.
+    """The world a decision is made against, recording what a verdict reads of it.
 
     The inventory is a fact that may be missing (a simulated file gone, NVML failing):
     work that touches no GPU goes on without it, and only a grant is refused, naming
     ``inventory_error``.  The host's filesystem and the Engine's lookups may be
     `NotAsked` (``host``, ``mounts_of`` and ``volume_of`` all its): ``needs`` then says
     whether a decision asked for one of them.
+
+    Every read of a fact is kept in ``read``; a read of one outside ``gathered`` raises
+    `Unread` (a verdict is handed only the facts it declares: `only`).  Made by the
+    gatherer (allocator/gather.py) and by tests; one per decision.
     """
 
-    inventory: Inventory | None
-    engine: EngineView
-    host: HostFacts
-    mounts_of: MountsOf | None = None  # another container's binds, for VolumesFrom
-    inventory_error: str = ""  # why `inventory` is None
-    volume_of: VolumeOf | None = None  # a named volume's driver and options
-    shim_socket: str = DEFAULT_SHIM_SOCKET  # for the hint on the real socket
-    privileged_mode: str = privileged.REFUSE  # policy.privileged, as the shim leases by it
-    swarm_kind: str = services.DEFAULT_KIND  # swarm.kind: the generic resource of GPUs
+    __slots__ = (
+        "_engine", "_host", "_inventory", "_inventory_error", "_mounts_of",
+        "_privileged_mode", "_shim_socket", "_swarm_kind", "_volume_of", "gathered", "read",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        inventory: Inventory | None,
+        engine: EngineView,
+        host: HostFacts,
+        mounts_of: MountsOf | None = None,
+        inventory_error: str = "",  # why `inventory` is None
+        volume_of: VolumeOf | None = None,
+        shim_socket: str = DEFAULT_SHIM_SOCKET,
+        privileged_mode: str = privileged.REFUSE,  # as the shim leases by it
+        swarm_kind: str = services.DEFAULT_KIND,
+        gathered: frozenset[Fact] = EVERY_FACT,
+    ):
+        self._inventory = inventory
+        self._engine = engine
+        self._host = host
+        self._mounts_of = mounts_of
+        self._inventory_error = inventory_error
+        self._volume_of = volume_of
+        self._shim_socket = shim_socket
+        self._privileged_mode = privileged_mode
+        self._swarm_kind = swarm_kind
+        self.gathered = gathered
+        self.read: set[Fact] = set()
+
+    def _reads(self, fact: Fact) -> None:
+        self.read.add(fact)
+        if fact not in self.gathered:
+            raise Unread(fact)
+
+    def only(self, facts: frozenset[Fact]) -> Facts:
+        """These facts, with only ``facts`` of them readable, and nothing read yet."""
+        return Facts(
+            self._inventory, self._engine, self._host, self._mounts_of,
+            self._inventory_error, self._volume_of, self._shim_socket,
+            self._privileged_mode, self._swarm_kind, self.gathered & facts,
+        )  # fmt: skip
+
+    @property
+    def inventory(self) -> Inventory | None:
+        self._reads(Fact.INVENTORY)
+        return self._inventory
+
+    @property
+    def inventory_error(self) -> str:
+        self._reads(Fact.INVENTORY)
+        return self._inventory_error
+
+    @property
+    def engine(self) -> EngineView:
+        self._reads(Fact.ENGINE)
+        return self._engine
+
+    @property
+    def host(self) -> HostFacts:
+        self._reads(Fact.HOST)
+        return self._host
+
+    @property
+    def mounts_of(self) -> MountsOf | None:
+        self._reads(Fact.MOUNTS_OF)
+        return self._mounts_of
+
+    @property
+    def volume_of(self) -> VolumeOf | None:
+        self._reads(Fact.VOLUME_OF)
+        return self._volume_of
+
+    @property
+    def shim_socket(self) -> str:
+        self._reads(Fact.SHIM_SOCKET)
+        return self._shim_socket
+
+    @property
+    def privileged_mode(self) -> str:
+        self._reads(Fact.PRIVILEGED_MODE)
+        return self._privileged_mode
+
+    @property
+    def swarm_kind(self) -> str:
+        self._reads(Fact.SWARM_KIND)
+        return self._swarm_kind
 
     @property
     def known_gpus(self) -> Inventory:
         """The inventory, or no GPUs at all: enough to tell whether a request touches a
         GPU (every GPU source is a grant with or without an inventory), never to grant."""
-        return self.inventory if self.inventory is not None else NO_GPUS
+        inventory = self.inventory
+        return inventory if inventory is not None else NO_GPUS
 
     @property
     def needs(self) -> str:
         """The fact a decision made against these asked for and they lack (`NotAsked`);
-        empty when they lacked none it asked for."""
-        return self.host.needs if isinstance(self.host, NotAsked) else ""
+        empty when they lacked none it asked for.  Not a read."""
+        return self._host.needs if isinstance(self._host, NotAsked) else ""
 
     def require_inventory(self) -> Inventory:
-        if self.inventory is None:
-            raise InventoryError(self.inventory_error or "the GPU inventory cannot be read")
-        return self.inventory
+        inventory = self.inventory
+        if inventory is None:
+            raise InventoryError(self._inventory_error or "the GPU inventory cannot be read")
+        return inventory
 
 
 @dataclass(frozen=True)

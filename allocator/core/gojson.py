@@ -9,15 +9,18 @@ refuses anything on which the two could disagree, and the caller forwards `canon
 the bytes of exactly what it checked. The field tables come from allocator.fields.
 """
 
+from __future__ import annotations
+
 import json
 import re
 import unicodedata
 from collections.abc import Callable, Iterable
-from typing import Any, overload
+from typing import Any, TypeVar, cast, overload
 
 from allocator.core.fields import INT64, Int, ListOf, MapOf, Opaque, StrSlice, Struct
 
 MAX_DEPTH = 64
+T = TypeVar("T")
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -26,6 +29,59 @@ _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 class BodyError(ValueError):
     """The body is refused; the message names the JSON path and what to send instead."""
+
+
+class Body:
+    """A request's body, decoded once however often it is judged: a verdict made on the
+    facts at hand and again on the facts read (the plugin's create: up to three times)
+    reads the first decoding, or its `BodyError`, again.  One per request; what it
+    returns is read, never changed."""
+
+    __slots__ = ("_decoded", "raw")
+
+    def __init__(self, raw: bytes | None):
+        self.raw = raw
+        self._decoded: dict[object, object] = {}
+
+    @classmethod
+    def of(cls, body: bytes | Body | None) -> Body:
+        return body if isinstance(body, Body) else cls(body)
+
+    def decoded(self, read: Callable[[bytes], T]) -> T:
+        """``read(raw)`` (an empty body for none), the first time it is asked for."""
+        if read not in self._decoded:
+            try:
+                self._decoded[read] = read(self.raw or b"")
+            except BodyError as e:
+                self._decoded[read] = e
+        got = self._decoded[read]
+        if isinstance(got, BodyError):
+            raise got
+        return cast(T, got)
+
+    def as_(self, schema: object) -> object:
+        """`decode` against ``schema`` (a module's constant: it is known by its id)."""
+        key = ("schema", id(schema))
+        if key not in self._decoded:
+            self._decoded[key] = _Schema(schema)
+        reader = self._decoded[key]
+        assert isinstance(reader, _Schema)
+        return self.decoded(reader)
+
+
+class _Schema:
+    """`decode` against one schema, as a reader `Body.decoded` keeps apart."""
+
+    __slots__ = ("schema",)
+
+    def __init__(self, schema: object):
+        self.schema = schema
+
+    def __call__(self, raw: bytes) -> object:
+        return decode(raw, self.schema)
+
+
+AnyBody = bytes | Body | None  # what a verdict is handed: the bytes, or the body kept
 
 
 def go_fold(name: str) -> str:

@@ -22,8 +22,19 @@ from allocator.core import (
     service_marks,
     services,
 )
-from allocator.core.decisions import ALLOW, Decision, Deny, Facts, StartCheck, UpdateCheck
+from allocator.core.decisions import (
+    ACCESS_READS,
+    ALLOW,
+    NO_FACT,
+    Decision,
+    Deny,
+    Fact,
+    Facts,
+    StartCheck,
+    UpdateCheck,
+)
 from allocator.core.facts import HostFacts, Unresolvable
+from allocator.core.gojson import AnyBody, Body
 from allocator.core.routes import Check, Route
 from allocator.core.service_fields import SERVICE_SPEC
 
@@ -31,9 +42,9 @@ DEVICE_FIELDS = ("Devices", "DeviceRequests", "DeviceCgroupRules")
 MIN_START_BODY_FREE_API = (1, 24)  # below it, start may carry a HostConfig
 
 
-def needs_body(route: Route, method: str, uri: str, body: bytes | None) -> Deny | None:
+def needs_body(route: Route, method: str, uri: str, body: AnyBody) -> Deny | None:
     """The denial of a call that needs its body when the Engine passed none."""
-    if body:
+    if Body.of(body).raw:
         return None
     return Deny(
         f"gpu-alloc refused {method} {route.path}: the Engine passed no request body to the "
@@ -45,33 +56,34 @@ def needs_body(route: Route, method: str, uri: str, body: bytes | None) -> Deny 
 
 @overload
 def _body_as(
-    route: Route, method: str, uri: str, body: bytes | None, schema: fields.Struct, what: str
+    route: Route, method: str, uri: str, body: AnyBody, schema: fields.Struct, what: str
 ) -> dict[str, Any] | Deny: ...
 @overload
 def _body_as(
-    route: Route, method: str, uri: str, body: bytes | None, schema: object, what: str
+    route: Route, method: str, uri: str, body: AnyBody, schema: object, what: str
 ) -> object | Deny: ...
 def _body_as(
-    route: Route, method: str, uri: str, body: bytes | None, schema: object, what: str
+    route: Route, method: str, uri: str, body: AnyBody, schema: object, what: str
 ) -> object | Deny:
     """The body decoded as dockerd decodes it, or the denial: missing or unreadable."""
     missing = needs_body(route, method, uri, body)
     if missing:
         return missing
     try:
-        return gojson.decode(body or b"", schema)
+        return Body.of(body).as_(schema)
     except gojson.BodyError as e:
         return Deny(f"gpu-alloc refused the {what}: {e}")
 
 
-def _start(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
+def _start(route: Route, method: str, uri: str, body: AnyBody, facts: Facts) -> Decision:
     if route.version is not None and route.version < MIN_START_BODY_FREE_API:
         return Deny(
             f"gpu-alloc refused container start on API {'.'.join(map(str, route.version))}: "
             "below 1.24 a start may replace the container's HostConfig, which gpu-alloc "
             "cannot vet; use a client that speaks API 1.24 or newer"
         )
-    if body and body.strip() not in (b"", b"{}", b"null"):
+    raw = Body.of(body).raw
+    if raw and raw.strip() not in (b"", b"{}", b"null"):
         return Deny(
             "gpu-alloc refused container start: a start with a request body would replace "
             "the container's HostConfig; start it without one"
@@ -79,11 +91,11 @@ def _start(route: Route, method: str, uri: str, body: bytes | None, facts: Facts
     return StartCheck(route.name)
 
 
-def _restart(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
+def _restart(route: Route, method: str, uri: str, body: AnyBody, facts: Facts) -> Decision:
     return StartCheck(route.name)  # a restart starts the container again: the same check
 
 
-def _update(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
+def _update(route: Route, method: str, uri: str, body: AnyBody, facts: Facts) -> Decision:
     spec = _body_as(route, method, uri, body, fields.UPDATE_BODY, "container update")
     if isinstance(spec, Deny):
         return spec
@@ -102,7 +114,7 @@ def _update(route: Route, method: str, uri: str, body: bytes | None, facts: Fact
 LEASED_FIELDS = ("CpusetCpus", "CpusetMems", "Memory")
 
 
-def _exec(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
+def _exec(route: Route, method: str, uri: str, body: AnyBody, facts: Facts) -> Decision:
     spec = _body_as(route, method, uri, body, fields.EXEC_BODY, "exec")
     if isinstance(spec, Deny):
         return spec
@@ -118,7 +130,7 @@ def service(
     route: Route,
     method: str,
     uri: str,
-    body: bytes | None,
+    body: AnyBody,
     facts: Facts,
     marked: bool = False,
     engine_socket: str = "refuse",
@@ -137,9 +149,7 @@ def service(
     return Deny(f"gpu-alloc refused the swarm service: {why}") if why else ALLOW
 
 
-def _plugin_create(
-    route: Route, method: str, uri: str, body: bytes | None, facts: Facts
-) -> Decision:
+def _plugin_create(route: Route, method: str, uri: str, body: AnyBody, facts: Facts) -> Decision:
     return Deny(
         "gpu-alloc refused 'docker plugin create': a plugin built from a local tarball can "
         "ask for any device, and its manifest is not visible to gpu-alloc; install plugins "
@@ -154,7 +164,7 @@ _PLUGIN_BODIES = {
 }
 
 
-def _plugin(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
+def _plugin(route: Route, method: str, uri: str, body: AnyBody, facts: Facts) -> Decision:
     """Plugin installs, upgrades, settings, enables, disables and removals: the body (when
     the route has one) decoded here, the verdict `plugins.verdict`'s."""
     decoded: object = None
@@ -177,9 +187,7 @@ _VOLUME_BODY = fields.Struct(
 )
 
 
-def _volume_create(
-    route: Route, method: str, uri: str, body: bytes | None, facts: Facts
-) -> Decision:
+def _volume_create(route: Route, method: str, uri: str, body: AnyBody, facts: Facts) -> Decision:
     spec = _body_as(route, method, uri, body, _VOLUME_BODY, "volume create")
     if isinstance(spec, Deny):
         return spec
@@ -215,7 +223,7 @@ def _exposes(host: HostFacts, path: str, read_only: bool = False) -> str:
     return ""
 
 
-def _buildkit(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
+def _buildkit(route: Route, method: str, uri: str, body: AnyBody, facts: Facts) -> Decision:
     """BuildKit's gRPC by an upgrade: refused while a build step could be given GPUs.
 
     The whole connection is refused, not one build: after the upgrade dockerd passes no
@@ -225,7 +233,7 @@ def _buildkit(route: Route, method: str, uri: str, body: bytes | None, facts: Fa
     return Deny(builds.refusal(method, route.path, doors)) if doors else ALLOW
 
 
-def _archive(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
+def _archive(route: Route, method: str, uri: str, body: AnyBody, facts: Facts) -> Decision:
     """Copying into a container: refused on an Engine an advisory says it is unsafe on."""
     found = advisories.denying(facts.engine.version, route.check)
     if found is None:
@@ -237,7 +245,7 @@ def _archive(route: Route, method: str, uri: str, body: bytes | None, facts: Fac
     )
 
 
-def _unknown(route: Route, method: str, uri: str, body: bytes | None, facts: Facts) -> Decision:
+def _unknown(route: Route, method: str, uri: str, body: AnyBody, facts: Facts) -> Decision:
     return Deny(
         f"gpu-alloc refused {method} {route.path}: it is not an Engine route gpu-alloc knows, "
         "and it might change device access"
@@ -260,4 +268,34 @@ CHECKS = {
     Check.BUILDKIT: _buildkit,
     Check.ARCHIVE: _archive,
     Check.UNKNOWN: _unknown,
+}
+
+
+# The facts each route's verdict reads (`verdicts.authz_request`), every check listed:
+# only these are gathered for it, and a read of another is `decisions.Unread`.  The
+# tests make every route's verdict on recording facts and hold it to this table
+# (tests/unit/test_fact_reads.py).  A create is judged in `verdicts`; a start's facts
+# are read when it is resolved (`StartCheck`: allocator/restarts.py), not here.
+_A_PLUGIN = frozenset({Fact.ENGINE, Fact.HOST})
+READS: dict[Check, frozenset[Fact]] = {
+    Check.ALLOW: NO_FACT,
+    Check.REMOVE: NO_FACT,
+    Check.RENAME: NO_FACT,
+    Check.PRUNE: NO_FACT,
+    Check.CREATE: ACCESS_READS | {Fact.MOUNTS_OF, Fact.SHIM_SOCKET},
+    Check.START: NO_FACT,
+    Check.RESTART: NO_FACT,
+    Check.UPDATE: NO_FACT,
+    Check.EXEC: NO_FACT,
+    Check.SERVICE: ACCESS_READS | {Fact.SWARM_KIND},
+    Check.PLUGIN_INSTALL: _A_PLUGIN,
+    Check.PLUGIN_UPGRADE: _A_PLUGIN,
+    Check.PLUGIN_ENABLE: _A_PLUGIN,
+    Check.PLUGIN_DISABLE: _A_PLUGIN,
+    Check.PLUGIN_CREATE: NO_FACT,
+    Check.PLUGIN_SET: _A_PLUGIN,
+    Check.VOLUME_CREATE: frozenset({Fact.HOST}),
+    Check.BUILDKIT: frozenset({Fact.ENGINE}),
+    Check.ARCHIVE: frozenset({Fact.ENGINE}),
+    Check.UNKNOWN: NO_FACT,
 }

@@ -29,35 +29,43 @@ from allocator.core import access, gojson, labels, privileged, service_marks, sh
 from allocator.core.ask import Ask, ask_of
 from allocator.core.createbody import decode_create
 from allocator.core.decisions import (
+    ACCESS_READS,
     ALLOW,
     HINT,
+    NO_FACT,
     Allow,
     AllowStart,
     Decision,
     Deny,
+    Fact,
     Facts,
     NeedsLease,
     StartCheck,
+    Unread,
     UpdateCheck,
     context_hint,
 )
 from allocator.core.facts import EngineView, NotAsked
+from allocator.core.gojson import AnyBody, Body
 from allocator.core.grants import Access, Grant, Refusal
-from allocator.core.route_checks import CHECKS, needs_body, service
+from allocator.core.route_checks import CHECKS, READS, needs_body, service
 from allocator.core.routes import CLEARED, Check, Route, RouteError, classify
 from allocator.core.service_marks import Signing
 
 # The decisions are this module's answers: callers read them from here.
 __all__ = [
+    "ACCESS_READS",
     "ALLOW",
     "HINT",
     "Allow",
     "AllowStart",
     "Decision",
     "Deny",
+    "Fact",
     "Facts",
     "NeedsLease",
     "StartCheck",
+    "Unread",
     "UpdateCheck",
     "authz_request",
     "cleared",
@@ -103,43 +111,27 @@ def cleared(route: Route) -> bool:
     return route.check in CLEARED
 
 
-# The checks whose verdict reads facts (the inventory, the Engine's view, the host's
-# filesystem, swarm.kind): a create, a service's spec, a plugin's install or settings, a
-# volume's options, BuildKit's upgrades and copies into a container (the Engine's version
-# and configuration).  Every other verdict is made from the request alone, and the ledger
-# or the Engine after it.
-READS_FACTS = frozenset(
-    {
-        Check.CREATE,
-        Check.SERVICE,
-        Check.PLUGIN_INSTALL,
-        Check.PLUGIN_UPGRADE,
-        Check.PLUGIN_ENABLE,
-        Check.PLUGIN_DISABLE,
-        Check.PLUGIN_CREATE,
-        Check.PLUGIN_SET,
-        Check.VOLUME_CREATE,
-        Check.BUILDKIT,
-        Check.ARCHIVE,
-    }
-)
+def reads_facts(route: Route) -> frozenset[Fact]:
+    """The facts `authz_request` reads for ``route`` (`route_checks.READS`); empty when
+    it reads none, and then none is gathered for it (`unread` will do)."""
+    return NO_FACT if cleared(route) else READS[route.check]
 
 
-def reads_facts(route: Route) -> bool:
-    """Whether `authz_request` reads ``facts`` for ``route`` (else `unread` will do)."""
-    return route.check in READS_FACTS and not cleared(route)
+# What `shim_ask` reads: a create's grants, and policy.privileged.
+SHIM_ASK_READS = READS[Check.CREATE] - {Fact.SHIM_SOCKET} | {Fact.PRIVILEGED_MODE}
 
 
 def unread() -> Facts:
-    """Facts for a verdict that reads none (`reads_facts` False): nothing is in them."""
-    return Facts(None, EngineView(), NotAsked(()), inventory_error="not read")
+    """Facts for a verdict that reads none (`reads_facts` empty): none gathered, so any
+    read of one is `Unread`."""
+    return Facts(None, EngineView(), NotAsked(()), gathered=NO_FACT)
 
 
 def authz_request(
     route: Route,
     method: str,
     uri: str,
-    body: bytes | None,
+    body: AnyBody,
     facts: Facts,
     headers: Mapping[str, Any] | None = None,
     signing: Signing | None = None,
@@ -148,23 +140,25 @@ def authz_request(
     non-create writes).  Reads and harmless writes return before any parsing, and
     touch no fact.  ``headers``: the request's, where a leased create carries its lease
     token and a service write the shim's mark (`service_marks`), checked with
-    ``signing`` (creates and services alone read them)."""
+    ``signing`` (creates and services alone read them).  ``body``: its bytes, or the
+    `gojson.Body` that keeps its decoding for the next time the call is judged."""
     if cleared(route):
         return ALLOW
+    kept = Body.of(body)
     if route.check is Check.CREATE:
-        return _create(route, method, uri, body, facts, labels.parse_lease_header(headers))
+        return _create(route, method, uri, kept, facts, labels.parse_lease_header(headers))
     if route.check is Check.SERVICE:
         sign = signing or Signing()
-        marked = service_marks.marked(headers, sign.key, body)
-        return service(route, method, uri, body, facts, marked, sign.engine_socket)
-    return CHECKS[route.check](route, method, uri, body, facts)
+        marked = service_marks.marked(headers, sign.key, kept.raw)
+        return service(route, method, uri, kept, facts, marked, sign.engine_socket)
+    return CHECKS[route.check](route, method, uri, kept, facts)
 
 
 def _create(
     route: Route,
     method: str,
     uri: str,
-    body: bytes | None,
+    body: Body,
     facts: Facts,
     lease: tuple[str, str] = ("", ""),
 ) -> Decision:
@@ -175,7 +169,7 @@ def _create(
     if missing:
         return missing
     try:
-        spec = decode_create(body or b"")
+        spec = body.decoded(decode_create)
     except gojson.BodyError as e:
         return Deny(f"gpu-alloc refused the container create: {e}")
     grants = grants_of_create(spec, facts)

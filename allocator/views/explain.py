@@ -11,6 +11,7 @@ import csv
 import grp
 import os
 import pwd
+from functools import partial
 from typing import Any
 
 from allocator import shares
@@ -120,7 +121,7 @@ def explain(
     resources = gpu_labels.resources(given)  # refused as the shim refuses them
     if isinstance(resources, str):
         return base | _answer(INVALID, f"gpu-alloc refused the container create: {resources}")
-    ask = decide.shim_ask(spec, alloc.gather.facts())
+    ask = alloc.gather.decide(partial(decide.shim_ask, spec), decide.SHIM_ASK_READS)
     if isinstance(ask, decide.Deny):
         return base | _answer(INVALID, ask.msg)
     share = sharing.share_ask(given)

@@ -167,11 +167,11 @@ def test_a_failure_on_the_quick_path_leaves_the_decision_to_the_pool(
 ) -> None:
     real, failed = world.alloc.gather.at_hand, []
 
-    def broken_once(verdict: Any) -> Any:
+    def broken_once(verdict: Any, *reads: Any) -> Any:
         if not failed:
             failed.append(verdict)
             raise RuntimeError("a bug of the quick path")
-        return real(verdict)
+        return real(verdict, *reads)
 
     monkeypatch.setattr(world.alloc.gather, "at_hand", broken_once)
     answer = Dispatcher(world.alloc).answer(REQ, envelope(PLAIN_CREATE))

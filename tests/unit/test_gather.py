@@ -4,6 +4,8 @@ when it asked for one not at hand."""
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,9 @@ import yaml
 
 from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
+from allocator.core.decisions import Fact, Unread
 from allocator.core.facts import HOST_FILES, Need, NotAsked
+from allocator.gather import STRICT_ENV
 from allocator.host import config as configmod
 from allocator.host.filesystem import Host
 from allocator.service import Allocator
@@ -107,3 +111,47 @@ def test_a_service_is_judged_on_the_facts_read_like_any_other_fact(tmp_path: Pat
         decide.reads_facts(route),
     )
     assert got == decide.ALLOW, got
+
+
+@pytest.mark.parametrize("declared", [frozenset(), frozenset({Fact.ENGINE})])
+def test_a_verdict_that_reads_a_fact_it_does_not_declare_fails_in_the_tests(
+    alloc: Allocator, declared: frozenset[Fact]
+) -> None:
+    with pytest.raises(Unread, match="swarm_kind"):
+        alloc.gather.decide(lambda facts: facts.swarm_kind, declared)
+
+
+@pytest.mark.parametrize("declared", [frozenset(), frozenset({Fact.ENGINE})])
+def test_a_running_service_judges_such_a_verdict_again_on_every_fact(
+    alloc: Allocator,
+    declared: frozenset[Fact],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Never a default: the kind configured, read on the facts gathered in full."""
+    monkeypatch.delenv(STRICT_ENV)
+    config = alloc.gather.config
+    monkeypatch.setattr(
+        alloc.gather, "config", replace(config, swarm=replace(config.swarm, kind="nvidia_gpu"))
+    )
+    assert alloc.gather.decide(lambda facts: facts.swarm_kind, declared) == "nvidia_gpu"
+    assert "a verdict read swarm_kind, a fact not gathered for it" in caplog.text
+
+
+def test_a_verdict_gets_only_the_facts_it_declares(alloc: Allocator) -> None:
+    seen: list[decide.Facts] = []
+    alloc.gather.decide(lambda facts: seen.append(facts), frozenset({Fact.ENGINE}))
+    assert seen[0].gathered == {Fact.ENGINE}
+
+
+def test_every_decision_gets_its_facts_through_the_driver() -> None:
+    """Creates, starts, updates, services, reconcile and explain: `Gatherer.decide` is the
+    one way to facts, so each verdict gets only those it declares."""
+    root = Path(__file__).resolve().parents[2]
+    callers = [
+        str(path.relative_to(root))
+        for package in ("allocator", "plugin", "shim")
+        for path in (root / package).rglob("*.py")
+        if path.name != "gather.py" and re.search(r"\.facts\(\)", path.read_text())
+    ]
+    assert callers == []
