@@ -86,7 +86,6 @@ class Allocator:
         self.book = LeaseBook(
             engine,
             self.ledger,
-            self.gather,
             self.recorder,
             self.placer,
             self.line,

@@ -126,7 +126,7 @@ def explain(
     share = sharing.share_ask(given)
     if isinstance(share, str):
         return base | _answer(INVALID, share)
-    result = alloc.book.explain(ask, who, want, share)
+    result = alloc.book.explain(ask, who, want, share, resources)
     wait = wait_of(given, alloc.gather.rules)
     if isinstance(wait, Invalid):
         return base | _answer(INVALID, wait.msg)
