@@ -129,6 +129,18 @@ class LeaseBook:
         finally:
             self.recorder.record("grant", lease)
 
+    def plan(self, req: LeaseRequest) -> grant_plan.Decided:
+        """The plan `lease` would make now (its first try), taking nothing: the same
+        `grant_plan.plan`, around the same GPUs the line keeps.
+
+        The ledger is read without the lock, so the answer can be stale by one create.
+        """
+        early = self.placer.scope(req)
+        if not isinstance(early, tuple):
+            return early
+        state = self.ledger.read()
+        return self.placer.plan(state, req, self.line.kept(state, req))
+
     def explain(
         self,
         ask: Ask,
@@ -137,19 +149,9 @@ class LeaseBook:
         share: ShareAsk | None = None,
         resources: cpus.Resources = cpus.NOTHING,
     ) -> tuple[list[str], str | None] | Shortage | Refusal | Invalid:
-        """What `lease` would answer now, taking nothing: (GPUs, pool) or the refusal.
-        ``share``: the create asks for part of a shared GPU (allocator/core/sharing.py);
-        ``resources``: cores and memory near its GPUs.  The same plan as `lease`'s first
-        try (`grant_plan.plan`), around the same GPUs the line keeps.
-
-        The ledger is read without the lock, so the answer can be stale by one create.
-        """
-        req = LeaseRequest(ask, "", owner, want, resources, share=share)
-        early = self.placer.scope(req)
-        if not isinstance(early, tuple):
-            return early
-        state = self.ledger.read()
-        planned = self.placer.plan(state, req, self.line.kept(state, req))
+        """`plan` for a create asking this, as (GPUs, pool) or why not.  ``share``: part
+        of a shared GPU (allocator/core/sharing.py); ``resources``: cores and memory."""
+        planned = self.plan(LeaseRequest(ask, "", owner, want, resources, share=share))
         if not isinstance(planned, grant_plan.Plan):
             return planned
         return list(planned.gpus), planned.pool
