@@ -2,10 +2,10 @@
 
 Every grant is decided here, and only here: a create arriving now (`LeaseBook.lease`, under
 the ledger lock), a waiter served from the line and the GPUs a waiter keeps (`Lineup`),
-``gpu-alloc explain`` (`LeaseBook.explain`, on a read of the ledger).  Their shells
-(allocator/placer.py) read the inputs and record what comes out; none decides anything,
-so none can drift from the others.  (Not to be confused with ``core/grants.py``: what a
-create's fields grant a container, before any lease.)
+``gpu-alloc explain`` (`LeaseBook.plan`, on a read of the ledger).  Their shell,
+`Placer` (allocator/placer.py), reads the inputs and records what comes out; none
+decides anything, so none can drift from the others.  (Not to be confused with
+``core/grants.py``: what a create's fields grant a container, before any lease.)
 
 Stages
 ------
@@ -71,7 +71,8 @@ class HostNow:
     ``inventory``: every GPU and slice; ``unhealthy``: UUID -> its event, never placed;
     ``mig``: ``policy.mig``; ``reservations``: those not over yet (re-picked around the
     unhealthy); ``topology``: the host's cores, read only for a request that asks for
-    cores or memory (None otherwise); ``reserved_cpus``: ``policy.reserved_cpus``;
+    cores or memory (None: no cores, so such a request is refused, never granted
+    without them); ``reserved_cpus``: ``policy.reserved_cpus``;
     ``pending_ttl``: how long a lease waits for its container.
     """
 
