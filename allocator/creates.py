@@ -24,6 +24,7 @@ from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
 from allocator.core.cpus import Placed, Resources, conflicts
 from allocator.core.facts import Need
+from allocator.core.grant_plan import LeaseRequest
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import Lease, StateError
 from allocator.core.placement import Shortage
@@ -34,7 +35,6 @@ from allocator.host import metrics
 from allocator.host.peers import Peer
 from allocator.leasebook import LeaseBook
 from allocator.lookups import Lookups
-from allocator.placer import LeaseRequest
 from allocator.recorder import Recorder
 
 log = logging.getLogger("gpu-alloc")

@@ -1,14 +1,14 @@
 """The lease book: every change to a lease, over the ledger.
 
 One part of the composed service (allocator/service.py).  A lease is taken under the
-ledger lock from the GPUs no lease or claim holds (`lease`, placed by `Placer.take`),
-bound to its container when the Engine answers the create (`settle`, `bind`), and
-ended when its container is proven gone (`settle` with `Forget`, `release`).  The common
-path makes no Engine call: the ledger knows every lease, and claims of containers
-gpu-alloc did not create are adopted once, by `Reconciler.reconcile`, which runs
-whenever a create finds too few free GPUs: a GPU freed by ``docker rm`` or ``--rm``
-(which never pass the plugin with the container's GPUs) is therefore reclaimed exactly
-when someone needs it.
+ledger lock as the one grant plan decides it (`lease`, by `Placer.take`:
+allocator/core/grant_plan.py), bound to its container when the Engine answers the
+create (`settle`, `bind`), and ended when its container is proven gone (`settle` with
+`Forget`, `release`).  The common path makes no Engine call: the ledger knows every
+lease, and claims of containers gpu-alloc did not create are adopted once, by
+`Reconciler.reconcile`, which runs whenever a create finds too few free GPUs: a GPU
+freed by ``docker rm`` or ``--rm`` (which never pass the plugin with the container's
+GPUs) is therefore reclaimed exactly when someone needs it.
 """
 
 from __future__ import annotations
@@ -16,20 +16,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from allocator.core import compose, cpus, labels, policy, timelimits
+from allocator.core import compose, cpus, grant_plan, labels
 from allocator.core.ask import Ask
-from allocator.core.inventory import Inventory
-from allocator.core.leases import Lease, State
+from allocator.core.grant_plan import LeaseRequest
+from allocator.core.leases import Lease
 from allocator.core.outcomes import Bind, Forget, Unanswered
 from allocator.core.placement import Shortage
 from allocator.core.policy import Invalid, Owner, Refusal, Wanted
-from allocator.core.sharing import ShareAsk, fraction
-from allocator.gather import Gatherer
+from allocator.core.sharing import ShareAsk
 from allocator.host import metrics
 from allocator.host.engine import Engine, EngineError
 from allocator.host.ledger import Ledger
 from allocator.lineup import Lineup
-from allocator.placer import LeaseRequest, Placer
+from allocator.placer import Placer
 from allocator.reconciler import Reconciler
 from allocator.recorder import Recorder
 from allocator.restarts import Restarts
@@ -49,7 +48,6 @@ class LeaseBook:
         self,
         engine: Engine | None,
         ledger: Ledger,
-        gather: Gatherer,
         recorder: Recorder,
         placer: Placer,
         line: Lineup,
@@ -58,7 +56,6 @@ class LeaseBook:
     ):
         self.engine = engine
         self.ledger = ledger
-        self.gather = gather
         self.recorder = recorder
         self.placer = placer
         self.line = line
@@ -86,13 +83,12 @@ class LeaseBook:
         is turned off before (`Restarts.hold_down`): dockerd would start it unasked.
         """
         name, owner = req.name, req.owner
-        scope = self.placer.scope(req.ask, owner, req.want)
-        if not isinstance(scope, tuple):
-            self.recorder.refused(scope, name, owner)
-            return scope
-        topology = self.gather.cpu_topology() if req.resources.any else None
+        early = self.placer.scope(req)  # the policy's own refusals need no lock
+        if not isinstance(early, tuple):
+            self.recorder.refused(early, name, owner)
+            return early
         defer = not durable
-        result = self._try_lease(req, scope, topology, defer=defer)
+        result = self._try_lease(req, defer=defer)
         # A removal that never passed the plugin (--rm, the daemon's own) still holds a
         # lease until reconciled: before saying "short" or "over your limit", reconcile.
         # Its listing says which holders are stopped: a shortage is placed again to say
@@ -102,16 +98,14 @@ class LeaseBook:
             report = self.reconciler.reconcile()
             stopped = report.stopped
             if report or (isinstance(result, Shortage) and stopped):
-                result = self._try_lease(req, scope, topology, stopped=stopped, defer=defer)
+                result = self._try_lease(req, stopped=stopped, defer=defer)
         # A Compose recreate may take over its predecessor's GPUs: when the host is full,
         # and when the owner is at their limit (the old container's GPUs count there).
         if isinstance(result, Shortage | Refusal) and self.engine is not None:
             predecessor = self._compose_predecessor(name, req.labels or {})
             was = self.restarts.hold_down(predecessor[0]) if predecessor is not None else None
             if predecessor is not None and was is not None:
-                retry = self._try_lease(
-                    req, scope, topology, predecessor, stopped=stopped, defer=defer
-                )
+                retry = self._try_lease(req, predecessor, stopped=stopped, defer=defer)
                 if isinstance(retry, tuple):
                     self.restarts.held_down(predecessor, was, name)
                     result = retry
@@ -121,7 +115,7 @@ class LeaseBook:
                         result = retry
         if isinstance(result, tuple):
             metrics.request("granted")
-        elif not (waits and result.waitable):
+        elif not (waits and isinstance(result, Shortage | Refusal) and result.waitable):
             self.recorder.refused(result, name, owner)
         if durable and isinstance(result, tuple):
             self.ledger.sync_grant(result[0].id)
@@ -135,67 +129,47 @@ class LeaseBook:
         finally:
             self.recorder.record("grant", lease)
 
-    def explain(
-        self, ask: Ask, owner: Owner, want: Wanted, share: ShareAsk | None = None
-    ) -> tuple[list[str], str | None] | Shortage | Refusal | Invalid:
-        """What `lease` would answer now, taking nothing: (GPUs, pool) or the refusal.
-        ``share``: the create asks for part of a shared GPU (allocator/core/sharing.py).
+    def plan(self, req: LeaseRequest) -> grant_plan.Decided:
+        """The plan `lease` would make now (its first try), taking nothing: the same
+        `grant_plan.plan`, around the same GPUs the line keeps.
 
         The ledger is read without the lock, so the answer can be stale by one create.
         """
-        rules = self.gather.rules
-        scope = self.placer.scope(ask, owner, want)
-        if not isinstance(scope, tuple):
-            return scope
-        inventory, pool = scope
+        early = self.placer.scope(req)
+        if not isinstance(early, tuple):
+            return early
         state = self.ledger.read()
-        if share is not None:
-            return self._explain_share(state, share, scope, owner, want)
-        asking = len(inventory.gpus) if ask.every else len(ask.required) + ask.count
-        refused = policy.over_limit(owner, state.held_by(owner.user), asking, rules)
-        if refused is not None:
-            return refused
-        held = state.holders(self.gather.inventory().uuids)
-        for uuid, keeper in self.line.kept(state, LeaseRequest(ask, "", owner, want)).items():
-            held.setdefault(uuid, keeper)
-        limit = timelimits.effective(rules, owner, pool, want.time)
-        picked = self.placer.place(ask, inventory, held, want.where(pool), owner, limit)
-        if isinstance(picked, Shortage):
-            return picked
-        return [g.uuid for g in picked], pool
+        return self.placer.plan(state, req, self.line.kept(state, req))
 
-    def _explain_share(
-        self, state: State, share: ShareAsk, scope: tuple[Inventory, str | None], owner: Owner,
+    def explain(
+        self,
+        ask: Ask,
+        owner: Owner,
         want: Wanted,
-    ) -> tuple[list[str], str | None] | Shortage | Refusal:  # fmt: skip
-        """`explain` for a share: its GPU as `Placer.take` would place it, then the limit."""
-        inventory, pool = scope
-        held = state.holders(self.gather.inventory().uuids)
-        limit = timelimits.effective(self.gather.rules, owner, pool, want.time)
-        picked = self.placer.place_share(state, share, inventory, held, owner, limit)
-        if isinstance(picked, Shortage):
-            return picked
-        asking = fraction(picked.slots, picked.of)
-        refused = policy.over_limit(owner, state.held_by(owner.user), asking, self.gather.rules)
-        return refused if refused is not None else ([picked.gpu.uuid], pool)
+        share: ShareAsk | None = None,
+        resources: cpus.Resources = cpus.NOTHING,
+    ) -> tuple[list[str], str | None] | Shortage | Refusal | Invalid:
+        """`plan` for a create asking this, as (GPUs, pool) or why not.  ``share``: part
+        of a shared GPU (allocator/core/sharing.py); ``resources``: cores and memory."""
+        planned = self.plan(LeaseRequest(ask, "", owner, want, resources, share=share))
+        if not isinstance(planned, grant_plan.Plan):
+            return planned
+        return list(planned.gpus), planned.pool
 
     def _try_lease(
         self,
         req: LeaseRequest,
-        scope: tuple[Inventory, str | None],
-        topology: cpus.Topology | None,
         predecessor: tuple[str, str] | None = None,
         *,
         stopped: Mapping[str, str] | None = None,
         defer: bool = False,
-    ) -> tuple[Lease, str] | Shortage | Refusal:
-        """`Placer.take` under the ledger lock, and its audit lines.  ``stopped``: container ->
-        status, for the holders reconcile last listed not running (`Holder.stopped`)."""
+    ) -> tuple[Lease, str] | Shortage | Refusal | Invalid:
+        """`Placer.take` under the ledger lock, around the GPUs the line keeps, and its
+        audit lines.  ``stopped``: container -> status, for the holders reconcile last
+        listed not running (`Holder.stopped`)."""
         with self.ledger.transaction(grant=True) as state:
             kept = self.line.kept(state, req)
-            taken = self.placer.take(
-                state, req, scope, topology, kept, predecessor=predecessor, stopped=stopped
-            )
+            taken = self.placer.take(state, req, kept, predecessor=predecessor, stopped=stopped)
         if not isinstance(taken, tuple):
             return taken
         lease, token, old = taken

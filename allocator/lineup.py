@@ -10,19 +10,18 @@ copy of the state so that nothing is granted.  The line itself lives in the shim
 
 from __future__ import annotations
 
-import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from allocator.core import policy, queue, timelimits
+from allocator.core import policy, queue
+from allocator.core.grant_plan import LeaseRequest
 from allocator.core.holders import Holder
 from allocator.core.leases import Lease, State
-from allocator.core.placement import usable
-from allocator.core.policy import Refusal
+from allocator.core.placement import Shortage
 from allocator.gather import Gatherer
 from allocator.host import metrics
 from allocator.host.ledger import Ledger
-from allocator.placer import LeaseRequest, Placer
+from allocator.placer import Placer
 from allocator.recorder import Recorder
 from allocator.shares import FairShare
 
@@ -57,16 +56,17 @@ class Lineup:
     ) -> list[tuple[queue.Waiter, tuple[Lease, str]]]:
         """Grant what the queue allows now, in its order, under one ledger transaction.
 
-        Each ``waiter.ask`` is a `LeaseRequest`.  The placement and limits are
-        `Placer.take`'s, so a waiter is granted exactly as a create arriving now would
-        be, minus the GPUs kept for waiters ahead of it (`core.queue.serve`).
+        Each ``waiter.ask`` is a `LeaseRequest`.  The grant is the one plan's
+        (`core.grant_plan.plan`, by `Placer.take`), so a waiter is granted exactly as a
+        create arriving now would be, minus the GPUs kept for waiters ahead of it
+        (`core.queue.serve`).
         """
         if not waiters:
             return []
         usage = self.usage()  # before the lock
         with self.ledger.transaction() as state:
             held = {w.owner: state.held_by(w.owner) for w in waiters}
-            granted = queue.serve(waiters, held, self._attempt(state), usage)
+            granted = queue.serve(waiters, held, self._attempt(state, waiters), usage)
         now = time.time()  # the clock the line stamps `since` with
         for w, placed in granted:
             metrics.request("granted")
@@ -90,34 +90,27 @@ class Lineup:
         ahead = queue.ahead_of(newcomer, waiters, held, usage)
         if not ahead:
             return {}
-        keeps = queue.kept(ahead, self._attempt(copy.deepcopy(state)))
+        keeps = queue.kept(ahead, self._attempt(state.copy(), ahead))
         return {uuid: queue.keeper(w, w.ask.name) for uuid, w in keeps.items()}
 
     def usage(self) -> queue.Usage:
         """Each owner's decayed usage when policy.fair_share orders the line, else None."""
         return self.fair_share.usage(self.gather.rules.fair_share_half_life)
 
-    def _attempt(self, state: State) -> queue.Attempt:
-        """Place a waiter in ``state`` as `Placer.take` places any create, besides
-        ``blocked``."""
-        rules, inventory = self.gather.rules, self.gather.inventory()
-        sick, mig = self.gather.unhealthy(), self.gather.config.policy.mig
+    def _attempt(self, state: State, waiters: Iterable[queue.Waiter]) -> queue.Attempt:
+        """Place a waiter in ``state`` by the one grant plan (`Placer.take`), as a create
+        arriving now is placed, besides ``blocked``; the host read once for ``waiters``."""
+        host = self.placer.seen(any(w.ask.resources.any for w in waiters))
 
         def attempt(
             w: queue.Waiter, blocked: frozenset[str]
         ) -> queue.Placed | queue.Short | queue.OverLimit:
             req: LeaseRequest = w.ask
-            scope = self.placer.scope(req.ask, req.owner, req.want)  # as a create's, now
-            if not isinstance(scope, tuple):
-                return queue.OverLimit(scope.msg)
-            topology = self.gather.cpu_topology() if req.resources.any else None
-            taken = self.placer.take(state, req, scope, topology, dict.fromkeys(blocked, _KEPT))
+            taken = self.placer.take(state, req, dict.fromkeys(blocked, _KEPT), host=host)
             if isinstance(taken, tuple):
                 return queue.Placed(taken[0].gpus, taken[:2], taken[0].gpus_held)
-            if isinstance(taken, Refusal):
-                return queue.OverLimit(taken.msg)
-            limit = timelimits.effective(rules, req.owner, scope[1], req.want.time)
-            holders = self.placer.reserved(state.holders(inventory.uuids), req.owner, limit)
-            return queue.Short(usable(req.ask, scope[0], holders, sick, mig))
+            if isinstance(taken, Shortage):
+                return queue.Short(taken.usable)
+            return queue.OverLimit(taken.msg)
 
         return attempt

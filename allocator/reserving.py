@@ -1,12 +1,11 @@
 """Reservations' part of the allocator: making and cancelling them, and what they keep.
 
-One part of the composed service (allocator/service.py).  `keep` is the one hook
-placement goes through (`Placer.place`, which `Placer.take`, `LeaseBook.explain` and
-what a waiter could use in `Lineup` call): it adds the GPUs reservations keep from a
-request to the GPUs held, so a refusal names the reservation and a count request goes to
-other free GPUs (`core.reservations` has the rules).  A ``--gpus N`` reservation whose
-GPU turned unhealthy is re-picked as it is read, the same way in every process, and the
-re-pick is written at the next `reserve` or `cancel`.
+One part of the composed service (allocator/service.py).  `current` is what every grant
+reads of them (`Placer.seen`): the grant plan (allocator/core/grant_plan.py) treats the
+GPUs they keep from a request as held, so a refusal names the reservation and a count
+request goes to other free GPUs (`core.reservations` has the rules).  A ``--gpus N``
+reservation whose GPU turned unhealthy is re-picked as it is read, the same way in every
+process, and the re-pick is written at the next `reserve` or `cancel`.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from typing import TYPE_CHECKING
 
 from allocator.core import policy
 from allocator.core import reservations as rsv
-from allocator.core.holders import Holder
 from allocator.core.leases import Lease, StateError
 from allocator.core.placement import POLICIES
 from allocator.core.policy import UNKNOWN, Owner
@@ -26,19 +24,15 @@ from allocator.host.owners import groups_of
 from allocator.host.reservations import ReservationFile
 
 if TYPE_CHECKING:
-    from allocator.core.ask import Ask
     from allocator.core.inventory import GPU
     from allocator.gather import Gatherer
     from allocator.host.config import Config
     from allocator.host.ledger import Ledger
     from allocator.recorder import Recorder
 
-_ELSEWHERE = Holder(None, "", "left free: the holder's own reserved GPUs answer it")
-
 
 class Reservations:
-    """Reservations made (`reserve`), cancelled (`cancel`), read (`current`), and what
-    they keep from a request (`keep`)."""
+    """Reservations made (`reserve`), cancelled (`cancel`) and read (`current`)."""
 
     def __init__(self, config: Config, ledger: Ledger, gather: Gatherer, recorder: Recorder):
         self.config = config
@@ -76,33 +70,6 @@ class Reservations:
             return None
         now = ledger.now()
         return tuple((r.id, r.gpus, now >= r.start, now >= r.end) for r in stored)
-
-    def keep(
-        self,
-        held: dict[str, Holder],
-        owner: Owner,
-        limit: float | None,
-        now: float,
-        ask: Ask | None = None,
-    ) -> dict[str, Holder]:
-        """``held`` (UUID -> holder) with the GPUs reservations keep from this request;
-        for a holder's count ``ask`` during its window, every GPU but its own free
-        reserved ones (`core.reservations.prefer`)."""
-        found = self.current(now)
-        if not found:
-            return held
-        for uuid, who in rsv.blocked(found, owner, limit, now).items():
-            held.setdefault(uuid, who)
-        if ask is not None and ask.count and not (ask.required or ask.every or ask.profile):
-            sick, mig = self.gather.unhealthy(), self.config.policy.mig
-            free = [
-                g.uuid
-                for g in self.gather.inventory().units(mig)
-                if g.uuid not in held and g.uuid not in sick and not g.busy
-            ]
-            for uuid in rsv.prefer(found, owner, ask.count, free, now):
-                held.setdefault(uuid, _ELSEWHERE)
-        return held
 
     def _candidates(self, pool: str | None) -> tuple[list[GPU], str]:
         """The units a ``--gpus N`` reservation picks among (its pool, else the default

@@ -10,7 +10,7 @@ Theory of operation
 - ``recorder`` (`Recorder`): the audit trail, and who hears that a lease ended.
 - ``reservations`` (`Reservations`): GPUs reserved for a user or group in a window,
   and what they keep from everyone else's placement.
-- ``placer`` (`Placer`): places one create in a ledger state (limits, GPUs, cores).
+- ``placer`` (`Placer`): the grant plan's shell (core/grant_plan.py): reads, records.
 - ``line`` (`Lineup`): the waiting line's grants and what it keeps from others.
 - ``fair_share`` (`FairShare`): each owner's decayed GPU usage from its own record,
   which orders the line's equal priorities when policy.fair_share is set.
@@ -86,7 +86,6 @@ class Allocator:
         self.book = LeaseBook(
             engine,
             self.ledger,
-            self.gather,
             self.recorder,
             self.placer,
             self.line,

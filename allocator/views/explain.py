@@ -18,6 +18,7 @@ from allocator import shares
 from allocator.core import labels as gpu_labels
 from allocator.core import numbers, reservations, sharing, timelimits
 from allocator.core import verdicts as decide
+from allocator.core.grant_plan import LeaseRequest
 from allocator.core.holders import ago
 from allocator.core.placement import Shortage
 from allocator.core.policy import Invalid, Owner, Refusal, priority_of, wait_of, wanted
@@ -127,7 +128,7 @@ def explain(
     share = sharing.share_ask(given)
     if isinstance(share, str):
         return base | _answer(INVALID, share)
-    result = alloc.book.explain(ask, who, want, share)
+    result = alloc.book.plan(LeaseRequest(ask, "", who, want, resources, share=share))
     wait = wait_of(given, alloc.gather.rules)
     if isinstance(wait, Invalid):
         return base | _answer(INVALID, wait.msg)
@@ -148,8 +149,9 @@ def explain(
         return base | _answer(REFUSED, result.msg)
     if isinstance(result, Invalid):
         return base | _answer(INVALID, result.msg)
-    uuids, pool = result
-    index = {g.uuid: g.index for g in alloc.gather.inventory().gpus}
+    uuids, pool = list(result.gpus), result.pool
+    inventory = alloc.gather.inventory()
+    index = {g.uuid: g.index for g in (*inventory.gpus, *inventory.migs)}  # a slice: its GPU's
     shown = ", ".join(f"GPU {index[u]} ({u})" for u in uuids)
     where = f" from pool '{pool}'" if pool else ""
     now = ledger.now()
@@ -162,7 +164,7 @@ def explain(
         | {
             "gpus": [{"index": index[u], "uuid": u} for u in uuids],
             "pool": pool,
-            "time_limit_s": timelimits.effective(alloc.gather.rules, who, pool, want.time),
+            "time_limit_s": result.time_limit,
         }
     )
 

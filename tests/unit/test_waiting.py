@@ -202,7 +202,7 @@ def test_a_waiter_at_its_limit_waits_without_blocking_others(tmp_path, fake) -> 
 
 def test_a_waiter_is_served_only_through_the_time_limit_a_create_now_gets(tmp_path, fake) -> None:
     """The line's grants go through the same checks as a create arriving now
-    (`Placer.scope`): a waiter asking more time than the policy gives is never granted."""
+    (`core.grant_plan.plan`): a waiter asking more time than the policy gives is never granted."""
     alloc = make(tmp_path, fake, time_limit={"default": "1h"})
     long, short = waiter(ALICE, 1, time=7200.0), waiter(BOB, 2, time=600.0)
     assert isinstance(alloc.book.lease(long.ask), Refusal | Invalid)  # as a create now

@@ -9,7 +9,7 @@ of their arguments, so they are tested without any I/O.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from allocator.core.ask import Ask
 from allocator.core.holders import Holder
@@ -30,10 +30,13 @@ POLICIES: dict[str, Policy] = {
 @dataclass(frozen=True)
 class Shortage:
     """Too few free GPUs.  ``waitable``: freeing GPUs could answer it (not so for more
-    GPUs than the set has, an unhealthy or non-unit GPU named, MIG with policy.mig none)."""
+    GPUs than the set has, an unhealthy or non-unit GPU named, MIG with policy.mig none).
+    ``usable``: the free units the request could have drawn (`usable`), when the grant
+    plan (core/grant_plan.py) says it: what a waiter short of GPUs keeps from others."""
 
     msg: str
     waitable: bool = True
+    usable: frozenset[str] = field(default=frozenset(), compare=False)
 
 
 def place(
