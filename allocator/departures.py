@@ -29,22 +29,14 @@ BACKOFF_MAX = 30.0
 
 
 class Departures:
-    def __init__(
-        self,
-        alloc: Allocator,
-        stop: threading.Event,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    """Run by the shim's background work (`run` until ``stop`` is set)."""
+
+    def __init__(self, alloc: Allocator, clock: Callable[[], float] = time.monotonic) -> None:
         self.alloc = alloc
-        self.stop = stop
         self.clock = clock
 
-    def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self.run, name="departures", daemon=True)
-        thread.start()
-        return thread
-
-    def run(self) -> None:
+    def run(self, stop: threading.Event) -> None:
+        self.stop = stop
         engine = self.alloc.engine
         if engine is None:
             return

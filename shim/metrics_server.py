@@ -162,7 +162,15 @@ def registry(live: LiveView) -> CollectorRegistry:
 
 
 def serve(listen: str, live: LiveView, line: Queue | None = None) -> ThreadingHTTPServer:
-    """Start the listener in a daemon thread; returns the server (``.shutdown()`` stops it).
+    """`listener`, served from a daemon thread of its own (tests); ``.shutdown()`` stops it."""
+    server = listener(listen, live, line)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
+
+
+def listener(listen: str, live: LiveView, line: Queue | None = None) -> ThreadingHTTPServer:
+    """The listener, bound and not yet serving: the shim serves it from its background
+    work (``serve_forever``; ``shutdown`` stops it).
 
     ``line``: the creates waiting for GPUs, in serving order, for the dashboard."""
     host, _, port = listen.rpartition(":")
@@ -226,7 +234,6 @@ def serve(listen: str, live: LiveView, line: Queue | None = None) -> ThreadingHT
             "a free host:port, or leave it out"
         ) from None
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     log.info("metrics and dashboard on http://%s/", listen)
     return server
 

@@ -44,14 +44,24 @@ class ImageEngine(Protocol):
     def events(self, filters: dict[str, list[str]], since: int | None = None) -> Any: ...
 
 
+Starter = Callable[[str, Callable[[threading.Event], None]], None]  # a name, a loop
+
+
+def _thread(name: str, loop: Callable[[threading.Event], None]) -> None:
+    """Without the service's owner of background work (a test): a thread of its own."""
+    threading.Thread(target=loop, args=(threading.Event(),), name=name, daemon=True).start()
+
+
 class ImageConfigs:
     def __init__(
         self,
         engine: ImageEngine,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        start: Starter | None = None,
     ):
         self.engine = engine
+        self._start = start or _thread  # the service's: `Background.add`
         self._clock = clock
         self._wall = wall
         self._lock = threading.Lock()
@@ -75,7 +85,7 @@ class ImageConfigs:
             generation, live = self._generation, self._live
             if not self._watching:
                 self._watching = True
-                threading.Thread(target=self._watch, name="image-events", daemon=True).start()
+                self._start("image-events", self._watch)
         info = self.engine.image(name)
         if info is None:
             return None
@@ -93,12 +103,12 @@ class ImageConfigs:
             self._kept.clear()
             self._live = live
 
-    def _watch(self) -> None:
+    def _watch(self, stop: threading.Event) -> None:
         """The image event stream, opened again whenever it ends: half a second later
         after one that brought events or stayed open a while, else with a growing
         backoff (a stream refused or cut at once must not become two requests a second)."""
         backoff = 0.5
-        while True:
+        while not stop.is_set():
             opened = self._clock()
             try:
                 stream = self.engine.events({"type": ["image"]}, since=int(self._wall()) - 1)
@@ -111,5 +121,5 @@ class ImageConfigs:
             if self._clock() - opened > STEADY:
                 backoff = 0.5
             self._moved(live=False)
-            time.sleep(backoff)
+            stop.wait(backoff)
             backoff = min(BACKOFF_MAX, backoff * 2)
