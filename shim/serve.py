@@ -84,7 +84,8 @@ def background(
     work = allocator.background
     allocator.gather.watch_policy(work)
     work.every("expire", lambda: _expire_wait(allocator), lambda: _expire(allocator))
-    work.add("departures", Departures(allocator).run)
+    departures = Departures(allocator)
+    work.add("departures", departures.run, departures.wake)
     work.every("timekeeper", timelimits.CHECK_MAX, allocator.timekeeper.look, first=0.0)
     work.every("mps", mps.PERIOD, allocator.mps.sync)
     every = max(0.5, min(10.0, config.policy.idle_after / 4))

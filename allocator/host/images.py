@@ -44,12 +44,20 @@ class ImageEngine(Protocol):
     def events(self, filters: dict[str, list[str]], since: int | None = None) -> Any: ...
 
 
-Starter = Callable[[str, Callable[[threading.Event], None]], None]  # a name, a loop
+# A name, a loop until its stop is set, what wakes it to stop: `Background.add`.
+Starter = Callable[[str, Callable[[threading.Event], None], Callable[[], None]], None]
 
 
-def _thread(name: str, loop: Callable[[threading.Event], None]) -> None:
+def _thread(name: str, loop: Callable[[threading.Event], None], wake: object) -> None:
     """Without the service's owner of background work (a test): a thread of its own."""
     threading.Thread(target=loop, args=(threading.Event(),), name=name, daemon=True).start()
+
+
+def _abort(stream: object) -> None:
+    """An Engine stream's `abort` (a stand-in's iterator has none)."""
+    abort = getattr(stream, "abort", None)
+    if abort is not None:
+        abort()
 
 
 class ImageConfigs:
@@ -69,6 +77,7 @@ class ImageConfigs:
         self._generation = 0  # moves at every image event and every open or end of the stream
         self._live = False
         self._watching = False
+        self._stream: object = None  # the image event stream being followed
 
     @property
     def live(self) -> bool:
@@ -85,7 +94,7 @@ class ImageConfigs:
             generation, live = self._generation, self._live
             if not self._watching:
                 self._watching = True
-                self._start("image-events", self._watch)
+                self._start("image-events", self._watch, self._wake)
         info = self.engine.image(name)
         if info is None:
             return None
@@ -103,6 +112,10 @@ class ImageConfigs:
             self._kept.clear()
             self._live = live
 
+    def _wake(self) -> None:
+        """End the stream being followed, so `_watch` sees its stop now."""
+        _abort(self._stream)
+
     def _watch(self, stop: threading.Event) -> None:
         """The image event stream, opened again whenever it ends: half a second later
         after one that brought events or stayed open a while, else with a growing
@@ -111,7 +124,11 @@ class ImageConfigs:
         while not stop.is_set():
             opened = self._clock()
             try:
-                stream = self.engine.events({"type": ["image"]}, since=int(self._wall()) - 1)
+                stream = self._stream = self.engine.events(
+                    {"type": ["image"]}, since=int(self._wall()) - 1
+                )
+                if stop.is_set():
+                    _abort(stream)
                 self._moved(live=True)
                 for _ in stream:
                     self._moved(live=True)
