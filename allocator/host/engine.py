@@ -9,6 +9,7 @@ first process that needs it.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
@@ -177,16 +178,18 @@ class Engine:
         (Unix seconds), among the events it still holds; asked up to now, so it returns
         at once."""
         filters = {"type": ["container"], "container": [container], "event": ["kill"]}
-        return any(True for _ in self.events(filters, since, until=time.time()))
+        with contextlib.closing(self.events(filters, since, until=time.time())) as stream:
+            return any(True for _ in stream)
 
     def first_start(self, container: str, since: float) -> float | None:
         """When dockerd first started ``container`` since ``since`` (Unix seconds), by its
         ``start`` events among those it still holds (its last 256); None when none is."""
         filters = {"type": ["container"], "container": [container], "event": ["start"]}
-        for event in self.events(filters, since, until=time.time()):
-            stamp = event.get("timeNano") or int(event.get("time") or 0) * 10**9
-            if stamp:
-                return int(stamp) / 1e9
+        with contextlib.closing(self.events(filters, since, until=time.time())) as stream:
+            for event in stream:
+                stamp = event.get("timeNano") or int(event.get("time") or 0) * 10**9
+                if stamp:
+                    return int(stamp) / 1e9
         return None
 
     def events(
@@ -239,6 +242,9 @@ class Stream(Generic[T]):
 
     def abort(self) -> None:
         self._lines.abort()
+
+    def close(self) -> None:
+        self._lines.close()
 
 
 def actor(event: dict[str, Any]) -> str:

@@ -75,6 +75,9 @@ class Lines:
         self._conn.close()
         raise StopIteration
 
+    def close(self) -> None:
+        self._conn.close()
+
     def abort(self) -> None:
         sock = self._conn.sock
         if sock is not None:
