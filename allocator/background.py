@@ -6,8 +6,9 @@ a thread named ``gpu-alloc-<name>``, records each failure that escapes it (the c
 the last one and when), runs a worker again after a failure (a thread that died would
 stop its job for the rest of the process's life), and stops everything at once:
 `stop` sets the one stop event, wakes each worker blocked on something else (an
-event stream, a socket) with its ``wake``, shuts the pools down and waits for every
-thread up to a deadline, and names those still alive.
+event stream, a socket) with its ``wake``, shuts the pools down (taking no more work,
+finishing what is queued: nothing lost) and waits for every thread up to a deadline,
+and names those still alive.
 
 `ledger_pool` is the pool for blocking work on the ledger: the shim makes it its event
 loop's default executor, so its leasing, judging, settling, line and admin views run
@@ -186,8 +187,8 @@ class Background:
                     worker.wake()
                 except Exception:
                     log.warning("%s not woken to stop", worker.name, exc_info=True)
-        for _, pool in pools:
-            pool.shutdown(wait=False, cancel_futures=True)
+        for _, pool in pools:  # what is queued still runs: a grant's fsync, a settle
+            pool.shutdown(wait=False)
         ends = time.monotonic() + deadline
         for thread in self._threads():
             thread.join(max(0.0, ends - time.monotonic()))

@@ -114,6 +114,16 @@ def test_stop_names_a_thread_that_outlives_the_deadline() -> None:
     until(lambda: f"{PREFIX}stuck" not in ours())
 
 
+def test_work_queued_on_a_pool_still_runs_at_stop() -> None:
+    """A grant's fsync or a settle queued behind others is not dropped (nothing lost)."""
+    work = Background(ledger_threads=1)
+    done: list[int] = []
+    work.ledger_pool.submit(time.sleep, 0.1)
+    work.ledger_pool.submit(done.append, 1)
+    assert work.stop(5.0) == []
+    assert done == [1]
+
+
 def test_no_task_starts_once_stopping(work) -> None:
     work.stop(1.0)
     ran: list[int] = []
