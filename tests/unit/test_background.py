@@ -3,9 +3,12 @@ shim's background work, started and stopped, leaves no gpu-alloc thread alive.""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +16,11 @@ import pytest
 
 from allocator import background as bg
 from allocator.background import PREFIX, Background
+from allocator.host import unixhttp
 from allocator.host.config import Config, MetricsConfig, PolicyConfig
 from allocator.host.watcher import watch
 from allocator.service import Allocator
+from allocator.views import wire
 from allocator.views.gpus import LiveView
 from shim import metrics_server
 from shim import serve as shim_serve
@@ -203,4 +208,41 @@ def test_starting_and_stopping_the_shims_work_leaves_no_gpu_alloc_thread(tmp_pat
         left = work.stop(5.0)
         metrics.server_close()
     assert left == []
+    assert ours() - before == set()
+
+
+def test_the_shim_serves_on_the_ledger_pool_and_stops_every_thread_it_started(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`shim.serve.serve` whole: its loop's blocking calls run on the ledger pool, and
+    SIGTERM stops the server and all its background work."""
+    before = ours()
+    config = shim_config(tmp_path, f"127.0.0.1:{free_port()}")
+    config = replace(config, shim=replace(config.shim, socket=str(tmp_path / "shim.sock")))
+    alloc = Allocator(config, QuietEngine())  # type: ignore[arg-type]
+    ran_on: list[str] = []
+    real = LiveView.snapshot
+
+    def snapshot(self: LiveView) -> dict[str, Any]:
+        ran_on.append(threading.current_thread().name)
+        return real(self)
+
+    monkeypatch.setattr(LiveView, "snapshot", snapshot)
+    answers: list[int] = []
+
+    def client() -> None:
+        try:
+            until(lambda: (tmp_path / "shim.sock").exists())
+            answers.append(unixhttp.request(config.shim.socket, "GET", wire.GPUS_PATH)[0])
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)  # the shim's own stop
+
+    hup = signal.getsignal(signal.SIGHUP)
+    threading.Thread(target=client).start()
+    try:
+        shim_serve.serve(config, alloc)
+    finally:
+        signal.signal(signal.SIGHUP, hup)
+    assert answers == [200]
+    assert ran_on and ran_on[0].startswith(f"{PREFIX}ledger")
     assert ours() - before == set()
