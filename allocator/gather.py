@@ -35,10 +35,10 @@ from allocator.host.engineroot import EngineRoot
 from allocator.host.filesystem import Host, engine_paths
 from allocator.host.health import HealthFile
 
-POLICY_CHECK_EVERY = 2.0  # seconds between the running services' looks at the config file
 if TYPE_CHECKING:
     from allocator.background import Background
 
+POLICY_CHECK_EVERY = 2.0  # seconds between the running services' looks at the config file
 log = logging.getLogger("gpu-alloc")
 ENGINE_VIEW_MAX_AGE = 30.0
 T = TypeVar("T")
