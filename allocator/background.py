@@ -201,9 +201,8 @@ class Background:
         with self._lock:
             own = [w.thread for w in self._workers.values() if w.thread is not None]
             own += list(self._tasks)
-            prefixes = tuple(f"{PREFIX}{name}_" for name in self._pools)
-        pooled = [t for t in threading.enumerate() if t.name.startswith(prefixes)]
-        return [t for t in own + pooled if t is not threading.current_thread()]
+            own += [t for pool in self._pools.values() for t in list(pool._threads)]
+        return [t for t in own if t is not threading.current_thread()]
 
     def health(self) -> list[Health]:
         """Each worker's and pool's state, by name."""
