@@ -14,11 +14,12 @@ transaction by the Engine's answer (`outcomes.create_outcome`), or the lack of o
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+from allocator.background import Background
 from allocator.core import cuda, defaults, labels, outcomes, policy, services, sharing
 from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
@@ -40,6 +41,7 @@ from allocator.recorder import Recorder
 log = logging.getLogger("gpu-alloc")
 Judged = tuple[decide.Facts, Ask | decide.Deny]  # a create's ask, and the facts it was made on
 Leased = tuple[Lease, str] | Shortage | policy.Refusal | policy.Invalid
+GRANT_THREADS = 16  # grants made durable at once (one per create in flight)
 ONE_GPU = (
     f"a share ({sharing.SHARE} or {sharing.MEMORY}) is part of one GPU: ask with --gpus 1, "
     "not a count, 'all', named GPUs or a MIG profile"
@@ -81,6 +83,7 @@ class Creates:
         recorder: Recorder,
         book: LeaseBook,
         lookups: Lookups,
+        background: Background,
         mps_dir: str = "",
     ):
         self.gather = gather
@@ -88,8 +91,9 @@ class Creates:
         self.recorder = recorder
         self.book = book
         self.lookups = lookups
-        # The grants' fsyncs, beside dockerd's create: one thread per create in flight.
-        self._durability = ThreadPoolExecutor(thread_name_prefix="grant")
+        # The grants' fsyncs, beside dockerd's create, on a pool of their own: never
+        # queued behind the ledger work the shim's calls wait on.
+        self._durability = background.pool("grant", GRANT_THREADS)
 
     def at_hand(self, spec: dict[str, Any]) -> Judged | None:
         """The create's ask by the facts at hand (`Gatherer.at_hand`), for an event loop;

@@ -29,22 +29,21 @@ BACKOFF_MAX = 30.0
 
 
 class Departures:
-    def __init__(
-        self,
-        alloc: Allocator,
-        stop: threading.Event,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    """Run by the shim's background work: `run` until ``stop`` is set, `wake` then."""
+
+    def __init__(self, alloc: Allocator, clock: Callable[[], float] = time.monotonic) -> None:
         self.alloc = alloc
-        self.stop = stop
         self.clock = clock
+        self.stop = threading.Event()
+        self._stream: object = None
 
-    def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self.run, name="departures", daemon=True)
-        thread.start()
-        return thread
+    def wake(self) -> None:
+        """End the stream being followed, so `run` sees ``stop`` now, not at the next
+        removal.  (A stream opened after this sees ``stop`` set as it opens.)"""
+        _abort(self._stream)
 
-    def run(self) -> None:
+    def run(self, stop: threading.Event) -> None:
+        self.stop = stop
         engine = self.alloc.engine
         if engine is None:
             return
@@ -52,7 +51,9 @@ class Departures:
         while not self.stop.is_set():
             opened = self.clock()
             try:
-                stream = engine.destroyed()
+                stream = self._stream = engine.destroyed()
+                if self.stop.is_set():
+                    _abort(stream)
                 self._resync()
                 for cid in stream:
                     if self.stop.is_set():
@@ -83,3 +84,10 @@ class Departures:
             self.alloc.reconciler.reconcile()
         elif any(le.container == cid for le in state.leases.values()):
             self.alloc.book.settle(Forget(cid))
+
+
+def _abort(stream: object) -> None:
+    """An Engine stream's `abort` (a test's list has none)."""
+    abort = getattr(stream, "abort", None)
+    if abort is not None:
+        abort()

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from allocator.core import cpus
 from allocator.core.decisions import EVERY_FACT, Fact, Unread
@@ -30,13 +30,15 @@ from allocator.host import config as configmod
 from allocator.host import cpus as host_cpus
 from allocator.host import dockerd
 from allocator.host.config import Config, ConfigError
+from allocator.host.devices import DeviceSource, source_for
 from allocator.host.engine import Engine
 from allocator.host.engineroot import EngineRoot
 from allocator.host.filesystem import Host, engine_paths
 from allocator.host.health import HealthFile
-from allocator.host.inventory import load as load_inventory
 
-INVENTORY_MAX_AGE = 10.0
+if TYPE_CHECKING:
+    from allocator.background import Background
+
 POLICY_CHECK_EVERY = 2.0  # seconds between the running services' looks at the config file
 log = logging.getLogger("gpu-alloc")
 ENGINE_VIEW_MAX_AGE = 30.0
@@ -61,6 +63,7 @@ class Gatherer:
         self.config = config
         self.engine = engine
         self.health = health
+        self.devices: DeviceSource = source_for(config.gpus)  # the GPUs' source, chosen once
         # gpu-alloc's state and its plugin's socket, then (once asked) the Engine's own
         # paths.  The shim's socket is the users' way in and vets every call: not protected.
         # Paths as dockerd sees them; without an Engine (tests, `gpu-alloc health`), as we do.
@@ -92,7 +95,7 @@ class Gatherer:
                 known = self._inventory
                 if known is None or known[0] != stamp:
                     try:
-                        loaded: Inventory | InventoryError = load_inventory(self.config.gpus)
+                        loaded: Inventory | InventoryError = self.devices.inventory()
                     except InventoryError as e:
                         loaded = e
                     known = self._inventory = (stamp, loaded)
@@ -102,9 +105,7 @@ class Gatherer:
         return found
 
     def _inventory_stamp(self) -> object:
-        if self.config.gpus == "nvml":
-            return int(time.monotonic() // INVENTORY_MAX_AGE)
-        return _file_stamp(self.config.gpus)  # None: load_inventory reports it
+        return self.devices.stamp()
 
     def cpu_topology(self) -> cpus.Topology:
         """Read from sysfs once, on the first create that asks for cores or memory."""
@@ -284,19 +285,10 @@ class Gatherer:
         if stamp != self._rules_stamp:
             self.reload_policy(stamp)
 
-    def watch_policy(self, every: float = POLICY_CHECK_EVERY) -> None:
-        """Look at the config file every ``every`` seconds from a thread of its own, so an
-        edit is in force (or its error logged) within seconds, with no request asking."""
-
-        def watch() -> None:
-            while True:
-                time.sleep(every)
-                try:
-                    self.refresh_policy()
-                except Exception:  # a thread that died would stop every later reload
-                    log.exception("policy not checked")
-
-        threading.Thread(target=watch, name="policy-watch", daemon=True).start()
+    def watch_policy(self, background: Background, every: float = POLICY_CHECK_EVERY) -> None:
+        """Look at the config file every ``every`` seconds from a worker of ``background``,
+        so an edit is in force (or its error logged) within seconds, with no request asking."""
+        background.every("policy-watch", every, self.refresh_policy)
 
     def reload_policy(self, stamp: object = None) -> None:
         stamp = stamp or self._config_stamp()

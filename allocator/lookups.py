@@ -14,6 +14,7 @@ import os
 from functools import cached_property
 from typing import Any
 
+from allocator.background import Background
 from allocator.core import defaults, labels, service_limits
 from allocator.core.inflight import Target
 from allocator.core.leases import Phase, State, StateError
@@ -36,8 +37,16 @@ log = logging.getLogger("gpu-alloc")
 class Lookups:
     """The adapters' questions, each answered by the one call it needs."""
 
-    def __init__(self, config: Config, engine: Engine | None, ledger: Ledger, gather: Gatherer):
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine | None,
+        ledger: Ledger,
+        gather: Gatherer,
+        background: Background,
+    ):
         self.config = config
+        self.background = background
         self.engine = engine
         self.ledger = ledger
         self.gather = gather
@@ -70,7 +79,9 @@ class Lookups:
 
     @cached_property
     def _images(self) -> ImageConfigs | None:
-        return ImageConfigs(self.engine) if self.engine is not None else None
+        if self.engine is None:
+            return None
+        return ImageConfigs(self.engine, start=self.background.add)
 
     def owner_of(self, peer: Peer | None) -> Owner:
         """The person behind a connection (`policy.NOBODY` without peer credentials)."""

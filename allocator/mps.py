@@ -5,7 +5,7 @@ supervises the daemons rather than a systemd template unit: it is the one that g
 shares, so it starts a GPU's daemon (`ensure`) before the create that needs it reaches
 dockerd, and a failure is that create's 503 rather than a unit failing later, unseen.
 A share ends wherever its container goes (the plugin, reconcile, the CLI), so the
-daemons are kept level-triggered (`sync`, every few seconds from the shim's start):
+daemons are kept level-triggered (`sync`, every `PERIOD` from the shim's background work):
 under the ledger lock, a GPU with no share lease left has its daemon told to quit, so
 no grant can slip in between the look and the stop; a live share whose daemon is not
 running (after a reboot emptied the run directory) has it started again.
@@ -74,13 +74,3 @@ class Mps:
                 why = self.ensure(lease)
                 if why is not None:
                     log.warning("lease %s: %s", lease.id, why)
-
-    def start(self, stop: threading.Event) -> None:
-        threading.Thread(target=self._run, args=(stop,), name="mps", daemon=True).start()
-
-    def _run(self, stop: threading.Event) -> None:
-        while not stop.wait(PERIOD):
-            try:
-                self.sync()
-            except Exception:  # a broken ledger: look again later
-                log.warning("MPS daemon check failed", exc_info=True)

@@ -6,7 +6,8 @@ Theory of operation
 (shim/, plugin/) and the CLI call the part that owns what they ask:
 
 - ``gather`` (`Gatherer`, allocator/gather.py): the facts, each cached while it stays
-  true: the GPU inventory, the Engine's view, the policy in force, the GPUs' health.
+  true: the GPU inventory (from the host's `DeviceSource`, allocator/host/devices/),
+  the Engine's view, the policy in force, the GPUs' health.
 - ``recorder`` (`Recorder`): the audit trail, and who hears that a lease ended.
 - ``reservations`` (`Reservations`): GPUs reserved for a user or group in a window,
   and what they keep from everyone else's placement.
@@ -26,6 +27,8 @@ Theory of operation
   too long (the shim runs it).
 - ``mps`` (`Mps`): the MPS control daemon of each shared GPU with shares out (the shim
   runs it).
+- ``background`` (`Background`, allocator/background.py): every thread and pool the
+  parts run, started, stopped and watched in one place (the shim starts it).
 
 Every decision itself is made in allocator/core/; the parts read the facts, call it, and
 apply what it returns.  No part calls back up into the one that called it.
@@ -34,6 +37,7 @@ apply what it returns.  No part calls back up into the one that called it.
 from __future__ import annotations
 
 from allocator.admission import Admission
+from allocator.background import Background
 from allocator.creates import Creates
 from allocator.gather import Gatherer
 from allocator.host.audit import AuditLog
@@ -66,6 +70,7 @@ class Allocator:
     def __init__(self, config: Config, engine: Engine | None = None, host: Host | None = None):
         self.config = config
         self.engine = engine
+        self.background = Background()
         self.ledger = Ledger(config.state_dir, config.policy.lock_timeout)
         self.audit = AuditLog(config.state_dir)
         self.health = HealthFile(self.ledger)
@@ -75,7 +80,7 @@ class Allocator:
         self.health.listeners.append(self.recorder.health_turned)
         self.reservations = Reservations(config, self.ledger, self.gather, self.recorder)
         self.placer = Placer(config, self.gather, self.reservations)
-        self.fair_share = FairShare(self.audit, self.held)
+        self.fair_share = FairShare(self.audit, self.held, self.background)
         self.line = Lineup(self.ledger, self.gather, self.placer, self.recorder, self.fair_share)
         self.reconciler = Reconciler(
             engine, self.ledger, self.gather, self.recorder, self.reservations
@@ -93,9 +98,13 @@ class Allocator:
             self.restarts,
         )
         self.admission = Admission(engine, self.ledger, self.restarts)
-        self.lookups = Lookups(config, engine, self.ledger, self.gather)
-        self.creates = Creates(self.gather, self.recorder, self.book, self.lookups, config.mps.dir)
-        self.timekeeper = Timekeeper(config, engine, self.ledger, self.gather, self.recorder)
+        self.lookups = Lookups(config, engine, self.ledger, self.gather, self.background)
+        self.creates = Creates(
+            self.gather, self.recorder, self.book, self.lookups, self.background, config.mps.dir
+        )
+        self.timekeeper = Timekeeper(
+            config, engine, self.ledger, self.gather, self.recorder, self.background
+        )
         self.mps = Mps(config, self.ledger, self.gather)
 
 

@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+from allocator.background import Background
 from allocator.core import report
 from allocator.core.report import Held
 from allocator.core.uses import uses
@@ -41,8 +42,11 @@ class FairShare:
     uses still held counted up to now, so no create waits on the file under the lock.
     """
 
-    def __init__(self, audit: AuditLog, record: HeldRecord) -> None:
+    def __init__(
+        self, audit: AuditLog, record: HeldRecord, background: Background | None = None
+    ) -> None:
         self.audit = audit
+        self.background = background or Background()  # the service's, or one of its own
         self.record = record
         self._lock = threading.Lock()
         self._held: list[Held] | None = None
@@ -63,7 +67,7 @@ class FairShare:
                 self._stamp, self._held = self._stamp_now(), self._read()
             elif not self._refreshing and self._stamp_now() != self._stamp:
                 self._refreshing = True
-                threading.Thread(target=self._refresh, name="fair-share", daemon=True).start()
+                self.background.once("fair-share", self._refresh)
             found = report.decayed(self._held, now, half_life)
             self._kept = (now, half_life, found)
             return found

@@ -24,6 +24,7 @@ import logging
 import threading
 from collections.abc import Sequence
 
+from allocator.background import Background
 from allocator.core import labels, reclaim, restarts, timelimits
 from allocator.core import usage as usage_core
 from allocator.core.inventory import InventoryError
@@ -41,7 +42,8 @@ TIME_LIMIT, IDLE = "time-limit", "idle-reclaim"  # audit kinds, and the metric's
 
 class Timekeeper:
     """Stops the GPU containers past their time limit or idle too long (`check`); the
-    shim runs it on a thread of its own (`start`)."""
+    shim looks (`look`) from its background work (allocator/background.py), and each
+    stop runs as a task of its own there."""
 
     def __init__(
         self,
@@ -50,8 +52,10 @@ class Timekeeper:
         ledger: Ledger,
         gather: Gatherer,
         recorder: Recorder,
+        background: Background,
     ) -> None:
         self.config = config
+        self.background = background
         self.engine = engine
         self.ledger = ledger
         self.gather = gather
@@ -60,18 +64,9 @@ class Timekeeper:
         self._stopping: set[str] = set()  # containers a stop is on its way to
         self._lock = threading.Lock()
 
-    def start(self, stop: threading.Event) -> None:
-        """Look, act and look again until ``stop`` is set."""
-        threading.Thread(target=self._run, args=(stop,), name="timekeeper", daemon=True).start()
-
-    def _run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                wait = self.check(ledger.now())
-            except Exception:  # a broken Engine or ledger: look again later
-                log.warning("time limit and idle check failed", exc_info=True)
-                wait = timelimits.CHECK_MAX
-            stop.wait(wait)
+    def look(self) -> float:
+        """One look now (`check`); the shim runs it from its background work."""
+        return self.check(ledger.now())
 
     def check(self, now: float) -> float:
         """One look: start clocks, stop what is due; seconds until the next look."""
@@ -121,7 +116,7 @@ class Timekeeper:
         """The running containers idle for ``after``, their last start counted (one
         inspect each, of the few that look idle)."""
         try:
-            use = usage.read(self.config.gpus)
+            use = self.gather.devices.usage()
         except InventoryError:
             return []  # no reading: nothing is known to be idle
         active = {u for u, x in use.items() if x.active}
@@ -141,9 +136,7 @@ class Timekeeper:
             if cid in self._stopping:
                 return
             self._stopping.add(cid)
-        threading.Thread(
-            target=self._stop_one, args=(lease, kind, why), name=f"stop-{cid[:12]}", daemon=True
-        ).start()
+        self.background.once(f"stop-{cid[:12]}", self._stop_one, lease, kind, why)
 
     def _stop_one(self, lease: Lease, kind: str, why: str) -> None:
         """Restart policy off, then the Engine's stop; audited and counted once done."""

@@ -39,7 +39,9 @@ class _Server(BaseApplication):
         from plugin.app import create_dispatcher
 
         dispatcher = create_dispatcher(self.gpu_config)
-        dispatcher.alloc.gather.watch_policy()  # in each worker, after its fork
+        work = dispatcher.alloc.background  # in each worker, after its fork
+        dispatcher.alloc.gather.watch_policy(work)
+        work.start()
         return dispatcher
 
 

@@ -228,6 +228,7 @@ class Worker(base.Worker):
             self.loop.run_until_complete(self._serve())
         finally:
             self.pool.shutdown(wait=False, cancel_futures=True)
+            self.dispatcher.alloc.background.stop()
             self.loop.close()
 
     async def _serve(self) -> None:

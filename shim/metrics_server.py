@@ -14,7 +14,9 @@ the reason goes to the log.
 ``/api/timeline?period=24h|7d``: who held which GPU over the period, the reservations
 ahead and GPU-hours per owner (`views.timeline`, kept a few seconds).
 The counters ``gpu_alloc_gpu_seconds_held_total`` and ``..._used_total`` (owner,
-pool) grow with each look of the sampler, `sample_forever`.
+pool) grow with each look of the sampler, `sample_forever`.  Each background worker of
+the shim (allocator/background.py) is ``gpu_alloc_worker_up{worker}`` (1 while its
+thread runs) and ``gpu_alloc_worker_errors{worker}`` (the failures it survived).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from allocator.background import Background
 from allocator.core.gpu_states import STATES
 from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
@@ -158,11 +161,41 @@ def registry(live: LiveView) -> CollectorRegistry:
     if os.environ.get(metrics.ENV):
         MultiProcessCollector(reg)
     reg.register(GpuCollector(live))
+    reg.register(WorkerCollector(live.alloc.background))
     return reg
 
 
+class WorkerCollector(Collector):
+    """Each background worker's health, as `Background.health` says it at scrape time."""
+
+    def __init__(self, background: Background) -> None:
+        self.background = background
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        up = GaugeMetricFamily(
+            "gpu_alloc_worker_up", "1 while the background worker runs", labels=["worker"]
+        )
+        errors = GaugeMetricFamily(
+            "gpu_alloc_worker_errors",
+            "failures the background worker logged and survived",
+            labels=["worker"],
+        )
+        for h in self.background.health():
+            up.add_metric([h.name], int(h.alive))
+            errors.add_metric([h.name], h.errors)
+        yield from (up, errors)
+
+
 def serve(listen: str, live: LiveView, line: Queue | None = None) -> ThreadingHTTPServer:
-    """Start the listener in a daemon thread; returns the server (``.shutdown()`` stops it).
+    """`listener`, served from a daemon thread of its own (tests); ``.shutdown()`` stops it."""
+    server = listener(listen, live, line)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
+
+
+def listener(listen: str, live: LiveView, line: Queue | None = None) -> ThreadingHTTPServer:
+    """The listener, bound and not yet serving: the shim serves it from its background
+    work (``handle_request`` until stopped), a test with `serve`.
 
     ``line``: the creates waiting for GPUs, in serving order, for the dashboard."""
     host, _, port = listen.rpartition(":")
@@ -226,7 +259,6 @@ def serve(listen: str, live: LiveView, line: Queue | None = None) -> ThreadingHT
             "a free host:port, or leave it out"
         ) from None
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     log.info("metrics and dashboard on http://%s/", listen)
     return server
 

@@ -1,13 +1,17 @@
 """Run the shim: the proxy transport with its admin endpoints and the create
-interception, from a config."""
+interception, from a config, and the service's background work beside it."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import threading
-import time
+from http.server import ThreadingHTTPServer
 
+from allocator import mps
+from allocator.background import Background
+from allocator.core import timelimits
 from allocator.departures import Departures
 from allocator.host import listener
 from allocator.host.config import Config
@@ -21,29 +25,26 @@ from shim.waitline import Waitline
 
 log = logging.getLogger("gpu-alloc.shim")
 EXPIRY_CHECK_MAX = 60.0  # seconds between release_stopped_after checks, at most
+METRICS_POLL = 0.5  # seconds the metrics listener waits for a request before a stop look
 
 
 def serve(config: Config, allocator: Allocator, claim: listener.Claim | None = None) -> None:
     # SIGHUP re-reads the policy now; a changed file is picked up within seconds anyway.
     signal.signal(signal.SIGHUP, lambda *_: allocator.gather.reload_policy())
-    allocator.gather.watch_policy()
-    threading.Thread(target=_expire, args=(allocator,), name="expire", daemon=True).start()
     live = LiveView(allocator)
-    stop = threading.Event()
-    Departures(allocator, stop).start()
-    allocator.timekeeper.start(stop)
-    allocator.mps.start(stop)
-    every = max(0.5, min(10.0, config.policy.idle_after / 4))
-    samples = Samples(config.state_dir)
-    threading.Thread(
-        target=metrics_server.sample_forever, args=(live, every, stop, samples), daemon=True
-    ).start()
     line = Waitline(allocator)
     metrics = (
-        metrics_server.serve(config.metrics.listen, live, line.snapshot)
+        metrics_server.listener(config.metrics.listen, live, line.snapshot)
         if config.metrics.listen
         else None
     )
+    work = background(config, allocator, live, metrics)
+    work.start()
+
+    def ready() -> None:
+        """The event loop's blocking calls (asyncio.to_thread) run on the ledger pool."""
+        asyncio.get_running_loop().set_default_executor(work.ledger_pool)
+
     try:
         server.run(
             config.shim.socket,
@@ -53,23 +54,62 @@ def serve(config: Config, allocator: Allocator, claim: listener.Claim | None = N
             group=config.shim.group,
             forward_timeout=config.shim.create_timeout,
             claim=claim,
+            ready=ready,
         )
     finally:
-        stop.set()
+        work.stop()
         if metrics is not None:
-            metrics.shutdown()
+            metrics.server_close()
 
 
-def _expire(allocator: Allocator) -> None:
+def background(
+    config: Config,
+    allocator: Allocator,
+    live: LiveView,
+    metrics: ThreadingHTTPServer | None = None,
+) -> Background:
+    """The shim's long-lived work, each worker on the service's one owner (not started):
+
+    ============  ==============================================================
+    policy-watch  the config file, every few seconds (`Gatherer.watch_policy`)
+    expire        reconcile, for ``release_stopped_after``
+    departures    the Engine's destroy events end their containers' leases
+    timekeeper    time limits and idle reclaim
+    mps           the MPS daemons of shared GPUs, level-triggered
+    sampler       GPU use, for the idle mark, the samples and the counters
+    metrics       the metrics and dashboard listener (with ``metrics.listen``)
+    health        the GPU health watcher (added by `allocator.host.watcher.watch`)
+    ============  ==============================================================
+    """
+    work = allocator.background
+    allocator.gather.watch_policy(work)
+    work.every("expire", lambda: _expire_wait(allocator), lambda: _expire(allocator))
+    departures = Departures(allocator)
+    work.add("departures", departures.run, departures.wake)
+    work.every("timekeeper", timelimits.CHECK_MAX, allocator.timekeeper.look, first=0.0)
+    work.every("mps", mps.PERIOD, allocator.mps.sync)
+    every = max(0.5, min(10.0, config.policy.idle_after / 4))
+    samples = Samples(config.state_dir)
+    work.add("sampler", lambda stop: metrics_server.sample_forever(live, every, stop, samples))
+    if metrics is not None:
+        work.add("metrics", lambda stop: _serve_metrics(metrics, stop))
+    return work
+
+
+def _serve_metrics(metrics: ThreadingHTTPServer, stop: threading.Event) -> None:
+    """One request at a time into its own thread, looking at ``stop`` between them."""
+    metrics.timeout = METRICS_POLL
+    while not stop.is_set():
+        metrics.handle_request()
+
+
+def _expire_wait(allocator: Allocator) -> float:
+    after = allocator.gather.rules.release_stopped_after
+    return EXPIRY_CHECK_MAX if after is None else min(EXPIRY_CHECK_MAX, max(1.0, after / 4))
+
+
+def _expire(allocator: Allocator) -> float:
     """Reconcile now and then, so stopped containers lose their GPUs with nobody asking."""
-    while True:
-        after = allocator.gather.rules.release_stopped_after
-        time.sleep(
-            EXPIRY_CHECK_MAX if after is None else min(EXPIRY_CHECK_MAX, max(1.0, after / 4))
-        )
-        if after is None:
-            continue
-        try:
-            allocator.reconciler.reconcile()
-        except Exception:  # a broken Engine or ledger is reported by the creates themselves
-            log.warning("release_stopped_after check failed", exc_info=True)
+    if allocator.gather.rules.release_stopped_after is not None:
+        allocator.reconciler.reconcile()
+    return _expire_wait(allocator)

@@ -207,5 +207,8 @@ class Waitline:
         """Release a grant nobody will use; in a thread, since this may run in a finally."""
         assert self._loop is not None
         self._loop.run_in_executor(
-            None, self.alloc.book.release, lease.id, "its waiting client left"
+            self.alloc.background.ledger_pool,
+            self.alloc.book.release,
+            lease.id,
+            "its waiting client left",
         )

@@ -9,6 +9,7 @@ first process that needs it.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
@@ -16,11 +17,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote, urlencode
 
 from allocator.host import unixhttp
 from allocator.host.unixhttp import KeepAlive
+
+T = TypeVar("T")
 
 
 class EngineError(Exception):
@@ -164,25 +167,29 @@ class Engine:
             raise EngineError(f"Engine at {self.socket}: {what} failed: {status} {why}")
         return data
 
-    def destroyed(self) -> Iterator[str]:
+    def destroyed(self) -> Stream[str]:
         """The full ids of containers as the Engine destroys them (``destroy`` events)."""
-        return (actor(e) for e in self.events({"type": ["container"], "event": ["destroy"]}))
+        return Stream(
+            self._events({"type": ["container"], "event": ["destroy"]}, None, None), actor
+        )
 
     def signalled(self, container: str, since: float) -> bool:
         """Whether dockerd sent ``container`` a signal (a ``kill`` event) since ``since``
         (Unix seconds), among the events it still holds; asked up to now, so it returns
         at once."""
         filters = {"type": ["container"], "container": [container], "event": ["kill"]}
-        return any(True for _ in self.events(filters, since, until=time.time()))
+        with contextlib.closing(self.events(filters, since, until=time.time())) as stream:
+            return any(True for _ in stream)
 
     def first_start(self, container: str, since: float) -> float | None:
         """When dockerd first started ``container`` since ``since`` (Unix seconds), by its
         ``start`` events among those it still holds (its last 256); None when none is."""
         filters = {"type": ["container"], "container": [container], "event": ["start"]}
-        for event in self.events(filters, since, until=time.time()):
-            stamp = event.get("timeNano") or int(event.get("time") or 0) * 10**9
-            if stamp:
-                return int(stamp) / 1e9
+        with contextlib.closing(self.events(filters, since, until=time.time())) as stream:
+            for event in stream:
+                stamp = event.get("timeNano") or int(event.get("time") or 0) * 10**9
+                if stamp:
+                    return int(stamp) / 1e9
         return None
 
     def events(
@@ -190,7 +197,7 @@ class Engine:
         filters: dict[str, list[str]],
         since: float | None = None,
         until: float | None = None,
-    ) -> Iterator[dict]:
+    ) -> Stream[dict]:
         """GET /events for ``filters``, on a connection of its own.
 
         The stream has no deadline (it waits for events by design), so it never shares
@@ -200,6 +207,11 @@ class Engine:
         took.  ``since`` (Unix seconds) replays the events the Engine still holds from then;
         with ``until``, the stream ends there.
         """
+        return Stream(self._events(filters, since, until), lambda event: event)
+
+    def _events(
+        self, filters: dict[str, list[str]], since: float | None, until: float | None
+    ) -> unixhttp.Lines:
         query = {"filters": json.dumps(filters)}
         for name, at in (("since", since), ("until", until)):
             if at is not None:
@@ -208,11 +220,31 @@ class Engine:
             got = unixhttp.lines(self.socket, "/events?" + urlencode(query), self.timeout)
         except OSError as e:
             raise EngineError(f"Engine at {self.socket}: GET /events failed: {_plain(e)}") from None
-        return (json.loads(line) for line in got)
+        return got
 
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+
+
+class Stream(Generic[T]):
+    """An event stream's items (``item`` of each event), as they come; `abort` ends it
+    from any thread, so a worker following it stops when told."""
+
+    def __init__(self, lines: unixhttp.Lines, item: Callable[[dict[str, Any]], T]) -> None:
+        self._lines, self._item = lines, item
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        return self._item(json.loads(next(self._lines)))
+
+    def abort(self) -> None:
+        self._lines.abort()
+
+    def close(self) -> None:
+        self._lines.close()
 
 
 def actor(event: dict[str, Any]) -> str:

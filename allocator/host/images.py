@@ -44,14 +44,32 @@ class ImageEngine(Protocol):
     def events(self, filters: dict[str, list[str]], since: int | None = None) -> Any: ...
 
 
+# A name, a loop until its stop is set, what wakes it to stop: `Background.add`.
+Starter = Callable[[str, Callable[[threading.Event], None], Callable[[], None]], None]
+
+
+def _thread(name: str, loop: Callable[[threading.Event], None], wake: object) -> None:
+    """Without the service's owner of background work (a test): a thread of its own."""
+    threading.Thread(target=loop, args=(threading.Event(),), name=name, daemon=True).start()
+
+
+def _abort(stream: object) -> None:
+    """An Engine stream's `abort` (a stand-in's iterator has none)."""
+    abort = getattr(stream, "abort", None)
+    if abort is not None:
+        abort()
+
+
 class ImageConfigs:
     def __init__(
         self,
         engine: ImageEngine,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        start: Starter | None = None,
     ):
         self.engine = engine
+        self._start = start or _thread  # the service's: `Background.add`
         self._clock = clock
         self._wall = wall
         self._lock = threading.Lock()
@@ -59,6 +77,7 @@ class ImageConfigs:
         self._generation = 0  # moves at every image event and every open or end of the stream
         self._live = False
         self._watching = False
+        self._stream: object = None  # the image event stream being followed
 
     @property
     def live(self) -> bool:
@@ -75,7 +94,7 @@ class ImageConfigs:
             generation, live = self._generation, self._live
             if not self._watching:
                 self._watching = True
-                threading.Thread(target=self._watch, name="image-events", daemon=True).start()
+                self._start("image-events", self._watch, self._wake)
         info = self.engine.image(name)
         if info is None:
             return None
@@ -93,15 +112,23 @@ class ImageConfigs:
             self._kept.clear()
             self._live = live
 
-    def _watch(self) -> None:
+    def _wake(self) -> None:
+        """End the stream being followed, so `_watch` sees its stop now."""
+        _abort(self._stream)
+
+    def _watch(self, stop: threading.Event) -> None:
         """The image event stream, opened again whenever it ends: half a second later
         after one that brought events or stayed open a while, else with a growing
         backoff (a stream refused or cut at once must not become two requests a second)."""
         backoff = 0.5
-        while True:
+        while not stop.is_set():
             opened = self._clock()
             try:
-                stream = self.engine.events({"type": ["image"]}, since=int(self._wall()) - 1)
+                stream = self._stream = self.engine.events(
+                    {"type": ["image"]}, since=int(self._wall()) - 1
+                )
+                if stop.is_set():
+                    _abort(stream)
                 self._moved(live=True)
                 for _ in stream:
                     self._moved(live=True)
@@ -111,5 +138,5 @@ class ImageConfigs:
             if self._clock() - opened > STEADY:
                 backoff = 0.5
             self._moved(live=False)
-            time.sleep(backoff)
+            stop.wait(backoff)
             backoff = min(BACKOFF_MAX, backoff * 2)

@@ -1,4 +1,5 @@
-"""Reading the GPUs of this host: from NVML on a real host, from a YAML file in tests and demos.
+"""The simulated-GPU file: a host's GPUs as YAML, for tests and demos (NVML reads a real
+host's: allocator/host/nvml.py; allocator/host/devices/ chooses between them).
 
 A simulated-GPU file is a list of GPUs, or a mapping ``{gpus: [...],
 cuda_driver_version: "12.4"}`` to simulate the driver's CUDA version too.
@@ -22,20 +23,11 @@ import yaml
 
 from allocator.core.inventory import GPU, PCIE_LEVELS, Inventory, InventoryError
 
-__all__ = ["GPU", "Inventory", "InventoryError", "load", "load_file"]
-# Simulated health events on a GPU entry; allocator/host/watcher.py reads them.
+__all__ = ["GPU", "Inventory", "InventoryError", "load_file"]
+# Simulated health events on a GPU entry; allocator/host/devices/simulated.py reads them.
 EVENT_KEYS = frozenset({"xid", "xids", "double_bit_ecc", "single_bit_ecc"})
 SLICE_ONLY = frozenset({"parent", "mig_index", "profile"})  # set by the GPU's migs list
 SLICE_KEYS = frozenset({"uuid", "profile", "memory_mib", "busy"})
-
-
-def load(source: str) -> Inventory:
-    """``nvml`` reads the driver; anything else is the path of a simulated-GPU file."""
-    if source == "nvml":
-        from allocator.host import nvml
-
-        return nvml.read()
-    return load_file(source)
 
 
 def load_file(path: str) -> Inventory:
@@ -52,7 +44,7 @@ def load_file(path: str) -> Inventory:
     if not isinstance(data, list):
         raise InventoryError(f"{path}: expected a list of GPUs ({{uuid, index}} each)")
     gpus, migs = [], []
-    # usage: see allocator.host.usage
+    # usage: see allocator/host/devices/simulated.py
     allowed = (set(GPU.__dataclass_fields__) - SLICE_ONLY) | EVENT_KEYS | {"migs", "usage"}
     for n, entry in enumerate(data):
         if not isinstance(entry, dict) or "uuid" not in entry or "index" not in entry:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import socket
 import threading
@@ -32,7 +33,7 @@ def request(
         conn.close()
 
 
-def lines(path: str, target: str, timeout: float = 10.0) -> Iterator[bytes]:
+def lines(path: str, target: str, timeout: float = 10.0) -> Lines:
     """A streamed GET's lines (the Engine's ``/events``): the request is made, and its
     status checked, before this returns; the lines then come with no deadline.  OSError
     (with the Engine's words) when the socket does not answer or the status is not 200."""
@@ -50,16 +51,38 @@ def lines(path: str, target: str, timeout: float = 10.0) -> Iterator[bytes]:
         raise
     assert conn.sock is not None
     conn.sock.settimeout(None)
-    return _read_lines(conn, resp)
+    return Lines(conn, resp)
 
 
-def _read_lines(conn: _Connection, resp: http.client.HTTPResponse) -> Iterator[bytes]:
-    try:
-        while line := resp.readline():
-            if line.strip():
-                yield line
-    finally:
-        conn.close()
+class Lines:
+    """A streamed response's non-empty lines, until it ends; `abort` ends it from any
+    thread (the socket shut down under the reader blocked on it)."""
+
+    def __init__(self, conn: _Connection, resp: http.client.HTTPResponse) -> None:
+        self._conn, self._resp = conn, resp
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        try:
+            while line := self._resp.readline():
+                if line.strip():
+                    return line
+        except BaseException:
+            self._conn.close()
+            raise
+        self._conn.close()
+        raise StopIteration
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def abort(self) -> None:
+        sock = self._conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 class KeepAlive:

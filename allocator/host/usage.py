@@ -1,13 +1,6 @@
-"""Live GPU use: from NVML on a host, from the simulated-GPU file's ``usage:`` entries.
+"""Live GPU use around what the GPU source reads (allocator/host/devices/): whose
+container a GPU process is in, and when each GPU was last seen in use.
 
-A simulated GPU may carry, e.g.::
-
-    - uuid: GPU-...
-      index: 0
-      usage: {utilization: 0.85, memory_used_mib: 30000, temperature_c: 61,
-              power_w: 240, processes: [{pid: 4242, used_memory_mib: 29000}]}
-
-so that the live view, the idle mark and the metrics are all tested without a GPU.
 Activity (the last time each GPU was seen in use) is kept in
 ``state_dir/activity.json`` so that every process agrees on how long a GPU idled.
 """
@@ -17,54 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Any
 
-import yaml
-
-from allocator.core.inventory import InventoryError
-from allocator.core.usage import Process, Usage, container_of_cgroup
+from allocator.core.usage import container_of_cgroup
 from allocator.host import store
-
-MIB = 1024 * 1024
-
-
-def read(source: str) -> dict[str, Usage]:
-    """UUID -> its use now; a GPU the source says nothing about is missing."""
-    if source == "nvml":
-        from allocator.host import nvml
-
-        return nvml.usage()
-    try:
-        data = yaml.safe_load(Path(source).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise InventoryError(f"{source}: cannot read simulated GPU use: {e}") from None
-    if isinstance(data, dict):
-        data = data.get("gpus")
-    found = {}
-    for entry in data if isinstance(data, list) else ():
-        if isinstance(entry, dict) and isinstance(entry.get("usage"), dict):
-            found[str(entry["uuid"])] = _simulated(entry["usage"], entry.get("memory_mib"))
-    return found
-
-
-def _mib(value: Any) -> int | None:
-    return None if value is None else int(float(value) * MIB)
-
-
-def _simulated(u: dict[str, Any], memory_mib: Any) -> Usage:
-    procs = tuple(
-        Process(int(p["pid"]), _mib(p.get("used_memory_mib")), str(p.get("name") or ""))
-        for p in u.get("processes") or ()
-    )
-    util = u.get("utilization")
-    return Usage(
-        utilization=None if util is None else float(util),
-        memory_used_bytes=_mib(u.get("memory_used_mib")),
-        memory_total_bytes=_mib(memory_mib) if memory_mib else None,
-        temperature_c=u.get("temperature_c"),
-        power_w=u.get("power_w"),
-        processes=procs,
-    )
 
 
 def container_of(pid: int, proc: str = "/proc") -> str | None:

@@ -21,8 +21,8 @@ from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
 from allocator.host import config as configmod
 from allocator.host.config import Config, ConfigError
+from allocator.host.devices import source_for
 from allocator.host.engine import EngineError
-from allocator.host.inventory import load as load_inventory
 from allocator.ops import report, reserve
 from allocator.service import Allocator, connect
 
@@ -188,7 +188,7 @@ def check_pools(cfg: Config) -> None:
     An unreadable inventory leaves nothing to check against: GPU creates are refused then,
     with that reason, and the rest goes on."""
     try:
-        inventory = load_inventory(cfg.gpus)
+        inventory = source_for(cfg.gpus).inventory()
     except InventoryError:
         return
     gather.check_pools(cfg.source, cfg.policy.rules, inventory)

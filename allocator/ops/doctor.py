@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from allocator.core.facts import EngineView
+from allocator.core.inventory import InventoryError
 from allocator.core.leases import StateError
 from allocator.core.policy import missing_pool_gpus
 from allocator.host import dockerd, unixhttp
-from allocator.host import inventory as inventorymod
 from allocator.host.config import Config
+from allocator.host.devices import source_for
 from allocator.host.engine import Engine, EngineError
 from allocator.host.health import HealthFile
 from allocator.host.ledger import Ledger
@@ -43,19 +44,13 @@ class Line:
 
 
 def check_inventory(cfg: Config) -> Line:
+    source = source_for(cfg.gpus)
     try:
-        inv = inventorymod.load(cfg.gpus)
-    except inventorymod.InventoryError as e:
-        return Line(
-            FAIL,
-            f"GPU inventory: {e}",
-            "load the NVIDIA driver (nvidia-smi must work)"
-            if cfg.gpus == "nvml"
-            else f"fix {cfg.gpus}",
-        )
-    source = "NVML" if cfg.gpus == "nvml" else f"simulated GPUs from {cfg.gpus}"
+        inv = source.inventory()
+    except InventoryError as e:
+        return Line(FAIL, f"GPU inventory: {e}", source.advice())
     busy = [str(g.index) for g in inv.gpus if g.busy]
-    what = f"GPU inventory: {len(inv.gpus)} GPU(s) via {source}"
+    what = f"GPU inventory: {len(inv.gpus)} GPU(s) via {source.describe()}"
     if not inv.gpus:
         return Line(FAIL, what, "no GPU found: check nvidia-smi")
     return Line(OK, what + (f"; busy with host processes: {', '.join(busy)}" if busy else ""))
@@ -65,8 +60,8 @@ def check_pools(cfg: Config) -> Line:
     """Pools against the GPUs the host has: a running shim and plugin refuse such a
     policy at a reload and keep the one they had, so only their logs would tell."""
     try:
-        inv = inventorymod.load(cfg.gpus)
-    except inventorymod.InventoryError as e:
+        inv = source_for(cfg.gpus).inventory()
+    except InventoryError as e:
         return Line(WARN, f"policy pools: not checked: {e}")
     bad = missing_pool_gpus(cfg.policy.rules, inv)
     if bad is not None:
@@ -273,9 +268,9 @@ def check_context(cfg: Config) -> Line:
 def check_health(cfg: Config) -> Line:
     """Unhealthy GPUs, and GPUs in MIG mode that ``policy.mig: none`` never leases."""
     try:
-        inv = inventorymod.load(cfg.gpus)
+        inv = source_for(cfg.gpus).inventory()
         sick = HealthFile(Ledger(cfg.state_dir)).read().unhealthy()
-    except (inventorymod.InventoryError, StateError) as e:
+    except (InventoryError, StateError) as e:
         return Line(WARN, f"GPU health: not checked: {e}")
     if cfg.health.disabled:
         return Line(WARN, "GPU health: not watched (health.disabled)", f"edit {cfg.source}")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import shutil
 
 from allocator.core import sharing
-from allocator.host import inventory as inventorymod
+from allocator.core.inventory import InventoryError
 from allocator.host.config import Config
+from allocator.host.devices import source_for
 from allocator.host.mps import Daemons
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -27,8 +28,8 @@ def check(cfg: Config) -> tuple[str, str, str]:
             "install the NVIDIA driver's MPS tools, set mps.control, or use mode: timeslice",
         )
     try:
-        have = {g.index for g in inventorymod.load(cfg.gpus).gpus}
-    except inventorymod.InventoryError as e:
+        have = {g.index for g in source_for(cfg.gpus).inventory().gpus}
+    except InventoryError as e:
         return WARN, f"GPU sharing: not checked: {e}", ""
     missing = sorted({i for r in rules for i in r.gpus} - have)
     if missing:

@@ -51,7 +51,7 @@ class LiveView:
         inventory = self.alloc.gather.inventory()
         state = self.alloc.ledger.read()
         try:
-            use = usage.read(self.alloc.config.gpus)
+            use = self.alloc.gather.devices.usage()
         except InventoryError:
             use = {}
         idle_after = self.alloc.config.policy.idle_after

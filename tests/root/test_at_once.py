@@ -183,14 +183,15 @@ def test_the_loop_never_waits_for_an_inventory_being_read(
 ) -> None:
     """NVML can take seconds (or hang, a GPU fallen off the bus): the event loop goes on."""
     reading, release = threading.Event(), threading.Event()
-    real = gather.load_inventory
+    devices = world.alloc.gather.devices
+    real = devices.inventory
 
-    def slow(source: str) -> object:
+    def slow() -> object:
         reading.set()
         release.wait(10)
-        return real(source)
+        return real()
 
-    monkeypatch.setattr(gather, "load_inventory", slow)
+    monkeypatch.setattr(devices, "inventory", slow)
     gpus = Path(world.config.gpus)
     gpus.write_text(gpus.read_text() + "\n")  # changed: the next facts read it again
     loader = threading.Thread(target=world.alloc.gather.facts)

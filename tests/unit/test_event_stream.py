@@ -75,3 +75,33 @@ def test_destroyed_containers_are_named_as_every_engine_writes_them(tmp_path, li
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     sock = serve_once(tmp_path, head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(line), line))
     assert list(Engine(sock).destroyed()) == [cid]
+
+
+def test_a_quiet_stream_ends_at_once_when_aborted_from_another_thread(tmp_path):
+    """How the shim's departures and image-event workers stop: dockerd keeps the stream
+    open with nothing to say, and `abort` ends the reader blocked on it."""
+    path = str(tmp_path / "engine.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    held: list[socket.socket] = []
+
+    def run() -> None:
+        conn, _ = server.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        held.append(conn)  # open, silent
+
+    threading.Thread(target=run, daemon=True).start()
+    stream = Engine(path).destroyed()
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.extend(stream))
+    reader.start()
+    reader.join(0.2)
+    assert reader.is_alive()  # blocked on the silent stream
+    stream.abort()
+    reader.join(5)
+    assert not reader.is_alive() and got == []
+    for conn in held:
+        conn.close()
+    server.close()

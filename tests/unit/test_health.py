@@ -30,9 +30,11 @@ from allocator.core.inventory import GPU, Inventory
 from allocator.core.leases import StateError
 from allocator.core.placement import POLICIES, Shortage, place
 from allocator.host import config as configmod
+from allocator.host.devices.nvml import NvmlEvents
+from allocator.host.devices.simulated import SimEvents
 from allocator.host.health import HealthFile
 from allocator.host.ledger import Ledger
-from allocator.host.watcher import NvmlEvents, SimEvents, Watcher
+from allocator.host.watcher import Watcher
 
 U0, U1 = "GPU-aaaa0000", "GPU-bbbb1111"
 POLICY = HealthPolicy(recheck_after=60)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from allocator.core.inventory import GPU, Inventory, InventoryError
-from allocator.host import inventory
+from allocator.host.devices import source_for
 from allocator.host.inventory import load_file
 
 UUID_A = "GPU-836c0c09-1111-2222-3333-444455556666"
@@ -118,7 +118,7 @@ def test_a_missing_file_is_refused_naming_the_file(tmp_path: Path) -> None:
 
 def test_load_reads_a_path_as_a_simulated_gpu_file(tmp_path: Path) -> None:
     path = write(tmp_path, f"- {{uuid: {UUID_A}, index: 0}}\n")
-    assert inventory.load(path) == load_file(path)
+    assert source_for(path).inventory() == load_file(path)
 
 
 # --- Inventory ---------------------------------------------------------------------------------

@@ -119,12 +119,17 @@ def test_a_bad_pool_stops_the_service_at_start(tmp_path):
 
 
 def test_an_edit_is_in_force_within_seconds_with_no_request(world, tmp_path):
-    world.alloc.gather.watch_policy(every=0.1)
-    write_policy(tmp_path, limits={"default": {"gpus": 1}})
-    deadline = time.monotonic() + 5
-    while world.alloc.gather.rules_in_force.default_limit != 1:
-        assert time.monotonic() < deadline, "the edit was not picked up"
-        time.sleep(0.05)
+    work = world.alloc.background
+    world.alloc.gather.watch_policy(work, every=0.1)
+    work.start()
+    try:
+        write_policy(tmp_path, limits={"default": {"gpus": 1}})
+        deadline = time.monotonic() + 5
+        while world.alloc.gather.rules_in_force.default_limit != 1:
+            assert time.monotonic() < deadline, "the edit was not picked up"
+            time.sleep(0.05)
+    finally:
+        assert work.stop() == []
 
 
 # ------------------------------------------------------------------ privileged

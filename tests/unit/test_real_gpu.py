@@ -17,7 +17,7 @@ import pytest
 from allocator.core.inventory import GPU
 from allocator.core.placement import best_effort
 from allocator.host import nvml, usage
-from allocator.host.watcher import NvmlEvents
+from allocator.host.devices.nvml import NvmlEvents, NvmlSource
 
 
 def _driver() -> str | None:
@@ -90,7 +90,7 @@ def test_mig_state_is_read_without_changing_it(inventory) -> None:
 
 
 def test_usage_has_every_gpu_and_readings_in_range(inventory) -> None:
-    used = usage.read("nvml")
+    used = NvmlSource().usage()
     assert set(used) >= {g.uuid for g in inventory.gpus}
     for g in inventory.gpus:
         u = used[g.uuid]
