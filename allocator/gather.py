@@ -31,7 +31,7 @@ from allocator.host import dockerd
 from allocator.host.config import Config, ConfigError
 from allocator.host.engine import Engine
 from allocator.host.engineroot import EngineRoot
-from allocator.host.filesystem import Host, engine_paths
+from allocator.host.filesystem import Host, api_sockets, engine_paths
 from allocator.host.health import HealthFile
 from allocator.host.inventory import load as load_inventory
 
@@ -170,6 +170,7 @@ class Gatherer:
                 view = view.with_pending(pending)
             sock = self.config.engine
             host = host.with_protected(*engine_paths(info, sock.daemon_json, sock.socket))
+            host = host.with_engine_sockets(*api_sockets(sock.daemon_json, sock.socket))
         with self._lock:
             self._view = (time.monotonic(), stamp, view, host)
         return view, host
@@ -182,6 +183,8 @@ class Gatherer:
         except InventoryError as e:
             inventory, missing = None, str(e)
         view, host = self._engine_facts()
+        if self._rules.engine_socket_binds:  # who may bind the Engine's socket, as reloaded
+            host = replace(host, binders=self._rules.engine_socket_binds)
         return Facts(
             inventory,
             view,

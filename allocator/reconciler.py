@@ -28,6 +28,7 @@ from allocator.core.reconcile import STOPPED, Report, apply
 from allocator.core.verdicts import Facts
 from allocator.gather import Gatherer
 from allocator.host import ledger
+from allocator.host.creators import Creators
 from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.ledger import Ledger
 from allocator.recorder import Recorder
@@ -243,13 +244,29 @@ class Reconciler:
                 "restart-off", lease, reason=f"restart policy {was} turned off: {why}"
             )
 
+    def recorded_owner(self, cid: str, state: State | None = None) -> str:
+        """Whose gpu-alloc recorded ``cid`` to be (its lease's in ``state``, else the
+        creator the shim recorded): the owner a bind of the Engine's socket in it is
+        judged for (`core.socket_binds`).  Read only while the policy names anyone who
+        may make one; never taken from the container's labels, which an image sets."""
+        if not cid or not self.gather.rules.engine_socket_binds:
+            return ""
+        lease = state.lease_of(cid) if state is not None else None
+        if lease is not None and lease.owner:
+            return lease.owner
+        found = Creators(self.gather.config.state_dir, self.gather.config.policy.lock_timeout)
+        return (found.of(cid) or (None, ""))[1]
+
     def _carries(self, cid: str, lease: Lease, facts: Facts) -> bool:
         """Does this container really hold the lease's GPUs (not a label copied by commit)?"""
         info = self.engine.inspect(cid) if self.engine else None
         if info is None:
             return False
         inventory = facts.require_inventory()
-        grants = access.of_container(info, facts.engine, inventory, facts.host, facts.volume_of)
+        owner = lease.owner if self.gather.rules.engine_socket_binds else ""
+        grants = access.of_container(
+            info, facts.engine, inventory, facts.host, facts.volume_of, owner
+        )
         if privileged.admitted(grants, inventory, lease.gpus):  # policy.privileged: lease-all
             return True
         return grants.pinned and grants.gpus(inventory) == frozenset(lease.gpus)
@@ -259,7 +276,10 @@ class Reconciler:
         if info is None:
             return None
         inventory = facts.require_inventory()
-        grants = access.of_container(info, facts.engine, inventory, facts.host, facts.volume_of)
+        owner = self.recorded_owner(cid)
+        grants = access.of_container(
+            info, facts.engine, inventory, facts.host, facts.volume_of, owner
+        )
         if grants.none:
             return None
         gpus = tuple(sorted(grants.gpus(inventory))) if grants.pinned else None

@@ -93,9 +93,12 @@ class Restarts:
             if old is not None and old.container:
                 old_info = self.engine.inspect(old.container)  # by full id: None if gone
         facts = self.gather.facts()
+        cid = str((info or {}).get("Id") or "")
+        owner = self.reconciler.recorded_owner(cid, None if isinstance(ledger, str) else ledger)
         return starts.refusal(
-            ref, info, ledger, facts.engine, facts.known_gpus, facts.host, old_info, facts.volume_of
-        )
+            ref, info, ledger, facts.engine, facts.known_gpus, facts.host, old_info,
+            facts.volume_of, owner,
+        )  # fmt: skip
 
     def _reserved(self, ref: str, lease: Lease | None) -> str | None:
         """A start on a GPU another holder's reservation keeps, inside its window

@@ -168,7 +168,7 @@ class Dispatcher:
     def _asked(self, route: Route, method: str, uri: str, req: dict[str, Any]) -> Asked:
         """The core's verdict on the call, for `Gatherer.decide` to give its facts."""
         body, headers = _body(req), _headers(req)
-        signing = self.alloc.lookups.service_signing() if route.check is Check.SERVICE else None
+        signing = self.alloc.lookups.service_signing() if route.check in decide.SIGNED else None
         return partial(
             decide.authz_request, route, method, uri, body, headers=headers, signing=signing
         )

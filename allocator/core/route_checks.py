@@ -19,6 +19,7 @@ from allocator.core import (
     mounts,
     plugins,
     restarts,
+    service_limits,
     service_marks,
     services,
 )
@@ -129,9 +130,11 @@ def service(
     spec = _body_as(route, method, uri, body, SERVICE_SPEC, "swarm service")
     if isinstance(spec, Deny):
         return spec
+    owner = service_limits.owner_of(spec or {}) if marked else ""  # the shim's label
     why = services.refusal(
-        spec or {}, facts.swarm_kind, facts.engine, facts.known_gpus, facts.host, facts.volume_of
-    )
+        spec or {}, facts.swarm_kind, facts.engine, facts.known_gpus, facts.host,
+        facts.volume_of, owner,
+    )  # fmt: skip
     if not why and not marked:
         why = service_marks.unmarked_refusal(spec or {}, facts.swarm_kind, engine_socket)
     return Deny(f"gpu-alloc refused the swarm service: {why}") if why else ALLOW

@@ -25,7 +25,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from allocator.core import access, gojson, labels, privileged, service_marks, sharing
+from allocator.core import (
+    access,
+    gojson,
+    labels,
+    privileged,
+    service_marks,
+    sharing,
+    socket_binds,
+)
 from allocator.core.ask import Ask, ask_of
 from allocator.core.createbody import decode_create
 from allocator.core.decisions import (
@@ -51,6 +59,7 @@ from allocator.core.service_marks import Signing
 __all__ = [
     "ALLOW",
     "HINT",
+    "SIGNED",
     "Allow",
     "AllowStart",
     "Decision",
@@ -125,6 +134,10 @@ READS_FACTS = frozenset(
 )
 
 
+# The checks whose verdict reads the shim's marks on a request (`authz_request`'s signing).
+SIGNED = frozenset({Check.CREATE, Check.SERVICE})
+
+
 def reads_facts(route: Route) -> bool:
     """Whether `authz_request` reads ``facts`` for ``route`` (else `unread` will do)."""
     return route.check in READS_FACTS and not cleared(route)
@@ -147,12 +160,16 @@ def authz_request(
     """The verdict on a call before the Engine acts (the plugin's AuthZReq; the shim's
     non-create writes).  Reads and harmless writes return before any parsing, and
     touch no fact.  ``headers``: the request's, where a leased create carries its lease
-    token and a service write the shim's mark (`service_marks`), checked with
+    token (and, when its owner may bind the Engine's socket, the shim's mark:
+    `socket_binds`) and a service write the shim's mark (`service_marks`), checked with
     ``signing`` (creates and services alone read them)."""
     if cleared(route):
         return ALLOW
     if route.check is Check.CREATE:
-        return _create(route, method, uri, body, facts, labels.parse_lease_header(headers))
+        key = (signing or Signing()).key
+        binds = socket_binds.marked(headers, key, method, uri, body)
+        lease = labels.parse_lease_header(headers)
+        return _create(route, method, uri, body, facts, lease, binds)
     if route.check is Check.SERVICE:
         sign = signing or Signing()
         marked = service_marks.marked(headers, sign.key, body)
@@ -167,10 +184,12 @@ def _create(
     body: bytes | None,
     facts: Facts,
     lease: tuple[str, str] = ("", ""),
+    binds_marked: bool = False,
 ) -> Decision:
     """A create: allowed when it reaches no GPU, or when everything it reaches is pinned
     to the GPUs of the pending lease that its lease header (``lease``: id, token) and
-    its lease label both name."""
+    its lease label both name.  ``binds_marked``: it carries the shim's mark for a create
+    whose owner may bind the Engine's socket (`socket_binds`)."""
     missing = needs_body(route, method, uri, body)
     if missing:
         return missing
@@ -178,6 +197,9 @@ def _create(
         spec = decode_create(body or b"")
     except gojson.BodyError as e:
         return Deny(f"gpu-alloc refused the container create: {e}")
+    forged = socket_binds.forged(spec, binds_marked)
+    if forged:
+        return Deny(forged, "Config.Labels")
     grants = grants_of_create(spec, facts)
     if isinstance(grants, Deny):
         return grants
