@@ -93,8 +93,9 @@ class Allocator:
             self.reconciler,
             self.restarts,
         )
-        self.admission = Admission(engine, self.ledger, self.restarts)
         self.lookups = Lookups(config, engine, self.ledger, self.gather)
+        charged = self.lookups.charged_over_limit
+        self.admission = Admission(engine, self.ledger, self.restarts, charged)
         self.creates = Creates(self.gather, self.recorder, self.book, self.lookups, config.mps.dir)
         self.timekeeper = Timekeeper(config, engine, self.ledger, self.gather, self.recorder)
         self.mps = Mps(config, self.ledger, self.gather)

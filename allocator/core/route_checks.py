@@ -123,10 +123,12 @@ def service(
     facts: Facts,
     marked: bool = False,
     engine_socket: str = "refuse",
+    charge: str = "",
 ) -> Decision:
     """A service create or update: its tasks never pass a plugin, so their spec is judged
     here, for every node (`services.refusal`); one the shim did not mark (``marked``) by
-    what dockerd's own socket may set (`service_marks.unmarked_refusal`)."""
+    what dockerd's own socket may set (`service_marks.unmarked_refusal`), and a GPU one
+    then within the limit of the owner it is charged to (``charge``: `ChargeCheck`)."""
     spec = _body_as(route, method, uri, body, SERVICE_SPEC, "swarm service")
     if isinstance(spec, Deny):
         return spec
@@ -137,6 +139,10 @@ def service(
     )  # fmt: skip
     if not why and not marked:
         why = service_marks.unmarked_refusal(spec or {}, facts.swarm_kind, engine_socket)
+        gpus = service_limits.per_task(spec or {}, facts.swarm_kind)
+        if not why and engine_socket == service_marks.CHARGE and charge and gpus:
+            ref = route.name if route.path.endswith("/update") else None
+            return service_marks.ChargeCheck(charge, ref, spec or {})
     return Deny(f"gpu-alloc refused the swarm service: {why}") if why else ALLOW
 
 

@@ -173,7 +173,7 @@ def authz_request(
     if route.check is Check.SERVICE:
         sign = signing or Signing()
         marked = service_marks.marked(headers, sign.key, body)
-        return service(route, method, uri, body, facts, marked, sign.engine_socket)
+        return service(route, method, uri, body, facts, marked, sign.engine_socket, sign.charge)
     return CHECKS[route.check](route, method, uri, body, facts)
 
 
