@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from allocator.core import access, labels, policy, privileged, restarts
+from allocator.core import access, labels, policy, privileged, restarts, service_limits
 from allocator.core import reservations as rsv
 from allocator.core.leases import Claim, Lease, Phase, State
 from allocator.core.reconcile import STOPPED, Report, apply
@@ -257,6 +257,20 @@ class Reconciler:
         found = Creators(self.gather.config.state_dir, self.gather.config.policy.lock_timeout)
         return (found.of(cid) or (None, ""))[1]
 
+    def _task_owner(self, info: Mapping[str, Any]) -> str:
+        """The owner of the swarm service whose task ``info`` is (the shim's label on its
+        marked spec, `core.service_marks`), for `recorded_owner`'s question; read only
+        while the policy names anyone, and only where services can be read (a manager)."""
+        given = (info.get("Config") or {}).get("Labels") or {}
+        sid = str(given.get("com.docker.swarm.service.id") or "")
+        if not sid or not self.gather.rules.engine_socket_binds or self.engine is None:
+            return ""
+        try:
+            found = self.engine.service(sid)
+        except EngineError:  # a worker: no service to read, so no owner (fail closed)
+            return ""
+        return service_limits.owner_of((found or {}).get("Spec") or {})
+
     def _carries(self, cid: str, lease: Lease, facts: Facts) -> bool:
         """Does this container really hold the lease's GPUs (not a label copied by commit)?"""
         info = self.engine.inspect(cid) if self.engine else None
@@ -276,7 +290,7 @@ class Reconciler:
         if info is None:
             return None
         inventory = facts.require_inventory()
-        owner = self.recorded_owner(cid)
+        owner = self.recorded_owner(cid) or self._task_owner(info)
         grants = access.of_container(
             info, facts.engine, inventory, facts.host, facts.volume_of, owner
         )

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 
 import pytest
+import yaml
 
 from allocator.core import access
 from allocator.core import service_marks as service
@@ -18,7 +19,11 @@ from allocator.core.inventory import Inventory
 from allocator.core.service_marks import Signing
 from allocator.core.socket_binds import Binders
 from allocator.host import config
+from allocator.host.creators import Creators
 from allocator.host.filesystem import Host
+from allocator.service import Allocator
+from tests.support import engine as sim
+from tests.support.fake_engine import FakeEngine
 from tests.support.table_host import TableHost
 
 KEY = b"k" * 32
@@ -193,3 +198,25 @@ def test_a_bad_policy_key_is_refused_by_name(text, key):
     with pytest.raises(config.ConfigError) as info:
         config.parse(f"policy:\n  {text}\n", "/c")
     assert key in str(info.value)
+
+
+def test_adoption_judges_a_socket_bind_by_the_owner_gpu_alloc_recorded(tmp_path):
+    """At the shim's start, a container binding the socket is adopted as holding every GPU
+    unless gpu-alloc recorded a named owner for it: its creator, or its service's."""
+    cfg = {"state_dir": str(tmp_path / "state"),
+           "gpus": str(sim.write_sim_gpus(tmp_path / "gpus.yaml", 2)),
+           "engine": {"socket": str(tmp_path / "none.sock")},
+           "policy": {"engine_socket_binds": {"users": ["alice"]}}}  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    fake = FakeEngine()
+    alloc = Allocator(config.load(str(tmp_path / "config.yaml")), fake, Host())  # type: ignore[arg-type]
+    sid = fake.add_service({"Name": "agent", "Labels": {"io.gpu-alloc.owner": "1000:alice"}})
+    made = {
+        "mine": fake.add("mine"),
+        "task": fake.add("task", labels_={"com.docker.swarm.service.id": sid}),
+        "theirs": fake.add("theirs"),
+    }
+    for cid in made.values():
+        fake.by_id[cid]["HostConfig"]["Binds"] = [f"{SOCK}:/var/run/docker.sock"]
+    Creators(cfg["state_dir"]).record(made["mine"], 1000, "alice")
+    assert alloc.reconciler.reconcile(adopt=True).adopted == [made["theirs"]]
