@@ -323,6 +323,26 @@ def test_an_owner_the_policy_does_not_name_is_refused_through_the_shim(stack, bi
     assert "policy.engine_socket_binds" in out.stderr and "--context gpu-alloc" in out.stderr
 
 
+def test_another_owner_cannot_borrow_a_named_owners_socket_through_the_shim(stack, binders):
+    """Their own copy of the shim's label is stripped, and a named owner's container
+    lends its socket bind to nobody else's --volumes-from."""
+    args = socket_binds(stack)["-v"]
+    label = ["--label", f"io.gpu-alloc.engine-socket={BINDER}"]
+    out = clients.docker_cli(stack.shim_sock, "create", *label, *args, IMAGE, "true",
+                             user=NOT_NAMED)  # fmt: skip
+    assert out.returncode != 0 and "policy.engine_socket_binds" in out.stderr, out.stderr
+    made = clients.docker_cli(stack.shim_sock, "create", *args, IMAGE, "true", user=BINDER)
+    assert made.returncode == 0, made.stderr
+    cid = made.stdout.strip()
+    try:
+        for sock, who in ((stack.shim_sock, NOT_NAMED), (stack.engine_sock, None)):
+            out = clients.docker_cli(sock, "create", "--volumes-from", cid, IMAGE, "true",
+                                     user=who)  # fmt: skip
+            assert out.returncode != 0 and "API socket" in out.stderr, out.stderr
+    finally:
+        clients.docker_cli(stack.engine_sock, "rm", "-f", cid)
+
+
 def test_a_named_owner_still_may_not_bind_the_directory_that_holds_the_socket(stack, binders):
     out = clients.docker_cli(stack.shim_sock, "create", "-v", f"{stack.engine_dir}:/e",
                              IMAGE, "true", user=BINDER)  # fmt: skip
