@@ -1,18 +1,22 @@
 """Admission: settle the verdicts that need the ledger or the Engine into allow or deny.
 
 One part of the composed service (allocator/service.py).  The pure core
-(`allocator.core.verdicts`) returns `NeedsLease`, `StartCheck`, `UpdateCheck` or
-`PluginCheck` when a verdict depends on what the ledger or the Engine says now; the
-plugin and the shim both hand that to `Admission.resolve`, which reads it and answers.
+(`allocator.core.verdicts`) returns `NeedsLease`, `StartCheck`, `UpdateCheck`,
+`PluginCheck` or `ChargeCheck` when a verdict depends on what the ledger or the Engine
+says now; the plugin and the shim both hand that to `Admission.resolve`, which reads it
+and answers.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from allocator.core import cpus, plugins
 from allocator.core.inflight import Target
 from allocator.core.leases import Claim, Lease, StateError, admission
+from allocator.core.policy import Refusal
+from allocator.core.service_marks import ChargeCheck
 from allocator.core.verdicts import (
     ALLOW,
     HINT,
@@ -33,10 +37,17 @@ log = logging.getLogger("gpu-alloc")
 class Admission:
     """``resolve`` a verdict; a start or a restart policy is judged by ``restarts``."""
 
-    def __init__(self, engine: Engine | None, ledger: Ledger, restarts: Restarts):
+    def __init__(
+        self,
+        engine: Engine | None,
+        ledger: Ledger,
+        restarts: Restarts,
+        charged: Callable[[ChargeCheck], Refusal | None] | None = None,
+    ):
         self.engine = engine
         self.ledger = ledger
         self.restarts = restarts
+        self.charged = charged  # a charged service's limit (`Lookups.charged_over_limit`)
 
     def resolve(self, decision: Decision) -> Decision:
         """Settle the decisions that need the ledger into `Allow` or `Deny`."""
@@ -59,6 +70,11 @@ class Admission:
                 self.update_refusal(decision.ref, decision.fields) if decision.fields else None
             )
             return ALLOW if why is None else Deny(why)
+        if isinstance(decision, ChargeCheck):  # swarm.engine_socket_services: {charge: ...}
+            if self.charged is None:  # nothing here counts a swarm's services
+                return Deny("gpu-alloc refused the swarm service: its GPUs cannot be counted")
+            refused = self.charged(decision)
+            return ALLOW if refused is None else Deny(refused.msg)
         if isinstance(decision, plugins.PluginCheck):  # no Engine: no managed plugin
             why = plugins.refusal(decision, self.engine.plugins() if self.engine else [])
             return ALLOW if why is None else Deny(why)

@@ -33,7 +33,7 @@ from allocator.host.config import Config, ConfigError
 from allocator.host.devices import DeviceSource, source_for
 from allocator.host.engine import Engine
 from allocator.host.engineroot import EngineRoot
-from allocator.host.filesystem import Host, engine_paths
+from allocator.host.filesystem import Host, api_sockets, engine_paths
 from allocator.host.health import HealthFile
 
 if TYPE_CHECKING:
@@ -172,6 +172,7 @@ class Gatherer:
                 view = view.with_pending(pending)
             sock = self.config.engine
             host = host.with_protected(*engine_paths(info, sock.daemon_json, sock.socket))
+            host = host.with_engine_sockets(*api_sockets(sock.daemon_json, sock.socket))
         with self._lock:
             self._view = (time.monotonic(), stamp, view, host)
         return view, host
@@ -192,6 +193,9 @@ class Gatherer:
         inventory = None if isinstance(found, InventoryError) else found
         lookups = self.engine is not None
         unasked = host if isinstance(host, NotAsked) else None
+        if self._rules.engine_socket_binds and unasked is None:
+            # who may bind the Engine's socket, as the policy was last reloaded
+            host = replace(host, binders=self._rules.engine_socket_binds)  # type: ignore[type-var]
         return Facts(
             inventory,
             view,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import replace
 from functools import cached_property
 from typing import Any
 
@@ -19,7 +20,7 @@ from allocator.core import defaults, labels, service_limits
 from allocator.core.inflight import Target
 from allocator.core.leases import Phase, State, StateError
 from allocator.core.policy import UNKNOWN, Owner, Refusal
-from allocator.core.service_marks import Signing
+from allocator.core.service_marks import ChargeCheck, Signing
 from allocator.core.verdicts import Facts
 from allocator.gather import Gatherer
 from allocator.host import service_key
@@ -28,7 +29,7 @@ from allocator.host.creators import Creators
 from allocator.host.engine import Engine, EngineError
 from allocator.host.images import ImageConfigs
 from allocator.host.ledger import Ledger
-from allocator.host.owners import Owners
+from allocator.host.owners import Owners, groups_of
 from allocator.host.peers import Peer
 
 log = logging.getLogger("gpu-alloc")
@@ -133,7 +134,8 @@ class Lookups:
         on dockerd's own socket may do (`core.service_marks`)."""
         if not self._service_key:
             self._service_key = service_key.load(self.config.state_dir)
-        return Signing(self._service_key, self.config.swarm.engine_socket_services)
+        swarm = self.config.swarm
+        return Signing(self._service_key, swarm.engine_socket_services, swarm.engine_socket_owner)
 
     _service_key = b""  # read once it exists
 
@@ -149,14 +151,32 @@ class Lookups:
         assert self.engine is not None
         found = self.engine.service(ref) if ref is not None else None
         target = str(found.get("ID") or "") or None if found else None
+        # Services without an owner label count for swarm.engine_socket_services' charge.
+        unowned = self.config.swarm.engine_socket_owner
         stored = [
             (str(s.get("ID") or ""), s.get("Spec") or {})
-            for s in self.engine.services(labels.OWNER)
+            for s in self.engine.services("" if unowned else labels.OWNER)
         ]
-        mine = [sp for _, sp in stored if service_limits.owner_of(sp) == owner.user]
+        mine = [sp for _, sp in stored if service_limits.owner_of(sp, unowned) == owner.user]
         nodes = self._ready_nodes() if any(map(service_limits.is_global, [*mine, spec])) else 0
-        before, after = service_limits.totals(stored, owner.user, target, spec, kind, nodes)
+        before, after = service_limits.totals(
+            stored, owner.user, target, spec, kind, nodes, unowned
+        )
         return service_limits.refusal(owner, before, after, self.gather.rules)
+
+    def charged_over_limit(self, check: ChargeCheck) -> Refusal | None:
+        """`service_over_limit` for a GPU service made on dockerd's own socket, counted for
+        the owner ``swarm.engine_socket_services: {charge: <owner>}`` names (their groups
+        as NSS says now, for their groups' limits)."""
+        owner = Owner(None, check.owner, groups_of(check.owner))
+        refused = self.service_over_limit(owner, check.ref, dict(check.spec))
+        if refused is None:
+            return None
+        why = (
+            f"; a GPU service made on dockerd's own socket counts for {check.owner} "
+            "(swarm.engine_socket_services: {charge: " + check.owner + "})"
+        )
+        return replace(refused, msg=refused.msg + why)
 
     def _ready_nodes(self) -> int:
         """The swarm's nodes a global service's task may run on now: ready and active."""

@@ -22,13 +22,14 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
-from allocator.core import access, labels, policy, privileged, restarts
+from allocator.core import access, labels, policy, privileged, restarts, service_limits
 from allocator.core import reservations as rsv
 from allocator.core.leases import Claim, Lease, Phase, State
 from allocator.core.reconcile import STOPPED, Report, apply
 from allocator.core.verdicts import ACCESS_READS, Facts
 from allocator.gather import Gatherer
 from allocator.host import ledger
+from allocator.host.creators import Creators
 from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.ledger import Ledger
 from allocator.recorder import Recorder
@@ -252,13 +253,43 @@ class Reconciler:
             self.without_gpus &= set(listed)
         return by_label, found
 
+    def recorded_owner(self, cid: str, state: State | None = None) -> str:
+        """Whose gpu-alloc recorded ``cid`` to be (its lease's in ``state``, else the
+        creator the shim recorded): the owner a bind of the Engine's socket in it is
+        judged for (`core.socket_binds`).  Read only while the policy names anyone who
+        may make one; never taken from the container's labels, which an image sets."""
+        if not cid or not self.gather.rules.engine_socket_binds:
+            return ""
+        lease = state.lease_of(cid) if state is not None else None
+        if lease is not None and lease.owner:
+            return lease.owner
+        found = Creators(self.gather.config.state_dir, self.gather.config.policy.lock_timeout)
+        return (found.of(cid) or (None, ""))[1]
+
+    def _task_owner(self, info: Mapping[str, Any]) -> str:
+        """The owner of the swarm service whose task ``info`` is (the shim's label on its
+        marked spec, `core.service_marks`), for `recorded_owner`'s question; read only
+        while the policy names anyone, and only where services can be read (a manager)."""
+        given = (info.get("Config") or {}).get("Labels") or {}
+        sid = str(given.get("com.docker.swarm.service.id") or "")
+        if not sid or not self.gather.rules.engine_socket_binds or self.engine is None:
+            return ""
+        try:
+            found = self.engine.service(sid)
+        except EngineError:  # a worker: no service to read, so no owner (fail closed)
+            return ""
+        return service_limits.owner_of((found or {}).get("Spec") or {})
+
     def _carries(self, cid: str, lease: Lease, facts: Facts) -> bool:
         """Does this container really hold the lease's GPUs (not a label copied by commit)?"""
         info = self.engine.inspect(cid) if self.engine else None
         if info is None:
             return False
         inventory = facts.require_inventory()
-        grants = access.of_container(info, facts.engine, inventory, facts.host, facts.volume_of)
+        owner = lease.owner if self.gather.rules.engine_socket_binds else ""
+        grants = access.of_container(
+            info, facts.engine, inventory, facts.host, facts.volume_of, owner
+        )
         if privileged.admitted(grants, inventory, lease.gpus):  # policy.privileged: lease-all
             return True
         return grants.pinned and grants.gpus(inventory) == frozenset(lease.gpus)
@@ -268,7 +299,10 @@ class Reconciler:
         if info is None:
             return None
         inventory = facts.require_inventory()
-        grants = access.of_container(info, facts.engine, inventory, facts.host, facts.volume_of)
+        owner = self.recorded_owner(cid) or self._task_owner(info)
+        grants = access.of_container(
+            info, facts.engine, inventory, facts.host, facts.volume_of, owner
+        )
         if grants.none:
             return None
         gpus = tuple(sorted(grants.gpus(inventory))) if grants.pinned else None

@@ -94,11 +94,13 @@ class Restarts:
             old = ledger.predecessor_of(lease.id) if lease else None
             if old is not None and old.container:
                 old_info = self.engine.inspect(old.container)  # by full id: None if gone
+        cid = str((info or {}).get("Id") or "")
+        owner = self.reconciler.recorded_owner(cid, None if isinstance(ledger, str) else ledger)
 
         def refusal(facts: Facts) -> str | None:
             return starts.refusal(
                 ref, info, ledger, facts.engine, facts.known_gpus, facts.host, old_info,
-                facts.volume_of,
+                facts.volume_of, owner,
             )  # fmt: skip
 
         return self.gather.decide(refusal, ACCESS_READS)

@@ -97,8 +97,9 @@ class Allocator:
             self.reconciler,
             self.restarts,
         )
-        self.admission = Admission(engine, self.ledger, self.restarts)
         self.lookups = Lookups(config, engine, self.ledger, self.gather, self.background)
+        charged = self.lookups.charged_over_limit
+        self.admission = Admission(engine, self.ledger, self.restarts, charged)
         self.creates = Creates(
             self.gather, self.recorder, self.book, self.lookups, self.background, config.mps.dir
         )

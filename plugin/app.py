@@ -170,7 +170,7 @@ class Dispatcher:
     def _asked(self, call: _Call) -> Asked:
         """The core's verdict on the call, for `Gatherer.decide` to give its facts."""
         route = call.route
-        signing = self.alloc.lookups.service_signing() if route.check is Check.SERVICE else None
+        signing = self.alloc.lookups.service_signing() if route.check in decide.SIGNED else None
         return partial(
             decide.authz_request, route, call.method, call.uri, call.body,
             headers=_headers(call.req), signing=signing,

@@ -53,6 +53,7 @@ from allocator.core import (
     service_marks,
     services,
     sharing,
+    socket_binds,
 )
 from allocator.core import verdicts as decide
 from allocator.core.ask import Ask
@@ -167,7 +168,7 @@ class CreateInterceptor:
 
     def _judge(self, route: Route, request: Request) -> decide.Decision:
         """The plugin's verdict, with facts read only where the check needs them."""
-        signing = self.alloc.lookups.service_signing() if route.check is Check.SERVICE else None
+        signing = self.alloc.lookups.service_signing() if route.check in decide.SIGNED else None
         headers = dict(request.headers)
         asked = partial(
             decide.authz_request, route, request.method, request.target, Body(request.body),
@@ -199,6 +200,9 @@ class CreateInterceptor:
         if isinstance(share, str):
             return error(400, f"gpu-alloc refused the container create: {share}")
         spec = strip_labels(decoded)
+        binder = await self._socket_binder(request)
+        if binder:
+            spec = socket_binds.labelled_as(spec, binder)
         name = _name(request.target)
         creates = self.alloc.creates
         known = creates.at_hand(spec) if len(request.body) <= _AT_HAND_BODY else None
@@ -242,7 +246,7 @@ class CreateInterceptor:
         # container; the client hears of neither before both are done.
         durable = asyncio.wrap_future(grant.durable)
         try:
-            response = await forward(_with_body(request, grant.body, grant.header))
+            response = await forward(self._with_body(request, grant.body, grant.header))
         except UpstreamError as e:
             await durable
             if not e.maybe_delivered:
@@ -265,11 +269,32 @@ class CreateInterceptor:
     async def _plain(self, request: Request, spec: dict, forward: Forward) -> Response:
         """A create that holds no GPU: forwarded with the void guard, and its creator
         recorded before the client hears of it (a client inside it is them)."""
-        response = await forward(_with_body(request, self._unleased(spec), None))
+        response = await forward(self._with_body(request, self._unleased(spec), None))
         if response.status == 201:
             record = self.alloc.lookups.record_creator
             await asyncio.to_thread(record, request.peer, response.body)
         return response
+
+    async def _socket_binder(self, request: Request) -> str:
+        """The asker, when ``policy.engine_socket_binds`` names them (`socket_binds`);
+        empty, without a lookup, when it names nobody."""
+        binders = self.alloc.gather.rules.engine_socket_binds
+        if not binders:
+            return ""
+        owner = await asyncio.to_thread(self.alloc.lookups.owner_of, request.peer)
+        return owner.user if binders.allow(owner.user, owner.groups) else ""
+
+    def _with_body(self, request: Request, spec: dict, lease: str | None) -> Request:
+        """`_with_body`, marked for the plugin when the create is labelled as one whose
+        owner may bind the Engine's socket."""
+        forwarded = _with_body(request, spec, lease)
+        if not socket_binds.labelled(spec):
+            return forwarded
+        key = self.alloc.lookups.service_signing().key
+        if not key:  # unmarked: the plugin refuses the label (fail closed)
+            return forwarded
+        mark = socket_binds.mark(key, request.method, request.target, forwarded.body or b"")
+        return replace(forwarded, headers=[*forwarded.headers, (socket_binds.HEADER, mark)])
 
     async def _wait(
         self,

@@ -48,6 +48,7 @@ ENGINE_SUITES = (
     "tests/engine/test_cuda.py",  # image events (tag, rmi) keep the shim's image configs true
     "tests/engine/test_swarm.py",  # swarm's scheduler and constraint enforcer differ by version
     "tests/engine/test_swarm_gpu_alloc.py",
+    "tests/engine/test_swarm_charge.py",  # real-socket services charged; socket binds
     "tests/engine/test_bypass_engine.py",  # plugin mounts, root powers, sockets, pause
 )
 # The end-to-end GPU creates again with --gpus through CDI (tests/support/cdi.py), on the

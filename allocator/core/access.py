@@ -35,7 +35,7 @@ import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from allocator.core import privileged
+from allocator.core import privileged, socket_binds
 from allocator.core.access_ctx import VISIBLE as VISIBLE
 from allocator.core.access_ctx import Ctx, MountsOf, View, VolumeOf, resolve_ids
 from allocator.core.access_ctx import env_values as env_values
@@ -307,8 +307,10 @@ def _analyse(
     strict: bool,
     mounts_of: MountsOf | None = None,
     volume_of: VolumeOf | None = None,
+    socket_owner: str = "",
 ) -> Access:
     ctx = Ctx(view, engine, inventory, host, strict, mounts_of, volume_of)
+    ctx.socket_owner = socket_owner
     for source in SOURCES:
         source(ctx)
     return Access(tuple(ctx.grants))
@@ -328,7 +330,8 @@ def of_create(
         host_config=body.get("HostConfig") or {},
         volumes=tuple(body.get("Volumes") or ()),
     )
-    return _analyse(view, engine, inventory, host, True, mounts_of, volume_of)
+    owner = socket_binds.labelled(body)  # the shim's: the verdict refuses one it did not mark
+    return _analyse(view, engine, inventory, host, True, mounts_of, volume_of, owner)
 
 
 def of_container(
@@ -337,7 +340,10 @@ def of_container(
     inventory: Inventory,
     host: HostFacts,
     volume_of: VolumeOf | None = None,
+    owner: str = "",
 ) -> Access:
+    """``owner``: whose gpu-alloc recorded the container to be (its lease's, its
+    creator's), for `socket_binds`; never read from its labels, which an image sets."""
     config = inspect.get("Config") or {}
     view = View(
         env=tuple(config.get("Env") or ()),
@@ -350,4 +356,4 @@ def of_container(
             if m.get("Type") == "bind"
         ),
     )
-    return _analyse(view, engine, inventory, host, False, None, volume_of)
+    return _analyse(view, engine, inventory, host, False, None, volume_of, owner)

@@ -44,6 +44,9 @@ class Ctx:
     mounts_of: MountsOf | None = None  # for VolumesFrom: another container's bind mounts
     volume_of: VolumeOf | None = None  # a named volume's driver and options, from the Engine
     grants: list[Grant] = field(default_factory=list)
+    # The owner gpu-alloc knows for this container, whom the policy may let bind the
+    # Engine's socket (core/socket_binds.py); empty: nobody is.
+    socket_owner: str = ""
 
     env_read: bool = False  # a row already judged what the hook makes of the env
     _majors: frozenset[int] | None = None

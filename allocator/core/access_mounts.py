@@ -12,7 +12,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 
-from allocator.core import mounts, sharing
+from allocator.core import mounts, sharing, socket_binds
 from allocator.core.access_ctx import Ctx
 from allocator.core.access_devices import device_node
 from allocator.core.grants import Demand, Refusal
@@ -112,6 +112,10 @@ def _mount(ctx: Ctx, fld: str, src: str, dst: str, read_only: bool = False) -> N
         # A shared GPU's MPS pipe or shm directory reaches that GPU through its server.
         ctx.add(fld, f"{sharing.BIND_DETAIL} {shared}: {src}", {shared}, Demand(ids=(shared,)))
         return
+    if exposed and socket_binds.socket_alone(ctx.host, real, read_only):
+        if not socket_binds.may_bind(ctx.host, ctx.socket_owner):
+            ctx.add(fld, socket_binds.bind_refusal(src, real), None)
+        return  # an owner the policy trusts with the Engine's socket
     if exposed:
         ctx.add(fld, f"bind mount of {src} exposes {exposed}", None)
         return

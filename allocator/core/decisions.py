@@ -18,6 +18,7 @@ from allocator.core.facts import EngineView, HostFacts, NotAsked
 from allocator.core.inflight import Target
 from allocator.core.inventory import Inventory, InventoryError
 from allocator.core.plugins import PluginCheck
+from allocator.core.service_marks import ChargeCheck
 
 DEFAULT_SHIM_SOCKET = "/run/gpu-alloc/docker.sock"
 
@@ -236,5 +237,7 @@ class UpdateCheck:
     restart: str = ""
 
 
-Decision = Allow | Deny | NeedsLease | StartCheck | AllowStart | UpdateCheck | PluginCheck
+Decision = (
+    Allow | Deny | NeedsLease | StartCheck | AllowStart | UpdateCheck | PluginCheck | ChargeCheck
+)
 ALLOW = Allow()

@@ -35,6 +35,7 @@ POOL = PREFIX + "pool"  # a client's ask, and gpu-alloc's record of the pool lea
 MODEL = PREFIX + "request.model"
 MIN_MEMORY = PREFIX + "request.min-memory"
 OWNER = PREFIX + "owner"  # set by gpu-alloc only: "<uid>:<user>"
+ENGINE_SOCKET = PREFIX + "engine-socket"  # set by the shim only (core/socket_binds.py)
 DEFAULTS = PREFIX + "defaults"  # set by gpu-alloc only: what policy.gpu_defaults added
 WAIT = PREFIX + "wait"  # a client's ask: wait this long for GPUs instead of a 409
 TIME = PREFIX + "time"  # a client's ask: a time limit shorter than the policy's
@@ -56,7 +57,7 @@ REQUESTS = (
     SHARE,
     SHARE_MEMORY,
 )
-KNOWN = frozenset((*REQUESTS, LEASE, OWNER, PLACED, DEFAULTS))
+KNOWN = frozenset((*REQUESTS, LEASE, OWNER, PLACED, DEFAULTS, ENGINE_SOCKET))
 
 
 def placed_of(info: Mapping[str, Any]) -> dict[str, Any]:

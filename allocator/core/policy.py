@@ -16,6 +16,7 @@ from typing import Any
 from allocator.core import labels, numbers
 from allocator.core.inventory import GPU, Inventory
 from allocator.core.sharing import Sharing
+from allocator.core.socket_binds import NOBODY_BINDS, Binders
 
 UNKNOWN = "unknown"  # adopted containers, creates with no peer or none to name (core/owners.py)
 
@@ -77,6 +78,8 @@ class Rules:
     reclaim_idle_after: float | None = None  # seconds; None: idle containers are left alone
     withheld: frozenset[str] = frozenset()  # swarm.gpus: scheduled by swarm, never leased here
     sharing: tuple[Sharing, ...] = ()  # policy.sharing: GPUs leased as shares (core/sharing.py)
+    # policy.engine_socket_binds: who may bind the Engine's socket (core/socket_binds.py)
+    engine_socket_binds: Binders = NOBODY_BINDS
 
 
 @dataclass(frozen=True)

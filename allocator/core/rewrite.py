@@ -35,6 +35,9 @@ def rewrite(
     hc = dict(out.get("HostConfig") or {})
     env = [e for e in (out.get("Env") or ()) if not str(e).startswith(VISIBLE + "=")]
     own = labels.strip(out.get("Labels"))
+    binder = (out.get("Labels") or {}).get(labels.ENGINE_SOCKET)
+    if binder:  # the shim's own, set after the client's were stripped (core/socket_binds.py)
+        own[labels.ENGINE_SOCKET] = binder
     if label is None:
         env.append(f"{VISIBLE}=void")
     else:

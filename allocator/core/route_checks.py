@@ -19,6 +19,7 @@ from allocator.core import (
     mounts,
     plugins,
     restarts,
+    service_limits,
     service_marks,
     services,
 )
@@ -134,18 +135,26 @@ def service(
     facts: Facts,
     marked: bool = False,
     engine_socket: str = "refuse",
+    charge: str = "",
 ) -> Decision:
     """A service create or update: its tasks never pass a plugin, so their spec is judged
     here, for every node (`services.refusal`); one the shim did not mark (``marked``) by
-    what dockerd's own socket may set (`service_marks.unmarked_refusal`)."""
+    what dockerd's own socket may set (`service_marks.unmarked_refusal`), and a GPU one
+    then within the limit of the owner it is charged to (``charge``: `ChargeCheck`)."""
     spec = _body_as(route, method, uri, body, SERVICE_SPEC, "swarm service")
     if isinstance(spec, Deny):
         return spec
+    owner = service_limits.owner_of(spec or {}) if marked else ""  # the shim's label
     why = services.refusal(
-        spec or {}, facts.swarm_kind, facts.engine, facts.known_gpus, facts.host, facts.volume_of
-    )
+        spec or {}, facts.swarm_kind, facts.engine, facts.known_gpus, facts.host,
+        facts.volume_of, owner,
+    )  # fmt: skip
     if not why and not marked:
         why = service_marks.unmarked_refusal(spec or {}, facts.swarm_kind, engine_socket)
+        gpus = service_limits.per_task(spec or {}, facts.swarm_kind)
+        if not why and engine_socket == service_marks.CHARGE and charge and gpus:
+            ref = route.name if route.path.endswith("/update") else None
+            return service_marks.ChargeCheck(charge, ref, spec or {})
     return Deny(f"gpu-alloc refused the swarm service: {why}") if why else ALLOW
 
 

@@ -81,10 +81,12 @@ def owned(spec: Mapping[str, Any], owner: Owner) -> dict[str, Any]:
     return {**spec, "Labels": {**given, labels.OWNER: policy.owner_label(owner)}}
 
 
-def owner_of(spec: Mapping[str, Any]) -> str:
-    """The user a stored service counts for; "" when it has no owner label (one created on
-    dockerd's own socket, where root is trusted)."""
-    return policy.user_of_label(str((spec.get("Labels") or {}).get(labels.OWNER) or ""))
+def owner_of(spec: Mapping[str, Any], unowned: str = "") -> str:
+    """The user a stored service counts for; ``unowned`` when it has no owner label (one
+    created on dockerd's own socket: root's, trusted, counted for nobody, or for the
+    owner ``swarm.engine_socket_services: {charge: <owner>}`` names)."""
+    found = policy.user_of_label(str((spec.get("Labels") or {}).get(labels.OWNER) or ""))
+    return found or unowned
 
 
 def totals(
@@ -94,12 +96,14 @@ def totals(
     new: Mapping[str, Any],
     kind: str,
     nodes: int,
+    unowned: str = "",
 ) -> tuple[int, int]:
     """(before, after): ``user``'s GPUs in swarm over the stored ``services`` ((id, spec)),
-    and with ``new`` in place of the service ``target`` (its id; None for a create)."""
+    and with ``new`` in place of the service ``target`` (its id; None for a create).
+    ``unowned``: whom a service without an owner label counts for (`owner_of`)."""
     before = others = 0
     for sid, spec in services:
-        if owner_of(spec) != user:
+        if owner_of(spec, unowned) != user:
             continue
         held = gpus(spec, kind, nodes)
         before += held

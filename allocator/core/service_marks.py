@@ -9,7 +9,8 @@ own request header (`HEADER`; dockerd hands request headers to the plugin, and t
 drops any a client sent under gpu-alloc's prefix).  A write without a valid mark came from
 elsewhere: gpu-alloc's labels anywhere in its spec are refused, and so is a GPU service,
 unless ``swarm.engine_socket_services: trusted`` says root's services are trusted (then
-they count for nobody, as before gpu-alloc kept swarm limits).
+they count for nobody, as before gpu-alloc kept swarm limits), or ``{charge: <owner>}``
+names the owner they count for (`ChargeCheck`: within that owner's limit, or refused).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from allocator.core import labels, service_limits
 
 HEADER = "X-Gpu-Alloc-Service"  # the shim's mark on a service write it forwards
 TRUSTED = "trusted"
+CHARGE = "charge"  # with an owner: they count for that owner (`ChargeCheck`)
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,18 @@ class Signing:
 
     key: bytes = b""  # empty: none could be read, so nothing is marked
     engine_socket: str = "refuse"
+    charge: str = ""  # with engine_socket "charge": whom such a service counts for
+
+
+@dataclass(frozen=True)
+class ChargeCheck:
+    """Allow a GPU service made on dockerd's own socket only within the swarm limit of
+    ``owner``, whom ``swarm.engine_socket_services: {charge: <owner>}`` names (the
+    service ``ref`` names is replaced by ``spec``; None: a create)."""
+
+    owner: str
+    ref: str | None
+    spec: Mapping[str, Any]
 
 
 def mark(key: bytes, body: bytes) -> str:
@@ -87,11 +101,11 @@ def unmarked_refusal(spec: Mapping[str, Any], kind: str, engine_socket: str) -> 
             "whom a service's GPUs count for); remove it, or create the service through the "
             "gpu-alloc socket, which labels it as yours"
         )
-    if engine_socket != TRUSTED and service_limits.per_task(spec, kind):
+    if engine_socket not in (TRUSTED, CHARGE) and service_limits.per_task(spec, kind):
         return (
             "a service that reserves GPUs, made on dockerd's own socket, counts for no owner "
             "gpu-alloc can tell (so for no limit): create it through the gpu-alloc socket "
             "(docker --context gpu-alloc service create ...), or have the operator set "
-            "swarm.engine_socket_services: trusted"
+            "swarm.engine_socket_services: trusted (or {charge: <owner>})"
         )
     return None

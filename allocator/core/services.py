@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from allocator.core import access, gojson, labels, privileged
+from allocator.core import access, gojson, labels, privileged, socket_binds
 from allocator.core.access_ctx import VolumeOf
 from allocator.core.access_mounts import SENTINEL_MOUNT_DIR
 from allocator.core.facts import EngineView, HostFacts
@@ -106,9 +106,11 @@ def refusal(
     inventory: Inventory,
     host: HostFacts,
     volume_of: VolumeOf | None = None,
+    socket_owner: str = "",
 ) -> str | None:
     """Why the service may not run, in words that say what to do instead; None when its
-    tasks reach GPUs only through a reservation of ``kind``."""
+    tasks reach GPUs only through a reservation of ``kind``.  ``socket_owner``: whose
+    the shim marked the spec to be, whom the policy may let bind the Engine's socket."""
     template = spec.get("TaskTemplate") or {}
     odd = sorted(set(template) - TASK_SPEC_KEYS) + [
         f"ContainerSpec.{k}" for k in sorted(set(container_spec(spec)) - CONTAINER_SPEC_KEYS)
@@ -131,7 +133,7 @@ def refusal(
         or _capabilities(cs.get("CapabilityAdd") or ())
         or _labels(cs.get("Labels") or {})
         or _file_targets(cs)
-        or _catalogue(cs, engine, inventory, host, volume_of)
+        or _catalogue(cs, engine, inventory, host, volume_of, socket_owner)
         or _pin(env, kind)  # last: the one refusal the shim fixes by itself
     )
 
@@ -226,6 +228,7 @@ def _catalogue(
     inventory: Inventory,
     host: HostFacts,
     volume_of: VolumeOf | None,
+    socket_owner: str = "",
 ) -> str | None:
     """The task's mounts as a create's on this host, through the one catalogue of effective
     access, under the nvidia default runtime and with the env pinned (`_pin` judges it)."""
@@ -233,6 +236,8 @@ def _catalogue(
         engine, default_runtime="nvidia", nvidia_runtimes=engine.nvidia_runtimes | {"nvidia"}
     )
     body = {"Env": [PIN], "HostConfig": {"Mounts": cs.get("Mounts") or []}}
+    if socket_owner:
+        body = socket_binds.labelled_as(body, socket_owner)
     try:
         grants = access.of_create(body, nvidia, inventory, host, None, volume_of)
     except Refusal as e:

@@ -40,6 +40,7 @@ def refusal(
     host: HostFacts,
     predecessor: Inspect | None = None,
     volume_of: VolumeOf | None = None,
+    owner: str = "",
 ) -> str | None:
     """Why starting ``ref`` must be refused, or None.
 
@@ -47,11 +48,12 @@ def refusal(
     container").  ``state``: the ledger, or why it could not be read.
     ``predecessor``: the inspect now of the container whose GPUs this one's lease
     took over (None: it is gone), when the ledger records one.  ``volume_of``: a
-    named volume's driver and options, looked up now.
+    named volume's driver and options, looked up now.  ``owner``: whose gpu-alloc
+    recorded the container to be (`access.of_container`).
     """
     if info is None:
         return None
-    grants = access.of_container(info, engine, inventory, host, volume_of)
+    grants = access.of_container(info, engine, inventory, host, volume_of, owner)
     if grants.none:
         return None  # no GPU at all: starts whatever the ledger says
     what = f"gpu-alloc refused to start {ref}"

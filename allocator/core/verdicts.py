@@ -25,7 +25,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from allocator.core import access, gojson, labels, privileged, service_marks, sharing
+from allocator.core import (
+    access,
+    gojson,
+    labels,
+    privileged,
+    service_marks,
+    sharing,
+    socket_binds,
+)
 from allocator.core.ask import Ask, ask_of
 from allocator.core.createbody import decode_create
 from allocator.core.decisions import (
@@ -57,6 +65,7 @@ __all__ = [
     "ACCESS_READS",
     "ALLOW",
     "HINT",
+    "SIGNED",
     "Allow",
     "AllowStart",
     "Decision",
@@ -119,6 +128,8 @@ def reads_facts(route: Route) -> frozenset[Fact]:
 
 # What `shim_ask` reads: a create's grants, and policy.privileged.
 SHIM_ASK_READS = READS[Check.CREATE] - {Fact.SHIM_SOCKET} | {Fact.PRIVILEGED_MODE}
+# The checks whose verdict reads the shim's marks on a request (`authz_request`'s signing).
+SIGNED = frozenset({Check.CREATE, Check.SERVICE})
 
 
 def unread() -> Facts:
@@ -139,18 +150,22 @@ def authz_request(
     """The verdict on a call before the Engine acts (the plugin's AuthZReq; the shim's
     non-create writes).  Reads and harmless writes return before any parsing, and
     touch no fact.  ``headers``: the request's, where a leased create carries its lease
-    token and a service write the shim's mark (`service_marks`), checked with
+    token (and, when its owner may bind the Engine's socket, the shim's mark:
+    `socket_binds`) and a service write the shim's mark (`service_marks`), checked with
     ``signing`` (creates and services alone read them).  ``body``: its bytes, or the
     `gojson.Body` that keeps its decoding for the next time the call is judged."""
     if cleared(route):
         return ALLOW
     kept = Body.of(body)
     if route.check is Check.CREATE:
-        return _create(route, method, uri, kept, facts, labels.parse_lease_header(headers))
+        key = (signing or Signing()).key
+        binds = socket_binds.marked(headers, key, method, uri, kept.raw)
+        lease = labels.parse_lease_header(headers)
+        return _create(route, method, uri, kept, facts, lease, binds)
     if route.check is Check.SERVICE:
         sign = signing or Signing()
         marked = service_marks.marked(headers, sign.key, kept.raw)
-        return service(route, method, uri, kept, facts, marked, sign.engine_socket)
+        return service(route, method, uri, kept, facts, marked, sign.engine_socket, sign.charge)
     return CHECKS[route.check](route, method, uri, kept, facts)
 
 
@@ -161,10 +176,12 @@ def _create(
     body: Body,
     facts: Facts,
     lease: tuple[str, str] = ("", ""),
+    binds_marked: bool = False,
 ) -> Decision:
     """A create: allowed when it reaches no GPU, or when everything it reaches is pinned
     to the GPUs of the pending lease that its lease header (``lease``: id, token) and
-    its lease label both name."""
+    its lease label both name.  ``binds_marked``: it carries the shim's mark for a create
+    whose owner may bind the Engine's socket (`socket_binds`)."""
     missing = needs_body(route, method, uri, body)
     if missing:
         return missing
@@ -172,6 +189,9 @@ def _create(
         spec = body.decoded(decode_create)
     except gojson.BodyError as e:
         return Deny(f"gpu-alloc refused the container create: {e}")
+    forged = socket_binds.forged(spec, binds_marked)
+    if forged:
+        return Deny(forged, "Config.Labels")
     grants = grants_of_create(spec, facts)
     if isinstance(grants, Deny):
         return grants

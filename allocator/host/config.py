@@ -21,7 +21,7 @@ from allocator.core.health import DEFAULT_IGNORED_XIDS, HealthPolicy
 from allocator.core.policy import Pool, Rules, Ulimit, parse_size
 from allocator.core.privileged import MODES as PRIVILEGED_MODES
 from allocator.core.privileged import REFUSE
-from allocator.host import config_sharing, config_times, swarm_config
+from allocator.host import config_sharing, config_socket_binds, config_times, swarm_config
 from allocator.host.swarm_config import SwarmConfig
 
 DEFAULT_PATH = "/etc/gpu-alloc/config.yaml"
@@ -132,6 +132,7 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "time_limit": dict,
         "reclaim_idle_after": (int, float, str, type(None)),
         "sharing": (list, dict, type(None)),  # core/sharing.py, host/config_sharing.py
+        "engine_socket_binds": (dict, type(None)),  # host/config_socket_binds.py
     },
     "metrics": {"listen": (str, type(None))},
     "health": {
@@ -361,6 +362,7 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
     try:
         times = config_times.time_rules(policy)
         sharing = config_sharing.sharing_rules(policy)
+        binders = config_socket_binds.binders(policy)
     except config_times.KeyProblem as e:
         raise _fail(path, e.key, e.why) from None
     return Rules(
@@ -389,6 +391,7 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
         fair_share_half_life=_duration(path, "policy.fair_share.half_life", share.get("half_life")),
         **times,
         sharing=sharing,
+        engine_socket_binds=binders,
     )
 
 

@@ -126,8 +126,11 @@ class Engine:
         dockerd resolves it); None when it names none."""
         return self._get(f"inspect service {ref}", f"/services/{quote(ref, safe='')}")
 
-    def services(self, label: str) -> list[dict[str, Any]]:
-        """GET /services with a label filter (``key`` or ``key=value``): a manager's only."""
+    def services(self, label: str = "") -> list[dict[str, Any]]:
+        """GET /services, with a label filter (``key`` or ``key=value``) when given: a
+        manager's only."""
+        if not label:
+            return self._list("GET /services", "/services")
         filters = quote(json.dumps({"label": [label]}), safe="")
         return self._list("GET /services", f"/services?filters={filters}")
 

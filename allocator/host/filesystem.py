@@ -18,7 +18,9 @@ from allocator.core import inroot
 from allocator.core.access_devices import DRM_MAJOR
 from allocator.core.facts import Node, Unresolvable
 from allocator.core.mounts import Mount
+from allocator.core.socket_binds import NOBODY_BINDS, Binders
 from allocator.host.engineroot import EngineRoot
+from allocator.host.owners import groups_of
 
 DEFAULT_PROTECTED = (
     "/dev",
@@ -48,6 +50,17 @@ class Host:
     # Where shared GPUs' MPS directories are (protected too): a bind of exactly one GPU's
     # pipe or shm directory reaches that GPU (allocator/core/sharing.py).
     mps_dir: str = ""
+    # The Engine's API sockets (protected too), and who the policy lets bind one
+    # (allocator/core/socket_binds.py).
+    engine_sockets: tuple[str, ...] = ()
+    binders: Binders = NOBODY_BINDS
+
+    def may_bind_engine(self, user: str) -> bool:
+        """``user`` is one ``policy.engine_socket_binds`` names, by name or by a group NSS
+        puts them in now."""
+        if not self.binders or not user:
+            return False
+        return self.binders.allow(user, () if user in self.binders.users else groups_of(user))
 
     def resolve(self, path: str) -> str:
         if self.engine:
@@ -96,6 +109,10 @@ class Host:
             if len(fields) >= 5 and kind:
                 table.append(Mount(_unescape(fields[4]), kind[0]))
         return table
+
+    def with_engine_sockets(self, *paths: str) -> Host:
+        """The host with these Engine API sockets protected, and known as such."""
+        return replace(self.with_protected(*paths), engine_sockets=paths)
 
     def with_protected(self, *paths: str) -> Host:
         merged = tuple(dict.fromkeys((*self.protected, *(p for p in paths if p))))
@@ -150,7 +167,7 @@ def engine_paths(info: dict, daemon_json: str, socket: str, proc: str = "/proc")
     argv = _listener_cmdline(socket, proc)
     flags = _cmdline_flags(argv)
     conf = _read_json(flags.get("config-file") or daemon_json)
-    found = [socket, *_api_sockets(argv, conf)]
+    found = [*api_sockets(daemon_json, socket, proc, argv)]
     found.append(str(info.get("DockerRootDir") or ""))
     found += [str(conf.get(k) or "") for k in _PATH_KEYS]
     found += [flags.get(k, "") for k in ("data-root", "exec-root", "pidfile")]
@@ -161,6 +178,17 @@ def engine_paths(info: dict, daemon_json: str, socket: str, proc: str = "/proc")
 
 
 DEFAULT_SOCKET = "/var/run/docker.sock"  # dockerd's unix listener without -H or hosts
+
+
+def api_sockets(
+    daemon_json: str, socket: str, proc: str = "/proc", argv: list[str] | None = None
+) -> tuple[str, ...]:
+    """The unix sockets this Engine serves its API on (``socket``, each ``-H``/``hosts``,
+    else its default), each as named and as it resolves."""
+    argv = _listener_cmdline(socket, proc) if argv is None else argv
+    conf = _read_json(_cmdline_flags(argv).get("config-file") or daemon_json)
+    named = [p for p in (socket, *_api_sockets(argv, conf)) if p.startswith("/")]
+    return tuple(dict.fromkeys([*named, *map(os.path.realpath, named)]))
 
 
 def _api_sockets(argv: list[str], conf: dict) -> list[str]:

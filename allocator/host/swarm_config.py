@@ -12,17 +12,19 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from allocator.core.service_marks import CHARGE
 from allocator.core.services import DEFAULT_KIND
 
 KEYS: dict[str, type | tuple[type, ...]] = {
     "kind": str,
     "gpus": list,
     "toolkit_config": str,
-    "engine_socket_services": str,
+    "engine_socket_services": (str, dict),
 }
 # A GPU service made on dockerd's own socket, which names no owner: refused, or (trusted)
-# root's, counted for nobody, as services were before gpu-alloc kept swarm limits.
-ENGINE_SOCKET_SERVICES = ("refuse", "trusted")
+# root's, counted for nobody, as services were before gpu-alloc kept swarm limits, or
+# ({charge: <user>}) counted for the user the policy names, within their limit.
+ENGINE_SOCKET_SERVICES = ("refuse", "trusted", "{charge: <user>}")
 TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 _KIND = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 
@@ -32,7 +34,8 @@ class SwarmConfig:
     kind: str = DEFAULT_KIND
     gpus: tuple[str, ...] = ()  # UUIDs of this node's GPUs that swarm schedules
     toolkit_config: str = TOOLKIT_CONFIG  # where the toolkit reads its swarm-resource
-    engine_socket_services: str = "refuse"  # or "trusted": `ENGINE_SOCKET_SERVICES`
+    engine_socket_services: str = "refuse"  # or "trusted", "charge": `ENGINE_SOCKET_SERVICES`
+    engine_socket_owner: str = ""  # whom they count for, with "charge"
 
     @property
     def variable(self) -> str:
@@ -62,6 +65,9 @@ def parse(raw: dict[str, Any]) -> SwarmConfig | tuple[str, str]:
     if not path.startswith("/"):
         return "swarm.toolkit_config", f"must be an absolute path, got '{path}'"
     own = raw.get("engine_socket_services", "refuse")
-    if own not in ENGINE_SOCKET_SERVICES:
+    charged = own.get("charge") if isinstance(own, dict) and set(own) == {"charge"} else None
+    if isinstance(charged, str) and charged:
+        return SwarmConfig(kind, tuple(gpus), path, CHARGE, charged)
+    if own not in ENGINE_SOCKET_SERVICES[:2]:
         return "swarm.engine_socket_services", f"must be one of {', '.join(ENGINE_SOCKET_SERVICES)}"
     return SwarmConfig(kind, tuple(gpus), path, own)

@@ -33,8 +33,15 @@ SOCKETS = ["engine_sock", "shim_sock"]
 CLIMB = "../../../../../../../../../../../../.."
 
 
+# Owners the policy trusts with dockerd's socket: one by name, one by group; one not.
+BINDER, GROUPED = engine_root.host_user("ga34b-alice"), engine_root.host_user("ga34b-carol")
+OPS, NOT_NAMED = engine_root.host_user("ga34b-ops"), engine_root.host_user("ga34b-bob")
+
+
 def make_stack() -> engine.Stack:
-    return engine.Stack(gpus=2, policy={"exempt": [], "time_limit": {"default": "1h"}})
+    binders = {"users": [BINDER], "groups": [OPS]}
+    return engine.Stack(gpus=2, policy={"exempt": [], "time_limit": {"default": "1h"},
+                                        "engine_socket_binds": binders})  # fmt: skip
 
 
 def mounting(source: str) -> dict:
@@ -267,6 +274,95 @@ def test_a_bind_of_the_shims_socket_is_created_as_before(stack, sock):
     out = engine.docker_cli(getattr(stack, sock), "create", "-v", f"{stack.shim_sock}:/s",
                             IMAGE, "true")  # fmt: skip
     assert out.returncode == 0, out.stderr
+
+
+@pytest.fixture(scope="module")
+def binders(stack) -> Iterator[None]:
+    """Host users for `policy.engine_socket_binds`: BINDER by name, GROUPED in OPS."""
+    subprocess.run(["groupadd", OPS], capture_output=True)
+    for user, more in ((BINDER, []), (GROUPED, ["-G", OPS]), (NOT_NAMED, [])):
+        if subprocess.run(["id", user], capture_output=True).returncode != 0:
+            subprocess.run(["useradd", "-M", "-s", "/bin/false", *more, user], check=True)
+    os.chmod(stack.dir, 0o711)
+    os.chmod(stack.shim_sock, 0o666)
+    yield
+    for user in (BINDER, GROUPED, NOT_NAMED):
+        subprocess.run(["userdel", user], capture_output=True)
+    subprocess.run(["groupdel", OPS], capture_output=True)
+
+
+@pytest.mark.parametrize("user", ["named", "in a named group"])
+@pytest.mark.parametrize("how", ["-v", "--mount", "through a link", "beside --gpus 1"])
+def test_an_owner_the_policy_names_binds_dockerds_socket_through_the_shim(
+    stack, binders, user, how
+):
+    """The shim labels and marks the create; the start is judged by the owner it recorded
+    (the creator, or the lease's), on either socket."""
+    who = BINDER if user == "named" else GROUPED
+    args = (
+        ["--gpus", "1", *socket_binds(stack)["-v"]] if "gpus" in how else socket_binds(stack)[how]
+    )
+    out = clients.docker_cli(stack.shim_sock, "create", *args, IMAGE, "true", user=who)
+    assert out.returncode == 0, out.stderr
+    cid = out.stdout.strip()
+    try:
+        labels = engine.engine_api(stack.engine_sock).inspect_container(cid)["Config"]["Labels"]
+        assert labels.get("io.gpu-alloc.engine-socket") == who, labels
+        started = clients.docker_cli(stack.shim_sock, "start", "-a", cid, user=who)
+        assert started.returncode == 0, started.stderr
+        again = clients.docker_cli(stack.engine_sock, "start", cid)
+        assert again.returncode == 0, again.stderr
+    finally:
+        clients.docker_cli(stack.engine_sock, "rm", "-f", cid)
+
+
+def test_an_owner_the_policy_does_not_name_is_refused_through_the_shim(stack, binders):
+    args = socket_binds(stack)["-v"]
+    out = clients.docker_cli(stack.shim_sock, "create", *args, IMAGE, "true", user=NOT_NAMED)
+    assert out.returncode != 0, out.stdout
+    assert "policy.engine_socket_binds" in out.stderr and "--context gpu-alloc" in out.stderr
+
+
+def test_another_owner_cannot_borrow_a_named_owners_socket_through_the_shim(stack, binders):
+    """Their own copy of the shim's label is stripped, and a named owner's container
+    lends its socket bind to nobody else's --volumes-from."""
+    args = socket_binds(stack)["-v"]
+    label = ["--label", f"io.gpu-alloc.engine-socket={BINDER}"]
+    out = clients.docker_cli(stack.shim_sock, "create", *label, *args, IMAGE, "true",
+                             user=NOT_NAMED)  # fmt: skip
+    assert out.returncode != 0 and "policy.engine_socket_binds" in out.stderr, out.stderr
+    made = clients.docker_cli(stack.shim_sock, "create", *args, IMAGE, "true", user=BINDER)
+    assert made.returncode == 0, made.stderr
+    cid = made.stdout.strip()
+    try:
+        for sock, who in ((stack.shim_sock, NOT_NAMED), (stack.engine_sock, None)):
+            out = clients.docker_cli(sock, "create", "--volumes-from", cid, IMAGE, "true",
+                                     user=who)  # fmt: skip
+            assert out.returncode != 0 and "API socket" in out.stderr, out.stderr
+    finally:
+        clients.docker_cli(stack.engine_sock, "rm", "-f", cid)
+
+
+def test_a_named_owner_still_may_not_bind_the_directory_that_holds_the_socket(stack, binders):
+    out = clients.docker_cli(stack.shim_sock, "create", "-v", f"{stack.engine_dir}:/e",
+                             IMAGE, "true", user=BINDER)  # fmt: skip
+    assert out.returncode != 0 and "gpu-alloc refused" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("header", [None, "0" * 64])
+def test_the_shims_label_and_mark_cannot_be_made_on_dockerds_socket(stack, binders, header):
+    """A docker-group user copying what the shim sends: the label, a mark of their own."""
+    api = engine.engine_api(stack.engine_sock)
+    body = {"Image": IMAGE, "Cmd": ["true"], "Labels": {"io.gpu-alloc.engine-socket": BINDER},
+            "HostConfig": {"Binds": [f"{stack.engine_sock}:/s"]}}  # fmt: skip
+    headers = {"Content-Type": "application/json"}
+    if header is not None:
+        headers["X-Gpu-Alloc-Create"] = header
+    answer = api.post(api._url("/containers/create"), data=json.dumps(body), headers=headers)
+    assert answer.status_code == 403, answer.text
+    assert "io.gpu-alloc.engine-socket" in answer.text
+    assert not [c for c in api.containers(all=True)
+                if (c.get("Labels") or {}).get("io.gpu-alloc.engine-socket")]  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- pause

@@ -158,13 +158,14 @@ class FakeEngine:
         found = named or (prefixed if len(prefixed) == 1 else [])
         return found[0] if found else None
 
-    def services(self, label: str) -> list[dict[str, Any]]:
+    def services(self, label: str = "") -> list[dict[str, Any]]:
         self._call("services")
         key, eq, value = label.partition("=")
         return [
             s
             for s in self.services_by_id.values()
-            if key in (own := s["Spec"].get("Labels") or {}) and (not eq or own[key] == value)
+            if not label
+            or (key in (own := s["Spec"].get("Labels") or {}) and (not eq or own[key] == value))
         ]
 
     def nodes(self) -> list[dict[str, Any]]:

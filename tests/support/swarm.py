@@ -211,7 +211,7 @@ class SwarmStack(Stack):
         ]  # fmt: skip
         directory = lab.dir / f"s{index}"
         swarm = {"gpus": lab.swarm_gpus(index), "toolkit_config": str(directory / "config.toml"),
-                 "kind": lab.kind}  # fmt: skip
+                 "kind": lab.kind, **lab.swarm}  # fmt: skip
         super().__init__(directory, sim=sim, extra={"swarm": swarm}, policy=lab.policy)
         self.lab = lab
         self.index = index
@@ -248,8 +248,10 @@ class SwarmLab:
         local_gpus: int = 0,
         policy: Mapping[str, Any] | None = None,
         kind: str = KIND,
+        swarm: Mapping[str, Any] | None = None,
     ) -> None:
         self.count = nodes
+        self.swarm = dict(swarm or {})  # extra keys of each node's config's ``swarm:``
         self.kind = kind  # the generic-resource kind of its GPUs (swarm.kind)
         self.gpus_per_node = gpus_per_node
         self.local_gpus = local_gpus  # with gpu_alloc: GPUs of each node not given to swarm

@@ -10,7 +10,9 @@ import pytest
 import yaml
 
 from allocator.core import service_limits
+from allocator.core.decisions import ALLOW, Deny
 from allocator.core.policy import Owner
+from allocator.core.service_marks import ChargeCheck
 from allocator.host import config as configmod
 from allocator.host.engine import EngineError
 from allocator.lookups import Lookups
@@ -91,3 +93,33 @@ def test_a_manager_that_cannot_list_services_fails_closed(lookups, fake) -> None
     fake.down = True
     with pytest.raises(EngineError):
         lookups.service_over_limit(ANN, None, spec("a", 1, replicas(1), ANN))
+
+
+@pytest.fixture
+def charging(tmp_path: Path, fake: FakeEngine) -> Allocator:
+    """``swarm.engine_socket_services: {charge: ann}``: services without an owner label
+    (made on dockerd's own socket) count for ann."""
+    cfg = {"state_dir": str(tmp_path / "state"),
+           "gpus": str(sim.write_sim_gpus(tmp_path / "gpus.yaml", 2)),
+           "engine": {"socket": str(tmp_path / "none.sock")},
+           "policy": {"limits": {"default": {"gpus": 2}}},
+           "swarm": {"engine_socket_services": {"charge": "ann"}}}  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return Allocator(configmod.load(str(tmp_path / "config.yaml")), fake)  # type: ignore[arg-type]
+
+
+def test_a_charged_owner_counts_the_services_made_on_dockerds_socket(charging, fake) -> None:
+    fake.add_service(spec("root-made", 1, replicas(2)))  # no owner label
+    refused = charging.lookups.service_over_limit(ANN, None, spec("b", 1, replicas(1), ANN))
+    assert refused is not None and "would make 3 (now 2)" in refused.msg, refused
+    assert charging.lookups.service_over_limit(BEN, None, spec("b", 1, replicas(2), BEN)) is None
+
+
+def test_a_service_on_dockerds_socket_is_judged_within_the_charged_owners_limit(
+    charging, fake
+) -> None:
+    fake.add_service(spec("a", 1, replicas(1), ANN))
+    assert charging.admission.resolve(ChargeCheck("ann", None, spec("r", 1, replicas(1)))) == ALLOW
+    refused = charging.admission.resolve(ChargeCheck("ann", None, spec("r", 1, replicas(2))))
+    assert isinstance(refused, Deny) and "would make 3 (now 1)" in refused.msg
+    assert "counts for ann" in refused.msg and "engine_socket_services" in refused.msg

@@ -12,6 +12,7 @@ from allocator.core import verdicts as decide
 from allocator.core.decisions import Deny
 from allocator.core.facts import EngineView
 from allocator.core.service_marks import Signing
+from allocator.host import swarm_config
 from tests.support.table_host import TableHost
 
 KEY = b"k" * 32
@@ -94,3 +95,52 @@ def test_the_shim_strips_gpu_allocs_labels_at_any_level(level):
 def test_a_key_spelled_in_another_case_is_refused_before_any_label_is_read():
     found = judge(gpu_service(labels={"io.gpu-alloc.owner": "0:root"}))
     assert isinstance(found, Deny) and "only by letter case" in found.msg
+
+
+# ----------------------------------------- swarm.engine_socket_services: {charge: <owner>}
+
+
+def judge_charged(spec: dict, uri: str = "/v1.41/services/create", headers=None):
+    body = json.dumps(spec).encode()
+    facts = decide.Facts(None, EngineView(), TableHost())
+    signing = Signing(KEY, marks.CHARGE, "ops")
+    return decide.authz_request(decide.route_of("POST", uri), "POST", uri, body, facts,  # type: ignore[arg-type]
+                                headers=headers, signing=signing)  # fmt: skip
+
+
+def test_a_gpu_service_on_dockerds_socket_is_charged_to_the_owner_the_policy_names():
+    assert judge_charged(gpu_service()) == marks.ChargeCheck("ops", None, gpu_service())
+    updated = judge_charged(gpu_service(), "/v1.41/services/s/update?version=3")
+    assert isinstance(updated, marks.ChargeCheck) and updated.ref == "s"
+
+
+def test_a_marked_service_and_one_without_gpus_are_not_charged():
+    body = json.dumps(gpu_service()).encode()
+    assert judge_charged(gpu_service(), headers={marks.HEADER: marks.mark(KEY, body)}) == (
+        decide.ALLOW
+    )
+    plain = {"Name": "p", "TaskTemplate": {"ContainerSpec": {"Image": "x", "Env": PINS}}}
+    assert judge_charged(plain) == decide.ALLOW
+
+
+@pytest.mark.parametrize("level", LEVELS.values(), ids=LEVELS.keys())
+def test_a_charged_service_still_may_not_carry_gpu_allocs_labels(level):
+    found = judge_charged(gpu_service(**level))
+    assert isinstance(found, Deny) and "io.gpu-alloc." in found.msg, found
+
+
+@pytest.mark.parametrize(
+    ("value", "mode", "owner"),
+    [("refuse", "refuse", ""), ("trusted", "trusted", ""), ({"charge": "ops"}, "charge", "ops")],
+)
+def test_the_swarm_key_says_refuse_trusted_or_whom_to_charge(value, mode, owner):
+    parsed = swarm_config.parse({"engine_socket_services": value})
+    assert not isinstance(parsed, tuple)
+    assert (parsed.engine_socket_services, parsed.engine_socket_owner) == (mode, owner)
+
+
+@pytest.mark.parametrize("value", ["charge", {"charge": ""}, {"owner": "ops"}, {"charge": 1}])
+def test_a_bad_swarm_key_is_refused_by_name(value):
+    parsed = swarm_config.parse({"engine_socket_services": value})
+    assert isinstance(parsed, tuple) and parsed[0] == "swarm.engine_socket_services"
+    assert "{charge: <user>}" in parsed[1]
