@@ -16,6 +16,14 @@ from typing import Generic, TypeVar
 from shim.framing import NO_BODY_STATUS, Framing
 
 
+class Pause(enum.Flag):
+    """Why reading from the client is paused (shim/flow.py pauses and resumes it)."""
+
+    PEER = enum.auto()  # the Engine's socket is full
+    AHEAD = enum.auto()  # enough pipelined bytes held
+    CONNECT = enum.auto()  # no upstream yet
+
+
 class Req(enum.Enum):
     """Where the client's side of a connection is."""
 
