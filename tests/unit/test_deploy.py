@@ -346,7 +346,7 @@ def fake_python(tmp_path: Path, runs_from: str) -> Path:
     py = tmp_path / "bin" / "python3"
     py.parent.mkdir(parents=True)
     py.write_text(
-        f"#!/bin/sh\necho \"$*\" >> {tmp_path}/calls\n"
+        f'#!/bin/sh\necho "$*" >> {tmp_path}/calls\n'
         f"printf '%s\\n' {runs_from}/bin/python3.11 {runs_from}\n"
     )
     py.chmod(0o755)
