@@ -96,6 +96,7 @@ INTERIM, HIJACK, NO_BODY, ENDS_AT_CLOSE = (
     Answer.INTERIM, Answer.HIJACK, Answer.NO_BODY, Answer.UNTIL_CLOSE,
 )  # fmt: skip
 AHEAD = Pause.AHEAD
+END, GO_ON = Act.CLOSE, Act.GO_ON
 
 
 class Connection:
@@ -448,10 +449,11 @@ class Connection:
             log.warning("the Engine sent %d bytes after a response", len(self.ubuf))
             keep = False
         act = self.talk.answer_ended(keep and exchange.keep and not self.eof_sent)
-        if act is Act.CLOSE:
+        if act is END:
             self._end(out)
-        elif act is Act.GO_ON:
-            self._unpause_ahead(out)
+        elif act is GO_ON:
+            if self.ahead:
+                self._unpause_ahead(out)
             if self.buf or self.client_eof:
                 self._advance(out)
 
