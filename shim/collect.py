@@ -1,8 +1,10 @@
-"""`forward`'s answer, buffered whole, sans I/O: the Engine's bytes in, a `Response` out.
+"""What a shim connection reads whole, sans I/O: the interceptor's requests, and
+`forward`'s answers.
 
-Only the interceptor's own exchanges are answered this way (a create's 201 carries the id
-its lease is bound to); every other answer streams through the connection unchanged
-(shim/connection.py).  What is buffered is bounded by `framing.MAX_BODY`.
+Only the interceptor's own exchanges are read this way (a create's body is rewritten, and
+its 201 carries the id its lease is bound to); every other message streams through the
+connection unchanged (shim/connection.py).  A request's body is bounded by the server's
+``max_body``, an answer by `framing.MAX_BODY`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,50 @@ from __future__ import annotations
 from shim.framing import MAX_BODY, NO_BODY_STATUS, BadMessage, Closed, Response
 from shim.headlimit import response_head_end
 from shim.parser import Parser
+
+
+class TooLarge(Exception):
+    """An intercepted request's body is over the cap: answered 413."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(f"request body too large for gpu-alloc (limit {cap} bytes)")
+
+
+class Intercepted:
+    """A request the interceptor wants, read whole (Transfer-Encoding undone) before it
+    is handed over."""
+
+    __slots__ = ("body", "cap", "headers", "keep", "method", "size", "target")
+
+    def __init__(self, p: Parser, method: str, target: str, cap: int) -> None:
+        """From the head `p` just read; TooLarge when its length is over `cap`."""
+        if p.framing.length is not None and p.framing.length > cap:
+            raise TooLarge(cap)
+        self.method = method
+        self.target = target
+        self.cap = cap
+        self.headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in p.headers]
+        self.keep = p.keep_alive  # the client keeps the connection alive after the answer
+        self.body = b""
+        self.size = 0
+        p.parts = []
+
+    @property
+    def expects_continue(self) -> bool:
+        return any(n.lower() == "expect" and v.lower() == "100-continue" for n, v in self.headers)
+
+    def feed(self, p: Parser, buf: bytes, pos: int) -> int:
+        """Take the body's bytes from buf[pos:]; return where they stop.  Once `p.done`
+        the body is whole; TooLarge as soon as it is over the cap."""
+        end = p.body(buf, pos)
+        self.size += end - pos
+        if self.size > self.cap:
+            raise TooLarge(self.cap)
+        if p.done:
+            assert p.parts is not None
+            self.body = b"".join(p.parts)
+            p.parts = None
+        return end
 
 
 class Collector:
@@ -31,6 +77,19 @@ class Collector:
         self.until_close = False  # its body ends when the Engine closes the connection
         self.parts: list[bytes] = []
         self.size = 0
+
+    def take(self, p: Parser, buf: bytes, eof: bool) -> tuple[Response | Exception | None, bytes]:
+        """`feed`, settled once: the answer, or why there is none (None: not yet, or
+        settled before), and the bytes left over."""
+        if self.done:
+            return None, buf
+        try:
+            response, buf = self.feed(p, buf, eof)
+        except (Closed, BadMessage) as e:
+            self.done = True
+            return e, buf
+        self.done = response is not None
+        return response, buf
 
     def feed(self, p: Parser, buf: bytes, eof: bool) -> tuple[Response | None, bytes]:
         """Take the Engine's bytes (`eof`: it closed the connection after them): the answer

@@ -1,81 +1,32 @@
 """One shim connection, sans I/O: both sides' HTTP, bytes in, actions out.
 
 h11's `Connection` is the model: the client's bytes go in through `receive_client`, the
-Engine's through `receive_engine`, and what happens to the sockets (`receive_client_eof`,
-`engine_opened`, ...) through the other methods; each returns the actions the transport
-must take, in order, as ``(Do, argument)`` pairs: bytes to write to either side, an
-upstream connection to open, a request to hand to the interceptor, `forward`'s answer to
-settle, reading to pause or resume, a write-EOF to pass on, the end.  Nothing here touches
-a socket, a task or a clock (shim/splice.py runs the actions).
-
-* One llhttp parser per direction (shim/parser.py) frames every message; heads are found
-  only by shim/headlimit.py; both sides' states change only through their tables, and the
-  rules between the sides are shim/states.py's `Conversation`.
-* Spliced requests and their answers stream: the bytes go on unchanged, as they arrive,
-  cut only where a message ends, so the next pipelined message starts in the right
-  place.  Only an intercepted request's body is buffered (bounded by ``max_body``), and
-  `forward`'s answer (shim/collect.py).
-* Hijacks (`101 UPGRADED` for attach/exec/session/grpc, or the legacy `200 OK` raw stream
-  with no length) turn the connection into two raw byte pipes, half-closes passed on:
-  `docker run -i` ends stdin with a write-EOF while its output continues.
-* While an answer streams (logs -f, events, wait) the client is still read, so a client
-  that goes away is noticed: its EOF goes upstream as a write-EOF (Go's server then
-  cancels the request), and pipelined bytes are held, reading paused past READ_AHEAD.
-* What is not HTTP/1.1 ends the connection with the Engine's error format: 400 for what
-  llhttp refuses (HTTP/2's prior-knowledge preface among it: Engine 29 would route it to
-  BuildKit past every authorization plugin), 431 for a head over dockerd's limit.
+Engine's through `receive_engine`, what happens to the sockets through the other methods,
+and each returns the actions the transport must take, in order (shim/actions.py; the
+protocol in shim/splice.py runs them).  Nothing here touches a socket, a task or a clock.
+Spliced messages stream: their bytes go on unchanged as they arrive, cut only where
+llhttp ends a message (shim/parser.py), so the next pipelined one starts in the right
+place; only what the interceptor reads is whole (shim/collect.py).  Both sides' states
+change only through their tables, the rules between them in shim/states.py.  Hijacks
+(attach, exec) become two raw pipes with half-closes passed on; a client's EOF while its
+answer streams goes upstream as a write-EOF (Go's server then cancels the request); what
+is not HTTP/1.1 (HTTP/2's prior-knowledge preface among it) is answered 400 in the
+Engine's format before a byte of it goes upstream.  docs/design.md has the whole shape.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Callable
-from typing import Any
 
-from shim.collect import Collector
-from shim.framing import MAX_BODY, READ_AHEAD, BadMessage, Closed, error_bytes
+from shim.actions import Action, Do
+from shim.collect import Collector, Intercepted, TooLarge
+from shim.framing import MAX_BODY, READ_AHEAD, BadMessage, Response, error_bytes
 from shim.headlimit import HeadTooLarge, request_head_end, response_head_end
 from shim.parser import Parser
 from shim.states import Act, Answer, Conversation, Ev, Exchange, Pause, Req, Resp, answer
 
 log = logging.getLogger(__name__)
-
-
-class Do(enum.Enum):
-    """What the transport does for the connection."""
-
-    __hash__ = object.__hash__
-
-    TO_ENGINE = "to engine"  # write these bytes upstream
-    TO_CLIENT = "to client"  # write these bytes to the client
-    CONNECT = "connect"  # open an upstream connection: then engine_opened (or engine_failed)
-    INTERCEPT = "intercept"  # hand this `Intercepted` to the interceptor: then answered
-    SETTLE = "settle"  # `forward`'s answer: a Response, or the exception why there is none
-    EOF_TO_ENGINE = "eof to engine"  # half-close upstream (write-EOF)
-    EOF_TO_CLIENT = "eof to client"  # half-close the client (write-EOF)
-    PAUSE = "pause"  # stop reading the client, for this `Pause` reason
-    RESUME = "resume"  # the reason is gone
-    GONE = "gone"  # the intercepted request's client went away
-    DROP = "drop"  # abort the upstream connection: the next request opens a new one
-    CLOSE = "close"  # end both sides
-    ABORT = "abort"  # end both sides at once, unsent bytes dropped
-
-
-Action = tuple[Do, Any]
-
-
-class Intercepted:
-    """A request the interceptor wants, read whole (Transfer-Encoding undone)."""
-
-    __slots__ = ("body", "headers", "keep", "method", "target")
-
-    def __init__(self, method: str, target: str, headers: list[tuple[str, str]], keep: bool):
-        self.method = method
-        self.target = target
-        self.headers = headers
-        self.body = b""
-        self.keep = keep  # the client keeps the connection alive after the answer
 
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -95,8 +46,7 @@ SEND, SEND_PART = Ev.SEND, Ev.SEND_PART
 INTERIM, HIJACK, NO_BODY, ENDS_AT_CLOSE = (
     Answer.INTERIM, Answer.HIJACK, Answer.NO_BODY, Answer.UNTIL_CLOSE,
 )  # fmt: skip
-AHEAD = Pause.AHEAD
-END, GO_ON = Act.CLOSE, Act.GO_ON
+AHEAD, END, GO_ON = Pause.AHEAD, Act.CLOSE, Act.GO_ON
 
 
 class Connection:
@@ -108,8 +58,8 @@ class Connection:
 
     __slots__ = (
         "ahead", "buf", "client_eof", "collector", "eof_sent", "exchange", "held", "live",
-        "max_body", "parser", "pending", "req", "resp", "size", "talk", "ubuf", "up_eof",
-        "uparser", "wants",
+        "max_body", "parser", "pending", "req", "resp", "talk", "ubuf", "up_eof", "uparser",
+        "wants",
     )  # fmt: skip
 
     def __init__(self, wants: Callable[[str, str], bool], max_body: int = MAX_BODY) -> None:
@@ -125,7 +75,6 @@ class Connection:
         self.exchange: Exchange | None = None  # the spliced request being answered
         self.held: tuple[Exchange, int] | None = None  # a head waiting for an upstream
         self.pending: Intercepted | None = None  # the intercepted request being read
-        self.size = 0  # its body's bytes so far
         self.collector: Collector | None = None  # `forward`'s answer being read
         self.client_eof = False
         self.live = False  # an upstream connection is open and the Engine has not closed it
@@ -187,49 +136,46 @@ class Connection:
     def _advance(self, out: list[Action]) -> None:
         """Make progress on the client's held bytes; what is not HTTP ends the connection."""
         try:
-            self._requests(out)
+            p = self.parser
+            while True:
+                state = self.req.state
+                buf = self.buf
+                if state is IDLE:
+                    if not buf:
+                        if self.client_eof and self.exchange is None:
+                            self._end(out)
+                        return
+                    end = request_head_end(buf)
+                    if not end:
+                        return
+                    if p.head(buf, end):
+                        self._request(out, end)
+                    else:  # only the empty lines llhttp skips before a request
+                        self.buf = buf[end:]
+                elif state is STREAMING:
+                    if not buf:
+                        return
+                    end = p.body(buf, 0)
+                    out.append((TO_ENGINE, buf if end == len(buf) else memoryview(buf)[:end]))
+                    self.buf = buf[end:]
+                    if not p.done:
+                        return
+                    self.talk.body_sent(answered=self.exchange is None)
+                elif state is COLLECTING:
+                    if not buf:
+                        return
+                    self._collected(out, 0)
+                else:  # an answer or the interceptor is pending, or the end: hold the bytes
+                    if len(buf) > READ_AHEAD and state is not CLOSED and not self.ahead:
+                        self.ahead = True
+                        out.append((PAUSE, AHEAD))
+                    return
         except BadMessage as e:
             self._reply_error(out, 400, f"bad request: {e}")
         except HeadTooLarge as e:
             self._reply_error(out, 431, str(e))
-
-    def _requests(self, out: list[Action]) -> None:
-        p = self.parser
-        while True:
-            state = self.req.state
-            buf = self.buf
-            if state is IDLE:
-                if not buf:
-                    if self.client_eof and self.exchange is None:
-                        self._end(out)
-                    return
-                end = request_head_end(buf)
-                if not end:
-                    return
-                if p.head(buf, end):
-                    self._request(out, end)
-                else:  # only the empty lines llhttp skips before a request
-                    self.buf = buf[end:]
-            elif state is STREAMING:
-                if not buf:
-                    return
-                end = p.body(buf, 0)
-                out.append((TO_ENGINE, buf if end == len(buf) else memoryview(buf)[:end]))
-                self.buf = buf[end:]
-                if not p.done:
-                    return
-                self.talk.body_sent(answered=self.exchange is None)
-            elif state is COLLECTING:
-                if not buf:
-                    return
-                end = p.body(buf, 0)
-                self.buf = buf[end:]
-                self._collected(out, end)
-            else:  # an answer or the interceptor is pending, or the end: hold the bytes
-                if len(buf) > READ_AHEAD and state is not CLOSED and not self.ahead:
-                    self.ahead = True
-                    out.append((PAUSE, AHEAD))
-                return
+        except TooLarge as e:
+            self._reply_error(out, 413, str(e))
 
     def _request(self, out: list[Action], end: int) -> None:
         """The parser has read a head (buf[:end]): intercept it, or send it on."""
@@ -265,41 +211,22 @@ class Connection:
 
     def _intercept(self, out: list[Action], method: str, target: str, end: int) -> None:
         """Read the body of a request the interceptor wants (its head is buf[:end])."""
-        p = self.parser
-        if p.framing.length is not None and p.framing.length > self.max_body:
-            self._too_large(out)
-            return
-        headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in p.headers]
-        if any(n.lower() == "expect" and v.lower() == "100-continue" for n, v in headers):
+        self.pending = wanted = Intercepted(self.parser, method, target, self.max_body)
+        if wanted.expects_continue:
             out.append((TO_CLIENT, CONTINUE))
-        self.pending = Intercepted(method, target, headers, p.keep_alive)
-        p.parts = []
-        buf = self.buf
-        pos = p.body(buf, end)
-        self.size = pos - end
-        self.buf = buf[pos:]
         self.req.fire(Ev.COLLECT)
-        self._collected(out, 0)
+        self._collected(out, end)
 
-    def _collected(self, out: list[Action], more: int) -> None:
-        """`more` body bytes came: hand the request over once it is whole."""
-        p = self.parser
-        assert p.parts is not None and self.pending is not None
-        self.size += more
-        if self.size > self.max_body:
-            self._too_large(out)
-            return
-        if not p.done:
-            return
-        pending = self.pending
-        pending.body = b"".join(p.parts)
-        self.pending = p.parts = None
-        self.req.fire(Ev.COLLECTED)
-        out.append((Do.INTERCEPT, pending))
-
-    def _too_large(self, out: list[Action]) -> None:
-        limit = self.max_body
-        self._reply_error(out, 413, f"request body too large for gpu-alloc (limit {limit} bytes)")
+    def _collected(self, out: list[Action], pos: int) -> None:
+        """Take the body's bytes from buf[pos:]: hand the request over once it is whole."""
+        wanted = self.pending
+        assert wanted is not None
+        buf = self.buf
+        self.buf = buf[wanted.feed(self.parser, buf, pos) :]
+        if self.parser.done:
+            self.pending = None
+            self.req.fire(Ev.COLLECTED)
+            out.append((Do.INTERCEPT, wanted))
 
     # -- the Engine's side
 
@@ -485,20 +412,13 @@ class Connection:
     def _settle(self, out: list[Action], eof: bool) -> None:
         """Advance `forward`'s answer; settle it once whole, or once it cannot be."""
         c = self.collector
-        if c is None or c.done:
+        if c is None:
             return
-        try:
-            response, self.ubuf = c.feed(self.uparser, self.ubuf, eof)
-        except (Closed, BadMessage) as e:
-            c.done = True
-            out.append((Do.SETTLE, e))
-            return
-        if response is None:
-            return
-        c.done = True
-        if not c.keep or self.ubuf or eof:
+        got, self.ubuf = c.take(self.uparser, self.ubuf, eof)
+        if isinstance(got, Response) and (not c.keep or self.ubuf or eof):
             self._drop(out)
-        out.append((Do.SETTLE, response))
+        if got is not None:
+            out.append((Do.SETTLE, got))
 
     # -- both
 

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from allocator.host import peers
 from shim import intercept
-from shim.connection import Action, Connection, Do, Intercepted
+from shim.actions import Action, Do
+from shim.collect import Intercepted
+from shim.connection import Connection
 from shim.flow import FlowControl
 from shim.framing import BadMessage, Closed, Request, Response, UpstreamError, encode_request
 from shim.upstream import Link, Upstream

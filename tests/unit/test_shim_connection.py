@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shim.connection import CONTINUE, Action, Connection, Do, Intercepted
+from shim.actions import Action, Do
+from shim.collect import Intercepted
+from shim.connection import CONTINUE, Connection
 from shim.framing import READ_AHEAD, Response
 from shim.headlimit import MAX_REQUEST_HEAD
 from shim.states import Req, Resp

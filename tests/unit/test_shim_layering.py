@@ -63,13 +63,13 @@ def test_no_import_circle_in_the_shim_type_checking_imports_included():
 
 
 def test_the_connections_parts_never_import_the_connection_or_the_server():
-    parts = ("intercept", "connection", "collect", "upstream", "ports", "flow")
+    parts = ("intercept", "connection", "actions", "collect", "upstream", "ports", "flow")
     wrong = [f"{p} imports {t}" for p in parts for t in GRAPH[p] if t in ("splice", "server")]
     assert wrong == []
 
 
 # The connection's HTTP: both sides' states, the parser, where heads end, `forward`'s answer.
-SANS_IO = ("connection", "states", "parser", "headlimit", "collect")
+SANS_IO = ("connection", "actions", "states", "parser", "headlimit", "collect")
 IO = {"asyncio", "socket", "selectors", "threading", "time", "os"}
 
 
