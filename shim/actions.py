@@ -21,6 +21,7 @@ class Do(enum.Enum):
     SETTLE = "settle"  # `forward`'s answer: a Response, or the exception why there is none
     EOF_TO_ENGINE = "eof to engine"  # half-close upstream (write-EOF)
     EOF_TO_CLIENT = "eof to client"  # half-close the client (write-EOF)
+    PIPE = "pipe"  # hijacked: from now on pass each side's bytes to the other as they come
     PAUSE = "pause"  # stop reading the client, for this `Pause` reason
     RESUME = "resume"  # the reason is gone
     GONE = "gone"  # the intercepted request's client went away

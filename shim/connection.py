@@ -66,8 +66,7 @@ class Connection:
         self.wants = wants
         self.max_body = max_body
         self.talk = Conversation()  # both sides' states and the rules between them
-        self.req = self.talk.req
-        self.resp = self.talk.resp
+        self.req, self.resp = self.talk.req, self.talk.resp
         self.parser = Parser()  # the client's requests
         self.uparser = Parser(response=True)  # the Engine's answers (one per upstream)
         self.buf = b""  # client bytes not yet passed on
@@ -250,9 +249,7 @@ class Connection:
 
     def engine_failed(self, why: str) -> list[Action]:
         """The upstream connection CONNECT asked for could not be made."""
-        out: list[Action] = []
-        self._reply_error(out, 502, f"gpu-alloc shim: {why}")
-        return out
+        return self._reply_error([], 502, f"gpu-alloc shim: {why}")
 
     def receive_engine(self, data: bytes) -> list[Action]:
         """Bytes from the Engine."""
@@ -387,6 +384,7 @@ class Connection:
     def _hijack(self, out: list[Action]) -> None:
         """From now on both directions are raw byte pipes; EOFs pass on as write-EOFs."""
         self.talk.fire(Ev.HIJACK)
+        out.append((Do.PIPE, None))
         if self.buf:
             out.append((TO_ENGINE, self.buf))
             self.buf = b""
@@ -437,11 +435,12 @@ class Connection:
         self.live = self.eof_sent = False
         out.append((Do.DROP, None))
 
-    def _reply_error(self, out: list[Action], status: int, message: str) -> None:
+    def _reply_error(self, out: list[Action], status: int, message: str) -> list[Action]:
         """Answer in the Engine's error format, and end the connection."""
         if not self.closed:
             out.append((TO_CLIENT, error_bytes(status, message, close=True)))
         self._end(out)
+        return out
 
     def _end(self, out: list[Action], abort: bool = False) -> None:
         if self.req.state is CLOSED:

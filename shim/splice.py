@@ -48,6 +48,7 @@ class Splice(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None  # connecting, or the interceptor
         self.gone: asyncio.Event | None = None  # the intercepted request's client left
         self.settle: asyncio.Future[Response] | None = None  # `forward`'s answer
+        self.piping = False  # hijacked: the bytes pass as they come, unread
         self.ended = False
 
     @property
@@ -76,6 +77,9 @@ class Splice(asyncio.Protocol):
         self.flow.resume_upstream()
 
     def data_received(self, data: bytes) -> None:
+        if self.piping:
+            self.link.transport.write(data)  # type: ignore[union-attr]  # kept till the end
+            return
         try:
             self._run(self.conn.receive_client(data))
         except Exception:
@@ -92,6 +96,9 @@ class Splice(asyncio.Protocol):
 
     def data(self, up: Upstream, data: bytes) -> None:
         if up is not self.link.up:
+            return
+        if self.piping:
+            self.ct.write(data)  # type: ignore[union-attr]  # set from connection_made on
             return
         try:
             self._run(self.conn.receive_engine(data))
@@ -142,6 +149,8 @@ class Splice(asyncio.Protocol):
             self.flow.pause_client(arg)
         elif do is Do.RESUME:
             self.flow.resume_client(arg)
+        elif do is Do.PIPE:
+            self.piping = True
         elif do is Do.CONNECT:
             self.task = asyncio.create_task(self._connect())
         elif do is Do.INTERCEPT:

@@ -63,7 +63,9 @@ class Link:
     client has gone, and whom to tell when a new upstream connection is open.
     """
 
-    __slots__ = ("client_gone", "connecting", "flow", "hearer", "opened", "path", "up")
+    __slots__ = (
+        "client_gone", "connecting", "flow", "hearer", "opened", "path", "transport", "up",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -79,11 +81,8 @@ class Link:
         self.client_gone = client_gone
         self.opened = opened
         self.up: Upstream | None = None
+        self.transport: asyncio.Transport | None = None  # up's, read once per write
         self.connecting: asyncio.Future[None] | None = None
-
-    @property
-    def transport(self) -> asyncio.Transport | None:
-        return self.up.transport if self.up is not None else None
 
     @property
     def live(self) -> bool:
@@ -120,7 +119,7 @@ class Link:
         if self.client_gone():
             transport.abort()
             raise Closed("client went away")
-        self.up = up
+        self.up, self.transport = up, up.transport
         self.flow.attach_upstream(transport)
         self.opened()
 
@@ -128,5 +127,5 @@ class Link:
         """Abort the upstream connection, if any: the next request opens a new one."""
         if self.up is not None and self.up.transport is not None:
             self.up.transport.abort()
-        self.up = None
+        self.up = self.transport = None
         self.flow.attach_upstream(None)

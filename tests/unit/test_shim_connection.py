@@ -240,6 +240,7 @@ HIJACKS = [
         [
             ("engine", ATTACH),
             ("client", UPGRADED + b"hello "),
+            ("pipe",),
             ("engine", b"GET / HTTP/1.1\r\n\r\nraw"),
             ("eof to engine",),
             ("client", b"bye"),
@@ -261,6 +262,7 @@ HIJACKS = [
                 "client",
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.docker.raw-stream\r\n\r\nout",
             ),
+            ("pipe",),
             ("engine", b"stdin"),
         ],
         id="the legacy raw stream is a hijack and the held bytes go up raw",
@@ -270,6 +272,7 @@ HIJACKS = [
         [
             ("engine", ATTACH),
             ("client", UPGRADED),
+            ("pipe",),
             ("eof to client",),
             ("eof to engine",),
             ("close",),
