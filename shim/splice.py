@@ -3,7 +3,8 @@
 Every byte either side sends goes into the sans-IO connection (shim/connection.py), and
 every action it returns is run here, in order: writes, half-closes, pauses, the upstream
 connection opened or dropped, the interceptor run, `forward`'s answer settled, the end.
-Nothing here reads HTTP.
+Nothing here reads HTTP.  Once the connection says a hijack makes both sides raw pipes
+(PIPE), their bytes pass here as they come, unread; EOFs still go through it.
 
 * Plain asyncio Protocols, not streams: the common exchange runs inside data_received
   callbacks with no task switch (a task switch per exchange would be much of the latency
