@@ -11,18 +11,11 @@ resumes only when none is left.
 from __future__ import annotations
 
 import asyncio
-import enum
+
+from shim.states import Pause
 
 HIGH_WATER = 64 * 1024  # bytes waiting to be written that pause reading the other side
 LOW_WATER = 16 * 1024  # and the backlog that resumes it
-
-
-class Pause(enum.Flag):
-    """Why reading from the client is paused."""
-
-    PEER = enum.auto()  # the Engine's socket is full
-    AHEAD = enum.auto()  # enough pipelined bytes held
-    CONNECT = enum.auto()  # no upstream yet
 
 
 class FlowControl:

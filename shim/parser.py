@@ -4,7 +4,7 @@ llhttp alone decides what a message is: its head, where its body ends, and wheth
 bytes are HTTP at all.  It refuses what Go's server refuses (two Content-Lengths, a signed
 one) and what Go would read one way and another hop another (Content-Length beside
 Transfer-Encoding, a bad chunk size, a bare LF): the shim answers 400 and never forwards
-a message whose end is in doubt.  The splice still
+a message whose end is in doubt.  The connection (shim/connection.py) still
 forwards the client's and the Engine's bytes unchanged, so it must know at which byte a
 message ends; llhttp says that only through its callbacks, so each feed stops where a
 message can end: a head at its blank line (`headlimit.request_head_end`, which also draws

@@ -14,7 +14,7 @@ from typing import Any
 from allocator.core import numbers
 from allocator.host import listener
 from shim.framing import FORWARD_TIMEOUT, MAX_BODY, Interceptor
-from shim.splice import Connection
+from shim.splice import Splice
 
 log = logging.getLogger(__name__)
 STOP_GRACE = 0.1  # seconds for the answers to waiting creates to be written
@@ -33,7 +33,7 @@ class Proxy:
         self.interceptor = interceptor
         self.forward_timeout = forward_timeout
         self.max_body = max_body
-        self.conns: set[Connection] = set()
+        self.conns: set[Splice] = set()
 
 
 GID = numbers.whole("a group id", high=(1 << 32) - 2)
@@ -76,7 +76,7 @@ async def serve(
     loop = asyncio.get_running_loop()
     old_umask = os.umask(0o177)
     try:
-        server = await loop.create_unix_server(lambda: Connection(proxy), listen_path)
+        server = await loop.create_unix_server(lambda: Splice(proxy), listen_path)
     except BaseException:
         held.close()
         raise

@@ -1,45 +1,31 @@
-"""The byte splice: one client connection and its upstream.
+"""The shim's asyncio protocol: it moves bytes and runs what the connection decides.
 
-* Everything the interceptor does not want is spliced: the bytes the client sent
-  go upstream unchanged and the Engine's bytes come back unchanged.  Bodies
-  stream as they arrive, never buffered whole; a full socket on one side pauses
-  reading on the other (shim/flow.py).
-* Plain asyncio Protocols, not streams: the common exchange runs inside
-  data_received callbacks with no task switch: a task switch per exchange would be
-  much of the latency the proxy adds.
-* One llhttp parser per direction (shim/parser.py) reads every message, and each
-  side's state changes only through its table (shim/states.py).
-* Hijacks (`101 UPGRADED` for attach/exec/session/grpc, or the legacy `200 OK`
-  with a vnd.docker raw/multiplexed stream and no length) turn the connection
-  into two raw byte pipes, propagating half-close: `docker run -i` ends stdin
-  with a write-EOF while output continues.
-* While a response streams (logs -f, events, wait), the client side is still
-  read, so a client that goes away is noticed: its EOF is passed upstream as a
-  write-EOF (Go's server then cancels the request), and pipelined bytes are held
-  (bounded) for the next request.
+Every byte either side sends goes into the sans-IO connection (shim/connection.py), and
+every action it returns is run here, in order: writes, half-closes, pauses, the upstream
+connection opened or dropped, the interceptor run, `forward`'s answer settled, the end.
+Nothing here reads HTTP.  Once the connection says a hijack makes both sides raw pipes
+(PIPE), their bytes pass here as they come, unread; EOFs still go through it.
 
-This module holds the client's side (its transport callbacks, requests, the
-connection's end); the Engine's answers are framed in shim/response.py (`Relay`), the
-upstream connection and `forward` are in shim/upstream.py (`Link`), intercepted
-requests in shim/intercept.py (`Interception`).
+* Plain asyncio Protocols, not streams: the common exchange runs inside data_received
+  callbacks with no task switch (a task switch per exchange would be much of the latency
+  the proxy adds).  Tasks exist only to connect upstream and to run the interceptor.
+* A full socket on one side pauses reading on the other (shim/flow.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from allocator.host import peers
-from shim.flow import FlowControl, Pause
-from shim.framing import READ_AHEAD, BadMessage, Closed, UpstreamError, error_bytes
-from shim.headlimit import HeadTooLarge, request_head_end
-from shim.intercept import Interception
-from shim.parser import Parser
-from shim.response import Relay
-from shim.states import Act, Conversation, Ev, Exchange, Req
-from shim.upstream import Link
+from shim import intercept
+from shim.actions import Action, Do
+from shim.collect import Intercepted
+from shim.connection import Connection
+from shim.flow import FlowControl
+from shim.framing import BadMessage, Closed, Request, Response, UpstreamError, encode_request
+from shim.upstream import Link, Upstream
 
 if TYPE_CHECKING:
     from allocator.host.peers import Peer
@@ -47,53 +33,33 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The members every call reads, read once: on Python 3.11 each `Req.X` runs EnumType's
-# Python-level __getattr__ hook.
-IDLE, STREAMING, COLLECTING, RAW, CLOSED = (
-    Req.IDLE, Req.STREAMING, Req.COLLECTING, Req.RAW, Req.CLOSED,
-)  # fmt: skip
-SEND, SEND_PART = Ev.SEND, Ev.SEND_PART
+TO_ENGINE, TO_CLIENT = Do.TO_ENGINE, Do.TO_CLIENT  # read once (see shim/connection.py)
 
 
-class Connection(asyncio.Protocol):
-    """One client connection: its requests, and (through `link`) its upstream connection.
-
-    The common path runs entirely inside data_received callbacks (no task switches): that is
-    what keeps the added latency per call small.  Tasks exist only to connect upstream and to
-    run the interceptor.
-    """
+class Splice(asyncio.Protocol):
+    """One client connection and (through `link`) its upstream connection."""
 
     def __init__(self, proxy: Settings) -> None:
         self.proxy = proxy
+        self.conn = Connection(proxy.interceptor.wants, proxy.max_body)
         self.ct: asyncio.Transport | None = None
         self.peer: Peer | None = None
-        self.buf = b""  # client bytes not yet forwarded
-        self.parser = Parser()
-        self.talk = Conversation()  # both sides' states and the rules between them
-        self.req = self.talk.req
         self.flow = FlowControl()
-        self.relay = Relay(self)  # the Engine's answers, back to the client
-        self.link = Link(  # the Engine's side
-            proxy.upstream_path,
-            proxy.forward_timeout,
-            self.flow,
-            self.relay,
-            self._gone,
-            self.talk.resp,
-        )
-        self.intercepted = Interception(self)
-        self.exchange: Exchange | None = None  # the spliced request being answered
-        self.client_eof = False
-        self.task: asyncio.Task[None] | None = None
+        self.link = Link(proxy.upstream_path, self.flow, self, self._gone, self._opened)
+        self.task: asyncio.Task[None] | None = None  # connecting, or the interceptor
+        self.gone: asyncio.Event | None = None  # the intercepted request's client left
+        self.settle: asyncio.Future[Response] | None = None  # `forward`'s answer
+        self.piping = False  # hijacked: the bytes pass as they come, unread
+        self.ended = False
 
     @property
     def closed(self) -> bool:
-        return self.req.state is CLOSED
+        return self.conn.closed
 
     def _gone(self) -> bool:
-        return self.req.state is CLOSED
+        return self.conn.closed
 
-    # -- client transport callbacks
+    # -- the client's transport
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.ct = transport  # type: ignore[assignment]  # typeshed: BaseTransport, not Transport
@@ -112,158 +78,185 @@ class Connection(asyncio.Protocol):
         self.flow.resume_upstream()
 
     def data_received(self, data: bytes) -> None:
-        if self.req.state is RAW:
-            ut = self.link.transport
-            assert ut is not None  # a hijack keeps its upstream until both are closed
-            ut.write(data)
+        if self.piping:
+            self.link.transport.write(data)  # type: ignore[union-attr]  # kept till the end
             return
-        self.buf = self.buf + data if self.buf else data
-        self.advance()
+        try:
+            self._run(self.conn.receive_client(data))
+        except Exception:
+            self._failed()
 
     def eof_received(self) -> bool:
-        self.client_eof = True
-        ut = self.link.transport
-        gone = self.intercepted.gone
-        if self.req.state is Req.INTERCEPTING and gone is not None:
-            gone.set()  # a waiting create leaves the queue; others finish as before
-        act = self.talk.client_eof(self.exchange is not None)
-        if act is Act.HALF_CLOSE:
+        try:
+            self._run(self.conn.receive_client_eof())
+        except Exception:
+            self._failed()
+        return True  # what ends the connection closes it; a half-close goes on
+
+    # -- the upstream connection's (shim/upstream.py's Hearer)
+
+    def data(self, up: Upstream, data: bytes) -> None:
+        if up is not self.link.up:
+            return
+        if self.piping:
+            self.ct.write(data)  # type: ignore[union-attr]  # set from connection_made on
+            return
+        try:
+            self._run(self.conn.receive_engine(data))
+        except Exception:
+            self._failed()
+
+    def eof(self, up: Upstream) -> bool:
+        if up is not self.link.up:
+            return False
+        hijacked = self.conn.hijacked  # a hijack's other direction goes on
+        try:
+            self._run(self.conn.receive_engine_eof())
+        except Exception:
+            self._failed()
+        return hijacked
+
+    def lost(self, up: Upstream) -> None:
+        if up is not self.link.up:
+            return
+        try:
+            self._run(self.conn.engine_lost())
+        except Exception:
+            self._failed()
+
+    def _opened(self) -> None:
+        try:
+            self._run(self.conn.engine_opened())
+        except Exception:
+            self._failed()
+
+    # -- the actions
+
+    def _run(self, actions: list[Action]) -> None:
+        for do, arg in actions:
+            if do is TO_ENGINE:
+                ut = self.link.transport
+                if ut is None:
+                    raise Closed("no upstream connection to write to")
+                ut.write(arg)
+            elif do is TO_CLIENT:
+                assert self.ct is not None  # from connection_made on
+                self.ct.write(arg)
+            else:
+                self._act(do, arg)
+
+    def _act(self, do: Do, arg: Any) -> None:
+        if do is Do.PAUSE:
+            self.flow.pause_client(arg)
+        elif do is Do.RESUME:
+            self.flow.resume_client(arg)
+        elif do is Do.PIPE:
+            self.piping = True
+        elif do is Do.CONNECT:
+            self.task = asyncio.create_task(self._connect())
+        elif do is Do.INTERCEPT:
+            self._intercept(arg)
+        elif do is Do.SETTLE:
+            settle = self.settle
+            if settle is not None and not settle.done():
+                if isinstance(arg, Response):
+                    settle.set_result(arg)
+                else:
+                    settle.set_exception(arg)
+        elif do is Do.EOF_TO_ENGINE:
+            ut = self.link.transport
             if ut is not None and not ut.is_closing():
                 ut.write_eof()
-            if self.link.up is None or self.link.up.eof:
-                self.close()
-            return True
-        if act is Act.CLOSE:
-            self.close()
-            return False
-        if act is Act.PASS_EOF and not self.buf and ut is not None and not self.link.eof_sent:
-            self.link.eof_sent = True
-            ut.write_eof()
-        return True
-
-    # -- requests
-
-    def advance(self) -> None:
-        """Make progress on the client's bytes; errors end the connection."""
-        try:
-            self._advance()
-        except BadMessage as e:
-            self.reply_error(400, f"bad request: {e}")
-        except HeadTooLarge as e:
-            self.reply_error(431, str(e))
-        except Exception:
-            log.exception("proxy error")
-            self.close(abort=True)
-
-    def _advance(self) -> None:
-        p = self.parser
-        while True:
-            state = self.req.state
-            buf = self.buf
-            if state is IDLE:
-                if not buf:
-                    if self.client_eof and self.exchange is None:
-                        self.close()
-                    return
-                end = request_head_end(buf)
-                if not end:
-                    return
-                if p.head(buf, end):
-                    self._request(end)
-                else:  # only the empty lines llhttp skips before a request
-                    self.buf = buf[end:]
-            elif state is STREAMING:
-                if not buf:
-                    return
-                ut = self.link.transport
-                assert ut is not None
-                end = p.body(buf, 0)
-                ut.write(buf if end == len(buf) else memoryview(buf)[:end])
-                self.buf = buf[end:]
-                if not p.done:
-                    return
-                self.talk.body_sent(answered=self.exchange is None)
-            elif state is COLLECTING:
-                if not buf:
-                    return
-                end = p.body(buf, 0)
-                self.buf = buf[end:]
-                self.intercepted.collected(end)
-            else:  # a response or the interceptor is pending, or the end: hold the bytes
-                if len(buf) > READ_AHEAD and state is not CLOSED:
-                    self.flow.pause_client(Pause.AHEAD)
-                return
-
-    def _request(self, end: int) -> None:
-        """The parser has read a head (buf[:end]): intercept it, or send it on."""
-        p = self.parser
-        method = p.method.decode("latin-1")
-        target = p.url.decode("latin-1")
-        try:
-            wanted = self.proxy.interceptor.wants(method, target)
-        except Exception:
-            log.exception("interceptor.wants(%s %s) failed", method, target)
-            self.reply_error(500, "gpu-alloc shim: internal error")
-            return
-        if wanted:
-            self.intercepted.start(method, target, p.keep_alive, end)
-        elif not self.link.live:
-            self.req.fire(Ev.WAIT_UPSTREAM)
-            self.flow.pause_client(Pause.CONNECT)
-            send = partial(self._send, Exchange(method == "HEAD", p.keep_alive), end)
-            self.task = asyncio.create_task(self._connect_then_send(send))
+        elif do is Do.EOF_TO_CLIENT:
+            if self.ct is not None and not self.ct.is_closing():
+                self.ct.write_eof()
+        elif do is Do.GONE:
+            if self.gone is not None:
+                self.gone.set()  # a waiting create leaves the queue
+        elif do is Do.DROP:
+            self.link.drop()
         else:
-            self._send(Exchange(method == "HEAD", p.keep_alive), end)
+            self._teardown(abort=do is Do.ABORT)
 
-    def _send(self, exchange: Exchange, end: int) -> None:
-        """Forward a request's head and the body bytes at hand; the rest streams later."""
-        buf = self.buf
-        pos = self.parser.body(buf, end)
-        ut = self.link.transport
-        assert ut is not None
-        ut.write(buf if pos == len(buf) else memoryview(buf)[:pos])
-        self.buf = buf[pos:]
-        self.exchange = exchange
-        self.talk.fire(SEND if self.parser.done else SEND_PART)
-
-    async def _connect_then_send(self, send: partial[None]) -> None:
-        """Open the upstream connection, then send the held request and carry on."""
+    async def _connect(self) -> None:
+        """Open the upstream connection a spliced request waits for (`_opened` sends it)."""
         try:
             await self.link.ensure()
         except (UpstreamError, Closed) as e:
             log.error("%s", e)
-            self.reply_error(502, f"gpu-alloc shim: {e}")
+            self.task = None
+            self._run(self.conn.engine_failed(str(e)))
             return
         self.task = None
-        if self.closed:
-            return
+
+    def _intercept(self, held: Intercepted) -> None:
+        """Run the interceptor on a request read whole, connecting to the Engine meanwhile."""
+        self.gone = asyncio.Event()
+        request = Request(held.method, held.target, held.headers, held.body, self.peer, self.gone)
+        self.task = asyncio.create_task(self._answer(request, held.keep))
+        link = self.link
+        if link.up is None and link.connecting is None:
+            # Connect while the interceptor leases: `forward` finds the connection made
+            # (or makes it, and reports why it cannot).
+            early = asyncio.ensure_future(link.ensure())
+            early.add_done_callback(_quiet)
+
+    async def _answer(self, request: Request, keep: bool) -> None:
+        def send(out: bytes) -> None:
+            self.task = None
+            try:
+                self._run(self.conn.answered(out, keep))
+            except Exception:
+                self._failed()
+
+        await intercept.answer(self.proxy.interceptor, request, self.forward, send, keep=keep)
+
+    async def forward(self, request: Request, *, timeout: float | None = None) -> Response:
+        """Send `request` on this connection's upstream; return the whole response.  What
+        the interceptor calls to send a (rewritten) request; spliced traffic never does."""
+        raw = encode_request(request)
+        limit = self.proxy.forward_timeout if timeout is None else timeout
+        written = failed = False
         try:
-            send()
-        except BadMessage as e:
-            self.reply_error(400, f"bad request: {e}")
-            return
-        self.flow.resume_client(Pause.CONNECT)
-        self.advance()
+            async with asyncio.timeout(limit):
+                if self.closed:
+                    raise Closed("client went away")
+                await self.link.ensure()
+                self.settle = asyncio.get_running_loop().create_future()
+                self._run(self.conn.forward(raw, request.method == "HEAD"))
+                written = True
+                return await self.settle
+        except (TimeoutError, OSError, Closed, BadMessage) as e:
+            failed = True
+            what = "timed out" if isinstance(e, TimeoutError) else f"failed: {e}"
+            raise UpstreamError(
+                f"{request.method} {request.target} {what}", maybe_delivered=written
+            ) from e
+        finally:
+            self.settle = None
+            self._run(self.conn.forward_ended(failed))
 
-    # -- ending
-
-    def reply_error(self, status: int, message: str) -> None:
-        """Answer in the Engine's error format and close the connection."""
-        if self.ct is not None and not self.ct.is_closing():
-            self.ct.write(error_bytes(status, message, close=True))
-        self.close()
+    # -- the end
 
     def close(self, *, abort: bool = False) -> None:
-        if self.closed:
+        """End the connection, both sides (the server stops, or the client went)."""
+        self._run(self.conn.close(abort))
+
+    def _failed(self) -> None:
+        log.exception("proxy error")
+        self.conn.close(abort=True)
+        self._teardown(abort=True)
+
+    def _teardown(self, *, abort: bool) -> None:
+        if self.ended:
             return
-        self.talk.fire(Ev.CLOSE)
-        if self.intercepted.gone is not None:
-            self.intercepted.gone.set()
+        self.ended = True
+        if self.gone is not None:
+            self.gone.set()
         if self.task is not None:
             self.task.cancel()
-        collector = self.link.collector
-        if collector is not None and not collector.future.done():
-            collector.future.set_exception(Closed("connection closed"))
+        if self.settle is not None and not self.settle.done():
+            self.settle.set_exception(Closed("connection closed"))
         if self.ct is not None:
             self.ct.abort() if abort else self.ct.close()
         ut = self.link.transport
@@ -271,3 +264,9 @@ class Connection(asyncio.Protocol):
             ut.abort() if abort else ut.close()
         if self.peer is not None:
             self.peer.close()
+
+
+def _quiet(task: asyncio.Future[None]) -> None:
+    """An early connect that failed: `forward` tries again and says why."""
+    if not task.cancelled():
+        task.exception()

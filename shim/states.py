@@ -3,8 +3,8 @@
 A connection has two sides, each a small state machine (as h11's `_state.py` keeps one
 per role): the client's requests and the Engine's answers.  Every change of state is an
 event fired through `Machine.fire`, which looks the pair (state, event) up in the side's
-table and refuses one the table does not hold: a transport bug then ends that
-connection with an error instead of splicing bytes in a state nobody designed.
+table and refuses one the table does not hold: a bug in the connection (shim/connection.py)
+then ends it with an error instead of splicing bytes in a state nobody designed.
 """
 
 from __future__ import annotations
@@ -14,6 +14,14 @@ from collections.abc import Mapping
 from typing import Generic, TypeVar
 
 from shim.framing import NO_BODY_STATUS, Framing
+
+
+class Pause(enum.Flag):
+    """Why reading from the client is paused (shim/flow.py pauses and resumes it)."""
+
+    PEER = enum.auto()  # the Engine's socket is full
+    AHEAD = enum.auto()  # enough pipelined bytes held
+    CONNECT = enum.auto()  # no upstream yet
 
 
 class Req(enum.Enum):
@@ -80,7 +88,7 @@ S = TypeVar("S", Req, Resp)
 
 
 class ProtocolError(Exception):
-    """An event the side's table has no transition for: a bug in the transport."""
+    """An event the side's table has no transition for: a bug in the connection."""
 
 
 class Machine(Generic[S]):
@@ -206,8 +214,9 @@ _GO_ON, _WAIT, _CLOSE = Act.GO_ON, Act.WAIT, Act.CLOSE
 
 class Conversation:
     """Both sides of one connection and the rules between them, with no I/O: events in,
-    what to do out (h11's `ConnectionState` is the model).  The transport executes the
-    `Act`s; every change of state still goes through a side's table."""
+    what to do out (h11's `ConnectionState` is the model).  The connection
+    (shim/connection.py) acts on the `Act`s; every change of state still goes through a
+    side's table."""
 
     __slots__ = ("req", "resp")
 

@@ -1,6 +1,7 @@
 """The shim's parts import no circle, counting the imports made only for type checking:
-the connection (shim/splice.py) composes its parts, and the parts see it only through the
-narrow interfaces in shim/ports.py."""
+the protocol (shim/splice.py) composes its parts, and the parts see it only through the
+narrow interfaces in shim/upstream.py and shim/ports.py; the connection's HTTP
+(shim/connection.py and what it uses) is sans I/O."""
 
 from __future__ import annotations
 
@@ -8,6 +9,17 @@ import ast
 from pathlib import Path
 
 SHIM = Path(__file__).resolve().parents[2] / "shim"
+
+
+def all_imports(path: Path) -> set[str]:
+    """Every module `path` imports, by its top-level name."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+    return found
 
 
 def shim_imports(path: Path) -> set[str]:
@@ -51,6 +63,20 @@ def test_no_import_circle_in_the_shim_type_checking_imports_included():
 
 
 def test_the_connections_parts_never_import_the_connection_or_the_server():
-    parts = ("intercept", "response", "upstream", "ports")
+    parts = ("intercept", "connection", "actions", "collect", "upstream", "ports", "flow")
     wrong = [f"{p} imports {t}" for p in parts for t in GRAPH[p] if t in ("splice", "server")]
+    assert wrong == []
+
+
+# The connection's HTTP: both sides' states, the parser, where heads end, `forward`'s answer.
+SANS_IO = ("connection", "actions", "states", "parser", "headlimit", "collect")
+IO = {"asyncio", "socket", "selectors", "threading", "time", "os"}
+
+
+def test_the_connection_is_sans_io_and_reaches_no_io_part_of_the_shim():
+    wrong = [
+        f"{m} imports {t}"
+        for m in SANS_IO
+        for t in sorted(all_imports(SHIM / f"{m}.py") & IO | GRAPH[m] - {*SANS_IO, "framing"})
+    ]
     assert wrong == []

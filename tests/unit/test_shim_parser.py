@@ -3,7 +3,7 @@ reads, and what it refuses.
 
 The splice forwards raw bytes, so the parser must stop each feed exactly where llhttp ends
 a message: a head at its blank line, a body after its length or after the CRLF CRLF that
-ends its last chunk.  These tests frame streams of messages the way shim/splice.py does,
+ends its last chunk.  These tests frame streams of messages the way shim/connection.py does,
 once whole and once cut into arbitrary reads, and hold the two to the same answer."""
 
 from __future__ import annotations
