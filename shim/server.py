@@ -105,6 +105,9 @@ async def serve(
         held.close()
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 def run(listen_path: str, upstream_path: str, interceptor: Interceptor, **kwargs: Any) -> None:
     """Run `serve` until SIGTERM or SIGINT (a blocking entry point for the CLI)."""
 
@@ -112,10 +115,16 @@ def run(listen_path: str, upstream_path: str, interceptor: Interceptor, **kwargs
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, task.cancel)
-        with contextlib.suppress(asyncio.CancelledError):
-            await serve(listen_path, upstream_path, interceptor, **kwargs)
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await serve(listen_path, upstream_path, interceptor, **kwargs)
+        finally:
+            # uvloop leaves its handlers installed when it closes: a second SIGTERM while
+            # the background work stops, or a process forked later, would ignore it.
+            for sig in STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
         log.info("shim stopped")
 
     with asyncio.Runner(loop_factory=event_loop) as runner:

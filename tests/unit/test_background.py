@@ -246,3 +246,5 @@ def test_the_shim_serves_on_the_ledger_pool_and_stops_every_thread_it_started(
     assert answers == [200]
     assert ran_on and ran_on[0].startswith(f"{PREFIX}ledger")
     assert ours() - before == set()
+    # SIGTERM is the default's again: a process forked after the shim stopped still dies
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
