@@ -19,7 +19,7 @@ second decoding of the body.
 dockerd looks a start's reference up again after AuthZReq, so a start and every
 call that could change what it names (rename, removal, prune, named create) are
 kept in flight between their AuthZReq and AuthZRes, and never overlap
-(plugin/inflight.py, allocator/core/inflight.py).
+(plugin/inflight.py, allocator/core/leases/inflight.py).
 
 `Dispatcher.answer` is the one function every plugin call goes through, the
 activation handshake included: the envelope is parsed once and the route
@@ -41,17 +41,17 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from allocator.core import outcomes
-from allocator.core import verdicts as decide
-from allocator.core.facts import Need
-from allocator.core.gojson import Body
-from allocator.core.inventory import InventoryError
-from allocator.core.leases import StateError
-from allocator.core.routes import Check, Route
+from allocator.core.access.facts import Need
+from allocator.core.api.gojson import Body
+from allocator.core.api.routes import Check, Route
+from allocator.core.judging import verdicts as decide
+from allocator.core.leases import outcomes
+from allocator.core.leases.leases import StateError
+from allocator.core.machine.inventory import InventoryError
 from allocator.host import metrics
 from allocator.host.config import Config
 from allocator.host.engine import EngineError
-from allocator.service import Allocator, connect
+from allocator.service.compose import Allocator, connect
 from plugin.inflight import InFlight
 
 log = logging.getLogger("gpu-alloc.plugin")

@@ -1,4 +1,5 @@
-"""The plugin's side of the in-flight rule (allocator/core/inflight.py): announce, then allow.
+"""The plugin's side of the in-flight rule (allocator/core/leases/inflight.py): announce, then
+allow.
 
 A start or restart is judged first (`Admission.resolve`: the inspect it judged says
 which container its reference named), then put in flight once no conflicting rename,
@@ -26,13 +27,13 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from allocator.core import inflight
-from allocator.core import verdicts as decide
-from allocator.core.inflight import Entry, Start
-from allocator.core.routes import Check, Route, RouteError, classify
+from allocator.core.api.routes import Check, Route, RouteError, classify
+from allocator.core.judging import verdicts as decide
+from allocator.core.leases import inflight
+from allocator.core.leases.inflight import Entry, Start
 from allocator.host.engine import EngineError
 from allocator.host.inflight import Registry, runtime_dir
-from allocator.service import Allocator
+from allocator.service.compose import Allocator
 
 T = TypeVar("T")
 ASK_EVERY = 0.1  # seconds between asking the Engine whether a restart was looked up

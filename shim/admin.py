@@ -3,7 +3,7 @@ read the state dir.
 
 ``GET /gpu-alloc/v1/status``, ``queue``, ``gpus``, ``explain`` and ``report`` are no
 Engine routes (dockerd has no /gpu-alloc): the shim answers them itself, from
-allocator/views/, as the JSON the CLI's ``--json`` prints.  Explain answers for the
+allocator/service/views/, as the JSON the CLI's ``--json`` prints.  Explain answers for the
 peer that asks, never for another user; report gives the peer its own rows only.
 Every other request goes on to the create interception.
 """
@@ -15,14 +15,14 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from allocator.core.inventory import InventoryError
-from allocator.core.leases import StateError
-from allocator.core.routes import needs_check
+from allocator.core.api.routes import needs_check
+from allocator.core.leases.leases import StateError
+from allocator.core.machine.inventory import InventoryError
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
-from allocator.service import Allocator
-from allocator.views import explain, report, status, wire
-from allocator.views.gpus import LiveView
+from allocator.service.compose import Allocator
+from allocator.service.views import explain, report, status, wire
+from allocator.service.views.gpus import LiveView
 from shim.create import CreateInterceptor, Forward, error
 from shim.framing import Request, Response
 from shim.waitline import Waitline

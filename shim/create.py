@@ -13,7 +13,7 @@ the canonical body that was checked, with the lease's token in the
 ``X-Gpu-Alloc-Lease`` header for the plugin (never on the container; any such
 header a client sent is dropped).  The create's transaction (its ask, checks, lease,
 body, the grant made durable and the answer settled) is the library's
-(`allocator.creates.Creates`); this module keeps the HTTP: the request read, the
+(`allocator.service.creates.Creates`); this module keeps the HTTP: the request read, the
 status codes, the forwarding and the waiting line.  A create that surely asks for no
 GPU, by the facts at hand, goes on from the event loop with the guard alone; every
 other is judged on a thread, where the facts may be read, the lock waited for and a
@@ -44,32 +44,24 @@ from functools import partial
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from allocator.core import (
-    errors,
-    gojson,
-    labels,
-    policy,
-    service_limits,
-    service_marks,
-    services,
-    sharing,
-    socket_binds,
-)
-from allocator.core import verdicts as decide
-from allocator.core.ask import Ask
-from allocator.core.createbody import decode_create
-from allocator.core.gojson import Body
-from allocator.core.holders import ago
-from allocator.core.inventory import InventoryError
-from allocator.core.leases import Lease, StateError
+from allocator.core.api import errors, gojson, labels
+from allocator.core.api.createbody import decode_create
+from allocator.core.api.gojson import Body
+from allocator.core.api.rewrite import rewrite, strip_labels
+from allocator.core.api.routes import Check, Route, by_id, needs_check
+from allocator.core.judging import service_limits, service_marks, services, socket_binds
+from allocator.core.judging import verdicts as decide
+from allocator.core.judging.ask import Ask
+from allocator.core.leases.holders import ago
+from allocator.core.leases.leases import Lease, StateError
+from allocator.core.machine.inventory import InventoryError
 from allocator.core.placement import Shortage
-from allocator.core.rewrite import rewrite, strip_labels
-from allocator.core.routes import Check, Route, by_id, needs_check
-from allocator.creates import Asked
+from allocator.core.rules import policy, sharing
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
-from allocator.placer import LeaseRequest
-from allocator.service import Allocator
+from allocator.service.compose import Allocator
+from allocator.service.creates import Asked
+from allocator.service.placer import LeaseRequest
 from shim.framing import Request, Response, UpstreamError
 from shim.waitline import Gone, Stopping, Waitline
 
@@ -331,7 +323,7 @@ _AT_HAND_BODY = 48 << 10
 
 def _as_judged(request: Request, route: Route, decision: decide.Decision) -> Request:
     """A start goes on naming the container that was judged, by its full id: no rename or
-    removal in between can make it start another one (allocator/core/inflight.py)."""
+    removal in between can make it start another one (allocator/core/leases/inflight.py)."""
     if isinstance(decision, decide.AllowStart) and decision.target is not None:
         return replace(request, target=by_id(request.target, route, decision.target.id))
     return request

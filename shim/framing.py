@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Protocol
 
-from allocator.core import errors
+from allocator.core.api import errors
 from allocator.host.peers import Peer
 
 MAX_HEAD = 64 * 1024  # the Engine's response heads; requests: shim/headlimit.py

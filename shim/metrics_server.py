@@ -15,7 +15,7 @@ the reason goes to the log.
 ahead and GPU-hours per owner (`views.timeline`, kept a few seconds).
 The counters ``gpu_alloc_gpu_seconds_held_total`` and ``..._used_total`` (owner,
 pool) grow with each look of the sampler, `sample_forever`.  Each background worker of
-the shim (allocator/background.py) is ``gpu_alloc_worker_up{worker}`` (1 while its
+the shim (allocator/service/background.py) is ``gpu_alloc_worker_up{worker}`` (1 while its
 thread runs) and ``gpu_alloc_worker_errors{worker}`` (the failures it survived).
 """
 
@@ -35,17 +35,17 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from allocator.background import Background
-from allocator.core.gpu_states import STATES
-from allocator.core.inventory import InventoryError
-from allocator.core.leases import StateError
-from allocator.core.usage import Usage
+from allocator.core.leases.leases import StateError
+from allocator.core.machine.gpu_states import STATES
+from allocator.core.machine.inventory import InventoryError
+from allocator.core.timing.usage import Usage
 from allocator.host import metrics
 from allocator.host.config import ConfigError
 from allocator.host.samples import Samples
-from allocator.views import wire
-from allocator.views.gpus import LiveView, Reading
-from allocator.views.timeline import PERIODS, Timeline
+from allocator.service.background import Background
+from allocator.service.views import wire
+from allocator.service.views.gpus import LiveView, Reading
+from allocator.service.views.timeline import PERIODS, Timeline
 
 log = logging.getLogger("gpu-alloc.metrics")
 _PAGE = resources.files("allocator.ops").joinpath("dashboard.html")

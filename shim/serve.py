@@ -9,15 +9,15 @@ import signal
 import threading
 from http.server import ThreadingHTTPServer
 
-from allocator import mps
-from allocator.background import Background
-from allocator.core import timelimits
-from allocator.departures import Departures
+from allocator.core.timing import timelimits
 from allocator.host import listener
 from allocator.host.config import Config
 from allocator.host.samples import Samples
-from allocator.service import Allocator
-from allocator.views.gpus import LiveView
+from allocator.service import mps
+from allocator.service.background import Background
+from allocator.service.compose import Allocator
+from allocator.service.departures import Departures
+from allocator.service.views.gpus import LiveView
 from shim import metrics_server, server
 from shim.admin import Admin
 from shim.create import CreateInterceptor

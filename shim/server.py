@@ -11,7 +11,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from allocator.core import numbers
+from allocator.core.api import numbers
 from allocator.host import listener
 from shim.framing import FORWARD_TIMEOUT, MAX_BODY, Interceptor
 from shim.splice import Splice

@@ -5,12 +5,12 @@ Theory of operation
 A create that asked to wait (``io.gpu-alloc.wait`` or ``policy.wait.default``) and
 could not be granted yet is entered here and its handler awaits a future.  Every
 wake-up serves the whole queue at once with `Lineup.serve_waiters` (one ledger
-transaction, `core.queue` order), and resolves the futures of the waiters it
+transaction, `core.rules.queue` order), and resolves the futures of the waiters it
 granted.  Wake-ups come from:
 
 - the allocator itself, whenever a lease ends in this process (its listeners):
   the shim's own releases and the reconciles it runs;
-  these include the leases allocator/departures.py ends as the Engine's
+  these include the leases allocator/service/departures.py ends as the Engine's
   ``destroy`` events arrive (``--rm``, a removal by name or through another socket);
 - the state file: while anyone waits it is polled every `POLL` seconds for a new
   (mtime, size, inode), which catches the plugin's releases (other processes) and
@@ -33,14 +33,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from allocator.core import policy, queue
-from allocator.core.inventory import InventoryError
-from allocator.core.leases import Lease, StateError
+from allocator.core.leases.leases import Lease, StateError
+from allocator.core.machine.inventory import InventoryError
+from allocator.core.rules import policy, queue
 from allocator.host import metrics
 from allocator.host.engine import EngineError
-from allocator.placer import LeaseRequest
-from allocator.service import Allocator
-from allocator.views import queue as queue_view
+from allocator.service.compose import Allocator
+from allocator.service.placer import LeaseRequest
+from allocator.service.views import queue as queue_view
 
 log = logging.getLogger("gpu-alloc.shim")
 POLL = 0.2  # seconds between state-file checks while anyone waits

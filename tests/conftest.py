@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, settings
 
 from tests.support import cdi, engine, engine_root
 
-# A verdict that reads a fact it does not declare (allocator/core/route_checks.py's READS)
+# A verdict that reads a fact it does not declare (allocator/core/judging/route_checks.py's READS)
 # fails the test, here and in every plugin or shim a test starts, instead of being judged
-# again on every fact as a running service does (allocator/gather.py).
+# again on every fact as a running service does (allocator/service/gather.py).
 os.environ["GPU_ALLOC_STRICT_FACTS"] = "1"
 
 # Property tests check behaviour, not speed: on a loaded 2-core CI machine a per-example

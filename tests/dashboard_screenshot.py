@@ -22,16 +22,16 @@ from typing import Any
 
 import yaml
 
-from allocator.core import events
-from allocator.core.ask import Ask
-from allocator.core.health import XID, GpuEvent, HealthPolicy, observe
-from allocator.core.policy import Pool, Rules
+from allocator.core.judging.ask import Ask
+from allocator.core.leases import events
+from allocator.core.machine.health import XID, GpuEvent, HealthPolicy, observe
+from allocator.core.rules.policy import Pool, Rules
 from allocator.host import usage
 from allocator.host.config import Config
 from allocator.host.samples import _day
-from allocator.placer import LeaseRequest
-from allocator.service import Allocator
-from allocator.views import gpus
+from allocator.service.compose import Allocator
+from allocator.service.placer import LeaseRequest
+from allocator.service.views import gpus
 from shim import metrics_server
 from tests.support.fake_engine import FakeEngine
 from tests.unit.test_observe import free_port

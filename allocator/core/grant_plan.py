@@ -3,9 +3,9 @@
 Every grant is decided here, and only here: a create arriving now (`LeaseBook.lease`, under
 the ledger lock), a waiter served from the line and the GPUs a waiter keeps (`Lineup`),
 ``gpu-alloc explain`` (`LeaseBook.plan`, on a read of the ledger).  Their shell,
-`Placer` (allocator/placer.py), reads the inputs and records what comes out; none
+`Placer` (allocator/service/placer.py), reads the inputs and records what comes out; none
 decides anything, so none can drift from the others.  (Not to be confused with
-``core/grants.py``: what a create's fields grant a container, before any lease.)
+``core/access/grants.py``: what a create's fields grant a container, before any lease.)
 
 Stages
 ------
@@ -25,7 +25,7 @@ Stages
 9. The `Plan`; `record` turns it into the pending lease in the caller's state.
 
 A shortage carries the free GPUs the request could have used (`Shortage.usable`): what a
-waiter short of GPUs keeps from those behind it (`core.queue`).
+waiter short of GPUs keeps from those behind it (`core.rules.queue`).
 """
 
 from __future__ import annotations
@@ -33,15 +33,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from allocator.core import cpus, policy, timelimits
-from allocator.core import reservations as rsv
-from allocator.core.ask import Ask
-from allocator.core.holders import Holder
-from allocator.core.inventory import GPU, Inventory
-from allocator.core.leases import Lease, Phase, State
+from allocator.core.judging.ask import Ask
+from allocator.core.leases.holders import Holder
+from allocator.core.leases.leases import Lease, Phase, State
+from allocator.core.machine import cpus
+from allocator.core.machine.inventory import GPU, Inventory
 from allocator.core.placement import POLICIES, Policy, Shortage, place, shares, usable
-from allocator.core.policy import NOBODY, Invalid, Owner, Refusal, Rules, Wanted
-from allocator.core.sharing import ShareAsk, fraction
+from allocator.core.rules import policy
+from allocator.core.rules.policy import NOBODY, Invalid, Owner, Refusal, Rules, Wanted
+from allocator.core.rules.sharing import ShareAsk, fraction
+from allocator.core.timing import reservations as rsv
+from allocator.core.timing import timelimits
 
 _ELSEWHERE = Holder(None, "", "left free: the holder's own reserved GPUs answer it")
 
@@ -52,7 +54,7 @@ class LeaseRequest:
 
     ``name``: the container's name (may be empty); ``labels``: the create's own labels
     (a Compose recreate is found by them); ``share``: part of one shared GPU
-    (allocator/core/sharing.py); ``resources``: cores and memory near the GPUs.
+    (allocator/core/rules/sharing.py); ``resources``: cores and memory near the GPUs.
     """
 
     ask: Ask
@@ -130,7 +132,7 @@ def plan(
 ) -> Decided:
     """The grant ``req`` gets now in ``state``, or why not (the module's stages, in order).
 
-    ``kept``: GPUs kept for waiters ahead in the line (`core.queue.kept`), held by them;
+    ``kept``: GPUs kept for waiters ahead in the line (`core.rules.queue.kept`), held by them;
     ``predecessor``: (container id, current name) of the Compose container whose GPUs
     this create may take over; ``stopped``: container -> status, for the holders the
     Engine last listed not running.  ``state`` is only read.
@@ -248,7 +250,7 @@ def _reserved(
     held: Mapping[str, Holder], owner: Owner, limit: float | None, host: HostNow
 ) -> dict[str, Holder]:
     """``held`` and the GPUs reservations keep from ``owner`` asking to run ``limit``
-    seconds (rules 2 and 3 of `core.reservations`)."""
+    seconds (rules 2 and 3 of `core.timing.reservations`)."""
     out = dict(held)
     for uuid, who in rsv.blocked(host.reservations, owner, limit, host.now).items():
         out.setdefault(uuid, who)

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from allocator.core.leases import StateError
+from allocator.core.leases.leases import StateError
 from allocator.host import store
 
 log = logging.getLogger("gpu-alloc.audit")

@@ -15,12 +15,12 @@ from typing import Any
 
 import yaml
 
-from allocator.core import numbers
-from allocator.core.cpus import parse_list
-from allocator.core.health import DEFAULT_IGNORED_XIDS, HealthPolicy
-from allocator.core.policy import Pool, Rules, Ulimit, parse_size
-from allocator.core.privileged import MODES as PRIVILEGED_MODES
-from allocator.core.privileged import REFUSE
+from allocator.core.access.privileged import MODES as PRIVILEGED_MODES
+from allocator.core.access.privileged import REFUSE
+from allocator.core.api import numbers
+from allocator.core.machine.cpus import parse_list
+from allocator.core.machine.health import DEFAULT_IGNORED_XIDS, HealthPolicy
+from allocator.core.rules.policy import Pool, Rules, Ulimit, parse_size
 from allocator.host import config_sharing, config_socket_binds, config_times, swarm_config
 from allocator.host.swarm_config import SwarmConfig
 
@@ -131,7 +131,7 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "fair_share": dict,
         "time_limit": dict,
         "reclaim_idle_after": (int, float, str, type(None)),
-        "sharing": (list, dict, type(None)),  # core/sharing.py, host/config_sharing.py
+        "sharing": (list, dict, type(None)),  # core/rules/sharing.py, host/config_sharing.py
         "engine_socket_binds": (dict, type(None)),  # host/config_socket_binds.py
     },
     "metrics": {"listen": (str, type(None))},

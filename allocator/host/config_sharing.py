@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from allocator.core.cpus import parse_size
-from allocator.core.sharing import ANY_USER, MODES, MPS, Sharing
+from allocator.core.machine.cpus import parse_size
+from allocator.core.rules.sharing import ANY_USER, MODES, MPS, Sharing
 from allocator.host.config_times import KeyProblem
 
 KEYS = ("gpus", "pool", "shares", "mode", "memory", "threads", "placement", "users")

@@ -1,13 +1,13 @@
 """The policy's durations as the config file writes them, and its time keys:
-``policy.time_limit`` and ``policy.reclaim_idle_after`` (allocator/core/timelimits.py,
-allocator/core/reclaim.py)."""
+``policy.time_limit`` and ``policy.reclaim_idle_after`` (allocator/core/timing/timelimits.py,
+allocator/core/timing/reclaim.py)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from allocator.core import numbers
+from allocator.core.api import numbers
 
 TIME_LIMIT_KEYS = ("default", "pools", "users", "groups")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from allocator.core.cpus import Node, Topology, parse_list
+from allocator.core.machine.cpus import Node, Topology, parse_list
 
 _MEMTOTAL = re.compile(r"MemTotal:\s+(\d+)\s*kB")
 

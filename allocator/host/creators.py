@@ -1,6 +1,6 @@
 """Who created each container the shim forwarded a create for: ``creators.json``.
 
-A client inside a container is its creator's (allocator/core/owners.py).  For a GPU
+A client inside a container is its creator's (allocator/core/judging/owners.py).  For a GPU
 container the ledger's lease says who that is; this store says it for every other one
 the shim created, so a client in a plain container with the shim's socket bound in is
 its creator, not ``unknown`` (which a user at their limit could otherwise become, for a
@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from allocator.core.leases import StateError
+from allocator.core.leases.leases import StateError
 from allocator.host import store
 
 FILE, LOCK = "creators.json", "creators.lock"

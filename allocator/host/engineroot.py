@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from allocator.core import inroot
-from allocator.core.facts import Unresolvable
+from allocator.core.access import inroot
+from allocator.core.access.facts import Unresolvable
 from allocator.host import dockerd
 
 

@@ -1,6 +1,6 @@
 """This host's answers to the filesystem questions effective access asks.
 
-The core (allocator.core.access) decides from `Node`s and resolved paths; this
+The core (allocator.core.access.access) decides from `Node`s and resolved paths; this
 is the one place that stats, resolves and walks for it, in dockerd's mount namespace
 (allocator.host.engineroot) wherever one is given.
 """
@@ -14,11 +14,11 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from allocator.core import inroot
-from allocator.core.access_devices import DRM_MAJOR
-from allocator.core.facts import Node, Unresolvable
-from allocator.core.mounts import Mount
-from allocator.core.socket_binds import NOBODY_BINDS, Binders
+from allocator.core.access import inroot
+from allocator.core.access.access_devices import DRM_MAJOR
+from allocator.core.access.facts import Node, Unresolvable
+from allocator.core.access.mounts import Mount
+from allocator.core.judging.socket_binds import NOBODY_BINDS, Binders
 from allocator.host.engineroot import EngineRoot
 from allocator.host.owners import groups_of
 
@@ -48,10 +48,10 @@ class Host:
     mountinfo: str = "/proc/self/mountinfo"
     engine: EngineRoot | None = None
     # Where shared GPUs' MPS directories are (protected too): a bind of exactly one GPU's
-    # pipe or shm directory reaches that GPU (allocator/core/sharing.py).
+    # pipe or shm directory reaches that GPU (allocator/core/rules/sharing.py).
     mps_dir: str = ""
     # The Engine's API sockets (protected too), and who the policy lets bind one
-    # (allocator/core/socket_binds.py).
+    # (allocator/core/judging/socket_binds.py).
     engine_sockets: tuple[str, ...] = ()
     binders: Binders = NOBODY_BINDS
 

@@ -1,4 +1,4 @@
-"""The health file: `allocator.core.health.Health` in ``state_dir/health.json``.
+"""The health file: `allocator.core.machine.health.Health` in ``state_dir/health.json``.
 
 It sits beside the ledger and under the ledger's lock, replaced atomically and
 fsync'd (`store.replace`), so the shim's watcher, the plugin workers and the CLI all
@@ -16,8 +16,8 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from allocator.core.health import Health, turns
-from allocator.core.leases import StateError
+from allocator.core.leases.leases import StateError
+from allocator.core.machine.health import Health, turns
 from allocator.host import store
 from allocator.host.ledger import Ledger
 

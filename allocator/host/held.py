@@ -2,7 +2,7 @@
 
 The audit trail rotates by size, so a flood of denials (one line each) would shorten
 fair share's memory of who held GPUs.  This record keeps only what fair share needs,
-one line per lease when it ends, written by `allocator.recorder.Recorder.ended`::
+one line per lease when it ends, written by `allocator.service.recorder.Recorder.ended`::
 
     {"l": "<lease id>", "o": "alice", "g": ["GPU-..."], "s": 1767225600.0, "e": 1767229200.0}
 
@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from allocator.core.leases import Lease, StateError
+from allocator.core.leases.leases import Lease, StateError
 from allocator.host import store
 
 log = logging.getLogger("gpu-alloc.held")

@@ -1,6 +1,6 @@
 """Images' configs, kept between GPU creates while no image name moves.
 
-Every GPU create checks the image's CUDA against the driver's (allocator/core/cuda.py),
+Every GPU create checks the image's CUDA against the driver's (allocator/core/judging/cuda.py),
 and reading it is an image inspect: a round trip through dockerd and its authorization
 plugin on the path of each create.  An image's config never changes, but a
 name may come to mean another image (a pull, tag, load, import, build or removal).

@@ -1,4 +1,5 @@
-"""The in-flight registry file: the `allocator.core.inflight.Board` every plugin worker shares.
+"""The in-flight registry file: the `allocator.core.leases.inflight.Board` every plugin worker
+shares.
 
 AuthZReq and AuthZRes of one call may reach different worker processes, so what is in
 flight lives in a small file, locked on its own (never the ledger's lock: a start must
@@ -32,9 +33,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from allocator.core import inflight
-from allocator.core.inflight import Board, Entry, Hold
-from allocator.core.leases import StateError
+from allocator.core.leases import inflight
+from allocator.core.leases.inflight import Board, Entry, Hold
+from allocator.core.leases.leases import StateError
 from allocator.host import store
 from allocator.host.config import Config
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from allocator.core.inventory import GPU, PCIE_LEVELS, Inventory, InventoryError
+from allocator.core.machine.inventory import GPU, PCIE_LEVELS, Inventory, InventoryError
 
 __all__ = ["GPU", "Inventory", "InventoryError", "load_file"]
 # Simulated health events on a GPU entry; allocator/host/devices/simulated.py reads them.

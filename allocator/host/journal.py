@@ -17,7 +17,7 @@ import os
 import re
 from pathlib import Path
 
-from allocator.core.leases import Lease, State, StateError, lease_from_json
+from allocator.core.leases.leases import Lease, State, StateError, lease_from_json
 
 BINDS_DIR = "binds"
 GRANTS_DIR = "grants"

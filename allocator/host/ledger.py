@@ -1,4 +1,5 @@
-"""The ledger: `allocator.core.leases.State` kept under ``state_dir``, a file and two journals.
+"""The ledger: `allocator.core.leases.leases.State` kept under ``state_dir``, a file and two
+journals.
 
 Rules
 -----
@@ -67,7 +68,7 @@ id is never reused; a bind record holds its lease's one create), so each process
 the records it read whole, by name, and a busy journal is read once, not at every read.
 A file of no generation (new, or schema 1's) is written whole before a record names one.
 
-`State` (the pure lease life) lives in allocator/core/leases.py; the records are
+`State` (the pure lease life) lives in allocator/core/leases/leases.py; the records are
 written, read and laid over a state by allocator/host/journal.py; the locking and the
 atomic write are allocator/host/store.py's.  When, and in which order, is decided here.
 """
@@ -82,7 +83,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from allocator.core.leases import REPAIR_HINT, Lease, State, StateError
+from allocator.core.leases.leases import REPAIR_HINT, Lease, State, StateError
 from allocator.host import journal, store
 
 __all__ = ["Ledger", "State", "StateError", "now"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from allocator.core.events import field_label
+from allocator.core.leases.events import field_label
 
 OUTCOMES = ("granted", "short", "policy", "denied")
 MAX_OWNERS = 256

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from allocator.core import sharing
+from allocator.core.rules import sharing
 
 log = logging.getLogger("gpu-alloc")
 TIMEOUT = 30.0  # seconds for one control call

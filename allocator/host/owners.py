@@ -1,7 +1,7 @@
 """Whose a shim connection is: the peer's cgroup, the Engine's word on the container it
 names, and the host's NSS for the person's name and groups.
 
-The decision itself is allocator/core/owners.py's; this module reads what it needs
+The decision itself is allocator/core/judging/owners.py's; this module reads what it needs
 (the container's owner from the ledger, through ``leased``).  A
 connection is decided once, the first time a call needs its owner (a GPU create, an
 explain), so calls that touch no GPU never read a file for it.  The container a cgroup
@@ -19,7 +19,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from allocator.core import owners, policy
+from allocator.core.judging import owners
+from allocator.core.rules import policy
 from allocator.host.engine import Engine
 from allocator.host.peers import Peer
 

@@ -16,7 +16,7 @@ import struct
 import threading
 from dataclasses import dataclass, field
 
-from allocator.core.owners import Asker
+from allocator.core.judging.owners import Asker
 
 _CRED = struct.Struct("3i")
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)

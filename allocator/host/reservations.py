@@ -1,4 +1,4 @@
-"""The reservations file: `allocator.core.reservations.Reservation`s in
+"""The reservations file: `allocator.core.timing.reservations.Reservation`s in
 ``state_dir/reservations.json``.
 
 It sits beside the ledger and under the ledger's lock, written by `store.replace`,
@@ -15,8 +15,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from allocator.core.leases import StateError
-from allocator.core.reservations import Reservation
+from allocator.core.leases.leases import StateError
+from allocator.core.timing.reservations import Reservation
 from allocator.host import store
 from allocator.host.ledger import Ledger
 

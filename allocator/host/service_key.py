@@ -1,6 +1,6 @@
 """This host's key for the shim's mark on the service writes it forwards (``service.key``).
 
-`core.service_marks` says why: the plugin tells a service write the shim made from one
+`core.judging.service_marks` says why: the plugin tells a service write the shim made from one
 made on dockerd's own socket by an HMAC only gpu-alloc's processes here can make.  The
 key is 32 random bytes in the state directory (0600, root's), made by whichever process
 needs it first (``O_EXCL``: never two), and read once per process.

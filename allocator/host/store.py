@@ -47,7 +47,7 @@ from pathlib import Path
 
 import portalocker
 
-from allocator.core.leases import StateError
+from allocator.core.leases.leases import StateError
 
 __all__ = ["POLL", "Lock", "LockTimeout", "read", "replace"]
 

@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from allocator.core.service_marks import CHARGE
-from allocator.core.services import DEFAULT_KIND
+from allocator.core.judging.service_marks import CHARGE
+from allocator.core.judging.services import DEFAULT_KIND
 
 KEYS: dict[str, type | tuple[type, ...]] = {
     "kind": str,

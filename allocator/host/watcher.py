@@ -3,7 +3,7 @@ the GPU source's health events into the health file, and probes unhealthy GPUs f
 recovery.  The events come from the host's `DeviceSource` (allocator/host/devices/:
 NVML's event set, or the simulated file's ``xid:`` and ECC counts).
 
-The pure rules are allocator.core.health; this module only gathers and applies.
+The pure rules are allocator.core.machine.health; this module only gathers and applies.
 """
 
 from __future__ import annotations
@@ -14,13 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from allocator.core.health import (
-    HealthPolicy,
-    observe,
-    probe_due,
-    recover,
-)
-from allocator.core.leases import StateError
+from allocator.core.leases.leases import StateError
+from allocator.core.machine.health import HealthPolicy, observe, probe_due, recover
 from allocator.host.devices import EventSource
 from allocator.host.health import HealthFile
 
@@ -72,7 +67,7 @@ class Watcher:
 
 
 def watch(alloc: Any) -> bool:
-    """Add the watcher to an `allocator.service.Allocator`'s background work, on its GPU
+    """Add the watcher to an `allocator.service.compose.Allocator`'s background work, on its GPU
     source's events; False when they cannot be subscribed to (placement still works)."""
     cfg = alloc.config
     try:

@@ -15,8 +15,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from allocator.core import plugins
-from allocator.core.facts import EngineView
+from allocator.core.access import plugins
+from allocator.core.access.facts import EngineView
 from allocator.host import dockerd
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError

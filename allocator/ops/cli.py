@@ -14,17 +14,17 @@ import os
 import sys
 from typing import Any
 
-from allocator import gather
-from allocator.core import numbers
-from allocator.core.facts import EngineView
-from allocator.core.inventory import InventoryError
-from allocator.core.leases import StateError
+from allocator.core.access.facts import EngineView
+from allocator.core.api import numbers
+from allocator.core.leases.leases import StateError
+from allocator.core.machine.inventory import InventoryError
 from allocator.host import config as configmod
 from allocator.host.config import Config, ConfigError
 from allocator.host.devices import source_for
 from allocator.host.engine import EngineError
 from allocator.ops import report, reserve
-from allocator.service import Allocator, connect
+from allocator.service import gather
+from allocator.service.compose import Allocator, connect
 
 EXIT_FAIL = 1
 EXIT_CONFIG = 2
@@ -262,8 +262,8 @@ def cmd_shim(cfg: Config, args: argparse.Namespace) -> int:
 
 def cmd_status(cfg: Config, args: argparse.Namespace) -> int:
     from allocator.ops.status import render_json, render_table
-    from allocator.views import wire
-    from allocator.views.status import snapshot
+    from allocator.service.views import wire
+    from allocator.service.views.status import snapshot
 
     alloc = connect(cfg)
     warning = None
@@ -289,7 +289,7 @@ def cmd_history(cfg: Config, args: argparse.Namespace) -> int:
     from allocator.host import ledger
     from allocator.host.audit import AuditLog
     from allocator.ops.history import render_json, render_table
-    from allocator.views import history
+    from allocator.service.views import history
 
     try:
         since = None if args.since is None else history.since_epoch(args.since, ledger.now())
@@ -306,8 +306,8 @@ def cmd_history(cfg: Config, args: argparse.Namespace) -> int:
 
 def cmd_gpus(cfg: Config, args: argparse.Namespace) -> int:
     from allocator.ops.gpus import render_json, render_table
-    from allocator.views import wire
-    from allocator.views.gpus import LiveView
+    from allocator.service.views import wire
+    from allocator.service.views.gpus import LiveView
 
     if os.access(cfg.state_dir, os.R_OK | os.X_OK):
         snap = LiveView(connect(cfg)).snapshot()
@@ -329,8 +329,8 @@ def cmd_explain(cfg: Config, args: argparse.Namespace) -> int:
     in line (short or at the limit, with io.gpu-alloc.wait or policy.wait.default), 1 no
     answer."""
     from allocator.ops.explain import render
-    from allocator.views import wire
-    from allocator.views.explain import explain
+    from allocator.service.views import wire
+    from allocator.service.views.explain import explain
 
     alloc = connect(cfg)
     try:
@@ -350,7 +350,7 @@ def cmd_explain(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_health(cfg: Config, args: argparse.Namespace) -> int:
-    from allocator.core import health
+    from allocator.core.machine import health
 
     alloc = Allocator(cfg)
     inventory = alloc.gather.inventory()

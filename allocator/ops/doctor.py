@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from allocator.core.facts import EngineView
-from allocator.core.inventory import InventoryError
-from allocator.core.leases import StateError
-from allocator.core.policy import missing_pool_gpus
+from allocator.core.access.facts import EngineView
+from allocator.core.leases.leases import StateError
+from allocator.core.machine.inventory import InventoryError
+from allocator.core.rules.policy import missing_pool_gpus
 from allocator.host import dockerd, unixhttp
 from allocator.host.config import Config
 from allocator.host.devices import source_for

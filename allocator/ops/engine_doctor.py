@@ -1,6 +1,6 @@
 """`gpu-alloc doctor`'s lines on the Engine's own doors: what a build can be given, and
 the Engine's known security advisories by its version.  The decisions are the core's
-(allocator/core/builds.py, allocator/core/advisories.py); this reads the Engine's
+(allocator/core/access/builds.py, allocator/core/access/advisories.py); this reads the Engine's
 version, the daemon.json dockerd reads, its flags and when it started.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from allocator.core import advisories as known
-from allocator.core import builds as build_door
-from allocator.core.facts import engine_version
+from allocator.core.access import advisories as known
+from allocator.core.access import builds as build_door
+from allocator.core.access.facts import engine_version
 from allocator.host import dockerd
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
@@ -79,7 +79,7 @@ def builds(cfg: Config) -> Verdict:
 
 
 def advisories(cfg: Config) -> Verdict:
-    """The Engine's known advisories by its version (allocator/core/advisories.py)."""
+    """The Engine's known advisories by its version (allocator/core/access/advisories.py)."""
     try:
         text = str(Engine(cfg.engine.socket, cfg.engine.timeout).version().get("Version") or "")
     except EngineError as e:

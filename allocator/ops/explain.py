@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from allocator.ops.status import fair_share_line
-from allocator.views.wire import encode
+from allocator.service.views.wire import encode
 
 
 def render(answer: dict[str, Any], as_json: bool) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from allocator.views.wire import encode as render_json
+from allocator.service.views.wire import encode as render_json
 
 __all__ = ["render_json", "render_table"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 import time
 
-from allocator.core.leases import State, StateError
-from allocator.service import Allocator
+from allocator.core.leases.leases import State, StateError
+from allocator.service.compose import Allocator
 
 
 def repair(alloc: Allocator, reset: bool = False) -> str:

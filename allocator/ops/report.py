@@ -1,7 +1,7 @@
 """``gpu-alloc report``: its options, and the report as a table, JSON or CSV.
 
 Root reads the state directory; a user in the docker group asks the shim, which
-answers with their own rows only (`allocator.views.report`).
+answers with their own rows only (`allocator.service.views.report`).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import os
 import sys
 from typing import Any
 
-from allocator.core.events import rfc3339
-from allocator.core.report import BY
+from allocator.core.leases.events import rfc3339
+from allocator.core.timing.report import BY
 from allocator.host import ledger
 from allocator.host.config import Config
-from allocator.views import history, wire
-from allocator.views import report as view
+from allocator.service.views import history, wire
+from allocator.service.views import report as view
 
 EXIT_CONFIG = 2
 COLUMNS = (

@@ -1,7 +1,7 @@
 """``gpu-alloc reserve``, ``reserve cancel`` and ``reservations``: argparse and rendering.
 
 Making and cancelling a reservation is root's (as ``doctor``): it changes who may be
-placed on a GPU.  The work is `allocator.reserving.Reserving`'s.
+placed on a GPU.  The work is `allocator.service.reserving.Reserving`'s.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from allocator.core import numbers
-from allocator.core import reservations as rsv
-from allocator.core.events import parse_time
-from allocator.core.holders import ago
+from allocator.core.api import numbers
+from allocator.core.leases.events import parse_time
+from allocator.core.leases.holders import ago
+from allocator.core.timing import reservations as rsv
 from allocator.host import ledger
 from allocator.host.config import Config
-from allocator.service import connect
-from allocator.views.reservations import rows
+from allocator.service.compose import connect
+from allocator.service.views.reservations import rows
 
 EXIT_FAIL, EXIT_USAGE = 1, 2
 Add = Callable[[str, str], argparse.ArgumentParser]

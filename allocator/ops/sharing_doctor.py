@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import shutil
 
-from allocator.core import sharing
-from allocator.core.inventory import InventoryError
+from allocator.core.machine.inventory import InventoryError
+from allocator.core.rules import sharing
 from allocator.host.config import Config
 from allocator.host.devices import source_for
 from allocator.host.mps import Daemons

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from allocator.core.cpus import format_list
-from allocator.core.holders import ago
-from allocator.views import shares as shared_view
-from allocator.views.status import HOST, rfc3339
-from allocator.views.wire import encode as render_json
+from allocator.core.leases.holders import ago
+from allocator.core.machine.cpus import format_list
+from allocator.service.views import shares as shared_view
+from allocator.service.views.status import HOST, rfc3339
+from allocator.service.views.wire import encode as render_json
 
 WIDTH = 100
 __all__ = ["render_json", "render_table"]

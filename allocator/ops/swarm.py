@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from allocator.core import swarm_files
+from allocator.core.rules import swarm_files
 from allocator.host import store
 from allocator.host.config import Config
 

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from allocator.core import swarm_files
-from allocator.core.leases import StateError
+from allocator.core.leases.leases import StateError
+from allocator.core.rules import swarm_files
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError
 from allocator.host.health import HealthFile

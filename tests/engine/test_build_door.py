@@ -2,7 +2,7 @@
 asks a build step for a CDI GPU by every way in, on the Engine's socket and through the
 shim, and gets none; builds without devices still work.
 
-What holds on each Engine (allocator/core/builds.py): 29 speaks BuildKit's gRPC on its
+What holds on each Engine (allocator/core/access/builds.py): 29 speaks BuildKit's gRPC on its
 socket past every plugin and grants the ``device`` entitlement unless daemon.json says
 ``builder.entitlements.device: false``, which deploy/install.sh writes and the harness's
 stack has too; 28 and older never grant it.
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core import builds
-from allocator.core.facts import engine_version
+from allocator.core.access import builds
+from allocator.core.access.facts import engine_version
 from tests.support import buildkit, engine, engine_root
 
 GPUS = 4

@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 
-from allocator.core.cpus import format_list, parse_list
+from allocator.core.machine.cpus import format_list, parse_list
 from allocator.host import cpus as host_cpus
 from tests.support import engine
 from tests.support.engine import gpu_alloc

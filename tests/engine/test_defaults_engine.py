@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 
-from allocator.core import defaults, labels
+from allocator.core.api import labels
+from allocator.core.judging import defaults
 from tests.support import engine
 
 IMAGE = engine.BUSYBOX_TAG

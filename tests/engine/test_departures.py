@@ -2,7 +2,7 @@
 
 `--rm`, a removal by name through the real socket and an exit that dockerd follows
 with its auto-removal pass no request that names the lease; the shim follows the
-Engine's ``destroy`` events (allocator/departures.py), so the ledger, `history` and
+Engine's ``destroy`` events (allocator/service/departures.py), so the ledger, `history` and
 every view stop naming the container within a second.  Each test reads the ledger
 directly (no `status`, which would reconcile and hide a lease left behind).
 """

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core import advisories
-from allocator.core.facts import engine_version
+from allocator.core.access import advisories
+from allocator.core.access.facts import engine_version
 from allocator.host.engine import Engine, EngineError
 from allocator.ops.doctor import CHECKS
 from tests.support import engine

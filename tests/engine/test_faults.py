@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from allocator.core.ask import Ask
+from allocator.core.judging.ask import Ask
 from allocator.host import config as configmod
 from allocator.host.ledger import Ledger
-from allocator.placer import LeaseRequest
-from allocator.service import Allocator
+from allocator.service.compose import Allocator
+from allocator.service.placer import LeaseRequest
 from tests.conftest import require_engine
 from tests.support import engine
 from tests.support.engine import gpu_alloc

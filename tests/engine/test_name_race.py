@@ -1,7 +1,7 @@
 """A start names a container twice: the plugin inspects the reference, then dockerd looks it
 up again (full id, exact name, unique id prefix).  Nothing may change what it names in
 between: renames, removals and named creates wait for the start, and the start for them
-(allocator/core/inflight.py).  Against the real dockerd, on the real socket and the shim.
+(allocator/core/leases/inflight.py).  Against the real dockerd, on the real socket and the shim.
 
 The window is held open on purpose by a plugin `Dispatcher` of the test's own, sharing the
 state directory with the stack's plugin: its AuthZReq for a start is answered and its
@@ -25,10 +25,10 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from allocator.core import inflight
+from allocator.core.leases import inflight
 from allocator.host import config as configmod
 from allocator.host.engine import Engine
-from allocator.service import Allocator
+from allocator.service.compose import Allocator
 from plugin.app import Dispatcher
 from shim.create import CreateInterceptor
 from shim.framing import Request, Response

@@ -1,7 +1,7 @@
 """Every number at every entry point, on a real dockerd: odd spellings (Unicode digits such
 as ``²``, signs, 400 digits, NaN, infinity, dates out of range) get a clear refusal saying
 what was expected (400, a plugin denial, explain's "invalid", exit 2), never a 500, a
-plugin error or a traceback.  allocator/core/numbers.py is the one reader."""
+plugin error or a traceback.  allocator/core/api/numbers.py is the one reader."""
 
 from __future__ import annotations
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core.leases import StateError
-from allocator.core.policy import POOL
+from allocator.core.leases.leases import StateError
+from allocator.core.rules.policy import POOL
 from allocator.host import unixhttp
 from allocator.ops import cli
-from allocator.reconciler import Reconciler
-from allocator.views.wire import explain_target as explain_route
+from allocator.service.reconciler import Reconciler
+from allocator.service.views.wire import explain_target as explain_route
 from tests.support import engine, host_users
 from tests.support.engine import gpu_alloc
 

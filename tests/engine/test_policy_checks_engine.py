@@ -17,7 +17,7 @@ import docker
 import pytest
 import yaml
 
-from allocator.gather import POLICY_CHECK_EVERY
+from allocator.service.gather import POLICY_CHECK_EVERY
 from tests.support import engine
 from tests.support.engine import gpu_alloc
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from allocator.core import events
+from allocator.core.leases import events
 from allocator.host.audit import AuditLog
-from allocator.views import wire
+from allocator.service.views import wire
 from tests.engine.test_observe_engine import set_usage
 from tests.engine.test_waiting_engine import until, waiting_create
 from tests.support import clients, engine, host_users

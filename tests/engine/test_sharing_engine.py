@@ -13,7 +13,7 @@ import time
 
 import yaml
 
-from allocator.core.sharing import CLIENT_PIPE
+from allocator.core.rules.sharing import CLIENT_PIPE
 from allocator.host.ledger import Ledger
 from tests.support import engine
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from allocator.core import events
+from allocator.core.leases import events
 from tests.support import engine
 from tests.support.faults import IMAGE, gpu_alloc, shim, status, visible_devices
 

@@ -30,10 +30,10 @@ from typing import Any
 
 import pytest
 
-from allocator import gather
-from allocator.core.inflight import Start, Target
+from allocator.core.leases.inflight import Start, Target
 from allocator.host.inflight import Registry
-from allocator.service import Allocator
+from allocator.service import gather
+from allocator.service.compose import Allocator
 from plugin.app import _ALLOW, Dispatcher
 from shim.framing import Request, Response
 from tests.root.test_enforcement import DEVDIR, World

@@ -19,13 +19,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocator.core import labels
-from allocator.core import verdicts as decide
-from allocator.core.ask import Ask
-from allocator.core.rewrite import rewrite
+from allocator.core.api import labels
+from allocator.core.api.rewrite import rewrite
+from allocator.core.judging import verdicts as decide
+from allocator.core.judging.ask import Ask
 from allocator.host import config as configmod
-from allocator.placer import LeaseRequest
-from allocator.service import Allocator
+from allocator.service.compose import Allocator
+from allocator.service.placer import LeaseRequest
 from plugin.app import create_dispatcher
 from shim.create import CreateInterceptor
 from shim.framing import Request, Response
@@ -442,7 +442,7 @@ def test_mutations_of_a_leased_body_never_widen_the_grant(data):
     if answer["Allow"]:
         spec = decide.decode_create(bytes(b))
         facts = w.alloc.gather.facts()
-        from allocator.core import access
+        from allocator.core.access import access
 
         granted = access.of_create(spec, facts.engine, facts.inventory, facts.host)
         assert granted.none or granted.gpus(facts.inventory) == frozenset(lease.gpus)

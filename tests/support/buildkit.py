@@ -20,7 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from allocator.core import builds
+from allocator.core.access import builds
 from tests.support import cdi, engine, engine_root
 
 PROBE = "buildkit-cdi-probe"

@@ -42,7 +42,7 @@ import docker
 import docker.errors
 import yaml
 
-from allocator.core import builds
+from allocator.core.access import builds
 from tests.support import cdi, engine_root
 from tests.support.busybox_image import BUSYBOX_TAG, busybox_rootfs_tar, import_busybox  # noqa: F401
 from tests.support.clients import (  # noqa: F401

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from allocator.core import labels
+from allocator.core.api import labels
 from allocator.host.engine import EngineError
 
 _ids = itertools.count(1)

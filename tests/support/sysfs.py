@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from allocator.core.cpus import format_list
+from allocator.core.machine.cpus import format_list
 
 GIB = 1 << 30
 

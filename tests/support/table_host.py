@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from allocator.core.facts import Node
-from allocator.core.mounts import Mount
+from allocator.core.access.facts import Node
+from allocator.core.access.mounts import Mount
 
 V1_CGROUPS = (Mount("/", "ext4"), Mount("/dev", "devtmpfs"), Mount("/dev/shm", "tmpfs"),
               Mount("/sys", "sysfs"), Mount("/sys/fs/cgroup", "tmpfs"),
@@ -20,7 +20,7 @@ class TableHost:
     table: tuple[Mount, ...] = V1_CGROUPS
     protected: tuple[str, ...] = ("/dev", "/sys", "/proc", "/var/lib/docker", "/run/docker")
     nodes: dict[str, Node] = field(default_factory=dict)
-    mps_dir: str = ""  # shared GPUs' MPS directories (allocator/core/sharing.py)
+    mps_dir: str = ""  # shared GPUs' MPS directories (allocator/core/rules/sharing.py)
 
     def resolve(self, path: str) -> str:
         return path

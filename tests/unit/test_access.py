@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from allocator.core import access
-from allocator.core.facts import EngineView
-from allocator.core.grants import Refusal
-from allocator.core.inventory import GPU, Inventory
+from allocator.core.access import access
+from allocator.core.access.facts import EngineView
+from allocator.core.access.grants import Refusal
+from allocator.core.machine.inventory import GPU, Inventory
 from allocator.host.filesystem import Host, engine_paths
 from tests.support.table_host import TableHost
 

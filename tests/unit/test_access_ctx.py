@@ -1,4 +1,4 @@
-"""One effective-access decision's ground (allocator/core/access_ctx.py): how its rows add
+"""One effective-access decision's ground (allocator/core/access/access_ctx.py): how its rows add
 grants, refuse, resolve paths and name GPUs."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from allocator.core.access_ctx import Ctx, View, resolve_ids
-from allocator.core.facts import EngineView, Unresolvable
-from allocator.core.grants import Refusal
-from allocator.core.inventory import GPU, Inventory
+from allocator.core.access.access_ctx import Ctx, View, resolve_ids
+from allocator.core.access.facts import EngineView, Unresolvable
+from allocator.core.access.grants import Refusal
+from allocator.core.machine.inventory import GPU, Inventory
 from tests.support.table_host import TableHost
 
 UUIDS = [f"GPU-{k}0000000-0000-0000-0000-000000000000" for k in range(2)]

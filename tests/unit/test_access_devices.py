@@ -1,15 +1,15 @@
-"""The device rows of the effective-access catalogue (allocator/core/access_devices.py): a
+"""The device rows of the effective-access catalogue (allocator/core/access/access_devices.py): a
 device by the node it is, a cgroup rule by its numbers, a CDI name by what it names."""
 
 from __future__ import annotations
 
 import pytest
 
-from allocator.core import access_devices
-from allocator.core.access_ctx import Ctx, View
-from allocator.core.facts import EngineView, Node
-from allocator.core.grants import Refusal
-from allocator.core.inventory import GPU, Inventory
+from allocator.core.access import access_devices
+from allocator.core.access.access_ctx import Ctx, View
+from allocator.core.access.facts import EngineView, Node
+from allocator.core.access.grants import Refusal
+from allocator.core.machine.inventory import GPU, Inventory
 from tests.support.table_host import TableHost
 
 INVENTORY = Inventory(tuple(GPU(f"GPU-{k}", k, minor=k) for k in range(2)))

@@ -1,11 +1,11 @@
-"""The Engine's advisories by version (allocator/core/advisories.py)."""
+"""The Engine's advisories by version (allocator/core/access/advisories.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from allocator.core import advisories
-from allocator.core.facts import engine_version
+from allocator.core.access import advisories
+from allocator.core.access.facts import engine_version
 
 
 def named(version: str) -> set[str]:

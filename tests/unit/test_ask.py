@@ -1,9 +1,10 @@
-"""What a create asks of the allocator (allocator/core/ask.py): its leasable grants summed."""
+"""What a create asks of the allocator (allocator/core/judging/ask.py): its leasable grants
+summed."""
 
 from __future__ import annotations
 
-from allocator.core.ask import Ask, ask_of
-from allocator.core.grants import Access, Demand, Grant
+from allocator.core.access.grants import Access, Demand, Grant
+from allocator.core.judging.ask import Ask, ask_of
 
 
 def grant(field: str, demand: Demand, gpus: frozenset[str] | None = None) -> Grant:

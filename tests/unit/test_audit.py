@@ -9,18 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core import events, health
-from allocator.core.ask import Ask
+from allocator.core.judging.ask import Ask
+from allocator.core.judging.verdicts import ALLOW
+from allocator.core.leases import events
+from allocator.core.machine import health
 from allocator.core.placement import Shortage
-from allocator.core.policy import Owner, Pool, Refusal, Wanted
-from allocator.core.verdicts import ALLOW
+from allocator.core.rules.policy import Owner, Pool, Refusal, Wanted
 from allocator.host.audit import AuditLog
 from allocator.host.config import Config
 from allocator.ops import cli
 from allocator.ops.history import render_table
-from allocator.placer import LeaseRequest
-from allocator.service import Allocator
-from allocator.views import history
+from allocator.service.compose import Allocator
+from allocator.service.placer import LeaseRequest
+from allocator.service.views import history
 from tests.support.fake_engine import FakeEngine
 
 FORK = multiprocessing.get_context("fork")

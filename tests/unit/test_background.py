@@ -1,4 +1,4 @@
-"""allocator.background: one owner starts, stops and watches every thread and pool; the
+"""allocator.service.background: one owner starts, stops and watches every thread and pool; the
 shim's background work, started and stopped, leaves no gpu-alloc thread alive."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from allocator import background as bg
-from allocator.background import PREFIX, Background
 from allocator.host import unixhttp
 from allocator.host.config import Config, MetricsConfig, PolicyConfig
 from allocator.host.watcher import watch
-from allocator.service import Allocator
-from allocator.views import wire
-from allocator.views.gpus import LiveView
+from allocator.service import background as bg
+from allocator.service.background import PREFIX, Background
+from allocator.service.compose import Allocator
+from allocator.service.views import wire
+from allocator.service.views.gpus import LiveView
 from shim import metrics_server
 from shim import serve as shim_serve
 from tests.support.fake_engine import FakeEngine

@@ -1,4 +1,4 @@
-"""What a build can reach on each Engine (allocator/core/builds.py), and the plugin's
+"""What a build can reach on each Engine (allocator/core/access/builds.py), and the plugin's
 answer to BuildKit's upgrades and to copies into a container (route_checks)."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from allocator.core import builds
-from allocator.core.builds import Builder, open_doors
-from allocator.core.decisions import ALLOW, Deny, Facts
-from allocator.core.facts import EngineView
-from allocator.core.inventory import Inventory
-from allocator.core.route_checks import CHECKS
-from allocator.core.routes import Check, classify, needs_check
-from allocator.core.verdicts import reads_facts
+from allocator.core.access import builds
+from allocator.core.access.builds import Builder, open_doors
+from allocator.core.access.facts import EngineView
+from allocator.core.api.routes import Check, classify, needs_check
+from allocator.core.judging.decisions import ALLOW, Deny, Facts
+from allocator.core.judging.route_checks import CHECKS
+from allocator.core.judging.verdicts import reads_facts
+from allocator.core.machine.inventory import Inventory
 from tests.support.table_host import TableHost
 
 CLOSED = Builder.from_daemon_json(builds.CLOSED)

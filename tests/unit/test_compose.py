@@ -1,10 +1,10 @@
-"""Compose's replacements (allocator/core/compose.py): which container a create replaces,
+"""Compose's replacements (allocator/core/judging/compose.py): which container a create replaces,
 and when the replacement may start on the GPUs it took over."""
 
 from __future__ import annotations
 
-from allocator.core import compose
-from allocator.core.leases import Lease
+from allocator.core.judging import compose
+from allocator.core.leases.leases import Lease
 
 OLD = "a" * 64
 LABELS = {compose.PROJECT: "shop", compose.SERVICE: "trainer"}

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core.cpus import (
+from allocator.core.machine.cpus import (
     Node,
     Placed,
     Resources,

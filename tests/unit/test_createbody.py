@@ -1,12 +1,12 @@
-"""A create body as dockerd reads it (allocator/core/createbody.py): decoded once for both
+"""A create body as dockerd reads it (allocator/core/api/createbody.py): decoded once for both
 sockets, refused where gpu-alloc would read it otherwise."""
 
 from __future__ import annotations
 
 import pytest
 
-from allocator.core.createbody import decode_create
-from allocator.core.gojson import BodyError
+from allocator.core.api.createbody import decode_create
+from allocator.core.api.gojson import BodyError
 
 
 def test_a_create_is_decoded_with_its_host_config() -> None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from allocator.core import verdicts as decide
-from allocator.core.cpus import NOTHING
-from allocator.core.leases import Phase
-from allocator.core.policy import Invalid, Wanted
-from allocator.creates import Asked
+from allocator.core.judging import verdicts as decide
+from allocator.core.leases.leases import Phase
+from allocator.core.machine.cpus import NOTHING
+from allocator.core.rules.policy import Invalid, Wanted
 from allocator.host.config import Config
-from allocator.service import Allocator
+from allocator.service.compose import Allocator
+from allocator.service.creates import Asked
 from tests.support import engine as sim
 from tests.support.enforcement_cases import body, request
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.core import cuda
+from allocator.core.judging import cuda
 
 
 @pytest.mark.parametrize(

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core import events
-from allocator.core.ask import Ask
-from allocator.core.policy import Pool, Rules
-from allocator.core.reservations import Reservation
-from allocator.placer import LeaseRequest
-from allocator.service import Allocator
-from allocator.views import gpus
+from allocator.core.judging.ask import Ask
+from allocator.core.leases import events
+from allocator.core.rules.policy import Pool, Rules
+from allocator.core.timing.reservations import Reservation
+from allocator.service.compose import Allocator
+from allocator.service.placer import LeaseRequest
+from allocator.service.views import gpus
 from shim import metrics_server
 from tests.unit.test_observe import (
     CID,

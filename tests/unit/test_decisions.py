@@ -1,12 +1,12 @@
-"""What a verdict can be and the facts it is made against (allocator/core/decisions.py)."""
+"""What a verdict can be and the facts it is made against (allocator/core/judging/decisions.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from allocator.core.decisions import HINT, Facts, context_hint
-from allocator.core.facts import EngineView
-from allocator.core.inventory import GPU, Inventory, InventoryError
+from allocator.core.access.facts import EngineView
+from allocator.core.judging.decisions import HINT, Facts, context_hint
+from allocator.core.machine.inventory import GPU, Inventory, InventoryError
 from tests.support.table_host import TableHost
 
 INVENTORY = Inventory((GPU("GPU-0", 0),))

@@ -1,9 +1,10 @@
-"""What ``policy.gpu_defaults`` added to a GPU create (allocator/core/defaults.py), and the
+"""What ``policy.gpu_defaults`` added to a GPU create (allocator/core/judging/defaults.py), and the
 note a start that failed on one of them gets."""
 
 from __future__ import annotations
 
-from allocator.core import defaults, labels
+from allocator.core.api import labels
+from allocator.core.judging import defaults
 
 BEFORE = {"HostConfig": {"Ulimits": [{"Name": "nofile", "Soft": 1024, "Hard": 1024}]}}
 AFTER = {

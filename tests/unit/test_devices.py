@@ -10,8 +10,8 @@ import pynvml
 import pytest
 import yaml
 
-from allocator.core.health import XID, GpuEvent
-from allocator.core.inventory import InventoryError
+from allocator.core.machine.health import XID, GpuEvent
+from allocator.core.machine.inventory import InventoryError
 from allocator.host import nvml
 from allocator.host.config import Config
 from allocator.host.devices import NVML, DeviceSource, source_for
@@ -19,7 +19,7 @@ from allocator.host.devices import nvml as nvml_source
 from allocator.host.devices.nvml import NvmlEvents, NvmlSource
 from allocator.host.devices.simulated import SimEvents, SimulatedSource
 from allocator.ops import doctor
-from allocator.service import Allocator
+from allocator.service.compose import Allocator
 from tests.unit.test_health import FakeEvents, event
 from tests.unit.test_nvml import MIB, FakeNVML, device, mig_slice
 

@@ -7,11 +7,11 @@ import shutil
 
 import pytest
 
-from allocator.core import access
-from allocator.core.access import EngineView
-from allocator.core.facts import Unresolvable
-from allocator.core.grants import Refusal
-from allocator.core.inventory import Inventory
+from allocator.core.access import access
+from allocator.core.access.access import EngineView
+from allocator.core.access.facts import Unresolvable
+from allocator.core.access.grants import Refusal
+from allocator.core.machine.inventory import Inventory
 from allocator.host.engineroot import EngineRoot
 from allocator.host.filesystem import Host
 

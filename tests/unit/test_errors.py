@@ -1,11 +1,11 @@
-"""The Engine's error format (allocator/core/errors.py): what the docker CLI, Compose and
+"""The Engine's error format (allocator/core/api/errors.py): what the docker CLI, Compose and
 the SDK print as they are."""
 
 from __future__ import annotations
 
 import json
 
-from allocator.core import errors
+from allocator.core.api import errors
 
 
 def test_an_error_body_is_the_engines_message_object() -> None:

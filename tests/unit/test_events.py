@@ -1,10 +1,10 @@
-"""Audit records as data (allocator/core/events.py): fixed keys, the time passed in."""
+"""Audit records as data (allocator/core/leases/events.py): fixed keys, the time passed in."""
 
 from __future__ import annotations
 
 import pytest
 
-from allocator.core import events
+from allocator.core.leases import events
 
 
 def test_a_record_has_every_key_and_the_gpus_indices_in_order() -> None:

@@ -1,6 +1,6 @@
 """What a verdict reads of its facts is what its route declares (route_checks.READS).
 
-Every route of core/routes.py is judged on recording facts (`Facts.read`), with bodies
+Every route of core/api/routes.py is judged on recording facts (`Facts.read`), with bodies
 that reach each of its checks' branches; a read outside the declaration fails here, and
 so does a declared fact no body reads.  A verdict handed only its declared facts that
 reads another gets `Unread`, never a default.
@@ -14,15 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core import routes, services
-from allocator.core import verdicts as decide
-from allocator.core.createbody import decode_create
-from allocator.core.decisions import EVERY_FACT, Fact, Facts, Unread
-from allocator.core.facts import EngineView
-from allocator.core.gojson import BodyError
-from allocator.core.inventory import GPU, Inventory
-from allocator.core.route_checks import READS
-from allocator.core.routes import Check
+from allocator.core.access.facts import EngineView
+from allocator.core.api import routes
+from allocator.core.api.createbody import decode_create
+from allocator.core.api.gojson import BodyError
+from allocator.core.api.routes import Check
+from allocator.core.judging import services
+from allocator.core.judging import verdicts as decide
+from allocator.core.judging.decisions import EVERY_FACT, Fact, Facts, Unread
+from allocator.core.judging.route_checks import READS
+from allocator.core.machine.inventory import GPU, Inventory
 from tests.support.enforcement_cases import body, cases, request
 from tests.support.table_host import TableHost
 

@@ -1,4 +1,5 @@
-"""core.facts: a host not asked answers as an empty one, and says what a verdict asked of it."""
+"""core.access.facts: a host not asked answers as an empty one, and says what a verdict asked of
+it."""
 
 from __future__ import annotations
 
@@ -6,10 +7,16 @@ import json
 
 import pytest
 
-from allocator.core import verdicts as decide
-from allocator.core.ask import Ask
-from allocator.core.facts import CONTAINER_MOUNTS, HOST_FILES, VOLUME_OPTIONS, EngineView, NotAsked
-from allocator.core.inventory import Inventory
+from allocator.core.access.facts import (
+    CONTAINER_MOUNTS,
+    HOST_FILES,
+    VOLUME_OPTIONS,
+    EngineView,
+    NotAsked,
+)
+from allocator.core.judging import verdicts as decide
+from allocator.core.judging.ask import Ask
+from allocator.core.machine.inventory import Inventory
 from tests.support.enforcement_cases import body, request
 
 

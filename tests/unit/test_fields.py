@@ -1,8 +1,8 @@
 """allocator.fields: the tables keep the shape of moby's structs that decisions rely on."""
 
-from allocator.core import fields
-from allocator.core.fields import ListOf, MapOf, Struct
-from allocator.core.gojson import go_fold
+from allocator.core.api import fields
+from allocator.core.api.fields import ListOf, MapOf, Struct
+from allocator.core.api.gojson import go_fold
 
 
 def all_structs() -> list[Struct]:

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from allocator.core import verdicts as decide
-from allocator.core.ask import Ask
-from allocator.core.decisions import Fact, Unread
-from allocator.core.facts import HOST_FILES, Need, NotAsked
-from allocator.gather import STRICT_ENV
+from allocator.core.access.facts import HOST_FILES, Need, NotAsked
+from allocator.core.judging import verdicts as decide
+from allocator.core.judging.ask import Ask
+from allocator.core.judging.decisions import Fact, Unread
 from allocator.host import config as configmod
 from allocator.host.filesystem import Host
-from allocator.service import Allocator
+from allocator.service.compose import Allocator
+from allocator.service.gather import STRICT_ENV
 from tests.support import engine as sim
 from tests.support.enforcement_cases import body, request
 from tests.support.fake_engine import FakeEngine
@@ -89,7 +89,7 @@ def test_a_verdict_that_reads_no_fact_reads_none(
 def test_a_service_is_judged_on_the_facts_read_like_any_other_fact(tmp_path: Path, kind) -> None:
     """swarm.kind is a fact as the Engine's view is: a service spec pinned for the
     configured kind passes, whatever the kind (it was judged on unread facts, kind gpu)."""
-    from allocator.core import services
+    from allocator.core.judging import services
 
     cfg = {"state_dir": str(tmp_path / "state"),
            "gpus": str(sim.write_sim_gpus(tmp_path / "gpus.yaml", 2)),

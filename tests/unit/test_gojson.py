@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator.core import fields
-from allocator.core.gojson import MAX_DEPTH, BodyError, canonical, decode, go_fold
+from allocator.core.api import fields
+from allocator.core.api.gojson import MAX_DEPTH, BodyError, canonical, decode, go_fold
 
 # A `docker run --gpus 1 x` create body, as the docker CLI writes it.
 CLI_BODY = (

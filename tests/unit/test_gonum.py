@@ -1,4 +1,4 @@
-"""Go's numbers as dockerd reads them (allocator/core/gonum.py): int64 and uint64
+"""Go's numbers as dockerd reads them (allocator/core/api/gonum.py): int64 and uint64
 spellings, cgroup rules."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from allocator.core import gonum
+from allocator.core.api import gonum
 
 
 @given(st.integers(-(2**63), 2**63 - 1), st.integers(0, 5), st.sampled_from(["", "+"]))

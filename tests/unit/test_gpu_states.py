@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from allocator.core.gpu_states import (
+from allocator.core.leases.holders import Holder
+from allocator.core.machine.gpu_states import (
     BUSY,
     CREATING,
     DEPARTED,
@@ -14,9 +15,8 @@ from allocator.core.gpu_states import (
     GpuState,
     states,
 )
-from allocator.core.health import XID, GpuEvent, GpuHealth, Health
-from allocator.core.holders import Holder
-from allocator.core.inventory import GPU
+from allocator.core.machine.health import XID, GpuEvent, GpuHealth, Health
+from allocator.core.machine.inventory import GPU
 
 U = [f"GPU-{i}" for i in range(4)]
 NOW, IDLE_AFTER = 10_000.0, 60.0

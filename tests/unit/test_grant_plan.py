@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from allocator.core import cpus
-from allocator.core.ask import Ask
 from allocator.core.grant_plan import HostNow, LeaseRequest, Plan, plan, record, scope
-from allocator.core.holders import Holder
-from allocator.core.inventory import GPU, Inventory
-from allocator.core.leases import Phase, State
+from allocator.core.judging.ask import Ask
+from allocator.core.leases.holders import Holder
+from allocator.core.leases.leases import Phase, State
+from allocator.core.machine import cpus
+from allocator.core.machine.inventory import GPU, Inventory
 from allocator.core.placement import POLICIES, Shortage
-from allocator.core.policy import Invalid, Owner, Pool, Refusal, Rules, Wanted
-from allocator.core.reservations import Reservation
-from allocator.core.sharing import ShareAsk, Sharing
+from allocator.core.rules.policy import Invalid, Owner, Pool, Refusal, Rules, Wanted
+from allocator.core.rules.sharing import ShareAsk, Sharing
+from allocator.core.timing.reservations import Reservation
 
 NOW = 1_000_000.0
 ALICE = Owner(1001, "alice", ("staff",))
@@ -245,7 +245,7 @@ def test_scope_is_the_plans_first_stage() -> None:
 
 
 def test_a_shortage_carries_the_free_gpus_the_request_could_use() -> None:
-    """What a waiter short of GPUs keeps from those behind it (core/queue.py rule 2)."""
+    """What a waiter short of GPUs keeps from those behind it (core/rules/queue.py rule 2)."""
     st = State()
     hold(st, "GPU-0", "GPU-1")
     got = plan(req(one(3)), host_for(Case(req(), plain(()))), st)

@@ -17,15 +17,16 @@ from typing import Any
 import pytest
 import yaml
 
-from allocator.core import labels, outcomes
-from allocator.core.ask import Ask
+from allocator.core.api import labels
+from allocator.core.judging.ask import Ask
+from allocator.core.leases import outcomes
 from allocator.core.placement import Shortage
-from allocator.core.policy import Invalid, Owner, Refusal, Wanted, wanted
-from allocator.core.queue import Waiter
+from allocator.core.rules.policy import Invalid, Owner, Refusal, Wanted, wanted
+from allocator.core.rules.queue import Waiter
 from allocator.host import config as configmod
-from allocator.placer import LeaseRequest
-from allocator.service import Allocator
-from allocator.views import explain
+from allocator.service.compose import Allocator
+from allocator.service.placer import LeaseRequest
+from allocator.service.views import explain
 from tests.support import engine as sim
 from tests.support.fake_engine import FakeEngine
 from tests.support.sysfs import two_socket

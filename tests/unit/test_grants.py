@@ -1,10 +1,10 @@
-"""What effective access comes to (allocator/core/grants.py): grants naming their field,
+"""What effective access comes to (allocator/core/access/grants.py): grants naming their field,
 an unpinned grant holding every GPU."""
 
 from __future__ import annotations
 
-from allocator.core.grants import Access, Demand, Grant
-from allocator.core.inventory import GPU, Inventory
+from allocator.core.access.grants import Access, Demand, Grant
+from allocator.core.machine.inventory import GPU, Inventory
 
 INVENTORY = Inventory(tuple(GPU(f"GPU-{k}", k) for k in range(3)))
 LEASABLE = Grant("HostConfig.DeviceRequests[0]", "1 GPU", frozenset({"GPU-0"}), Demand(count=1))

@@ -12,8 +12,10 @@ import pynvml
 import pytest
 import yaml
 
-from allocator.core.ask import Ask
-from allocator.core.health import (
+from allocator.core.judging.ask import Ask
+from allocator.core.leases.holders import Holder
+from allocator.core.leases.leases import StateError
+from allocator.core.machine.health import (
     DEFAULT_IGNORED_XIDS,
     DOUBLE_BIT,
     SINGLE_BIT,
@@ -25,9 +27,7 @@ from allocator.core.health import (
     observe,
     recover,
 )
-from allocator.core.holders import Holder
-from allocator.core.inventory import GPU, Inventory
-from allocator.core.leases import StateError
+from allocator.core.machine.inventory import GPU, Inventory
 from allocator.core.placement import POLICIES, Shortage, place
 from allocator.host import config as configmod
 from allocator.host.devices.nvml import NvmlEvents

@@ -1,9 +1,9 @@
-"""Who holds a GPU (allocator/core/holders.py): the phrase every refusal shows, and the
+"""Who holds a GPU (allocator/core/leases/holders.py): the phrase every refusal shows, and the
 dict ``status`` prints."""
 
 from __future__ import annotations
 
-from allocator.core.holders import CREATED, Holder, ago
+from allocator.core.leases.holders import CREATED, Holder, ago
 
 CID = "c0ffee" + "1" * 58
 

@@ -1,4 +1,4 @@
-"""Which calls may not be in flight together (allocator/core/inflight.py), and the registry
+"""Which calls may not be in flight together (allocator/core/leases/inflight.py), and the registry
 file every plugin worker shares (allocator/host/inflight.py)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from allocator.core import inflight
-from allocator.core.inflight import Board, Change, Entry, Start, Target, clash
-from allocator.core.routes import Check, by_id, classify
+from allocator.core.api.routes import Check, by_id, classify
+from allocator.core.leases import inflight
+from allocator.core.leases.inflight import Board, Change, Entry, Start, Target, clash
 from allocator.host import inflight as inflight_file
 from allocator.host.inflight import Registry
 

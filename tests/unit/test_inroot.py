@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.core import inroot
-from allocator.core.facts import Unresolvable
+from allocator.core.access import inroot
+from allocator.core.access.facts import Unresolvable
 
 
 def links(table: dict[str, str]):

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core.inventory import GPU, Inventory, InventoryError
+from allocator.core.machine.inventory import GPU, Inventory, InventoryError
 from allocator.host.devices import source_for
 from allocator.host.inventory import load_file
 

@@ -1,14 +1,13 @@
-"""gpu-alloc's labels and its lease header (allocator/core/labels.py): what a create asks by label,
+"""gpu-alloc's labels and its lease header (allocator/core/api/labels.py): what a create asks by
+label,
 what a container was leased, and which keys under the prefix are refused."""
 
 from __future__ import annotations
 
 import pytest
 
-from allocator.core import labels
-from allocator.core.cpus import (
-    Resources,
-)
+from allocator.core.api import labels
+from allocator.core.machine.cpus import Resources
 from tests.support.sysfs import GIB
 
 LABELS = {

@@ -3,7 +3,8 @@
 The library (allocator/) never imports an adapter, except the CLI's entry points that
 start one (allocator/ops/cli.py, inside a function); the adapters (plugin/, shim/) never
 import the CLI package, and reach neither the Engine client nor the ledger: they ask the
-service (allocator/lookups.py) and read the read models (allocator/views/).  No module
+service (allocator/service/lookups.py) and read the read models (allocator/service/views/).  No
+module
 imports itself back through others, lazy imports included (only ``if TYPE_CHECKING:``
 ones are not imports at run time).
 """
@@ -147,8 +148,8 @@ def test_the_adapters_reach_neither_the_engine_client_nor_the_ledger():
 
 def test_the_walk_sees_the_imports_it_judges():
     """The checks above would pass on a walk that found nothing."""
-    assert ("allocator.views.gpus", True) in imports("shim.serve")
+    assert ("allocator.service.views.gpus", True) in imports("shim.serve")
     assert ("shim.serve", False) in imports("allocator.ops.cli")
-    lineup = {target for target, _ in imports("allocator.lineup")}
-    assert "allocator.core.queue" in lineup
-    assert "allocator.service" not in lineup  # under TYPE_CHECKING only
+    lineup = {target for target, _ in imports("allocator.service.lineup")}
+    assert "allocator.core.rules.queue" in lineup
+    assert "allocator.service.compose" not in lineup  # under TYPE_CHECKING only

@@ -1,11 +1,12 @@
-"""The lease life as plain data (allocator/core/leases.py): State, Lease and Claim, with no file."""
+"""The lease life as plain data (allocator/core/leases/leases.py): State, Lease and Claim, with no
+file."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
 
-from allocator.core.leases import Claim, State
+from allocator.core.leases.leases import Claim, State
 
 A, B, C, D = (f"GPU-{c * 8}" for c in "abcd")
 

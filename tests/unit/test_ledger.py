@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core.ask import Ask
-from allocator.core.inventory import GPU, Inventory
-from allocator.core.leases import REPAIR_HINT, SCHEMA_VERSION, Claim, State, StateError
+from allocator.core.judging.ask import Ask
+from allocator.core.leases.leases import REPAIR_HINT, SCHEMA_VERSION, Claim, State, StateError
+from allocator.core.machine.inventory import GPU, Inventory
 from allocator.core.placement import POLICIES, Shortage, place
 from allocator.host import journal, ledger, store
 from allocator.host.ledger import Ledger

@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 import yaml
 
-from allocator.core import service_limits
-from allocator.core.decisions import ALLOW, Deny
-from allocator.core.policy import Owner
-from allocator.core.service_marks import ChargeCheck
+from allocator.core.judging import service_limits
+from allocator.core.judging.decisions import ALLOW, Deny
+from allocator.core.judging.service_marks import ChargeCheck
+from allocator.core.rules.policy import Owner
 from allocator.host import config as configmod
 from allocator.host.engine import EngineError
-from allocator.lookups import Lookups
-from allocator.service import Allocator
+from allocator.service.compose import Allocator
+from allocator.service.lookups import Lookups
 from tests.support import engine as sim
 from tests.support.fake_engine import FakeEngine
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from allocator.core import access
-from allocator.core.ask import Ask
-from allocator.core.facts import EngineView, Node
-from allocator.core.grants import Refusal
-from allocator.core.holders import Holder
-from allocator.core.inventory import GPU, Inventory, InventoryError
-from allocator.core.mounts import Mount
+from allocator.core.access import access
+from allocator.core.access.facts import EngineView, Node
+from allocator.core.access.grants import Refusal
+from allocator.core.access.mounts import Mount
+from allocator.core.judging.ask import Ask
+from allocator.core.leases.holders import Holder
+from allocator.core.machine.inventory import GPU, Inventory, InventoryError
 from allocator.core.placement import POLICIES, Shortage, place
 from allocator.host import config as configmod
 from allocator.host.inventory import load_file

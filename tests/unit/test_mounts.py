@@ -1,12 +1,12 @@
-"""What a bind or a volume reaches (allocator/core/mounts.py): the filesystems below a
+"""What a bind or a volume reaches (allocator/core/access/mounts.py): the filesystems below a
 path, a local volume's options."""
 
 from __future__ import annotations
 
 import pytest
 
-from allocator.core import mounts
-from allocator.core.mounts import Mount
+from allocator.core.access import mounts
+from allocator.core.access.mounts import Mount
 from tests.support.table_host import V1_CGROUPS, TableHost
 
 

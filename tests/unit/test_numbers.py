@@ -1,4 +1,4 @@
-"""The one number reader (allocator/core/numbers.py): ASCII digits, the kind's units and
+"""The one number reader (allocator/core/api/numbers.py): ASCII digits, the kind's units and
 bounds, and a `BadNumber` saying what was expected for anything else."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from allocator.core import numbers
-from allocator.core.numbers import DURATION, SIZE, SPAN, BadNumber, read, whole
+from allocator.core.api import numbers
+from allocator.core.api.numbers import DURATION, SIZE, SPAN, BadNumber, read, whole
 
 CORES = whole("a whole number of cores, such as 8", high=4096)
 

@@ -12,7 +12,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from allocator.core.inventory import GPU, InventoryError
+from allocator.core.machine.inventory import GPU, InventoryError
 from allocator.host import nvml
 
 MIB = 1024 * 1024

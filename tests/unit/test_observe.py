@@ -17,15 +17,15 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from allocator.core.ask import Ask
-from allocator.core.health import XID, GpuEvent, HealthPolicy, observe
+from allocator.core.judging.ask import Ask
+from allocator.core.machine.health import XID, GpuEvent, HealthPolicy, observe
 from allocator.host import ledger, metrics, usage
 from allocator.host.config import Config, ConfigError, PolicyConfig
 from allocator.ops import gpus as gpus_table
 from allocator.ops import status as status_table
-from allocator.placer import LeaseRequest
-from allocator.service import Allocator
-from allocator.views import gpus, status
+from allocator.service.compose import Allocator
+from allocator.service.placer import LeaseRequest
+from allocator.service.views import gpus, status
 from shim import metrics_server
 from tests.support.fake_engine import FakeEngine
 

@@ -1,12 +1,12 @@
 """What the Engine's answer to a create or a removal means for the ledger
-(allocator/core/outcomes.py): one rule on both sockets."""
+(allocator/core/leases/outcomes.py): one rule on both sockets."""
 
 from __future__ import annotations
 
 import json
 
-from allocator.core import labels
-from allocator.core.outcomes import Bind, Forget, Unanswered, authz_response, create_outcome
+from allocator.core.api import labels
+from allocator.core.leases.outcomes import Bind, Forget, Unanswered, authz_response, create_outcome
 
 CID = "c0ffee" + "1" * 58
 HEADER = {labels.LEASE_HEADER: labels.lease_header("l1", "tok")}

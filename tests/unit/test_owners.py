@@ -1,5 +1,5 @@
 """Whose a shim connection is, by the peer's cgroup and the container it names: the pure
-decision (allocator/core/owners.py) and its reads (allocator/host/owners.py)."""
+decision (allocator/core/judging/owners.py) and its reads (allocator/host/owners.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from allocator.core import owners
-from allocator.core.owners import Asker, Container
-from allocator.core.policy import NOBODY, Owner
+from allocator.core.judging import owners
+from allocator.core.judging.owners import Asker, Container
+from allocator.core.rules.policy import NOBODY, Owner
 from allocator.host import owners as host_owners
 from allocator.host.peers import Peer
 from tests.support.fake_engine import FakeEngine

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator.core.inventory import GPU
+from allocator.core.machine.inventory import GPU
 from allocator.core.placement import POLICIES, best_effort, first_fit, numa
 
 

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator.core.ask import Ask
-from allocator.core.holders import Holder
-from allocator.core.inventory import GPU, Inventory
+from allocator.core.judging.ask import Ask
+from allocator.core.leases.holders import Holder
+from allocator.core.machine.inventory import GPU, Inventory
 from allocator.core.placement import Shortage, place
 from allocator.core.placement.best_effort import allocate, pair_score, set_score
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from allocator.core.inventory import GPU
+from allocator.core.machine.inventory import GPU
 from allocator.core.placement import numa
 from tests.unit.test_placement import gpus, indices, requests
 

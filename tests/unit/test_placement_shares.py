@@ -3,10 +3,10 @@ most shares out (spread when the rule says), never onto a GPU held whole."""
 
 from __future__ import annotations
 
-from allocator.core.inventory import GPU
+from allocator.core.machine.inventory import GPU
 from allocator.core.placement import Shortage
 from allocator.core.placement.shares import Out, Placed, place
-from allocator.core.sharing import ShareAsk, Sharing
+from allocator.core.rules.sharing import ShareAsk, Sharing
 
 GPUS = tuple(GPU(f"GPU-{i}", i, memory_mib=81920, minor=i) for i in range(4))
 QUARTERS = Sharing(gpus=(0, 1), shares=4)

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
-from allocator.core import verdicts
-from allocator.core.facts import EngineView
-from allocator.core.gojson import Body, BodyError
-from allocator.core.inventory import GPU, Inventory
+from allocator.core.access.facts import EngineView
+from allocator.core.api.gojson import Body, BodyError
+from allocator.core.judging import verdicts
+from allocator.core.machine.inventory import GPU, Inventory
 from allocator.host import config as configmod
-from allocator.service import Allocator
+from allocator.service.compose import Allocator
 from plugin import app
 from tests.support import engine as sim
 from tests.support.enforcement_cases import body, request

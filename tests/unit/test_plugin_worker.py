@@ -26,7 +26,7 @@ from typing import ClassVar
 import pytest
 import yaml
 
-from allocator.core.inflight import Start
+from allocator.core.leases.inflight import Start
 from allocator.host.inflight import Registry
 from tests.support import engine
 

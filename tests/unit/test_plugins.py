@@ -1,4 +1,4 @@
-"""Plugin calls that would change the authorization chain (allocator/core/plugins.py).
+"""Plugin calls that would change the authorization chain (allocator/core/access/plugins.py).
 
 The real-Engine side is tests/engine/test_plugin_chain_engine.py; these pin how names and
 references are read, as moby's distribution/reference and plugin store read them.
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.core import plugins
-from allocator.core import verdicts as decide
-from allocator.core.access import EngineView
-from allocator.core.plugins import PluginCheck, familiar, pull_name, refusal
+from allocator.core.access import plugins
+from allocator.core.access.access import EngineView
+from allocator.core.access.plugins import PluginCheck, familiar, pull_name, refusal
+from allocator.core.judging import verdicts as decide
 
 OWN_ID = "abc123" + "0" * 58
 AUTHZ_ID = "abd456" + "1" * 58

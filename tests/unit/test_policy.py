@@ -1,13 +1,14 @@
-"""allocator.core.policy and the policy keys of the config: limits, pools, labels, defaults."""
+"""allocator.core.rules.policy and the policy keys of the config: limits, pools, labels,
+defaults."""
 
 from __future__ import annotations
 
 import pytest
 
-from allocator.core import policy
-from allocator.core.inventory import GPU, Inventory
-from allocator.core.leases import Claim, Lease, Phase, State
-from allocator.core.policy import Invalid, Owner, Pool, Refusal, Rules, Ulimit, Wanted
+from allocator.core.leases.leases import Claim, Lease, Phase, State
+from allocator.core.machine.inventory import GPU, Inventory
+from allocator.core.rules import policy
+from allocator.core.rules.policy import Invalid, Owner, Pool, Refusal, Rules, Ulimit, Wanted
 from allocator.host.config import ConfigError, parse
 
 LAB = """
@@ -206,8 +207,8 @@ def test_an_old_state_file_without_owners_still_loads():
 
 
 def test_a_shortage_names_each_holder_once_with_owner_and_age():
-    from allocator.core.ask import Ask
-    from allocator.core.holders import Holder
+    from allocator.core.judging.ask import Ask
+    from allocator.core.leases.holders import Holder
     from allocator.core.placement import POLICIES, Shortage, place
 
     inventory = Inventory(INVENTORY.gpus[:4])
@@ -236,9 +237,9 @@ def test_a_shortage_names_each_holder_once_with_owner_and_age():
 
 
 def test_a_shortage_says_a_holder_is_stopped_and_how_its_gpus_come_back():
-    from allocator.core.ask import Ask
+    from allocator.core.judging.ask import Ask
+    from allocator.core.leases.reconcile import apply
     from allocator.core.placement import POLICIES, Shortage, place
-    from allocator.core.reconcile import apply
 
     inventory = Inventory(INVENTORY.gpus[:3])
     state = State()
@@ -310,7 +311,7 @@ def test_only_leases_stopped_past_the_duration_expire():
 def test_the_shim_asks_nss_about_a_uid_again_only_after_its_ttl(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from allocator.core.owners import Asker
+    from allocator.core.judging.owners import Asker
     from allocator.host import owners
 
     asked: list[int] = []
@@ -333,7 +334,7 @@ def test_an_nss_answer_given_only_in_part_is_asked_again_at_once(
 ) -> None:
     """A directory that did not answer may have left groups out: limits and pools by
     group would follow the gap for the whole TTL."""
-    from allocator.core.owners import Asker
+    from allocator.core.judging.owners import Asker
     from allocator.host import owners
 
     asked: list[int] = []
@@ -348,9 +349,9 @@ def test_an_nss_answer_given_only_in_part_is_asked_again_at_once(
 
 
 def test_a_container_created_a_moment_ago_is_not_called_stopped_or_told_to_be_removed():
-    from allocator.core.ask import Ask
+    from allocator.core.judging.ask import Ask
+    from allocator.core.leases.reconcile import apply
     from allocator.core.placement import POLICIES, Shortage, place
-    from allocator.core.reconcile import apply
 
     inventory = Inventory((GPU("GPU-0", 0),))
     state = State()
@@ -368,7 +369,7 @@ def test_a_container_created_a_moment_ago_is_not_called_stopped_or_told_to_be_re
 
 
 def test_a_request_larger_than_the_whole_host_names_the_host_not_the_pool():
-    from allocator.core.ask import Ask
+    from allocator.core.judging.ask import Ask
     from allocator.core.placement import POLICIES, Shortage, place
 
     pool = Inventory(INVENTORY.gpus[4:])  # 'interactive': 4 of the host's 8

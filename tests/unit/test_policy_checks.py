@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from allocator.core import labels, policy
-from allocator.core.inventory import GPU, Inventory
+from allocator.core.api import labels
+from allocator.core.machine.inventory import GPU, Inventory
+from allocator.core.rules import policy
 from allocator.host import config as configmod
 from allocator.host.config import ConfigError
 from allocator.ops import cli, doctor
-from allocator.views import explain
+from allocator.service.views import explain
 from tests.root.test_enforcement import CREATE_URI, DEVDIR, World, make_nodes
 from tests.support import engine
 from tests.support.enforcement_cases import body, request

@@ -1,14 +1,14 @@
-"""Privileged mode by policy (allocator/core/privileged.py): which creates ask for the whole
+"""Privileged mode by policy (allocator/core/access/privileged.py): which creates ask for the whole
 host, and which leases cover it."""
 
 from __future__ import annotations
 
 import pytest
 
-from allocator.core import privileged
-from allocator.core import verdicts as decide
-from allocator.core.facts import EngineView
-from allocator.core.inventory import GPU, Inventory
+from allocator.core.access import privileged
+from allocator.core.access.facts import EngineView
+from allocator.core.judging import verdicts as decide
+from allocator.core.machine.inventory import GPU, Inventory
 from tests.support import engine
 
 UUIDS = [engine.sim_gpu_uuid(k) for k in range(4)]

@@ -1,11 +1,20 @@
-"""allocator.core.queue: who is served first, and that nobody is delayed by those behind."""
+"""allocator.core.rules.queue: who is served first, and that nobody is delayed by those behind."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator.core.queue import OverLimit, Placed, Short, Waiter, ahead_of, kept, order, serve
+from allocator.core.rules.queue import (
+    OverLimit,
+    Placed,
+    Short,
+    Waiter,
+    ahead_of,
+    kept,
+    order,
+    serve,
+)
 
 GPUS = tuple(f"GPU-{i}" for i in range(8))
 

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from allocator.core.inventory import GPU
+from allocator.core.machine.inventory import GPU
 from allocator.core.placement import best_effort
 from allocator.host import nvml, usage
 from allocator.host.devices.nvml import NvmlEvents, NvmlSource

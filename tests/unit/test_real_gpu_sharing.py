@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core import sharing
-from allocator.core.inventory import GPU
+from allocator.core.machine.inventory import GPU
+from allocator.core.rules import sharing
 from allocator.host.mps import Daemons
 
 

@@ -1,10 +1,10 @@
-"""allocator.core.reclaim: which running GPU containers sat idle long enough to stop."""
+"""allocator.core.timing.reclaim: which running GPU containers sat idle long enough to stop."""
 
 from __future__ import annotations
 
-from allocator.core import reclaim
-from allocator.core.leases import Lease, Phase
-from allocator.core.policy import Rules
+from allocator.core.leases.leases import Lease, Phase
+from allocator.core.rules.policy import Rules
+from allocator.core.timing import reclaim
 
 RULES = Rules(exempt=("root",), reclaim_idle_after=100.0)
 READ = {"GPU-0", "GPU-1", "GPU-2"}

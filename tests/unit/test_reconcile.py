@@ -1,10 +1,10 @@
-"""Reconcile as a plan (allocator/core/reconcile.py): only what the Engine's listing proves
+"""Reconcile as a plan (allocator/core/leases/reconcile.py): only what the Engine's listing proves
 changes the ledger; what is newer than the listing is kept."""
 
 from __future__ import annotations
 
-from allocator.core.leases import Claim, State
-from allocator.core.reconcile import apply
+from allocator.core.leases.leases import Claim, State
+from allocator.core.leases.reconcile import apply
 
 CID, OTHER = "a" * 64, "b" * 64
 RUNNING = {"State": "running", "Status": "Up 2 hours"}

@@ -1,4 +1,5 @@
-"""allocator.core.report: GPU-hours held, used and idle, waits and refusals, decayed usage."""
+"""allocator.core.timing.report: GPU-hours held, used and idle, waits and refusals, decayed
+usage."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import math
 
 import pytest
 
-from allocator.core import events
-from allocator.core.report import (
+from allocator.core.leases import events
+from allocator.core.timing.report import (
     NONE,
     Bucket,
     Held,
@@ -19,7 +20,7 @@ from allocator.core.report import (
     shares,
     weighed,
 )
-from allocator.core.uses import uses
+from allocator.core.timing.uses import uses
 
 HOUR = 3600.0
 A, B, C = "GPU-aaaa", "GPU-bbbb", "GPU-cccc"

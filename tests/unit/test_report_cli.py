@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core import events
-from allocator.core.usage import Usage
+from allocator.core.leases import events
+from allocator.core.timing.usage import Usage
 from allocator.host.audit import AuditLog
 from allocator.host.samples import Samples
 from allocator.ops import cli
-from allocator.views import report as report_view
-from allocator.views import wire
+from allocator.service.views import report as report_view
+from allocator.service.views import wire
 
 A, B = "GPU-aaaa", "GPU-bbbb"
 

@@ -1,4 +1,4 @@
-"""The reservation rules (allocator/core/reservations.py), as data."""
+"""The reservation rules (allocator/core/timing/reservations.py), as data."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from allocator.core import reservations as rsv
-from allocator.core.inventory import GPU
-from allocator.core.leases import Lease
+from allocator.core.leases.leases import Lease
+from allocator.core.machine.inventory import GPU
 from allocator.core.placement import first_fit
-from allocator.core.policy import Owner
+from allocator.core.rules.policy import Owner
+from allocator.core.timing import reservations as rsv
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC).timestamp()
 H = 3600.0

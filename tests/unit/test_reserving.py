@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from allocator.core import policy
-from allocator.core.ask import Ask
+from allocator.core.judging.ask import Ask
 from allocator.core.placement import Shortage
-from allocator.core.policy import Owner, Wanted
+from allocator.core.rules import policy
+from allocator.core.rules.policy import Owner, Wanted
 from allocator.host import config as configmod
 from allocator.host import ledger
 from allocator.host.audit import AuditLog
 from allocator.ops import cli
-from allocator.placer import LeaseRequest
-from allocator.service import Allocator
-from allocator.views.explain import explain
+from allocator.service.compose import Allocator
+from allocator.service.placer import LeaseRequest
+from allocator.service.views.explain import explain
 from tests.support import engine as sim
 from tests.support.fake_engine import FakeEngine
 
@@ -130,7 +130,7 @@ def test_reserving_and_cancelling_are_audited(alloc) -> None:
 
 
 def test_a_count_reservation_moves_off_a_gpu_that_turned_unhealthy(alloc) -> None:
-    from allocator.core import health
+    from allocator.core.machine import health
 
     now = ledger.now()
     made = alloc.reservations.reserve("root", (now + 10, now + 60), count=1)
@@ -217,7 +217,7 @@ def test_reserving_needs_root(config, capsys, monkeypatch) -> None:
 def test_a_create_waiting_for_a_reserved_gpu_is_served_when_the_window_ends(alloc) -> None:
     import asyncio
 
-    from allocator.placer import LeaseRequest
+    from allocator.service.placer import LeaseRequest
     from shim.waitline import Waitline
 
     assert not isinstance(lease(alloc, BOB), Shortage)  # GPU 0: nothing else frees a GPU
@@ -238,7 +238,7 @@ def test_a_create_waiting_for_a_reserved_gpu_is_served_when_the_window_ends(allo
 
 
 def test_two_reservations_repicked_at_once_never_share_a_gpu(tmp_path) -> None:
-    from allocator.core import health
+    from allocator.core.machine import health
 
     alloc = Allocator(configmod.load(str(write_config(tmp_path, 3))), FakeEngine())  # type: ignore[arg-type]
     now = ledger.now()

@@ -13,16 +13,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from allocator.core import compose, outcomes, restarts
-from allocator.core import verdicts as decide
-from allocator.core.leases import Phase
-from allocator.core.routes import classify
-from allocator.core.verdicts import UpdateCheck
+from allocator.core.api.routes import classify
+from allocator.core.judging import compose
+from allocator.core.judging import verdicts as decide
+from allocator.core.judging.verdicts import UpdateCheck
+from allocator.core.leases import outcomes, restarts
+from allocator.core.leases.leases import Phase
 from allocator.host import config as configmod
 from allocator.host.engine import EngineError
 from allocator.ops.repair import repair
-from allocator.placer import LeaseRequest
-from allocator.service import Allocator
+from allocator.service.compose import Allocator
+from allocator.service.placer import LeaseRequest
 from tests.support.fake_engine import FakeEngine
 from tests.unit.test_service import GPUS, create, leased, one
 

@@ -1,10 +1,10 @@
-"""The canonical create body the shim forwards (allocator/core/rewrite.py)."""
+"""The canonical create body the shim forwards (allocator/core/api/rewrite.py)."""
 
 from __future__ import annotations
 
-from allocator.core import labels
-from allocator.core.cpus import Placed
-from allocator.core.rewrite import rewrite, strip_labels
+from allocator.core.api import labels
+from allocator.core.api.rewrite import rewrite, strip_labels
+from allocator.core.machine.cpus import Placed
 
 GPUS = ("GPU-a", "GPU-b")
 ASKED = {"Count": 2, "Capabilities": [["gpu"]]}

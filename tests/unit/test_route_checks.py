@@ -1,15 +1,15 @@
-"""The checks of writes other than a create (allocator/core/route_checks.py): starts,
+"""The checks of writes other than a create (allocator/core/judging/route_checks.py): starts,
 updates, execs, swarm services, volume creates, routes gpu-alloc does not know."""
 
 from __future__ import annotations
 
 import json
 
-from allocator.core.decisions import ALLOW, Deny, Facts, StartCheck, UpdateCheck
-from allocator.core.facts import EngineView
-from allocator.core.inventory import Inventory
-from allocator.core.route_checks import CHECKS, needs_body
-from allocator.core.routes import classify
+from allocator.core.access.facts import EngineView
+from allocator.core.api.routes import classify
+from allocator.core.judging.decisions import ALLOW, Deny, Facts, StartCheck, UpdateCheck
+from allocator.core.judging.route_checks import CHECKS, needs_body
+from allocator.core.machine.inventory import Inventory
 from tests.support.table_host import TableHost
 
 FACTS = Facts(Inventory(()), EngineView(), TableHost())

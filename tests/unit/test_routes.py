@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from allocator.core import routes
-from allocator.core.routes import Check, Route, RouteError, api_version, classify, needs_check
+from allocator.core.api import routes
+from allocator.core.api.routes import Check, Route, RouteError, api_version, classify, needs_check
 
 NAME = "a/b"  # names may hold slashes: routes are told apart by their fixed suffix
 WRITE_METHODS = ("POST", "PUT", "DELETE")

@@ -12,17 +12,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from allocator.core import compose, labels, outcomes
-from allocator.core import verdicts as decide
-from allocator.core.access import EngineView
-from allocator.core.ask import Ask
-from allocator.core.inventory import InventoryError
-from allocator.core.leases import Phase
+from allocator.core.access.access import EngineView
+from allocator.core.api import labels
+from allocator.core.judging import compose
+from allocator.core.judging import verdicts as decide
+from allocator.core.judging.ask import Ask
+from allocator.core.leases import outcomes
+from allocator.core.leases.leases import Phase
+from allocator.core.machine.inventory import InventoryError
 from allocator.core.placement import Shortage
 from allocator.host import config as configmod
 from allocator.host import ledger
-from allocator.placer import LeaseRequest
-from allocator.service import Allocator
+from allocator.service.compose import Allocator
+from allocator.service.placer import LeaseRequest
 from tests.support import engine as sim
 from tests.support.fake_engine import FakeEngine
 

@@ -1,10 +1,10 @@
-"""allocator.core.service_fields: the ServiceSpec tables keep the shape of moby's structs."""
+"""allocator.core.api.service_fields: the ServiceSpec tables keep the shape of moby's structs."""
 
 import pytest
 
-from allocator.core import gojson, service_fields
-from allocator.core.fields import ListOf, MapOf, Struct
-from allocator.core.gojson import go_fold
+from allocator.core.api import gojson, service_fields
+from allocator.core.api.fields import ListOf, MapOf, Struct
+from allocator.core.api.gojson import go_fold
 
 
 def structs_of(root: Struct) -> list[Struct]:

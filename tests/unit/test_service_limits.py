@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from allocator.core import labels, service_limits
-from allocator.core.policy import Owner, Rules
+from allocator.core.api import labels
+from allocator.core.judging import service_limits
+from allocator.core.rules.policy import Owner, Rules
 
 ALICE = Owner(1001, "alice", ("ml",))
 BOB = Owner(1002, "bob")

@@ -1,5 +1,5 @@
 """Service writes the shim made, and what one made on dockerd's own socket may set
-(allocator/core/service_marks.py)."""
+(allocator/core/judging/service_marks.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from allocator.core import service_marks as marks
-from allocator.core import verdicts as decide
-from allocator.core.decisions import Deny
-from allocator.core.facts import EngineView
-from allocator.core.service_marks import Signing
+from allocator.core.access.facts import EngineView
+from allocator.core.judging import service_marks as marks
+from allocator.core.judging import verdicts as decide
+from allocator.core.judging.decisions import Deny
+from allocator.core.judging.service_marks import Signing
 from allocator.host import swarm_config
 from tests.support.table_host import TableHost
 

@@ -1,4 +1,5 @@
-"""Swarm service specs as a manager's plugin and shim judge them (allocator/core/services.py).
+"""Swarm service specs as a manager's plugin and shim judge them
+(allocator/core/judging/services.py).
 
 A task never passes a plugin, so the spec is all there is to judge: a service may reach
 GPUs only through a generic-resource reservation, must pin NVIDIA_VISIBLE_DEVICES=void
@@ -12,10 +13,11 @@ import json
 
 import pytest
 
-from allocator.core import decisions, gojson, route_checks, services
-from allocator.core.decisions import Deny, Facts
-from allocator.core.facts import EngineView, Node
-from allocator.core.routes import classify
+from allocator.core.access.facts import EngineView, Node
+from allocator.core.api import gojson
+from allocator.core.api.routes import classify
+from allocator.core.judging import decisions, route_checks, services
+from allocator.core.judging.decisions import Deny, Facts
 from tests.support.table_host import TableHost
 from tests.unit.test_access import INVENTORY
 
@@ -46,7 +48,7 @@ def judge(body: dict, host: TableHost | None = None) -> str | None:
 
 def verdict(uri: str, body: bytes | None, marked: bool = True) -> decisions.Decision:
     """The plugin's verdict on a service write; ``marked``: one the shim forwarded
-    (`core.service_marks`), so only its spec is judged."""
+    (`core.judging.service_marks`), so only its spec is judged."""
     facts = Facts(INVENTORY, ENGINE, TableHost())
     return route_checks.service(classify("POST", uri), "POST", uri, body, facts, marked)
 

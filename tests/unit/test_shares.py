@@ -1,4 +1,5 @@
-"""allocator.shares: decayed usage from the audit trail, kept a few seconds, re-read aside."""
+"""allocator.service.shares: decayed usage from the audit trail, kept a few seconds, re-read
+aside."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from allocator import shares
-from allocator.core import events
+from allocator.core.leases import events
 from allocator.host.audit import AuditLog
 from allocator.host.held import HeldRecord
 from allocator.ops.explain import render
 from allocator.ops.status import fair_share_line
+from allocator.service import shares
 
 A = "GPU-aaaa"
 HOUR = 3600.0
@@ -77,11 +78,11 @@ def test_a_flood_of_denials_rotating_the_audit_trail_leaves_fair_share_its_memor
 ) -> None:
     """Fair share reads its own record of ended leases: the audit trail's size rotation
     (here after a few hundred bytes) drops the grant and release, not alice's use."""
-    from allocator.core.ask import Ask
-    from allocator.core.policy import Owner
+    from allocator.core.judging.ask import Ask
+    from allocator.core.rules.policy import Owner
     from allocator.host.config import Config
-    from allocator.placer import LeaseRequest
-    from allocator.service import Allocator
+    from allocator.service.compose import Allocator
+    from allocator.service.placer import LeaseRequest
     from tests.support import engine as sim
 
     gpus = sim.write_sim_gpus(tmp_path / "gpus.yaml", 2)

@@ -1,5 +1,5 @@
 """Shared GPUs as plain data: the policy, a share's ask, where shares go, what they get,
-how they count, and how the ledger keeps them (allocator/core/sharing.py and
+how they count, and how the ledger keeps them (allocator/core/rules/sharing.py and
 allocator/core/placement/shares.py)."""
 
 from __future__ import annotations
@@ -10,19 +10,23 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core import access, events, labels, policy, queue, report, sharing
-from allocator.core.facts import EngineView
-from allocator.core.inventory import GPU, Inventory
-from allocator.core.leases import State
+from allocator.core.access import access
+from allocator.core.access.facts import EngineView
+from allocator.core.api import labels
+from allocator.core.leases import events
+from allocator.core.leases.leases import State
+from allocator.core.machine.inventory import GPU, Inventory
 from allocator.core.placement import Shortage
 from allocator.core.placement.shares import Out, Placed, out_of, place
-from allocator.core.sharing import ShareAsk, Sharing
-from allocator.core.uses import uses
+from allocator.core.rules import policy, queue, sharing
+from allocator.core.rules.sharing import ShareAsk, Sharing
+from allocator.core.timing import report
+from allocator.core.timing.uses import uses
 from allocator.host import config
 from allocator.host import mps as host_mps
 from allocator.ops import gpus as gpus_view
 from allocator.ops import sharing_doctor
-from allocator.views import shares as shared_view
+from allocator.service.views import shares as shared_view
 from shim import metrics_server
 from tests.support.table_host import TableHost
 
@@ -347,7 +351,7 @@ class FakeDaemons:
 
 
 def test_the_mps_part_keeps_one_daemon_per_gpu_with_shares_out(tmp_path) -> None:
-    from allocator.service import Allocator
+    from allocator.service.compose import Allocator
 
     gpus = tmp_path / "gpus.yaml"
     gpus.write_text("[{uuid: GPU-0, index: 0, memory_mib: 81920}, {uuid: GPU-1, index: 1}]\n")

@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from allocator.core import outcomes
-from allocator.core import verdicts as decide
-from allocator.core.facts import EngineView, Node
-from allocator.core.inventory import GPU, Inventory
-from allocator.core.leases import Lease, Phase, State
-from allocator.core.mounts import Mount
-from allocator.core.starts import refusal
+from allocator.core.access.facts import EngineView, Node
+from allocator.core.access.mounts import Mount
+from allocator.core.judging import verdicts as decide
+from allocator.core.judging.starts import refusal
+from allocator.core.leases import outcomes
+from allocator.core.leases.leases import Lease, Phase, State
+from allocator.core.machine.inventory import GPU, Inventory
 
 UUIDS = [f"GPU-{k}" for k in range(4)]
 INVENTORY = Inventory(tuple(GPU(u, k, minor=k) for k, u in enumerate(UUIDS)))

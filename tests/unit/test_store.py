@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core.leases import StateError
+from allocator.core.leases.leases import StateError
 from allocator.host import store
 from allocator.host.store import Lock, LockTimeout
 

@@ -1,5 +1,5 @@
 """`gpu-alloc swarm configure`: daemon.json's and the toolkit's swarm settings
-(allocator/core/swarm_files.py), and the command that writes them."""
+(allocator/core/rules/swarm_files.py), and the command that writes them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from allocator.core import swarm_files
+from allocator.core.rules import swarm_files
 from tests.support.engine import gpu_alloc
 
 GPUS = ("GPU-aaaa", "GPU-bbbb")
@@ -103,7 +103,7 @@ def test_doctor_fails_a_node_whose_files_lack_its_swarm_gpus(tmp_path: Path) -> 
 
 
 def test_doctor_says_to_drain_a_node_whose_swarm_gpu_is_unhealthy(tmp_path: Path) -> None:
-    from allocator.core.health import GpuEvent, GpuHealth
+    from allocator.core.machine.health import GpuEvent, GpuHealth
     from allocator.host.health import HealthFile
     from allocator.host.ledger import Ledger
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.core import access, policy, verdicts
-from allocator.core.decisions import Deny, Facts
-from allocator.core.facts import EngineView
-from allocator.core.inventory import GPU, Inventory
-from allocator.core.policy import Owner, Refusal, Wanted
+from allocator.core.access import access
+from allocator.core.access.facts import EngineView
+from allocator.core.judging import verdicts
+from allocator.core.judging.decisions import Deny, Facts
+from allocator.core.machine.inventory import GPU, Inventory
+from allocator.core.rules import policy
+from allocator.core.rules.policy import Owner, Refusal, Wanted
 from allocator.host.config import ConfigError, parse
 from allocator.ops.cli import StartupError, check_default_runtime
 from tests.support.table_host import TableHost

@@ -13,12 +13,12 @@ from typing import Any
 
 import yaml
 
-from allocator.core import timelimits
-from allocator.core.ask import Ask
-from allocator.core.policy import NOBODY, Invalid, Owner, Wanted
+from allocator.core.judging.ask import Ask
+from allocator.core.rules.policy import NOBODY, Invalid, Owner, Wanted
+from allocator.core.timing import timelimits
 from allocator.host import config as configmod
-from allocator.placer import LeaseRequest
-from allocator.service import Allocator
+from allocator.service.compose import Allocator
+from allocator.service.placer import LeaseRequest
 from tests.support import engine as sim
 from tests.support.fake_engine import FakeEngine
 
@@ -190,7 +190,7 @@ def audit_lines(alloc: Allocator, event: str) -> list[dict[str, Any]]:
 
 def test_status_shows_the_limit_and_the_time_left(tmp_path):
     from allocator.ops.status import render_table
-    from allocator.views.status import snapshot
+    from allocator.service.views.status import snapshot
 
     alloc = make(tmp_path, POLICY)
     lease_id, cid = running_job(alloc)

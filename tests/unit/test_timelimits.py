@@ -1,4 +1,4 @@
-"""allocator.core.timelimits: which limit applies, the label's ask, which containers are
+"""allocator.core.timing.timelimits: which limit applies, the label's ask, which containers are
 past theirs; and the policy.time_limit keys of the config."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from allocator.core import policy, timelimits
-from allocator.core.leases import Lease, Phase, State, lease_from_json
-from allocator.core.policy import Invalid, Owner, Rules
+from allocator.core.leases.leases import Lease, Phase, State, lease_from_json
+from allocator.core.rules import policy
+from allocator.core.rules.policy import Invalid, Owner, Rules
+from allocator.core.timing import timelimits
 from allocator.host.config import ConfigError, parse
 
 LAB = """
@@ -109,7 +110,7 @@ def test_a_malformed_label_is_a_400_naming_it_and_the_accepted_forms(raw):
 
 
 def test_the_label_is_known_and_read_into_the_request():
-    from allocator.core import labels
+    from allocator.core.api import labels
 
     assert labels.unknown({policy.TIME: "6h"}) is None
     assert policy.wanted({policy.TIME: "6h"}) == policy.Wanted(time=6 * H)

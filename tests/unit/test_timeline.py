@@ -1,4 +1,4 @@
-"""The dashboard's timeline (allocator/views/timeline.py) and ``/api/timeline``: held
+"""The dashboard's timeline (allocator/service/views/timeline.py) and ``/api/timeline``: held
 intervals per GPU, reservations ahead and GPU-hours per owner, from audit lines,
 utilisation samples and reservations written as fixtures."""
 
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core import events
-from allocator.core.reservations import Reservation
+from allocator.core.leases import events
+from allocator.core.timing.reservations import Reservation
 from allocator.host.samples import _day
-from allocator.service import Allocator
-from allocator.views import gpus, report
-from allocator.views.timeline import Timeline, build
+from allocator.service.compose import Allocator
+from allocator.service.views import gpus, report
+from allocator.service.views.timeline import Timeline, build
 from shim import metrics_server
 from tests.unit.test_observe import UUIDS, free_port, world
 

@@ -1,10 +1,10 @@
-"""core.uses: the audit trail's grants joined to their releases, the one join that
+"""core.timing.uses: the audit trail's grants joined to their releases, the one join that
 ``gpu-alloc history``, ``report`` and fair share read."""
 
 from __future__ import annotations
 
-from allocator.core import events
-from allocator.core.uses import uses
+from allocator.core.leases import events
+from allocator.core.timing.uses import uses
 
 A = "GPU-aaaa"
 

@@ -1,16 +1,16 @@
-"""The verdict on a call before the Engine acts (allocator/core/verdicts.py): a create
+"""The verdict on a call before the Engine acts (allocator/core/judging/verdicts.py): a create
 reaches a GPU only with the lease its header and label both name."""
 
 from __future__ import annotations
 
 import json
 
-from allocator.core import labels
-from allocator.core import verdicts as decide
-from allocator.core.ask import Ask
-from allocator.core.decisions import ALLOW, Facts, NeedsLease
-from allocator.core.facts import EngineView
-from allocator.core.inventory import GPU, Inventory
+from allocator.core.access.facts import EngineView
+from allocator.core.api import labels
+from allocator.core.judging import verdicts as decide
+from allocator.core.judging.ask import Ask
+from allocator.core.judging.decisions import ALLOW, Facts, NeedsLease
+from allocator.core.machine.inventory import GPU, Inventory
 from tests.support.table_host import TableHost
 
 UUIDS = [f"GPU-{k}0000000-0000-0000-0000-000000000000" for k in range(2)]

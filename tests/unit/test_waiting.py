@@ -17,17 +17,19 @@ from typing import Any
 import pytest
 import yaml
 
-from allocator.core import labels, outcomes, policy
-from allocator.core.ask import Ask
-from allocator.core.leases import Phase
+from allocator.core.api import labels
+from allocator.core.judging.ask import Ask
+from allocator.core.leases import outcomes
+from allocator.core.leases.leases import Phase
 from allocator.core.placement import Shortage
-from allocator.core.policy import Invalid, Owner, Refusal, Wanted
-from allocator.core.queue import Waiter
+from allocator.core.rules import policy
+from allocator.core.rules.policy import Invalid, Owner, Refusal, Wanted
+from allocator.core.rules.queue import Waiter
 from allocator.host import config as configmod
 from allocator.ops import status
-from allocator.placer import LeaseRequest
-from allocator.service import Allocator
-from allocator.views import explain
+from allocator.service.compose import Allocator
+from allocator.service.placer import LeaseRequest
+from allocator.service.views import explain
 from shim import create as shim_create
 from shim import server
 from shim.framing import Request, Response

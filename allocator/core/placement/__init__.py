@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from allocator.core.ask import Ask
-from allocator.core.holders import Holder
-from allocator.core.inventory import GPU, Inventory
+from allocator.core.judging.ask import Ask
+from allocator.core.leases.holders import Holder
+from allocator.core.machine.inventory import GPU, Inventory
 from allocator.core.placement import best_effort, first_fit, numa
-from allocator.core.queue import Kept
-from allocator.core.reservations import Reserved
+from allocator.core.rules.queue import Kept
+from allocator.core.timing.reservations import Reserved
 
 Policy = Callable[[Sequence[GPU], Sequence[GPU], int], list[GPU] | None]
 
@@ -54,7 +54,7 @@ def place(
 
     ``where`` names the set ``inventory`` is (a pool, say) in the shortage text; ``now``
     lets it say how long each holder has held its GPUs.  ``unhealthy`` (UUID -> the
-    event, from allocator.core.health) are never placed; an explicit request for one is
+    event, from allocator.core.machine.health) are never placed; an explicit request for one is
     refused naming its event, since waiting will not help.  ``mig`` is ``policy.mig``:
     which of GPUs and MIG slices are units (`Inventory.units`); a held GPU blocks its
     slices and a held slice its GPU, whoever holds them.  ``host_units``: how many units
@@ -253,7 +253,7 @@ def _kept_hint(holders: Sequence[Holder | None]) -> str:
 
 
 def _reserved_hint(holders: Sequence[Holder | None]) -> str:
-    """Said once: what to do about GPUs a reservation keeps (`core.reservations`)."""
+    """Said once: what to do about GPUs a reservation keeps (`core.timing.reservations`)."""
     reserved = [h for h in holders if isinstance(h, Reserved)]
     if not reserved:
         return ""

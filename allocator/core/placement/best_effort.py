@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from functools import cache, lru_cache
 from itertools import combinations
 
-from allocator.core.inventory import GPU
+from allocator.core.machine.inventory import GPU
 
 # go-gpuallocator's weights (gpuallocator/device.go, calculateGPUPairScore).
 PCIE_WEIGHTS = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from allocator.core.inventory import GPU
+from allocator.core.machine.inventory import GPU
 
 
 def allocate(available: Sequence[GPU], required: Sequence[GPU], size: int) -> list[GPU] | None:

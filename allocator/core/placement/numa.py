@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from allocator.core.inventory import GPU
+from allocator.core.machine.inventory import GPU
 
 
 def allocate(available: Sequence[GPU], required: Sequence[GPU], size: int) -> list[GPU] | None:

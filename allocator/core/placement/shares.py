@@ -1,4 +1,4 @@
-"""Placing a share: which shared GPU a share ask goes on (allocator/core/sharing.py).
+"""Placing a share: which shared GPU a share ask goes on (allocator/core/rules/sharing.py).
 
 Pure, like the other placement policies: the GPUs the policy lets a create have, the
 shares out on each and the GPUs held otherwise come in; a GPU, or why none, goes out.
@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from allocator.core.inventory import GPU
-from allocator.core.leases import Lease, Phase
+from allocator.core.leases.leases import Lease, Phase
+from allocator.core.machine.inventory import GPU
 from allocator.core.placement import Shortage
-from allocator.core.sharing import ANY_USER, MPS, ShareAsk, Sharing, rule_for
+from allocator.core.rules.sharing import ANY_USER, MPS, ShareAsk, Sharing, rule_for
 
 
 @dataclass(frozen=True)

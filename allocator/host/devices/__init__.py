@@ -9,7 +9,7 @@ a path     `SimulatedSource` (devices/simulated.py)   a YAML file (tests, demos)
 
 MIG slices are no kind of their own: each source lists a MIG-mode GPU's slices in its
 inventory.  Shared GPUs (MPS, time-slicing) are whole GPUs the policy's ``sharing:``
-section lends out (allocator/core/sharing.py); a source that reads them some other way
+section lends out (allocator/core/rules/sharing.py); a source that reads them some other way
 (a vGPU or replica list, as the Kubernetes device plugin has) is one more row here.
 """
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from allocator.core.health import GpuEvent
-from allocator.core.inventory import Inventory
-from allocator.core.usage import Usage
+from allocator.core.machine.health import GpuEvent
+from allocator.core.machine.inventory import Inventory
+from allocator.core.timing.usage import Usage
 
 
 class EventSource(Protocol):

@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from allocator.core.health import DOUBLE_BIT, SINGLE_BIT, XID, GpuEvent
-from allocator.core.inventory import Inventory, InventoryError
-from allocator.core.usage import Process, Usage
+from allocator.core.machine.health import DOUBLE_BIT, SINGLE_BIT, XID, GpuEvent
+from allocator.core.machine.inventory import Inventory, InventoryError
+from allocator.core.timing.usage import Process, Usage
 from allocator.host.inventory import load_file
 
 MIB = 1024 * 1024

@@ -1,0 +1,82 @@
+"""Reconcile as a plan: make the ledger agree with what the Engine proved exists.
+
+The service takes a snapshot of the ledger *before* it lists the Engine's
+containers, then calls `apply` under the lock with the fresh state.  Only what
+was already recorded when the Engine was asked can be proven gone by its answer:
+a lease or claim newer than the listing is kept, whatever the listing says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from allocator.core.leases.leases import Claim, State
+
+# The listing's states of a container that runs nothing but still holds what it was given.
+STOPPED = frozenset({"exited", "created", "dead"})
+
+
+@dataclass
+class Report:
+    """What a reconcile changed, for logs and ``gpu-alloc repair``; and which of the
+    listed containers were stopped, so the shortage that ran it can say so of their GPUs
+    without asking the Engine again."""
+
+    freed: list[str] = field(default_factory=list)
+    bound: list[str] = field(default_factory=list)
+    adopted: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    stopped: dict[str, str] = field(default_factory=dict)  # container -> its status
+
+    def __bool__(self) -> bool:
+        """Did it change the ledger?  (What it saw stopped changes nothing.)"""
+        return bool(self.freed or self.bound or self.adopted or self.dropped)
+
+
+def apply(
+    state: State,
+    snapshot: State,
+    exists: Mapping[str, Mapping[str, Any]],
+    by_label: dict[str, str],
+    found: dict[str, Claim],
+    now: float,
+) -> Report:
+    """Apply what the Engine proved; leases and claims newer than the listing are kept.
+
+    ``exists``: container id -> its entry in the Engine's listing ("State", "Status").
+    """
+    report = Report(stopped=_stopped(exists))
+    for lease in list(state.leases.values()):
+        before = snapshot.leases.get(lease.id)
+        if lease.container is not None:
+            if lease.container not in exists and before and before.container == lease.container:
+                state.release(lease.id)
+                report.freed.append(lease.id)
+        elif lease.id in by_label:
+            state.bind(lease.id, by_label[lease.id])
+            report.bound.append(lease.id)
+        elif now > lease.deadline:
+            state.release(lease.id)
+            report.freed.append(lease.id)
+    for cid in list(state.claims):
+        if cid not in exists and cid in snapshot.claims:
+            del state.claims[cid]
+            report.dropped.append(cid)
+    for cid, claim in found.items():
+        if state.lease_of(cid) is None:
+            state.claims[cid] = claim
+            report.adopted.append(cid)
+    state.adopted_at = now
+    return report
+
+
+def _stopped(listed: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """Container id -> the Engine's status ("Exited (0) 2 hours ago") for each listed
+    container that is not running."""
+    return {
+        cid: str(c.get("Status") or c["State"])
+        for cid, c in listed.items()
+        if c.get("State") in STOPPED
+    }

@@ -1,0 +1,2 @@
+"""The machine as data: the GPU inventory, CPU cores and memory, health, each GPU's state for
+every view."""

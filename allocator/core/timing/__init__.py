@@ -1,0 +1,1 @@
+"""Time: limits, idle reclaim, reservations, live usage and usage reports."""

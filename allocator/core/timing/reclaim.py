@@ -1,0 +1,73 @@
+"""Idle reclaim: which running GPU containers have left their GPUs unused long enough
+to be stopped (``policy.reclaim_idle_after``; unset: none).
+
+A container is idle when every GPU of its lease ran no process at 0 % utilisation
+since the latest of its grant, its container's last start and the last time any of
+its GPUs was seen in use (`allocator/core/timing/usage.py`'s rule, over the whole lease).
+Only a GPU whose use was read counts as unused (``usage.known``: a utilisation
+figure and its process list): a GPU whose use cannot be read now, or reads memory
+and power but no utilisation, never gets its container stopped.  The exempt
+(``policy.exempt``) are never reclaimed.  A reclaimed container keeps its lease as
+any stopped one does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+
+from allocator.core.leases.holders import ago
+from allocator.core.leases.leases import Lease
+from allocator.core.rules.policy import Rules
+from allocator.core.timing.timelimits import GRACE_MAX, live
+
+
+def idle_since(
+    lease: Lease,
+    read: Collection[str],
+    active: Collection[str],
+    last_active: Mapping[str, float],
+    started: float | None,
+) -> float | None:
+    """Since when all the lease's GPUs went unused; None while any is in use or unread."""
+    if not lease.gpus or any(u in active or u not in read for u in lease.gpus):
+        return None
+    seen = [last_active.get(u, 0.0) for u in lease.gpus]
+    return max(lease.created, started or 0.0, *seen)
+
+
+def idle(
+    leases: Iterable[Lease],
+    running: Mapping[str, float | None],
+    read: Collection[str],
+    active: Collection[str],
+    last_active: Mapping[str, float],
+    now: float,
+    rules: Rules,
+) -> list[Lease]:
+    """The leases whose running container is to be stopped as idle at ``now``.
+
+    ``running``: container -> when it last started (None: not known yet); ``read``: the
+    GPUs whose use was read now, ``active`` those in use; ``last_active``: GPU -> the
+    last time it was seen in use."""
+    after = rules.reclaim_idle_after
+    if after is None:
+        return []
+    found = []
+    for le in live(leases):
+        cid = le.container or ""
+        if cid not in running or (le.owner or "unknown") in rules.exempt:
+            continue
+        since = idle_since(le, read, active, last_active, running[cid])
+        if since is not None and now - since >= after:
+            found.append(le)
+    return found
+
+
+def reason(after: float) -> str:
+    """Why the timekeeper stopped an idle container, for the audit trail and log."""
+    return (
+        f"its GPUs ran no process at 0 % utilisation for {ago(after)} "
+        "(policy.reclaim_idle_after); stopped with the Engine's stop (its grace period, at "
+        f"most {GRACE_MAX}s); "
+        "it keeps its GPUs until policy.release_stopped_after, or until removed"
+    )

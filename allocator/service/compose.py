@@ -1,0 +1,114 @@
+"""The service: its parts, composed.  Each part owns one job and gets the parts it needs.
+
+Theory of operation
+-------------------
+`Allocator` builds the parts and holds them; it decides nothing itself.  The adapters
+(shim/, plugin/) and the CLI call the part that owns what they ask:
+
+- ``gather`` (`Gatherer`, allocator/service/gather.py): the facts, each cached while it stays
+  true: the GPU inventory (from the host's `DeviceSource`, allocator/host/devices/),
+  the Engine's view, the policy in force, the GPUs' health.
+- ``recorder`` (`Recorder`): the audit trail, and who hears that a lease ended.
+- ``reservations`` (`Reservations`): GPUs reserved for a user or group in a window,
+  and what they keep from everyone else's placement.
+- ``placer`` (`Placer`): the grant plan's shell (core/grant_plan.py): reads, records.
+- ``line`` (`Lineup`): the waiting line's grants and what it keeps from others.
+- ``fair_share`` (`FairShare`): each owner's decayed GPU usage from its own record,
+  which orders the line's equal priorities when policy.fair_share is set.
+- ``reconciler`` (`Reconciler`): makes the ledger agree with what the Engine proves.
+- ``restarts`` (`Restarts`): which starts may happen, asked or by a restart policy.
+- ``book`` (`LeaseBook`): every change to a lease (grant, bind, release, settle).
+- ``admission`` (`Admission`): settles a core verdict that needs the ledger or the
+  Engine into allow or deny.
+- ``lookups`` (`Lookups`): the adapters' questions of the Engine and the ledger.
+- ``creates`` (`Creates`): the shim's create flow, from a decoded create to its lease,
+  its rewritten body, its durable grant and its settlement.
+- ``timekeeper`` (`Timekeeper`): stops GPU containers past their time limit or idle
+  too long (the shim runs it).
+- ``mps`` (`Mps`): the MPS control daemon of each shared GPU with shares out (the shim
+  runs it).
+- ``background`` (`Background`, allocator/service/background.py): every thread and pool the
+  parts run, started, stopped and watched in one place (the shim starts it).
+
+Every decision itself is made in allocator/core/; the parts read the facts, call it, and
+apply what it returns.  No part calls back up into the one that called it.
+"""
+
+from __future__ import annotations
+
+from allocator.host.audit import AuditLog
+from allocator.host.config import Config
+from allocator.host.engine import Engine
+from allocator.host.filesystem import Host
+from allocator.host.health import HealthFile
+from allocator.host.held import HeldRecord
+from allocator.host.ledger import Ledger
+from allocator.service.admission import Admission
+from allocator.service.background import Background
+from allocator.service.creates import Creates
+from allocator.service.gather import Gatherer
+from allocator.service.leasebook import LeaseBook
+from allocator.service.lineup import Lineup
+from allocator.service.lookups import Lookups
+from allocator.service.mps import Mps
+from allocator.service.placer import Placer
+from allocator.service.reconciler import Reconciler
+from allocator.service.recorder import Recorder
+from allocator.service.reserving import Reservations
+from allocator.service.restarts import Restarts
+from allocator.service.shares import FairShare
+from allocator.service.timekeeper import Timekeeper
+
+
+class Allocator:
+    """The composition root: the host's stores and the parts built on them.
+
+    ``engine`` None: no Engine to ask (tests of the ledger alone, `gpu-alloc health`);
+    ``host``: the filesystem as access reads it (tests give tables).
+    """
+
+    def __init__(self, config: Config, engine: Engine | None = None, host: Host | None = None):
+        self.config = config
+        self.engine = engine
+        self.background = Background()
+        self.ledger = Ledger(config.state_dir, config.policy.lock_timeout)
+        self.audit = AuditLog(config.state_dir)
+        self.health = HealthFile(self.ledger)
+        self.gather = Gatherer(config, engine, self.health, host)
+        self.held = HeldRecord(config.state_dir)
+        self.recorder = Recorder(self.audit, self.gather, self.held)
+        self.health.listeners.append(self.recorder.health_turned)
+        self.reservations = Reservations(config, self.ledger, self.gather, self.recorder)
+        self.placer = Placer(config, self.gather, self.reservations)
+        self.fair_share = FairShare(self.audit, self.held, self.background)
+        self.line = Lineup(self.ledger, self.gather, self.placer, self.recorder, self.fair_share)
+        self.reconciler = Reconciler(
+            engine, self.ledger, self.gather, self.recorder, self.reservations
+        )
+        self.restarts = Restarts(
+            engine, self.ledger, self.gather, self.recorder, self.reconciler, self.reservations
+        )
+        self.book = LeaseBook(
+            engine,
+            self.ledger,
+            self.recorder,
+            self.placer,
+            self.line,
+            self.reconciler,
+            self.restarts,
+        )
+        self.lookups = Lookups(config, engine, self.ledger, self.gather, self.background)
+        charged = self.lookups.charged_over_limit
+        self.admission = Admission(engine, self.ledger, self.restarts, charged)
+        self.creates = Creates(
+            self.gather, self.recorder, self.book, self.lookups, self.background, config.mps.dir
+        )
+        self.timekeeper = Timekeeper(
+            config, engine, self.ledger, self.gather, self.recorder, self.background
+        )
+        self.mps = Mps(config, self.ledger, self.gather)
+
+
+def connect(config: Config) -> Allocator:
+    """The service for this host: its config, and the Engine its config names."""
+    return Allocator(config, Engine(config.engine.socket, config.engine.timeout))

@@ -1,0 +1,166 @@
+"""The timekeeper: the shim's thread that stops GPU containers past their time limit
+(allocator/core/timing/timelimits.py) and, with ``policy.reclaim_idle_after``, idle ones
+(allocator/core/timing/reclaim.py).
+
+Each look reads the ledger; only while a lease has a time limit, or idle reclaim is
+on, does it list gpu-alloc's containers (one Engine call); a paused one counts as
+running (`timelimits.RUNNING_STATES`).  A running container whose lease has a limit
+gets its clock started from the Engine's first start of it: the earliest of its
+StartedAt and the first ``start`` event dockerd still holds since the grant, so neither
+a late look (up to `timelimits.CHECK_MAX` after the start) nor a restart before it moves
+the clock.  A container
+to stop has its restart policy turned off first (dockerd would start it again by
+itself at its next start), then gets the Engine's own stop: its stop signal, then
+SIGKILL after its ``StopTimeout`` (10 s by default, at most 30 s: `timelimits.grace`).
+Each stop is audited (``time-limit``, ``idle-reclaim``) and counted
+(``gpu_alloc_stops_total``); the container keeps its lease, which then ends by
+``policy.release_stopped_after`` or its removal, as any stopped container's.  Stops
+run on threads of their own, so a long grace period holds up no other container's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+from allocator.core.api import labels
+from allocator.core.leases import restarts
+from allocator.core.leases.leases import Lease
+from allocator.core.machine.inventory import InventoryError
+from allocator.core.timing import reclaim, timelimits
+from allocator.core.timing import usage as usage_core
+from allocator.host import ledger, metrics, usage
+from allocator.host.config import Config
+from allocator.host.engine import Engine, EngineError, go_time
+from allocator.host.ledger import Ledger
+from allocator.service.background import Background
+from allocator.service.gather import Gatherer
+from allocator.service.recorder import Recorder
+
+log = logging.getLogger("gpu-alloc.timekeeper")
+TIME_LIMIT, IDLE = "time-limit", "idle-reclaim"  # audit kinds, and the metric's reasons
+
+
+class Timekeeper:
+    """Stops the GPU containers past their time limit or idle too long (`check`); the
+    shim looks (`look`) from its background work (allocator/service/background.py), and each
+    stop runs as a task of its own there."""
+
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine | None,
+        ledger: Ledger,
+        gather: Gatherer,
+        recorder: Recorder,
+        background: Background,
+    ) -> None:
+        self.config = config
+        self.background = background
+        self.engine = engine
+        self.ledger = ledger
+        self.gather = gather
+        self.recorder = recorder
+        self.activity = usage.Activity(config.state_dir)
+        self._stopping: set[str] = set()  # containers a stop is on its way to
+        self._lock = threading.Lock()
+
+    def look(self) -> float:
+        """One look now (`check`); the shim runs it from its background work."""
+        return self.check(ledger.now())
+
+    def check(self, now: float) -> float:
+        """One look: start clocks, stop what is due; seconds until the next look."""
+        rules, engine = self.gather.rules, self.engine
+        leases = timelimits.live(self.ledger.read().leases.values())
+        limited = any(le.time_limit is not None for le in leases)
+        if engine is None or not leases or not (limited or rules.reclaim_idle_after):
+            return timelimits.next_check(leases, now, rules.reclaim_idle_after)
+        running = {
+            c["Id"]
+            for c in engine.containers(label=labels.LEASE)
+            if c.get("State") in timelimits.RUNNING_STATES
+        }
+        if timelimits.unstarted(leases, running):
+            self._start_clocks(timelimits.unstarted(leases, running))
+            leases = timelimits.live(self.ledger.read().leases.values())
+        for le in timelimits.overdue(leases, running, now):
+            self._stop_later(le, TIME_LIMIT, timelimits.reason(le))
+        after = rules.reclaim_idle_after
+        if after is not None:
+            for le in self._idle(leases, running, now, after):
+                self._stop_later(le, IDLE, reclaim.reason(after))
+        return timelimits.next_check(leases, now, after)
+
+    def _start_clocks(self, leases: Sequence[Lease]) -> None:
+        """Each lease's clock from its container's first start, as the Engine says it."""
+        assert self.engine is not None
+        found = {}
+        for le in leases:
+            info = self.engine.inspect(str(le.container))
+            stamps = [go_time(((info or {}).get("State") or {}).get("StartedAt"))]
+            try:
+                stamps.append(self.engine.first_start(str(le.container), le.created - 1))
+            except EngineError as e:  # its StartedAt alone: at worst, a late look's
+                log.warning("start events of %s unread: %s", le.name, e)
+            known = [s for s in stamps if s is not None]
+            if known:
+                found[le.id] = (str(le.container), min(known))
+        if found:
+            with self.ledger.transaction() as state:
+                for lease_id, (cid, stamp) in found.items():
+                    state.start_clock(lease_id, cid, stamp)
+
+    def _idle(
+        self, leases: list[Lease], running: set[str], now: float, after: float
+    ) -> list[Lease]:
+        """The running containers idle for ``after``, their last start counted (one
+        inspect each, of the few that look idle)."""
+        try:
+            use = self.gather.devices.usage()
+        except InventoryError:
+            return []  # no reading: nothing is known to be idle
+        active = {u for u, x in use.items() if x.active}
+        seen = self.activity.observe(active, now, min(60.0, after / 4))
+        args = (usage_core.known(use), active, seen, now, self.gather.rules)
+        maybe = reclaim.idle(leases, dict.fromkeys(running), *args)
+        assert self.engine is not None or not maybe
+        started: dict[str, float | None] = {}
+        for le in maybe:
+            info = self.engine.inspect(str(le.container)) if self.engine else None
+            started[str(le.container)] = go_time(((info or {}).get("State") or {}).get("StartedAt"))
+        return reclaim.idle(maybe, started, *args)
+
+    def _stop_later(self, lease: Lease, kind: str, why: str) -> None:
+        cid = str(lease.container)
+        with self._lock:
+            if cid in self._stopping:
+                return
+            self._stopping.add(cid)
+        self.background.once(f"stop-{cid[:12]}", self._stop_one, lease, kind, why)
+
+    def _stop_one(self, lease: Lease, kind: str, why: str) -> None:
+        """Restart policy off, then the Engine's stop; audited and counted once done."""
+        cid = str(lease.container)
+        engine = self.engine
+        assert engine is not None
+        try:
+            info = engine.inspect(cid)
+            if not ((info or {}).get("State") or {}).get("Running"):
+                return  # stopped or removed since the look
+            assert info is not None
+            had = restarts.standing(info)
+            if had:
+                engine.update(cid, restarts.OFF)
+                why += f"; its restart policy {had} was turned off, so dockerd never starts it"
+            log.info("stopping container %s (lease %s): %s", lease.name, lease.id, why)
+            engine.stop(cid, timelimits.grace((info.get("Config") or {}).get("StopTimeout")))
+        except EngineError as e:
+            log.warning("could not stop container %s (%s): %s", lease.name, kind, e)
+            return
+        finally:
+            with self._lock:
+                self._stopping.discard(cid)
+        metrics.stopped(kind)
+        self.recorder.record(kind, lease, reason=why)
