@@ -16,15 +16,13 @@ and each has its allowed neighbour beside it.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from tests.engine.test_plugin_chain_engine import call, docker, listed, plugin_config, rootfs
-from tests.support import clients, engine, engine_root
+from tests.support import clients, engine, engine_root, host_users
 from tests.support.faults import IMAGE, real, shim
 from tests.support.plugin_registry import PluginRegistry
 
@@ -279,16 +277,9 @@ def test_a_bind_of_the_shims_socket_is_created_as_before(stack, sock):
 @pytest.fixture(scope="module")
 def binders(stack) -> Iterator[None]:
     """Host users for `policy.engine_socket_binds`: BINDER by name, GROUPED in OPS."""
-    subprocess.run(["groupadd", OPS], capture_output=True)
-    for user, more in ((BINDER, []), (GROUPED, ["-G", OPS]), (NOT_NAMED, [])):
-        if subprocess.run(["id", user], capture_output=True).returncode != 0:
-            subprocess.run(["useradd", "-M", "-s", "/bin/false", *more, user], check=True)
-    os.chmod(stack.dir, 0o711)
-    os.chmod(stack.shim_sock, 0o666)
-    yield
-    for user in (BINDER, GROUPED, NOT_NAMED):
-        subprocess.run(["userdel", user], capture_output=True)
-    subprocess.run(["groupdel", OPS], capture_output=True)
+    with host_users.present(BINDER, GROUPED, NOT_NAMED, groups={GROUPED: OPS}):
+        host_users.open_shim(stack)
+        yield
 
 
 @pytest.mark.parametrize("user", ["named", "in a named group"])
@@ -404,14 +395,9 @@ ALICE, BOB = engine_root.host_user("ga34alice"), engine_root.host_user("ga34bob"
 
 @pytest.fixture(scope="module")
 def users(stack) -> Iterator[None]:
-    for user in (ALICE, BOB):
-        if subprocess.run(["id", user], capture_output=True).returncode != 0:
-            subprocess.run(["useradd", "-M", "-s", "/bin/false", user], check=True)
-    os.chmod(stack.dir, 0o711)
-    os.chmod(stack.shim_sock, 0o666)
-    yield
-    for user in (ALICE, BOB):
-        subprocess.run(["userdel", user], capture_output=True)
+    with host_users.present(ALICE, BOB):
+        host_users.open_shim(stack)
+        yield
 
 
 def as_user(stack, user: str, *args: str):

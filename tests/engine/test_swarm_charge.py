@@ -6,15 +6,12 @@ gpu-alloc on every node.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.engine.test_swarm_gpu_alloc import service
-from tests.support import engine, engine_root
+from tests.support import engine, engine_root, host_users
 from tests.support.clients import docker_cli
 from tests.support.swarm import SwarmLab
 
@@ -33,19 +30,12 @@ def make_swarm_lab() -> SwarmLab:
 
 @pytest.fixture
 def users(swarm_lab: SwarmLab) -> Iterator[SwarmLab]:
-    for user in (OPS, BINDER, OTHER):
-        if subprocess.run(["id", user], capture_output=True).returncode != 0:
-            subprocess.run(["useradd", "-M", "-s", "/bin/false", user], check=True)
-    sock = Path(swarm_lab.shim(1))
-    for d in (swarm_lab.dir, *[p for p in sock.parents if swarm_lab.dir in p.parents]):
-        os.chmod(d, 0o711)
-    os.chmod(sock, 0o666)
-    yield swarm_lab
-    swarm_lab.remove_services()
-    for i in swarm_lab.nodes:
-        engine.remove_all_containers(swarm_lab.sock(i))
-    for user in (OPS, BINDER, OTHER):
-        subprocess.run(["userdel", user], capture_output=True)
+    with host_users.present(OPS, BINDER, OTHER):
+        host_users.open_lab_shim(swarm_lab)
+        yield swarm_lab
+        swarm_lab.remove_services()
+        for i in swarm_lab.nodes:
+            engine.remove_all_containers(swarm_lab.sock(i))
 
 
 def test_a_gpu_service_on_dockerds_socket_counts_for_the_owner_the_policy_names(

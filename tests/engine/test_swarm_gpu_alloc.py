@@ -8,15 +8,12 @@ plugin, so their GPUs are what swarm's scheduler reserved, recorded by the fake 
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.support import engine, engine_root, swarm
+from tests.support import engine, engine_root, host_users, swarm
 from tests.support.busybox_image import busybox_rootfs_tar
 from tests.support.clients import docker_cli
 from tests.support.swarm import SwarmLab
@@ -280,16 +277,9 @@ def test_stack_deploy_through_the_shim_runs_a_compose_file_with_generic_resource
 @pytest.fixture
 def users(clean: SwarmLab) -> Iterator[SwarmLab]:
     """ANN and BEN, who may reach the manager's shim socket (and no other)."""
-    for user in (ANN, BEN):
-        if subprocess.run(["id", user], capture_output=True).returncode != 0:
-            subprocess.run(["useradd", "-M", "-s", "/bin/false", user], check=True)
-    sock = Path(clean.shim(1))
-    for d in (clean.dir, *[p for p in sock.parents if clean.dir in p.parents]):
-        os.chmod(d, 0o711)
-    os.chmod(sock, 0o666)
-    yield clean
-    for user in (ANN, BEN):
-        subprocess.run(["userdel", user], capture_output=True)
+    with host_users.present(ANN, BEN):
+        host_users.open_lab_shim(clean)
+        yield clean
 
 
 def test_a_service_s_replicas_times_gpus_count_against_its_owner_s_limit(users: SwarmLab) -> None:

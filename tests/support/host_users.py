@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 
@@ -35,3 +36,11 @@ def open_shim(stack: Any) -> None:
     as the installed shim's socket is open to its users."""
     os.chmod(stack.dir, 0o711)
     os.chmod(stack.shim_sock, 0o666)
+
+
+def open_lab_shim(lab: Any, node: int = 1) -> None:
+    """Anyone may reach a swarm lab node's shim socket (and no other)."""
+    sock = Path(lab.shim(node))
+    for d in (lab.dir, *[p for p in sock.parents if lab.dir in p.parents]):
+        os.chmod(d, 0o711)
+    os.chmod(sock, 0o666)
