@@ -229,10 +229,11 @@ class CreateInterceptor:
         if not isinstance(leased, tuple):
             log.info("refused create %r of %s: %s", name, req.owner.user, leased.msg)
             return error(_REFUSAL_STATUS[type(leased)], leased.msg)
-        failed = await asyncio.to_thread(self.alloc.mps.ensure, leased[0])
-        if failed is not None:  # the share's GPU has no MPS daemon: its create cannot run
-            await asyncio.to_thread(self.alloc.book.release, leased[0].id, failed)
-            return error(503, failed)
+        if leased[0].share_of:  # a share's GPU has its MPS daemon, or its create cannot run
+            failed = await asyncio.to_thread(self.alloc.mps.ensure, leased[0])
+            if failed is not None:
+                await asyncio.to_thread(self.alloc.book.release, leased[0].id, failed)
+                return error(503, failed)
         grant = creates.granted(req, *leased, spec)
         # The grant goes to disk and to the audit trail while dockerd creates the
         # container; the client hears of neither before both are done.

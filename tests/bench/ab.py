@@ -8,8 +8,9 @@ median of the round-by-round differences, with a 95% interval: a change whose in
 holds 0 is not one this run could see (and, for a change that leaves the plain create
 alone, the GPU create's difference less the plain create's, which takes away what two
 stacks of the same code differ by in one run).  Two more rows take a GPU create apart: ``bare
---gpus 1`` is dockerd's own GPU work, ``this shim plain`` the shim's path for a create
-with no GPU (decoded, judged, rewritten, relayed; no lease).
+--gpus 1`` is dockerd's own GPU work, ``shim plain`` the shim's path for a create
+with no GPU (decoded, judged, rewritten, relayed, its creator recorded; no lease), through
+both revisions.
 
 Run: ``python -m tests.bench.ab REV [ROUNDS] [run|burst]`` (``make bench-ab REV=...
 [ROUNDS=...] [WHAT=run|burst]``).  REV is checked out into a temporary worktree; its shim
@@ -103,6 +104,7 @@ def main(rev: str, rounds: int, what: str = "create") -> None:
         cases = {
             "bare": (bare.sock, PLAIN),
             "bare --gpus 1": (bare.sock, GPU),
+            f"{rev} shim plain": (old.shim_sock, PLAIN),
             "this shim plain": (new.shim_sock, PLAIN),
             f"{rev} shim --gpus 1": (old.shim_sock, GPU),
             "this shim --gpus 1": (new.shim_sock, GPU),
@@ -144,7 +146,7 @@ def main(rev: str, rounds: int, what: str = "create") -> None:
     print("this checkout minus REV, round by round (median, and its 95% interval):")
     diffs = {
         kind: [a - b for a, b in zip(ms[f"this {kind}"], ms[f"{rev} {kind}"], strict=True)]
-        for kind in ("shim --gpus 1", "plugin")
+        for kind in ("shim --gpus 1", "shim plain", "plugin")
     }
     # Two stacks of the same code differ by a few tenths of a millisecond on some runs
     # (where their processes landed): a change that leaves the plain create alone reads
