@@ -60,7 +60,24 @@ INSTALL_TIER = "tests/installed"
 ENGINE_TESTS = "tests/engine"
 # The first Engine's share beyond its Engine-facing suites, in two parts so the run's tail
 # keeps both cores busy: the tests that start no dockerd, and the other Engine tests.
-REST_TITLES = {"rest": "the rest of the suite", "engine-rest": "the rest of its Engine tests"}
+REST_TITLES = {
+    "rest": "the rest of the suite",
+    "engine-rest": "its other Engine tests (first half)",
+    "engine-rest-2": "its other Engine tests (second half)",
+}
+# The second half of those Engine tests: the longest of them (stop timeouts, restarts of
+# dockerd, soak), about as long together as all the others.
+ENGINE_REST_SECOND = (
+    "tests/engine/test_faults.py",
+    "tests/engine/test_soak.py",
+    "tests/engine/test_name_race.py",
+    "tests/engine/test_plugin_chain_engine.py",
+    "tests/engine/test_sharing_engine.py",
+    "tests/engine/test_report_engine.py",
+    "tests/engine/test_restarts_engine.py",
+    "tests/engine/test_doctor.py",
+    "tests/engine/test_access_classes.py",
+)
 ARCHIVE_BANNER = engine_root.ARCHIVE_BANNER
 BANNERS = (ARCHIVE_BANNER, engine_root.ABSENT_BANNER)
 # pytest's last line: "2 failed, 915 passed in 758.76s (0:12:38)", framed by "=" without -q.
@@ -211,16 +228,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def plan(names: list[str], whole: bool) -> list[Part]:
     """The parts: the Engine-facing suites on every Engine; on the first, with `whole`, the
-    rest of the suite (in two parts: REST_TITLES) and the install tier too, each in a part
-    of its own (the whole suite in one part was the run's long pole, twice as long as any
-    other); and the CDI tier on
-    the Engines that give --gpus through CDI.  The Engine-facing suites already run beside
-    everything else, so splitting the first Engine's share there runs nothing at once that
-    did not before."""
+    rest of the suite (in the parts REST_TITLES names) and the install tier too, each in a
+    part of its own (the whole suite in one part was the run's long pole, twice as long
+    as any other); and the CDI tier on the Engines that give --gpus through CDI.  The
+    parts mostly wait on their dockerds, so more of them at once shortens the run's tail
+    more than it slows its middle."""
     parts = [Part(n, ENGINE_SUITES) for n in names]
     if whole and names:
         parts[1:1] = [Part(names[0], (), tier="rest", ignore=(INSTALL_TIER, ENGINE_TESTS)),
-                      Part(names[0], (ENGINE_TESTS,), tier="engine-rest", ignore=ENGINE_SUITES),
+                      Part(names[0], (ENGINE_TESTS,), tier="engine-rest",
+                           ignore=(*ENGINE_SUITES, *ENGINE_REST_SECOND)),
+                      Part(names[0], ENGINE_REST_SECOND, tier="engine-rest-2"),
                       Part(names[0], (INSTALL_TIER,), tier="install")]  # fmt: skip
     parts += [Part(n, CDI_SUITES, tier="cdi", gpu_mode="cdi") for n in names if n in CDI_ENGINES]
     return parts

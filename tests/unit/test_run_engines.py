@@ -32,18 +32,20 @@ def test_the_total_adds_every_part_and_a_dead_part_counts_as_an_error() -> None:
 
 def test_the_install_tier_runs_beside_the_whole_suite_not_inside_it() -> None:
     parts = run_engines.plan(["20.10", "26"], whole=True)
-    suites = run_engines.ENGINE_SUITES
+    suites, second = run_engines.ENGINE_SUITES, run_engines.ENGINE_REST_SECOND
     assert [(p.engine, p.paths, p.ignore) for p in parts] == [
         ("20.10", suites, ()),  # the whole suite, in parts: its Engine-facing suites,
         ("20.10", (), ("tests/installed", "tests/engine")),  # the tests that start no dockerd
-        ("20.10", ("tests/engine",), suites),  # and its other Engine tests
+        ("20.10", ("tests/engine",), (*suites, *second)),  # its other Engine tests, in
+        ("20.10", second, ()),  # two halves
         ("20.10", ("tests/installed",), ()),
         ("26", suites, ()),
     ]
-    assert len({p.key for p in parts}) == 5  # each its own log and basetemp
+    assert len({p.key for p in parts}) == 6  # each its own log and basetemp
     assert parts[1].title == "engine 20.10: the rest of the suite"
-    assert parts[2].title == "engine 20.10: the rest of its Engine tests"
-    assert parts[3].title == "engine 20.10: install tier"
+    assert parts[2].title == "engine 20.10: its other Engine tests (first half)"
+    assert parts[4].title == "engine 20.10: install tier"
+    assert all(Path(path).is_file() and path not in suites for path in second)
     only = run_engines.plan(["20.10", "26"], whole=False)
     assert all(p.paths == run_engines.ENGINE_SUITES and not p.ignore for p in only)
 
