@@ -204,6 +204,15 @@ def test_the_simulated_file_is_a_baseline_then_new_xids_are_events(tmp_path: Pat
     assert src.answers([U0, "GPU-gone"]) == {U0}
 
 
+def test_a_change_the_probe_reads_is_still_an_event(tmp_path: Path) -> None:
+    """The probe asks which GPUs answer between two waits: a new Xid then is not lost."""
+    f = sim_file(tmp_path / "gpus.yaml")
+    src = SimEvents(str(f), clock=lambda: T0)
+    sim_file(f, xid=79)
+    assert src.answers([U0, U1]) == {U0, U1}
+    assert src.wait(0) == [xid(79)]
+
+
 def test_the_watcher_takes_a_gpu_out_in_one_step_and_the_probe_brings_it_back(
     tmp_path: Path,
 ) -> None:

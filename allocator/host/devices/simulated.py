@@ -100,15 +100,21 @@ class SimEvents:
         self._seen: dict[str, tuple[tuple[int, ...], int, int]] = self._read() or {}
 
     def _read(self) -> dict[str, tuple[tuple[int, ...], int, int]] | None:
+        """The file's GPUs when it changed since the last read, else None."""
         try:
             st = os.stat(self.path)
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if stamp == self._stamp:
                 return None
-            data = yaml.safe_load(Path(self.path).read_text())
+            found = self._parse()
         except (OSError, yaml.YAMLError):
             return None  # the inventory loader reports a broken file
         self._stamp = stamp
+        return found
+
+    def _parse(self) -> dict[str, tuple[tuple[int, ...], int, int]]:
+        """Each GPU in the file: its Xids, double-bit and single-bit ECC counts."""
+        data = yaml.safe_load(Path(self.path).read_text())
         entries = data.get("gpus") if isinstance(data, dict) else data
         found = {}
         for e in entries if isinstance(entries, list) else ():
@@ -136,5 +142,10 @@ class SimEvents:
         return events
 
     def answers(self, uuids: Iterable[str]) -> set[str]:
-        self._read()
-        return set(uuids) & set(self._seen)
+        """The GPUs still in the file.  Read without taking its change from `wait`: a
+        change read here would otherwise never be an event."""
+        try:
+            present = self._parse()
+        except (OSError, yaml.YAMLError):
+            return set()
+        return set(uuids) & set(present)
