@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.engine.test_swarm_gpu_alloc import service
-from tests.support import engine, engine_root, host_users
+from tests.support import engine_root, host_users
 from tests.support.clients import docker_cli
 from tests.support.swarm import SwarmLab
 
@@ -33,9 +33,7 @@ def users(swarm_lab: SwarmLab) -> Iterator[SwarmLab]:
     with host_users.present(OPS, BINDER, OTHER):
         host_users.open_lab_shim(swarm_lab)
         yield swarm_lab
-        swarm_lab.remove_services()
-        for i in swarm_lab.nodes:
-            engine.remove_all_containers(swarm_lab.sock(i))
+        swarm_lab.clear()
 
 
 def test_a_gpu_service_on_dockerds_socket_counts_for_the_owner_the_policy_names(

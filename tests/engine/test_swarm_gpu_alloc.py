@@ -71,9 +71,7 @@ def task_runs(lab: SwarmLab, name: str, count: int) -> list[swarm.Run]:
 @pytest.fixture
 def clean(swarm_lab: SwarmLab):
     yield swarm_lab
-    swarm_lab.remove_services()
-    for i in swarm_lab.nodes:
-        engine.remove_all_containers(swarm_lab.sock(i))
+    swarm_lab.clear()
 
 
 def test_a_service_through_the_shim_is_pinned_and_its_tasks_get_only_their_reservation(

@@ -14,10 +14,16 @@ import itertools
 import queue
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from allocator.core.api import labels
+from allocator.host import config as configmod
 from allocator.host.engine import EngineError
+from allocator.service.compose import Allocator
+from tests.support.engine import write_sim_gpus
 
 _ids = itertools.count(1)
 
@@ -202,3 +208,13 @@ class FakeEngine:
                 return
             yield event
             self.feed.task_done()
+
+
+def allocator_on(tmp_path: Path, gpus: int = 2) -> Allocator:
+    """A service over ``gpus`` simulated GPUs, its state under ``tmp_path``, whose Engine
+    is a `FakeEngine` (the config's socket leads nowhere)."""
+    cfg = {"state_dir": str(tmp_path / "state"),
+           "gpus": str(write_sim_gpus(tmp_path / "gpus.yaml", gpus)),
+           "engine": {"socket": str(tmp_path / "none.sock")}}  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return Allocator(configmod.load(str(tmp_path / "config.yaml")), FakeEngine())  # type: ignore[arg-type]

@@ -386,6 +386,12 @@ class SwarmLab:
                 return
             time.sleep(0.3)
 
+    def clear(self) -> None:
+        """No service and no container left on any node: what the next test starts from."""
+        self.remove_services()
+        for i in self.nodes:
+            engine.remove_all_containers(self.sock(i))
+
     # ------------------------------------------------------------------ stop
 
     def stop(self) -> None:

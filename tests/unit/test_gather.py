@@ -21,7 +21,7 @@ from allocator.service.compose import Allocator
 from allocator.service.gather import STRICT_ENV
 from tests.support import engine as sim
 from tests.support.enforcement_cases import body, request
-from tests.support.fake_engine import FakeEngine
+from tests.support.fake_engine import FakeEngine, allocator_on
 
 GPU_CREATE = json.loads(body(HostConfig={"DeviceRequests": [request(1)]}))
 BIND_CREATE = json.loads(body(HostConfig={"Binds": ["/srv/data:/data"]}))
@@ -29,11 +29,7 @@ BIND_CREATE = json.loads(body(HostConfig={"Binds": ["/srv/data:/data"]}))
 
 @pytest.fixture
 def alloc(tmp_path: Path) -> Allocator:
-    cfg = {"state_dir": str(tmp_path / "state"),
-           "gpus": str(sim.write_sim_gpus(tmp_path / "gpus.yaml", 2)),
-           "engine": {"socket": str(tmp_path / "none.sock")}}  # fmt: skip
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    return Allocator(configmod.load(str(tmp_path / "config.yaml")), FakeEngine())  # type: ignore[arg-type]
+    return allocator_on(tmp_path)
 
 
 def verdict_on(spec: dict, seen: list[decide.Facts]):

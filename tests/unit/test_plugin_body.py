@@ -10,18 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from allocator.core.access.facts import EngineView
 from allocator.core.api.gojson import Body, BodyError
 from allocator.core.judging import verdicts
 from allocator.core.machine.inventory import GPU, Inventory
-from allocator.host import config as configmod
 from allocator.service.compose import Allocator
 from plugin import app
-from tests.support import engine as sim
 from tests.support.enforcement_cases import body, request
-from tests.support.fake_engine import FakeEngine
+from tests.support.fake_engine import allocator_on
 from tests.support.table_host import TableHost
 
 REQ = "/AuthZPlugin.AuthZReq"
@@ -29,11 +26,7 @@ REQ = "/AuthZPlugin.AuthZReq"
 
 @pytest.fixture
 def alloc(tmp_path: Path) -> Allocator:
-    cfg = {"state_dir": str(tmp_path / "state"),
-           "gpus": str(sim.write_sim_gpus(tmp_path / "gpus.yaml", 2)),
-           "engine": {"socket": str(tmp_path / "none.sock")}}  # fmt: skip
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    return Allocator(configmod.load(str(tmp_path / "config.yaml")), FakeEngine())  # type: ignore[arg-type]
+    return allocator_on(tmp_path)
 
 
 def envelope(payload: bytes) -> bytes:
