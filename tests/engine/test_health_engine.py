@@ -20,7 +20,9 @@ from tests.support.faults import IMAGE, shim, status
 from tests.unit.test_observe import free_port
 
 PERIOD = 0.2
-RECHECK = 5.0  # the probing stack's recheck_after; the module's own stack never probes
+# The probing stack's recheck_after: long enough for its test to see the GPU out first, on a
+# loaded machine (the module's own stack never probes).
+RECHECK = 20.0
 UUIDS = [engine.sim_gpu_uuid(k) for k in range(4)]
 
 
