@@ -299,8 +299,15 @@ class Gatherer:
         with self._policy_lock:
             self._rules_stamp = stamp
             try:
+                if not os.path.getsize(self.config.source):
+                    # Caught between an in-place write's truncation and its write: an empty
+                    # file read as a config would lift every limit until the next look.
+                    raise ConfigError(f"{self.config.source} is empty")
                 new = configmod.load(self.config.source).policy.rules
                 self._check_pools(new)
+            except OSError as e:
+                log.error("policy not reloaded, the one in force stays: %s", e)
+                return
             except ConfigError as e:
                 log.error("policy not reloaded, the one in force stays: %s", e)
                 return

@@ -112,6 +112,18 @@ def test_a_reload_with_a_bad_pool_keeps_the_policy_in_force(world, tmp_path, cap
     assert "keep the policy they had" in line.what
 
 
+def test_a_config_caught_empty_mid_write_keeps_the_policy_in_force(world, tmp_path, caplog):
+    """An in-place write truncates, then writes: read between the two, the file is empty."""
+    write_policy(tmp_path, limits={"default": {"gpus": 2}})
+    world.alloc.gather.refresh_policy()
+    assert world.alloc.gather.rules.default_limit == 2
+    (tmp_path / "config.yaml").write_text("")
+    with caplog.at_level(logging.ERROR):
+        world.alloc.gather.refresh_policy()
+    assert world.alloc.gather.rules.default_limit == 2
+    assert "config.yaml is empty" in caplog.text
+
+
 def test_a_bad_pool_stops_the_service_at_start(tmp_path):
     World(tmp_path)  # its config, with 4 simulated GPUs
     write_policy(tmp_path, pools={"b": {"gpus": [4]}})
