@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # dockerd and runc live in /usr/sbin, which a non-login root shell may lack.
 export PATH := $(PATH):/usr/sbin:/sbin
 
-.PHONY: venv deps lint test demo bench bench-ab install plugin clean distclean
+.PHONY: venv deps lint test demo bench bench-ab bench-stages install plugin clean distclean
 
 venv: $(STAMP)
 
@@ -75,6 +75,11 @@ bench: venv
 # creates eight in a row) through REV and through this checkout, interleaved.
 bench-ab: venv
 	$(BIN)/python -m tests.bench.ab "$(REV)" $(or $(ROUNDS),80) $(WHAT)
+
+# make bench-stages [ROUNDS=100] [CONTAINERS=0]: a GPU create's stages, stamped live in the
+# shim and the plugin, beside bare --gpus 1 and floor --gpus 1 (bench-results/stages.md).
+bench-stages: venv
+	$(BIN)/python -m tests.bench.stages $(or $(ROUNDS),100) $(or $(CONTAINERS),0)
 
 # The Docker managed-plugin directory (config.json + rootfs); needs a running Docker.
 plugin:
