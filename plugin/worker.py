@@ -17,8 +17,9 @@ shape with gpu-alloc's decisions in it:
   files are read without the lock), which spares the create two thread hops, to a
   pool and back;
 * a decision that takes the ledger lock, asks the Engine or refuses (a `Later`)
-  runs on a thread pool, so while it waits this worker keeps answering every other
-  call, including the ones its own Engine inspects make dockerd send back to it;
+  runs on a thread (allocator/service/handoff.py: one wake each way), so while it waits this
+  worker keeps answering every other call, including the ones its own Engine
+  inspects make dockerd send back to it;
 * answers go out in request order on each connection;
 * the activation handshake is one more route of the dispatcher (a constant answer;
   the files it touches are touched on the pool); any other call gets a 404 in the
@@ -37,13 +38,13 @@ import os
 import signal
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
 import httptools
 from gunicorn.workers import base
 
+from allocator.service.handoff import Handoff
 from plugin.app import Dispatcher
 
 _MAX_BODY = 16 << 20  # dockerd sends at most 4 MiB of a body to a plugin
@@ -190,7 +191,7 @@ class Worker(base.Worker):
         except ImportError:
             self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
-        self.pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="gpu-alloc-decide")
+        self.pool = Handoff(_THREADS, "gpu-alloc-decide")
         self.busy = 0
         super().init_process()
 
@@ -216,7 +217,7 @@ class Worker(base.Worker):
     def later(self, work: Callable[[], Any]) -> asyncio.Future[Any]:
         """``work`` on the pool; counted, so a graceful stop can let it finish."""
         self.busy += 1
-        future = self.loop.run_in_executor(self.pool, work)
+        future = self.pool.submit(work)
         future.add_done_callback(self._done)
         return future
 
@@ -227,7 +228,7 @@ class Worker(base.Worker):
         try:
             self.loop.run_until_complete(self._serve())
         finally:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool.stop()
             self.dispatcher.alloc.background.stop()
             self.loop.close()
 

@@ -59,6 +59,7 @@ from allocator.core.placement import Shortage
 from allocator.core.rules import policy, sharing
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
+from allocator.service.background import LEDGER_THREADS
 from allocator.service.compose import Allocator
 from allocator.service.creates import Asked
 from allocator.service.placer import LeaseRequest
@@ -81,6 +82,8 @@ class CreateInterceptor:
         self.alloc = allocator
         self.waitline = waitline or Waitline(allocator)
         self._swarm_variable = services.resource_variable(allocator.config.swarm.kind)
+        # The lease, the one thread hop a GPU create waits on before dockerd sees it.
+        self._leasing = allocator.background.handoff("lease", LEDGER_THREADS)
 
     def wants(self, method: str, target: str) -> bool:
         return needs_check(method, target)
@@ -201,7 +204,7 @@ class CreateInterceptor:
         plain = not resources.any and share is None
         if known and plain and isinstance(known[1], Ask) and not known[1].any:
             return await self._plain(request, spec, forward)
-        got = await asyncio.to_thread(
+        lease_for = partial(
             creates.lease_for,
             spec,
             name,
@@ -213,6 +216,7 @@ class CreateInterceptor:
             bool(wait),
             share,
         )
+        got = await self._leasing.submit(lease_for)
         if got is None:
             return await self._plain(request, spec, forward)
         if not isinstance(got, Asked):

@@ -11,12 +11,13 @@ finishing what is queued: nothing lost) and waits for every thread up to a deadl
 and names those still alive.
 
 `ledger_pool` is the pool for blocking work on the ledger: the shim makes it its event
-loop's default executor, so its leasing, judging, settling, line and admin views run
-there.  Each of these may wait up to the ledger's lock timeout (5 s) on the lock or an
-fsync, not on a CPU: the pool is sized (`LEDGER_THREADS`) so that a burst of creates
-queued on the lock still leaves threads for the calls that take no lock (status, a
-judgement on facts at hand), and bounded so that a flood makes no more threads than
-that.
+loop's default executor, so its judging, settling, line and admin views run there; a
+GPU create's lease, which the create waits on before dockerd sees it, has a hand-off of
+its own (`handoff`: one thread wake each way, allocator/service/handoff.py).  Each of
+these may wait up to the ledger's lock timeout (5 s) on the lock or an fsync, not on a
+CPU: each is sized (`LEDGER_THREADS`) so that a burst of creates queued on the lock
+leaves the pool's threads to the calls that take no lock (status, a judgement on facts
+at hand), and bounded so that a flood makes no more threads than that.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+from allocator.service.handoff import Handoff
 
 log = logging.getLogger("gpu-alloc")
 PREFIX = "gpu-alloc-"  # every thread the owner starts is named so
@@ -69,6 +72,7 @@ class Background:
         self._workers: dict[str, _Worker] = {}
         self._tasks: set[threading.Thread] = set()
         self._pools: dict[str, ThreadPoolExecutor] = {}
+        self._handoffs: dict[str, Handoff] = {}
         self._started = False
         self._ids = itertools.count()
 
@@ -146,6 +150,16 @@ class Background:
                 found = self._pools[name] = ThreadPoolExecutor(threads, f"{PREFIX}{name}")
             return found
 
+    def handoff(self, name: str, threads: int) -> Handoff:
+        """An event loop's hand-off to threads of its own (allocator/service/handoff.py:
+        one wake each way), for the work a request waits on; what none has begun is
+        cancelled at `stop`.  One per name."""
+        with self._lock:
+            found = self._handoffs.get(name)
+            if found is None:
+                found = self._handoffs[name] = Handoff(threads, f"{PREFIX}{name}")
+            return found
+
     @property
     def ledger_pool(self) -> ThreadPoolExecutor:
         """The pool for blocking ledger work (the module docstring)."""
@@ -181,6 +195,7 @@ class Background:
         with self._lock:
             workers = list(self._workers.values())
             pools = list(self._pools.items())
+            handoffs = list(self._handoffs.values())
         for worker in workers:
             if worker.wake is not None and worker.thread is not None:
                 try:
@@ -189,6 +204,8 @@ class Background:
                     log.warning("%s not woken to stop", worker.name, exc_info=True)
         for _, pool in pools:  # what is queued still runs: a grant's fsync, a settle
             pool.shutdown(wait=False)
+        for handoff in handoffs:  # what no thread has begun is never begun: no lease taken
+            handoff.stop()
         ends = time.monotonic() + deadline
         for thread in self._threads():
             thread.join(max(0.0, ends - time.monotonic()))
@@ -202,13 +219,14 @@ class Background:
             own = [w.thread for w in self._workers.values() if w.thread is not None]
             own += list(self._tasks)
             own += [t for pool in self._pools.values() for t in list(pool._threads)]
+            own += [t for handoff in self._handoffs.values() for t in handoff.threads]
         return [t for t in own if t is not threading.current_thread()]
 
     def health(self) -> list[Health]:
         """Each worker's and pool's state, by name."""
         with self._lock:
             workers = sorted(self._workers.values(), key=lambda w: w.name)
-            pools = sorted(self._pools)
+            pools = sorted(self._pools) + sorted(self._handoffs)
         out = [
             Health(
                 w.name,

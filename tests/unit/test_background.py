@@ -3,6 +3,8 @@ shim's background work, started and stopped, leaves no gpu-alloc thread alive.""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import threading
@@ -127,6 +129,38 @@ def test_work_queued_on_a_pool_still_runs_at_stop() -> None:
     work.ledger_pool.submit(done.append, 1)
     assert work.stop(5.0) == []
     assert done == [1]
+
+
+def test_a_hand_off_is_one_per_name_named_in_health_and_stopped_with_the_rest() -> None:
+    """What a request waits on (the shim's lease): queued work no thread has begun is
+    cancelled at stop, never run, and its threads end with the owner's."""
+    work = Background()
+    leasing = work.handoff("lease", 1)
+    assert work.handoff("lease", 1) is leasing
+    release, began = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def hold() -> None:
+        began.set()
+        release.wait(5)
+
+    async def main() -> bool:
+        running = leasing.submit(hold)
+        await asyncio.to_thread(began.wait, 5)
+        queued = leasing.submit(lambda: ran.append("taken"))
+        assert "lease pool" in [h.name for h in work.health()]
+        stopping = asyncio.ensure_future(asyncio.to_thread(work.stop, 5.0))
+        await asyncio.to_thread(work.stopping.wait, 5)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(queued), 5)
+        release.set()  # the work already begun ends; so does its thread
+        await running
+        assert await stopping == []
+        return queued.cancelled()
+
+    assert asyncio.run(main())
+    assert ran == []
+    assert not any(t.is_alive() for t in leasing.threads)
 
 
 def test_no_task_starts_once_stopping(work) -> None:
