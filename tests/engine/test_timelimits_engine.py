@@ -138,12 +138,15 @@ def test_the_clock_starts_at_the_first_start_even_after_a_restart_before_the_fir
     api = engine.engine_api(stack.engine_sock)
     first = engine_time(api.inspect_container(cid)["State"]["StartedAt"])
     api.restart(cid, timeout=0)
-    assert engine_time(api.inspect_container(cid)["State"]["StartedAt"]) > first
+    second = engine_time(api.inspect_container(cid)["State"]["StartedAt"])
+    assert second > first
     deadline = time.monotonic() + 30
     while (started := lease_of(stack, cid).get("started")) is None:
         assert time.monotonic() < deadline, stack.logs()
         time.sleep(0.5)
-    assert started == pytest.approx(first, abs=0.01)
+    # The first start's event, which dockerd stamps a moment after its StartedAt (more
+    # than 10 ms on a loaded machine), never the restart's.
+    assert first - 0.01 <= started < second
     assert shim(stack, "rm", "-f", "restarted").returncode == 0
 
 

@@ -441,8 +441,12 @@ def test_a_writer_killed_at_random_moments_leaves_a_parseable_state(
     for kills in range(8):
         child = FORK.Process(target=_churn, args=(str(tmp_path), grant))
         child.start()
+        # Killed at a random moment after this writer has written something new (a
+        # loaded machine can take longer than the random wait to let it run at all).
         deadline = time.monotonic() + 5
-        while not led.path.exists() and time.monotonic() < deadline:
+        while time.monotonic() < deadline and (
+            not led.path.exists() or led.path.read_text() in seen
+        ):
             time.sleep(0.001)
         time.sleep(rng.uniform(0.005, 0.08))
         os.kill(child.pid, signal.SIGKILL)
