@@ -11,8 +11,12 @@ GPU create (its bind is the work), the hop to a thread and back took 380 to 400 
 through the executor and 240 to 300 here (`make bench-stages`, BENCHMARKS.md).
 
 Threads start as work finds none idle, up to ``size``; each runs until `stop`, which
-cancels what no thread has begun (a lease not yet taken is never taken).  A result
-that comes once its loop has closed is dropped: nobody is left to send it.
+cancels what no thread has begun (a lease not yet taken is never taken) and refuses
+what comes after it, as an executor shut down does.  A result that comes once its loop
+has closed is dropped: nobody is left to send it.  The threads are daemons: work in
+flight is waited for by whoever stops (gunicorn's graceful stop counts the plugin's,
+`Background.stop` joins the shim's up to its deadline), and a process that exits
+anyway leaves the ledger whole, since its every write is atomic.
 """
 
 from __future__ import annotations
@@ -36,10 +40,13 @@ class Handoff:
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._idle = threading.Semaphore(0)  # one count per thread waiting for work
         self._threads: list[threading.Thread] = []
+        self._stopped = False
 
     def submit(self, work: Callable[[], Any]) -> asyncio.Future[Any]:
         """``work()`` on a thread; its result (or exception) in the future returned, on
-        the running loop."""
+        the running loop.  RuntimeError once stopped."""
+        if self._stopped:
+            raise RuntimeError(f"{self.name}: cannot take work after its stop")
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._queue.put((loop, future, work))
@@ -53,6 +60,7 @@ class Handoff:
 
     def stop(self) -> None:
         """Cancel what no thread has begun; each thread ends after its current work."""
+        self._stopped = True
         while True:
             try:
                 item = self._queue.get_nowait()

@@ -133,3 +133,14 @@ def test_a_result_after_the_loop_has_closed_is_dropped_quietly() -> None:
         threading.excepthook = threading.__excepthook__
     assert done.is_set() and not pool._threads[0].is_alive()
     assert errors == []
+
+
+def test_work_handed_over_after_the_stop_is_refused_not_left_waiting() -> None:
+    async def main() -> None:
+        pool = Handoff(1, "t")
+        assert await pool.submit(lambda: 1) == 1
+        pool.stop()
+        with pytest.raises(RuntimeError, match="after its stop"):
+            pool.submit(lambda: 2)
+
+    asyncio.run(main())

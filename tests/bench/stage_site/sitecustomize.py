@@ -80,24 +80,20 @@ def _coroutine(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
     return wrapper
 
 
-def _create_bytes(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def wrapper(self: Any, data: bytes) -> Any:
-        if data.startswith(b"POST") and b"/containers/create" in data[:256]:
-            stamp(tag)
-        return fn(self, data)
+def _bytes(starts: bytes, within: bytes = b"") -> Callable[[Callable[..., Any], str], Any]:
+    """Stamp a ``(self, data)`` call whose bytes start with ``starts`` (and hold
+    ``within`` in their first 256): a create's request, or its 201."""
 
-    return wrapper
+    def how(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(self: Any, data: bytes) -> Any:
+            if data.startswith(starts) and within in data[:256]:
+                stamp(tag)
+            return fn(self, data)
 
+        return wrapper
 
-def _created_bytes(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def wrapper(self: Any, data: bytes) -> Any:
-        if data.startswith(b"HTTP/1.1 201"):
-            stamp(tag)
-        return fn(self, data)
-
-    return wrapper
+    return how
 
 
 def _authz_in(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
@@ -131,8 +127,8 @@ HOWS: dict[str, Callable[[Callable[..., Any], str], Callable[..., Any]]] = {
     "before": _before,
     "span": _span,
     "coroutine": _coroutine,
-    "create_bytes": _create_bytes,
-    "created_bytes": _created_bytes,
+    "create_bytes": _bytes(b"POST", b"/containers/create"),
+    "created_bytes": _bytes(b"HTTP/1.1 201"),
     "authz_in": _authz_in,
     "authz_out": _authz_out,
 }
