@@ -21,7 +21,13 @@ from allocator.core.api import numbers
 from allocator.core.machine.cpus import parse_list
 from allocator.core.machine.health import DEFAULT_IGNORED_XIDS, HealthPolicy
 from allocator.core.rules.policy import Pool, Rules, Ulimit, parse_size
-from allocator.host import config_sharing, config_socket_binds, config_times, swarm_config
+from allocator.host import (
+    config_powers,
+    config_sharing,
+    config_socket_binds,
+    config_times,
+    swarm_config,
+)
 from allocator.host.swarm_config import SwarmConfig
 
 DEFAULT_PATH = "/etc/gpu-alloc/config.yaml"
@@ -133,6 +139,7 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "reclaim_idle_after": (int, float, str, type(None)),
         "sharing": (list, dict, type(None)),  # core/rules/sharing.py, host/config_sharing.py
         "engine_socket_binds": (dict, type(None)),  # host/config_socket_binds.py
+        "powers": (dict, type(None)),  # host/config_powers.py
     },
     "metrics": {"listen": (str, type(None))},
     "health": {
@@ -363,6 +370,7 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
         times = config_times.time_rules(policy)
         sharing = config_sharing.sharing_rules(policy)
         binders = config_socket_binds.binders(policy)
+        granted = config_powers.power_grants(policy)
     except config_times.KeyProblem as e:
         raise _fail(path, e.key, e.why) from None
     return Rules(
@@ -392,6 +400,7 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
         **times,
         sharing=sharing,
         engine_socket_binds=binders,
+        powers=granted,
     )
 
 
