@@ -121,9 +121,14 @@ def test_what_no_policy_can_grant_is_named_and_left_out():
 
 
 def test_an_existing_container_is_judged_without_the_fields_and_defaults_dockerd_adds():
-    inspected = {"CgroupnsMode": "host", "SomeNewField": "x"}  # dockerd's v1 default
+    inspected = {
+        "CgroupnsMode": "host",  # dockerd's default on cgroup v1
+        "SecurityOpt": ["label=disable"],  # dockerd's beside --ipc host
+        "IpcMode": "host",
+        "SomeNewField": "x",
+    }
     assert refused(strict=False, **inspected) == []
-    assert [f.power for f in refused(**inspected)] == ["", "cgroupns-host"]
+    assert [f.power for f in refused(**inspected)] == ["", "label-disable", "cgroupns-host"]
 
 
 def test_a_grant_lets_its_own_power_through_and_no_other():

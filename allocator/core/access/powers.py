@@ -102,7 +102,7 @@ def refused(host_config: Mapping[str, Any], ask: Ask = Ask()) -> list[Found]:
     found = [
         *_unknown_fields(hc, ask.strict),
         *_capabilities(hc, ask),
-        *_security_options(hc),
+        *_security_options(hc, ask.strict),
         *_namespaces(hc, ask.strict),
         *_sysctls(hc),
         *_system_paths(hc),
@@ -213,9 +213,12 @@ def _options(hc: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def _security_options(hc: Mapping[str, Any]) -> Iterable[Found]:
+def _security_options(hc: Mapping[str, Any], strict: bool) -> Iterable[Found]:
+    """On an existing container the SELinux label options are dockerd's as much as the
+    client's (it writes ``label=disable`` beside ``--ipc host`` or ``--pid host``, and the
+    other container's type beside ``container:X``): only a create's are read."""
     for key, value in _options(hc):
-        if _option_allowed(key, value):
+        if _option_allowed(key, value) or (key == "label" and not strict):
             continue
         what = f"--security-opt {key}={value}" if value else f"--security-opt {key}"
         power, why = table.SECURITY_OPTS.get(key, ("", "is no option gpu-alloc knows"))
