@@ -153,14 +153,16 @@ def test_only_devices_that_are_no_gpu_and_not_listed_are_refused():
         "/dev/mem": Node("chr", 1, 1),
         "/dev/nvidia0": Node("chr", 195, 0),
         "/dev/fuse": Node("chr", 10, 229),
+        "/srv/devs/null": Node("chr", 1, 3),  # judged by its numbers, wherever it is
         "/dev/infiniband": Node("dir"),
         "/dev/infiniband/uverbs0": Node("chr", 231, 192),
+        "/dev/infiniband/rdma_cm": Node("chr", 10, 58),  # misc: a minor of its own
     }
     hc = {
-        "Devices": [{"PathOnHost": p} for p in nodes if p != "/dev/infiniband/uverbs0"],
+        "Devices": [{"PathOnHost": p} for p in list(nodes)[:6]],
         "DeviceCgroupRules": ["c 10:229 rwm", "c 195:* rwm", "b 8:* rwm", "c 1:1 rwm"],
     }
-    walk = {"/dev/infiniband": ["/dev/infiniband/uverbs0"]}
+    walk = {"/dev/infiniband": ["/dev/infiniband/uverbs0", "/dev/infiniband/rdma_cm"]}
     found = powers.devices_refused(hc, nodes.get, lambda p: walk.get(p, []), frozenset({195}))
     assert [(f.field, f.value, f.power) for f in found] == [
         ("HostConfig.DeviceCgroupRules[2]", "--device-cgroup-rule 'b 8:* rwm'", "devices"),

@@ -131,8 +131,8 @@ def devices_refused(
         paths = sorted(walk(path)) if top is not None and top.kind == "dir" else [path]
         for sub in paths:
             got = top if sub == path else node(sub)
-            if _allowed_device(sub) or got is None or got.kind == "dir":
-                continue  # allowed, or no node (access_devices refuses a missing one)
+            if got is None or got.kind == "dir" or _allowed_node(sub, got):
+                continue  # no node (access_devices refuses a missing one), or allowed
             if got.kind == "chr" and got.major in gpu_majors:
                 continue  # a GPU: leased (access_devices)
             why = (
@@ -144,10 +144,14 @@ def devices_refused(
     return found
 
 
-def _allowed_device(path: str) -> bool:
-    return any(
-        path == p.rstrip("/") or (p.endswith("/") and path.startswith(p))
-        for p in table.ALLOWED_DEVICES
+def _allowed_node(path: str, got: Node) -> bool:
+    if got.kind != "chr":
+        return False
+    listed = table.ALLOWED_DEVICES
+    return (
+        (got.major, got.minor) in listed
+        or (got.major, None) in listed
+        or path.startswith(table.ALLOWED_DEVICE_DIRS)
     )
 
 
@@ -314,8 +318,8 @@ def _cgroup_rules(hc: Mapping[str, Any], gpu_majors: frozenset[int]) -> Iterable
             continue  # access_devices refuses it
         if kind == "a" or (kind == "c" and major in gpu_majors | {gonum.ANY}):
             continue  # every device, or a GPU's: access_devices judges it
-        rules = table.ALLOWED_CGROUP_RULES
-        if (kind, major, minor) in rules or (kind, major, None) in rules:
+        listed = table.ALLOWED_DEVICES
+        if kind == "c" and ((major, minor) in listed or (major, None) in listed):
             continue
         yield Found(
             f"HostConfig.DeviceCgroupRules[{i}]",

@@ -207,18 +207,24 @@ READONLY_PATHS = frozenset(
 
 # --- devices besides GPUs (which access_devices leases) ----------------------------------
 
-# Device nodes a container may be given: each reaches no host file and no GPU.
-ALLOWED_DEVICES: dict[str, str] = {
-    "/dev/fuse": "FUSE mounts (with SYS_ADMIN, granted)",
-    "/dev/net/tun": "TUN/TAP interfaces in its own network namespace",
-    "/dev/infiniband/": "RDMA (InfiniBand, RoCE) verbs for multi-node training",
+# Character devices a container may be given, by (major, minor; None: any): each reaches
+# no host file and no GPU.  A device's path can lie, its numbers cannot.
+ALLOWED_DEVICES: dict[tuple[int, int | None], str] = {
+    (1, 3): "/dev/null (every container has it)",
+    (1, 5): "/dev/zero (every container has it)",
+    (1, 7): "/dev/full (every container has it)",
+    (1, 8): "/dev/random (every container has it)",
+    (1, 9): "/dev/urandom (every container has it)",
+    (5, 0): "/dev/tty (every container has it)",
+    (5, 1): "/dev/console (every container has it)",
+    (5, 2): "/dev/ptmx (every container has it)",
+    (136, None): "/dev/pts/* (every container has them)",
+    (10, 200): "/dev/net/tun: TUN/TAP interfaces in its own network namespace",
+    (10, 229): "/dev/fuse: FUSE mounts (with SYS_ADMIN, granted)",
+    (231, None): "/dev/infiniband/uverbs*, umad*: RDMA for multi-node training",
 }
-# Device cgroup rules by type and major: the same devices' numbers.
-ALLOWED_CGROUP_RULES: dict[tuple[str, int, int | None], str] = {
-    ("c", 10, 229): "/dev/fuse",
-    ("c", 10, 200): "/dev/net/tun",
-    ("c", 231, None): "/dev/infiniband/*",
-}
+# rdma_cm's minor is the misc driver's to choose: allowed by its place.
+ALLOWED_DEVICE_DIRS = ("/dev/infiniband/",)
 
 # --- every HostConfig field the Engine has (core/api/fields.py), by who judges it ---------
 
