@@ -48,7 +48,7 @@ from allocator.core.access.access_devices import (
     devices,
 )
 from allocator.core.access.access_mounts import binds
-from allocator.core.access.facts import EngineView, HostFacts
+from allocator.core.access.facts import EngineView, HostFacts, Node, Unresolvable
 from allocator.core.access.grants import Access, Demand, Refusal
 from allocator.core.access.mounts import go_clean
 from allocator.core.judging import socket_binds
@@ -271,9 +271,18 @@ def _powers(ctx: Ctx) -> None:
     )
     if hc.get("Devices") or hc.get("DeviceCgroupRules"):
         majors = frozenset({NVIDIA_MAJOR, DRM_MAJOR}) | ctx.dynamic_majors()
-        found += powers.devices_refused(hc, ctx.host.node, ctx.host.walk, majors, granted)
+        found += powers.devices_refused(hc, partial(_node, ctx), ctx.host.walk, majors, granted)
     for f in found:
         ctx.add(f.field, f.text(), None, power=True)
+
+
+def _node(ctx: Ctx, path: str) -> Node | None:
+    """The node ``path`` resolves to as dockerd resolves it; None where it cannot be
+    resolved (the device row refuses that)."""
+    try:
+        return ctx.host.node(ctx.host.resolve(path))
+    except Unresolvable:
+        return None
 
 
 def _links(ctx: Ctx) -> None:
