@@ -90,6 +90,12 @@ def test_each_power_outside_the_list_is_refused_with_what_it_does_and_its_grant(
     assert f"{powers.KEY}: {{{power}: {{users: [...], groups: [...]}}}}" in text
 
 
+def test_a_namespace_is_named_by_the_flag_a_person_typed():
+    (found,) = refused(PidMode="host")
+    assert found.field == "HostConfig.PidMode" and found.value == "--pid host"
+    assert found.text().startswith("--pid host sees and signals every host process")
+
+
 def test_tracing_is_allowed_only_in_the_containers_own_pid_namespace():
     found = powers.refused(
         {"CapAdd": ["SYS_PTRACE"], "PidMode": "container:x"}, granting("pid-container")

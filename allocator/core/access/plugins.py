@@ -64,11 +64,11 @@ def verdict(
     set); ``chain``: the configured authorization plugins; ``exposes(path)``: what a bind
     of ``path`` would expose, in words (empty: nothing)."""
     if route.check in (Check.PLUGIN_INSTALL, Check.PLUGIN_UPGRADE):
-        root = root_powers(body)
-        if root:
+        held = outside_allow_list(body)
+        if held:
             return (
                 f"gpu-alloc refused the plugin install: by its privileges it asks for "
-                f"{root}; a plugin serves every user, so {powers.KEY} grants it nothing: "
+                f"{held}; a plugin serves every user, so {powers.KEY} grants it nothing: "
                 "install plugins that do without them"
             )
         for p in body or ():
@@ -105,7 +105,7 @@ def verdict(
     return PluginCheck(route.name, action, chain)
 
 
-def root_powers(privileges: Any) -> str:
+def outside_allow_list(privileges: Any) -> str:
     """A power over the host a plugin's privileges (``host pid namespace``,
     ``capabilities``) hold outside the allow-list (`powers`), in words; empty: none.  A
     plugin serves every user, so no owner's grant covers it."""

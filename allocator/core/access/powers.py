@@ -268,10 +268,10 @@ def _namespaces(hc: Mapping[str, Any], strict: bool) -> Iterable[Found]:
             power, why = table.PID_CONTAINER
         elif fld == "PidMode" and value != "host":
             power = ""
-        yield Found(f"HostConfig.{fld}", f"{fld} {value}", why, power)
+        yield Found(f"HostConfig.{fld}", f"{table.NAMESPACE_FLAGS[fld]} {value}", why, power)
     ipc = str(hc.get("IpcMode") or "")
     if ipc not in table.IPC_ALLOWED and not ipc.startswith("container:"):
-        yield Found("HostConfig.IpcMode", f"IpcMode {ipc}", "is no IPC mode dockerd knows", "")
+        yield Found("HostConfig.IpcMode", f"--ipc {ipc}", "is no IPC mode dockerd knows", "")
 
 
 def _sysctls(hc: Mapping[str, Any]) -> Iterable[Found]:

@@ -122,6 +122,15 @@ NAMESPACE_WHY: dict[str, tuple[str, str]] = {
     ),
     "Cgroup": ("cgroup-container", "joins another container's cgroup"),
 }
+# How the CLI spells each (a refusal names the flag a person typed).
+NAMESPACE_FLAGS = {
+    "PidMode": "--pid",
+    "UTSMode": "--uts",
+    "UsernsMode": "--userns",
+    "CgroupnsMode": "--cgroupns",
+    "Cgroup": "HostConfig.Cgroup",
+    "IpcMode": "--ipc",
+}
 # Allowed values (dockerd's spellings; any other is refused).
 NAMESPACE_ALLOWED: dict[str, frozenset[str]] = {
     "PidMode": frozenset({""}),
