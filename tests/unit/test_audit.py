@@ -138,9 +138,8 @@ def test_the_service_records_grant_refusal_and_release_with_times_and_gpus(
 
 def test_a_pool_that_is_not_open_to_its_asker_is_a_recorded_refusal(tmp_path: Path) -> None:
     alloc = sim_allocator(tmp_path)
-    alloc.gather._rules = replace(
-        alloc.gather.rules, pools={"staff": Pool(gpus=(0, 1), users=("alice",))}
-    )
+    rules = replace(alloc.gather.rules, pools={"staff": Pool(gpus=(0, 1), users=("alice",))})
+    alloc.gather._policy = replace(alloc.gather._policy, rules=rules)
     asked = LeaseRequest(
         Ask((), 1, False, ("gpu",)), "job", Owner(1001, "bob"), Wanted(pool="staff")
     )

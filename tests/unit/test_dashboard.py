@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,9 @@ def test_an_unhealthy_gpu_is_marked_on_the_page_with_the_line_and_the_pools(worl
     alloc, _ = world
     for index in (0, 2):  # GPU 0 is alice's, GPU 2 is free: both turn unhealthy
         mark_unhealthy(alloc, UUIDS[index])
-    alloc.gather._rules = Rules(pools={"big": Pool((0, 1)), "small": Pool((2,))})  # as configured
+    alloc.gather._policy = replace(
+        alloc.gather._policy, rules=Rules(pools={"big": Pool((0, 1)), "small": Pool((2,))})
+    )  # as configured
     waiting = [{"position": 1, "owner": "carol", "name": "sweep", "gpus": 2, "all": False,
                 "pool": "big", "priority": 0, "since": 0, "waited_s": 95,
                 "held_back_by": None}]  # fmt: skip
