@@ -390,7 +390,7 @@ def cmd_doctor(cfg: Config, args: argparse.Namespace) -> int:
 
     lines, healthy = doctor.run(cfg)
     for line in lines:
-        print(line.render())
+        print(line.render(args.verbose))
     print("healthy" if healthy else "problems found: apply the fixes above, then run doctor again")
     return 0 if healthy else EXIT_FAIL
 
