@@ -188,6 +188,8 @@ def test_the_timeline_draws_a_row_per_gpu_its_holders_a_reservation_and_gpu_hour
     assert resv == made.id and "for dave" in dom
     assert '<line class="now"' in dom
     assert re.search(r"<td>.*alice</td><td>4\.0</td><td>0\.0</td>", dom)
+    # a hold under an hour: held and used both in minutes, never "0.0" beside "<1 min"
+    assert "unknown</td><td>&lt;1 min</td><td>0 min</td>" in dom
     assert 'data-timeline="7d"' in week
     assert holds(week) == [(UUIDS[0], "unknown"), (UUIDS[1], "alice"), (UUIDS[2], "bob")]
     assert re.search(r"<td>.*bob</td><td>24\.0</td>", week)
