@@ -104,6 +104,7 @@ class Reservations:
         """Make a reservation (``gpus``: named GPUs, as index or UUID; else ``count`` in
         ``pool``), or say why not.  Written under the ledger lock, then audited."""
         now = ledger.now()
+        window = rsv.from_now(window, now)
         inventory = self.gather.inventory()
         named: list[GPU] = []
         for ident in gpus:
