@@ -300,6 +300,7 @@ def cmd_history(cfg: Config, args: argparse.Namespace) -> int:
     if not os.access(cfg.state_dir, os.R_OK | os.X_OK):
         raise StateError(f"{audit.path}: cannot read the audit trail (run as root)")
     rows = history.select(history.uses(audit.read()), args.gpu, args.user, since)
+    history.with_gpu_hours(rows, ledger.now())
     print(render_json(rows) if args.json else render_table(rows))
     return 0
 

@@ -236,6 +236,22 @@ def test_history_cli_answers_who_used_gpu_3(tmp_path: Path, capsys) -> None:
     assert "bob" in table and "alice" not in table and "3,1" in table and "held" in table
 
 
+def test_history_gives_each_use_its_gpu_hours_and_marks_a_share() -> None:
+    hour = 3600.0
+    rows = history.uses(
+        [
+            events.record("grant", 0.0, gpus=[UUIDS[0], UUIDS[1]], lease="W", owner="alice"),
+            events.record("release", 3 * hour, gpus=[UUIDS[0], UUIDS[1]], lease="W"),
+            events.record("grant", 0.0, gpus=[UUIDS[2]], lease="S", owner="bob", share="1/4"),
+        ]
+    )
+    history.with_gpu_hours(rows, now=2 * hour)  # bob's share still held
+    assert [r["gpu_hours"] for r in rows] == [6.0, 0.5]
+    alice, bob = render_table(rows).splitlines()[1:]
+    assert "6.00" in alice and "(share" not in alice
+    assert "(share 1/4)" in bob and "0.50" in bob
+
+
 def test_history_shows_a_reason_whole() -> None:
     long = "not enough free GPUs: " + "x" * 200 + " the end"
     row = events.record("refusal", 0.0, name="job", owner="bob", reason=long)
