@@ -402,6 +402,24 @@ class SwarmLab:
             )  # fmt: skip
         return out
 
+    def task_runs(self, service: str, count: int) -> list[Run]:
+        """The runtime's record of the service's running task containers, once `count` run
+        (or after a minute, however many do)."""
+        deadline = time.monotonic() + 60
+        label = f"label=com.docker.swarm.service.name={service}"
+        while True:
+            ids = {
+                (i, cid)
+                for i in self.nodes
+                for cid in self.docker(
+                    i, "ps", "-q", "--no-trunc", "--filter", label
+                ).stdout.split()
+            }
+            runs = [r for r in self.runs() if (r.node, r.container) in ids]
+            if len(runs) >= count or time.monotonic() > deadline:
+                return runs
+            time.sleep(0.3)
+
     def task_states(self, service: str) -> list[str]:
         """The current state word of each of the service's tasks meant to run."""
         done = self.docker(

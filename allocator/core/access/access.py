@@ -180,7 +180,7 @@ def _swarm_resources(ctx: Ctx) -> None:
         if not ids or "void" in ids:
             continue
         gpus = resolve_ids(ctx, "Config.Env", ids)
-        ctx.add("Config.Env", f"{name}={value} (the GPUs the toolkit reads there)", gpus)
+        ctx.add("Config.Env", f"{name}={value} (GPUs a swarm task was given)", gpus)
 
 
 def _as_visible(ctx: Ctx, ids: tuple[str, ...]) -> set[str] | None:
