@@ -118,6 +118,9 @@ def test_the_shim_decides_each_create_as_the_table_says(world: World, case: Case
     (lease,) = world.alloc.ledger.read().leases.values()
     assert (lease.state, lease.container) == ("bound", "c" * 64)
     assert sorted(lease.gpus) == sorted(uuids)
+    # A toolkit with swarm-resource reads this instead: it names the lease too.
+    resource = [e for e in sent["Env"] if e.startswith("DOCKER_RESOURCE_GPU=")]
+    assert resource == [f"DOCKER_RESOURCE_GPU={','.join(uuids)}"]
     # The plugin admitted what the shim forwarded (201 above), and only once.
     sent = world.forwarded[-1]
     assert labels.LEASE_HEADER in dict(sent.headers)
