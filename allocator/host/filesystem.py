@@ -12,6 +12,7 @@ import os
 import re
 import stat
 from collections.abc import Iterable
+from contextlib import suppress
 from dataclasses import dataclass, replace
 
 from allocator.core.access import inroot
@@ -117,6 +118,24 @@ class Host:
     def with_protected(self, *paths: str) -> Host:
         merged = tuple(dict.fromkeys((*self.protected, *(p for p in paths if p))))
         return replace(self, protected=merged)
+
+    def with_resolved(self) -> Host:
+        """The host with each protected path (and the MPS directory) as written and as it
+        resolves in dockerd's root now.
+
+        A bind source is judged by where it resolves; a protected path given through a
+        link (``/var/run`` is ``/run`` on Debian) must be known by its target too, or a
+        bind of the target reaches it unseen.  A path that cannot be resolved is kept as
+        written: the binds below it cannot be resolved either, and are refused."""
+        found = [*self.protected]
+        for path in self.protected:
+            with suppress(Unresolvable):
+                found.append(self.resolve(path))
+        mps_dir = self.mps_dir
+        if mps_dir:
+            with suppress(Unresolvable):
+                mps_dir = self.resolve(mps_dir)
+        return replace(self, protected=tuple(dict.fromkeys(found)), mps_dir=mps_dir)
 
 
 def _unescape(field: str) -> str:

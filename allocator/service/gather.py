@@ -173,6 +173,7 @@ class Gatherer:
             sock = self.config.engine
             host = host.with_protected(*engine_paths(info, sock.daemon_json, sock.socket))
             host = host.with_engine_sockets(*api_sockets(sock.daemon_json, sock.socket))
+        host = host.with_resolved()  # links followed again at each read of the view
         with self._lock:
             self._view = (time.monotonic(), stamp, view, host)
         return view, host
