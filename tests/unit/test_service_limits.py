@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from allocator.core.api import labels
-from allocator.core.judging import service_limits
+import pytest
+
+from allocator.core.api import gojson, labels
+from allocator.core.judging import service_limits, services
 from allocator.core.rules.policy import Owner, Rules
 
 ALICE = Owner(1001, "alice", ("ml",))
@@ -41,8 +43,30 @@ def test_a_service_without_a_mode_is_one_replica_as_dockerd_makes_it() -> None:
     assert service_limits.gpus(spec(2), "gpu", nodes=5) == 2
 
 
-def test_the_mode_is_read_with_go_s_case_insensitive_keys() -> None:
-    assert service_limits.gpus(spec(1, {"replicated": {"replicas": 4}}), "gpu", nodes=1) == 4
+@pytest.mark.parametrize(
+    "mode",
+    [
+        '{"Replicated":{"Replicas":1,"replicas":3}}',  # Go takes both, the last: 3
+        '{"Replicated":{"replicas":3}}',
+        '{"replicated":{"Replicas":3}}',
+        '{"Replicated":{"Replica\u017f":3}}',  # the long s folds to s in Go
+        '{"ReplicatedJob":{"MaxConcurrent":1,"maxConcurrent":3}}',
+        '{"Replicated":{"Replicas":1},"Replicated":{"Replicas":3}}',
+        '{"Replicated":{"Replicas":1.0}}',  # Go refuses a fraction for a uint64
+        '{"Replicated":{"Replicas":1e0}}',
+        '{"Replicated":{"Replicas":-1}}',
+        '{"Replicated":{"Replicas":"3"}}',
+    ],
+)
+def test_a_count_dockerd_could_read_otherwise_is_refused(mode: str) -> None:
+    body = '{"Name":"train","Mode":' + mode + "}"
+    with pytest.raises(gojson.BodyError):
+        services.decode(body.encode())
+
+
+def test_a_count_spelt_as_its_field_is_read() -> None:
+    got = services.decode(b'{"Name":"t","Mode":{"ReplicatedJob":{"MaxConcurrent":3}}}')
+    assert service_limits.tasks(got, nodes=1) == 3
 
 
 def test_a_global_service_counts_one_task_per_ready_node() -> None:
