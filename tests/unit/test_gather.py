@@ -168,3 +168,11 @@ def test_a_state_dir_given_through_a_link_is_protected_where_it_leads(tmp_path: 
     bind = json.loads(body(HostConfig={"Binds": [f"{real}/state:/st"]}))
     got = alloc.gather.decide(lambda facts: decide.shim_ask(bind, facts))
     assert isinstance(got, decide.Deny) and f"exposes {real}/state" in got.msg
+
+
+def test_an_engine_socket_named_through_a_link_is_known_where_it_leads(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "var-run").symlink_to(tmp_path / "run")
+    host = Host().with_engine_sockets(str(tmp_path / "var-run/docker.sock")).with_resolved()
+    assert str(tmp_path / "run/docker.sock") in host.engine_sockets
+    assert str(tmp_path / "run/docker.sock") in host.protected
