@@ -19,6 +19,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import docker
 import pytest
 
 from allocator.core.api import gojson
@@ -99,6 +100,8 @@ def spellings(base: Mapping[str, Any], path: Path, plain: Any, other: Any) -> di
     if isinstance(other, int) and not isinstance(other, bool):
         for text in (f"{other}.0", f"{other}e0", f"{other}E0", _raw(str(other))):
             bodies[f"number {text}"] = _build(tree, path, [(key, text)])
+    low_tree, low_path = _lowered(tree, path)
+    bodies["every key lower"] = _build(low_tree, low_path, [(key.lower(), _raw(other))])
     top = str(path[0])
     if len(path) > 1:
         rest = _build(tree[top], path[1:], [(key, _raw(other))])
@@ -106,6 +109,21 @@ def spellings(base: Mapping[str, Any], path: Path, plain: Any, other: Any) -> di
         bodies["object twice"] = first[:-1] + f",{_raw(top)}:{rest}}}"
         bodies["object twice by case"] = first[:-1] + f",{_raw(top.lower())}:{rest}}}"
     return bodies
+
+
+def _lowered(tree: Any, path: Path) -> tuple[Any, Path]:
+    """``tree`` with each key on ``path`` in lower case, and that path."""
+    if not path:
+        return tree, path
+    head, rest = path[0], path[1:]
+    if isinstance(head, int):
+        inner, low = _lowered(tree[head], rest)
+        return [inner if i == head else v for i, v in enumerate(tree)], (head, *low)
+    inner, low = _lowered(tree.get(head), rest) if rest else (tree.get(head), ())
+    renamed = {
+        (k.lower() if k == head else k): (inner if k == head else v) for k, v in tree.items()
+    }
+    return renamed, (head.lower(), *low)
 
 
 def _at(tree: Any, path: Path) -> Any:
@@ -235,6 +253,22 @@ def test_a_service_field_is_stored_as_gpu_alloc_read_it(api, field: str) -> None
         api.delete(api._url(f"/services/{name}"))
         assert _plain(_at(spec, path)) == _plain(_at(judged, path)), (how, raw)
     assert "plain" in admitted, f"{field}: even its plain spelling was refused"
+
+
+def test_a_mode_as_docker_py_spells_it_counts_its_replicas(api) -> None:
+    """docker-py writes {"replicated": {"Replicas": n}}: read as dockerd reads it, and
+    counted against the one GPU `CHARGE` may hold."""
+    for replicas, allowed in ((1, True), (3, False)):
+        name = f"gr{next(_names)}"
+        mode = docker.types.ServiceMode("replicated", replicas=replicas)
+        answer = _post(api, "/services/create", json.dumps(_service(name, mode)))
+        assert (answer.status_code == 201) == allowed, answer.text
+        if allowed:
+            stored = api.get(api._url(f"/services/{name}")).json()["Spec"]["Mode"]
+            assert stored == {"Replicated": {"Replicas": 1}}
+            api.delete(api._url(f"/services/{name}"))
+        else:
+            assert "would make 3" in answer.text, answer.text
 
 
 def test_the_spellings_cover_what_go_reads_apart() -> None:

@@ -47,8 +47,7 @@ def test_a_service_without_a_mode_is_one_replica_as_dockerd_makes_it() -> None:
     "mode",
     [
         '{"Replicated":{"Replicas":1,"replicas":3}}',  # Go takes both, the last: 3
-        '{"Replicated":{"replicas":3}}',
-        '{"replicated":{"Replicas":3}}',
+        '{"Replicated":{"Replicas":1},"replicated":{"Replicas":3}}',
         '{"Replicated":{"Replica\u017f":3}}',  # the long s folds to s in Go
         '{"ReplicatedJob":{"MaxConcurrent":1,"maxConcurrent":3}}',
         '{"Replicated":{"Replicas":1},"Replicated":{"Replicas":3}}',
@@ -64,9 +63,19 @@ def test_a_count_dockerd_could_read_otherwise_is_refused(mode: str) -> None:
         services.decode(body.encode())
 
 
-def test_a_count_spelt_as_its_field_is_read() -> None:
-    got = services.decode(b'{"Name":"t","Mode":{"ReplicatedJob":{"MaxConcurrent":3}}}')
-    assert service_limits.tasks(got, nodes=1) == 3
+@pytest.mark.parametrize(
+    ("mode", "tasks"),
+    [
+        ('{"ReplicatedJob":{"MaxConcurrent":3}}', 3),
+        ('{"replicated":{"Replicas":4}}', 4),  # docker-py's ServiceMode("replicated")
+        ('{"REPLICATED":{"replicas":2}}', 2),
+        ('{"replicatedjob":{"maxconcurrent":2,"TotalCompletions":9}}', 2),
+        ('{"global":{}}', 5),
+    ],
+)
+def test_a_count_is_read_as_go_reads_its_keys(mode: str, tasks: int) -> None:
+    got = services.decode(('{"Name":"t","Mode":' + mode + "}").encode())
+    assert service_limits.tasks(got, nodes=5) == tasks
 
 
 def test_a_global_service_counts_one_task_per_ready_node() -> None:

@@ -8,7 +8,16 @@ ContainerSpec, its resources, its runtime); the rest is `OPAQUE`, left to docker
 Engines 20.10 to 29: a key outside them is one a newer Engine may read, and refused.
 """
 
-from allocator.core.api.fields import MOUNT, OPAQUE, STRING_MAP, STRINGS, UINT64, ListOf, Struct
+from allocator.core.api.fields import (
+    MOUNT,
+    OPAQUE,
+    STRING_MAP,
+    STRINGS,
+    UINT64,
+    ListOf,
+    Recased,
+    Struct,
+)
 
 GENERIC_RESOURCE = Struct(
     NamedResourceSpec=Struct(Kind=str, Value=str),
@@ -78,14 +87,14 @@ TASK_SPEC = Struct(
     Runtime=str,
 )
 
-# The service's mode: its counts decide how many tasks reserve GPUs at once, so a count
-# spelt twice ("Replicas" and "replicas", which Go's decoder both takes, the last winning)
-# is refused as any key differing from its field by case is.
-MODE = Struct(
-    Replicated=Struct(Replicas=UINT64),
-    Global=Struct(),
-    ReplicatedJob=Struct(MaxConcurrent=UINT64, TotalCompletions=UINT64),  # Engine 20.10+
-    GlobalJob=Struct(),
+# The service's mode: its counts decide how many tasks reserve GPUs at once.  docker-py
+# spells it {"replicated": {"Replicas": n}}, so its keys are read in any ASCII case, as Go
+# reads them; a count spelt twice ("Replicas" and "replicas": Go keeps the last) is refused.
+MODE = Recased(
+    Replicated=Recased(Replicas=UINT64),
+    Global=Recased(),
+    ReplicatedJob=Recased(MaxConcurrent=UINT64, TotalCompletions=UINT64),  # Engine 20.10+
+    GlobalJob=Recased(),
 )
 
 SERVICE_SPEC = Struct(
