@@ -230,6 +230,8 @@ SERVICE_FIELDS = {
                          [{"DiscreteResourceSpec": {"Kind": KIND, "Value": 2}}]),
     "Value": ({"Replicated": {"Replicas": 1}}, (*RESERVED, 0, "DiscreteResourceSpec", "Value"),
               1, 2),
+    "Kind": ({"Replicated": {"Replicas": 3}}, (*RESERVED, 0, "DiscreteResourceSpec", "Kind"),
+             "fpga", KIND),  # three tasks of another kind: no GPU; of the swarm's: three
 }  # fmt: skip
 
 
