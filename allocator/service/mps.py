@@ -20,7 +20,7 @@ from allocator.core.leases.leases import Lease
 from allocator.core.rules import sharing
 from allocator.host.config import Config
 from allocator.host.ledger import Ledger
-from allocator.host.mps import Daemons, MpsError
+from allocator.host.mps import Daemons, MpsError, modes_for
 from allocator.service.gather import Gatherer
 
 log = logging.getLogger("gpu-alloc")
@@ -32,7 +32,7 @@ class Mps:
         self.config = config
         self.ledger = ledger
         self.gather = gather
-        self.daemons = Daemons(config.mps.dir, config.mps.control)
+        self.daemons = Daemons(config.mps.dir, config.mps.control, modes_for(config.gpus))
         self._lock = threading.Lock()  # one start or stop at a time
 
     def ensure(self, lease: Lease) -> str | None:

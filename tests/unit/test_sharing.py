@@ -57,6 +57,11 @@ def test_a_share_is_asked_as_a_fraction_or_a_memory_size(labels, got) -> None:
         ({sharing.SHARE: "1/1"}, "a fraction of one GPU"),
         ({sharing.SHARE: "quarter"}, "a fraction of one GPU"),
         ({sharing.SHARE: "0/4"}, "a fraction of one GPU"),
+        ({sharing.SHARE: "²/4"}, "a fraction of one GPU"),  # str.isdigit, and int() fails
+        ({sharing.SHARE: "١/٤"}, "a fraction of one GPU"),  # int() reads it as 1/4
+        ({sharing.SHARE: "1/４"}, "a fraction of one GPU"),
+        ({sharing.SHARE: "1/4/8"}, "a fraction of one GPU"),
+        ({sharing.SHARE: "1/" + "9" * 30}, "a fraction of one GPU"),
         ({sharing.MEMORY: "lots"}, "is not a size"),
         ({sharing.SHARE: "1/4", sharing.MEMORY: "1g"}, "give one of them"),
     ],
