@@ -304,7 +304,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
 def _mig(path: str, value: object) -> MigPolicy:
     """``policy.mig``, parsed here once: everything after compares the enum."""
     try:
-        return MigPolicy(value)
+        return MigPolicy(str(value))
     except ValueError:
         raise _fail(path, "policy.mig", f"must be one of {', '.join(MigPolicy)}") from None
 
