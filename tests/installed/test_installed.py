@@ -115,7 +115,8 @@ def host() -> Iterator[systemd_root.Machine]:
     work = Path(tempfile.mkdtemp(prefix="ga-inst-", dir="/tmp"))
     name = f"ga-inst-{os.getpid()}"
     binds = {"/src": REPO, "/wheels": work / "wheels", "/probe": work / "probe"}
-    machine = systemd_root.Machine(base, work / "m", name, binds)
+    cgroup2 = systemd_root.SUITES[ENGINE.name] in systemd_root.CGROUP2_ONLY
+    machine = systemd_root.Machine(base, work / "m", name, binds, cgroup2)
     try:
         _wheels(work / "wheels", base)
         (work / "probe").mkdir()

@@ -34,8 +34,14 @@ from tests.support.engine import prepare_host_tools
 CACHE = engine_root.CACHE.parent / "systemd"
 # The Debian suite each Engine the install tier boots comes from.
 SUITES = {"20.10": "bookworm", "29": "sid"}
+# The suites whose systemd (256+) refuses to boot on cgroup v1: booted on cgroup v2 alone,
+# which also needs BPF for the device controller (shared/docs/systemd-root.md); the host's
+# controllers stay on v1 there, so memory and CPU limits of containers are not applied.
+CGROUP2_ONLY = ("sid",)
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "docker.io", "python3", "python3-venv",
             "iproute2", "busybox-static")  # fmt: skip
+# sid ships the docker CLI apart from docker.io.
+SUITE_PACKAGES = {"sid": ("docker-cli",)}
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BOOT_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
@@ -91,7 +97,8 @@ def ensure_root(engine: engine_root.Engine) -> Path:
         suite = SUITES[engine.name]
         partial = root.with_name(root.name + ".partial")
         started = time.monotonic()
-        engine_root.debootstrap(suite, PACKAGES, partial, root.with_name(root.name + ".log"))
+        packages = (*PACKAGES, *SUITE_PACKAGES.get(suite, ()))
+        engine_root.debootstrap(suite, packages, partial, root.with_name(root.name + ".log"))
         _prepare(partial)
         lines = [f"suite: {suite}", f"mirror: {engine_root.MIRROR}"]
         if engine.binaries:
@@ -102,8 +109,9 @@ def ensure_root(engine: engine_root.Engine) -> Path:
                 raise
         shutil.rmtree(root, ignore_errors=True)
         partial.rename(root)
-        lines.append(f"built: {time.strftime('%Y-%m-%d %H:%M:%S')} in "
-                     f"{time.monotonic() - started:.0f} s")  # fmt: skip
+        took = time.monotonic() - started
+        lines += [f"built: {time.strftime('%Y-%m-%d %H:%M:%S')} in {took:.0f} s",
+                  *engine_root.package_versions(root)]  # fmt: skip
         (root / engine_root.STAMP).write_text("\n".join(lines) + "\n")
     return root
 
@@ -122,11 +130,15 @@ def _prepare(root: Path) -> None:
 class Machine:
     """One booted copy of the root: `boot`, `sh` inside, `stop` (keeps its disk), `destroy`.
 
-    `binds`: host directories seen read-only inside at the given paths.
+    `binds`: host directories seen read-only inside at the given paths; `cgroup2`: boot on
+    the cgroup v2 hierarchy alone.
     """
 
-    def __init__(self, base: Path, work: Path, name: str, binds: Mapping[str, Path]) -> None:
+    def __init__(
+        self, base: Path, work: Path, name: str, binds: Mapping[str, Path], cgroup2: bool = False
+    ) -> None:
         self.base = base
+        self.cgroup2 = cgroup2
         self.work = work
         self.name = name
         self.binds = dict(binds)
@@ -181,7 +193,9 @@ class Machine:
         argv = [
             "systemd-nspawn", "-D", str(self.root), "--boot", f"--machine={self.name}",
             "--register=no", "--keep-unit", "--private-network",
-            "--system-call-filter=@keyring", "--console=passive",
+            "--console=passive",
+            *(["--system-call-filter=@keyring bpf", "--capability=CAP_BPF,CAP_PERFMON"]
+              if self.cgroup2 else ["--system-call-filter=@keyring"]),
             f"--bind={self.work / 'docker'}:/var/lib/docker",
             f"--bind={self.work / 'containerd'}:/var/lib/containerd",
             *(f"--bind-ro={host}:{inside}" for inside, host in self.binds.items()),
@@ -190,6 +204,8 @@ class Machine:
             self.proc = subprocess.Popen(
                 ["bash", "-c", f'{join}exec "$@"', "nspawn", *argv],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"} if self.cgroup2
+                else None,
             )  # fmt: skip
         self.leader = self._find_leader()
         # systemctl needs systemd's private socket, made a moment after PID 1 starts.
