@@ -20,8 +20,10 @@ from allocator.core.access.privileged import REFUSE
 from allocator.core.api import numbers
 from allocator.core.machine.cpus import parse_list
 from allocator.core.machine.health import DEFAULT_IGNORED_XIDS, HealthPolicy
+from allocator.core.machine.inventory import MigPolicy
 from allocator.core.rules.policy import Pool, Rules, Ulimit, parse_size
 from allocator.host import (
+    config_keys,
     config_powers,
     config_sharing,
     config_socket_binds,
@@ -33,7 +35,6 @@ from allocator.host.swarm_config import SwarmConfig
 DEFAULT_PATH = "/etc/gpu-alloc/config.yaml"
 ENV_VAR = "GPU_ALLOC_CONFIG"
 PLACEMENT_POLICIES = ("best-effort", "numa", "first-fit")
-MIG_POLICIES = ("none", "single", "mixed")  # as the NVIDIA Kubernetes device plugin names them
 
 
 class ConfigError(Exception):
@@ -69,7 +70,7 @@ class PolicyConfig:
     pending_ttl: float = 300.0
     idle_after: float = 3600.0  # a leased GPU unused this long is marked idle
     reserved_cpus: str = ""  # a CPU list ("0-1") never leased: housekeeping cores
-    mig: str = "none"
+    mig: MigPolicy = MigPolicy.NONE
     rules: Rules = field(default_factory=Rules)  # limits, pools, gpu_defaults, ...
 
 
@@ -206,7 +207,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
     known = set(_SECTIONS) | set(_SCALARS)
     for key in data:
         if key not in known:
-            raise _fail(path, str(key), f"unknown key (known: {', '.join(sorted(known))})")
+            raise _fail(path, str(key), config_keys.unknown(str(key), known))
     sections: dict[str, Any] = {}
     for name, schema in _SECTIONS.items():
         raw = {} if data.get(name) is None else data[name]
@@ -215,7 +216,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
         for key, value in raw.items():
             dotted = f"{name}.{key}"
             if key not in schema:
-                raise _fail(path, dotted, f"unknown key (known: {', '.join(schema)})")
+                raise _fail(path, dotted, config_keys.unknown(dotted, schema))
             _check_type(path, dotted, value, schema[key])
         sections[name] = dict(raw)
     for key, want in _SCALARS.items():
@@ -228,8 +229,8 @@ def _build(data: dict[str, Any], path: str) -> Config:
     policy = sections["policy"]
     if policy.get("placement", "best-effort") not in PLACEMENT_POLICIES:
         raise _fail(path, "policy.placement", f"must be one of {', '.join(PLACEMENT_POLICIES)}")
-    if policy.get("mig", "none") not in MIG_POLICIES:
-        raise _fail(path, "policy.mig", f"must be one of {', '.join(MIG_POLICIES)}")
+    if "mig" in policy:
+        policy["mig"] = _mig(path, policy["mig"])
     health = sections["health"]
     if "ignored_xids" in health:
         xids = health["ignored_xids"]
@@ -300,6 +301,14 @@ def _build(data: dict[str, Any], path: str) -> Config:
         sysfs=data.get("sysfs", Config.sysfs),
         source=path,
     )
+
+
+def _mig(path: str, value: object) -> MigPolicy:
+    """``policy.mig``, parsed here once: everything after compares the enum."""
+    try:
+        return MigPolicy(str(value))
+    except ValueError:
+        raise _fail(path, "policy.mig", f"must be one of {', '.join(MigPolicy)}") from None
 
 
 def _mode(path: str, value: int | str) -> int:
@@ -420,7 +429,7 @@ def _mapping(path: str, key: str, value: Any, known: tuple[str, ...] | None) -> 
         raise _fail(path, key, "must be a mapping")
     for k in value:
         if known is not None and k not in known:
-            raise _fail(path, f"{key}.{k}", f"unknown key (known: {', '.join(known)})")
+            raise _fail(path, f"{key}.{k}", config_keys.unknown(f"{key}.{k}", known))
     return value
 
 
@@ -453,3 +462,23 @@ def _duration(path: str, key: str, value: Any) -> float | None:
         return config_times.duration(key, value)
     except config_times.KeyProblem as e:
         raise _fail(path, e.key, e.why) from None
+
+
+# ------------------------------------------------------------------ reloads
+
+
+def policy_changes(old: PolicyConfig, new: PolicyConfig) -> list[str]:
+    """The ``policy.`` keys a reload changes, for its log line (the rules' many keys as
+    one entry: limits, pools, defaults, waits, times, sharing)."""
+    fields = (f for f in PolicyConfig.__dataclass_fields__ if f != "rules")
+    changed = [f"policy.{f}" for f in fields if getattr(old, f) != getattr(new, f)]
+    if old.rules != new.rules:
+        changed.append("the policy's rules")
+    return changed
+
+
+def restart_changes(old: Config, new: Config) -> list[str]:
+    """The sections outside ``policy:`` that differ: a running service reads them only at
+    its start (its sockets, state directory, listeners), so they wait for a restart."""
+    names = [*_SECTIONS, *_SCALARS]
+    return [n for n in names if n != "policy" and getattr(old, n) != getattr(new, n)]

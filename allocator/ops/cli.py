@@ -24,7 +24,7 @@ from allocator.host.devices import source_for
 from allocator.host.engine import EngineError
 from allocator.ops import report, reserve
 from allocator.service import gather
-from allocator.service.compose import Allocator, connect
+from allocator.service.wiring import Allocator, connect
 
 EXIT_FAIL = 1
 EXIT_CONFIG = 2
@@ -300,6 +300,7 @@ def cmd_history(cfg: Config, args: argparse.Namespace) -> int:
     if not os.access(cfg.state_dir, os.R_OK | os.X_OK):
         raise StateError(f"{audit.path}: cannot read the audit trail (run as root)")
     rows = history.select(history.uses(audit.read()), args.gpu, args.user, since)
+    history.with_gpu_hours(rows, ledger.now())
     print(render_json(rows) if args.json else render_table(rows))
     return 0
 
@@ -390,7 +391,7 @@ def cmd_doctor(cfg: Config, args: argparse.Namespace) -> int:
 
     lines, healthy = doctor.run(cfg)
     for line in lines:
-        print(line.render())
+        print(line.render(args.verbose))
     print("healthy" if healthy else "problems found: apply the fixes above, then run doctor again")
     return 0 if healthy else EXIT_FAIL
 

@@ -1,6 +1,6 @@
 """The grant plan's shell: what it reads of the host, and where its plan is recorded.
 
-One part of the composed service (allocator/service/compose.py).  The grant itself is decided in
+One part of the composed service (allocator/service/wiring.py).  The grant itself is decided in
 the core, once (`core.grant_plan.plan`); every grant goes through it by this shell: a
 create arriving now (`LeaseBook.lease`), a waiter served from the line and the GPUs a
 waiter keeps (`Lineup`), and `LeaseBook.explain`, so each is granted exactly as the
@@ -39,20 +39,19 @@ class Placer:
         self.config = config
         self.gather = gather
         self.reservations = reservations
-        self.policy = POLICIES[config.policy.placement]
 
     def seen(self, cores: bool) -> HostNow:
         """The host now, as `grant_plan.plan` takes it; ``cores``: read the CPU topology
         too (a request asks for cores or memory)."""
         now = ledger.now()
-        pol = self.config.policy
+        pol = self.gather.policy  # as the file says now: every key of it reloads
         return HostNow(
             self.gather.inventory(),
-            self.gather.rules,
+            pol.rules,
             now,
             pol.mig,
             self.gather.unhealthy(),
-            self.policy,
+            POLICIES[pol.placement],
             tuple(self.reservations.current(now)),
             self.gather.cpu_topology() if cores else None,
             tuple(cpus.parse_list(pol.reserved_cpus)),

@@ -71,6 +71,9 @@ def test_count_zero_on_28_is_void_whatever_the_env_says():
     [
         (["CUDA_VERSION=12.2"], "all"),  # the legacy CUDA rule
         (["CUDA_VERSION=12.2", "NVIDIA_REQUIRE_CUDA=cuda>=12"], "none"),
+        (["CUDA_VERSION=12.2", "NVIDIA_REQUIRE_CUDA="], "all"),  # empty counts as unset
+        (["NVIDIA_REQUIRE_CUDA=cuda>=12", "CUDA_VERSION=12.2", "NVIDIA_REQUIRE_CUDA="], "all"),
+        (["CUDA_VERSION="], "none"),  # the toolkit wants a non-empty CUDA_VERSION
         (["NVIDIA_VISIBLE_DEVICES=all"], "all"),
         (["NVIDIA_VISIBLE_DEVICES=1,3"], "1,3"),
         (["NVIDIA_VISIBLE_DEVICES=none"], "none"),
@@ -90,14 +93,28 @@ def test_a_running_count_zero_container_holds_what_its_env_gives_the_hook(env, h
 
 
 def test_a_swarm_resource_name_without_a_value_is_no_variable_to_the_toolkit():
-    """The toolkit splits each env entry at ``=`` and skips one without it; a bare name
-    (found by the property test of mutated bodies) selects nothing and is no error."""
+    """A bare name (found by the property test of mutated bodies) selects nothing: the
+    toolkit's spec builder refuses an entry without ``=`` (builder.go ``WithEnv``), so such
+    a container does not start, and no GPU is reached either way."""
     pinned = ["NVIDIA_VISIBLE_DEVICES=void", "DOCKER_RESOURCE_GPU"]
     assert access.of_create(create(pinned), OLD, INVENTORY, TableHost()).none
     task = inspect(["DOCKER_RESOURCE_GPU", f"DOCKER_RESOURCE_GPU={INVENTORY.gpus[1].uuid}"])
     assert access.of_container(task, OLD, INVENTORY, TableHost()).gpus(INVENTORY) == {
         INVENTORY.gpus[1].uuid
     }
+
+
+def test_a_swarm_variable_at_a_create_is_void_or_the_gpus_its_visible_devices_name():
+    """What the shim writes on a leased create: a leasable ask of those GPUs, so only a
+    lease of them covers it; any other value is refused."""
+    gpu = INVENTORY.gpus[2].uuid
+    leased = create([f"NVIDIA_VISIBLE_DEVICES={gpu}", "DOCKER_RESOURCE_GPU=2"], ids=[gpu])
+    grants = access.of_create(leased, OLD, INVENTORY, TableHost()).grants
+    assert [(g.gpus, g.leasable) for g in grants] == [({gpu}, True), ({gpu}, True)]
+    for env in (["DOCKER_RESOURCE_GPU=2"], ["NVIDIA_VISIBLE_DEVICES=1", "DOCKER_RESOURCE_GPU=2"],
+                ["NVIDIA_VISIBLE_DEVICES=all", "DOCKER_RESOURCE_GPU=all"]):  # fmt: skip
+        with pytest.raises(Refusal, match="DOCKER_RESOURCE_GPU can select GPUs"):
+            access.of_create(create(env, count=1), OLD, INVENTORY, TableHost())
 
 
 def test_device_ids_all_is_leased_like_count_minus_one():

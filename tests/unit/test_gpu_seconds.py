@@ -13,8 +13,8 @@ import pytest
 
 from allocator.host import metrics
 from allocator.host.samples import Samples
-from allocator.service.compose import Allocator
 from allocator.service.views import gpus
+from allocator.service.wiring import Allocator
 from shim import metrics_server
 from tests.unit.test_observe import UUIDS, free_port, scrape, world, write_gpus
 
@@ -40,7 +40,7 @@ def test_the_sampler_keeps_each_gpus_utilisation(world: tuple[Allocator, Path]) 
     stop = threading.Event()
     live = gpus.LiveView(alloc)
     sampler = threading.Thread(
-        target=metrics_server.sample_forever, args=(live, 0.05, stop, samples)
+        target=metrics_server.sample_forever, args=(live, lambda: 0.05, stop, samples)
     )
     sampler.start()
     time.sleep(0.5)

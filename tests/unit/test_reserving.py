@@ -16,9 +16,9 @@ from allocator.host import config as configmod
 from allocator.host import ledger
 from allocator.host.audit import AuditLog
 from allocator.ops import cli
-from allocator.service.compose import Allocator
 from allocator.service.placer import LeaseRequest
 from allocator.service.views.explain import explain
+from allocator.service.wiring import Allocator
 from tests.support import engine as sim
 from tests.support.fake_engine import FakeEngine
 
@@ -66,6 +66,14 @@ def test_an_unlimited_create_is_placed_beside_a_reservation_starting_soon(alloc)
     assert isinstance(refused, Shortage)
     assert "GPU 0: reserved for root from " in refused.msg and made.id in refused.msg
     assert "io.gpu-alloc.time=DURATION" in refused.msg
+
+
+def test_a_window_begun_two_days_ago_is_reserved_from_now_to_its_end(alloc) -> None:
+    """docs/reservations.md's first example, run after its --from: the rest of it is kept."""
+    now = ledger.now()
+    made = alloc.reservations.reserve("root", (now - 2 * 86400, now + 2 * 86400), gpus=("0",))
+    assert not isinstance(made, str), made
+    assert now <= made.start <= ledger.now() and made.end == now + 2 * 86400
 
 
 def test_a_create_whose_limit_ends_before_the_window_may_use_the_gpu(alloc) -> None:

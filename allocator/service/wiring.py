@@ -37,7 +37,7 @@ apply what it returns.  No part calls back up into the one that called it.
 from __future__ import annotations
 
 from allocator.host.audit import AuditLog
-from allocator.host.config import Config
+from allocator.host.config import Config, PolicyConfig
 from allocator.host.engine import Engine
 from allocator.host.filesystem import Host
 from allocator.host.health import HealthFile
@@ -46,6 +46,7 @@ from allocator.host.ledger import Ledger
 from allocator.service.admission import Admission
 from allocator.service.background import Background
 from allocator.service.creates import Creates
+from allocator.service.fair_share import FairShare
 from allocator.service.gather import Gatherer
 from allocator.service.leasebook import LeaseBook
 from allocator.service.lineup import Lineup
@@ -56,7 +57,6 @@ from allocator.service.reconciler import Reconciler
 from allocator.service.recorder import Recorder
 from allocator.service.reserving import Reservations
 from allocator.service.restarts import Restarts
-from allocator.service.shares import FairShare
 from allocator.service.timekeeper import Timekeeper
 
 
@@ -107,6 +107,13 @@ class Allocator:
             config, engine, self.ledger, self.gather, self.recorder, self.background
         )
         self.mps = Mps(config, self.ledger, self.gather)
+        self.gather.policy_listeners.append(self._policy_reloaded)
+
+    def _policy_reloaded(self, policy: PolicyConfig) -> None:
+        """``policy.lock_timeout`` reloads: the stores' locks wait that long from now on
+        (every other policy key is read where it is used, from `Gatherer.policy`)."""
+        self.ledger.lock_timeout = policy.lock_timeout
+        self.lookups.creators.lock_timeout = policy.lock_timeout
 
 
 def connect(config: Config) -> Allocator:
