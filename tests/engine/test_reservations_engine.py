@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 
@@ -126,10 +125,7 @@ def test_a_user_who_cannot_read_the_state_dir_lists_the_reservations(stack) -> N
                             "--from", "+1h", "--to", "+2h", "--note", "paper")  # fmt: skip
     assert made.returncode == 0, made.stderr
     try:
-        got = subprocess.run(
-            [*engine.gpu_alloc_command(), "--config", str(stack.config_path), "reservations",
-             "--json"], capture_output=True, text=True, timeout=60, user=BOB,
-        )  # fmt: skip
+        got = host_users.gpu_alloc_as(BOB, stack.config_path, "reservations", "--json")
         assert got.returncode == 0, got.stderr + stack.logs()
         assert [(r["for"], r["gpus"], r["note"]) for r in json.loads(got.stdout)] == [
             (ALICE, [0], "paper")
