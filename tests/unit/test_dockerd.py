@@ -58,6 +58,7 @@ def test_a_start_is_placed_by_the_boot_s_fraction_of_a_second_too(tmp_path):
     tick = os.sysconf("SC_CLK_TCK")
     proc = fake_proc(tmp_path, {4242: ("dockerd", ["dockerd"])})
     (tmp_path / "proc" / "4242" / "stat").write_text(stat_line(4242, "dockerd", 5 * tick))
+    (tmp_path / "proc" / "stat").write_text("cpu  1 2 3 4\nbtime 1000\n")  # whole seconds
     boot = 1000.99
     born = dockerd.started(4242, proc, clocks=lambda: (boot + 3600.0, 3600.0))
     assert born == pytest.approx(1005.99)
