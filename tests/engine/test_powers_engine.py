@@ -24,7 +24,7 @@ GRANTED, NOT_NAMED = engine_root.host_user("ga41p-ann"), engine_root.host_user("
 
 
 def make_stack() -> engine.Stack:
-    grants = {"SYS_TIME": {"users": [GRANTED]}, "SYS_ADMIN": {"users": [GRANTED]}}
+    grants = {name: {"users": [GRANTED]} for name in ("SYS_TIME", "SYS_ADMIN", "pid-host")}
     return engine.Stack(gpus=2, policy={"exempt": [], "powers": grants})
 
 
@@ -61,15 +61,6 @@ def test_a_power_outside_the_allow_list_is_refused_naming_its_grant(stack, sock,
     assert out.returncode != 0, out.stdout
     assert "gpu-alloc refused the container create" in out.stderr and said in out.stderr, out.stderr
     assert not engine.engine_api(stack.engine_sock).containers(all=True)
-
-
-@pytest.mark.parametrize("sock", SOCKETS)
-def test_another_containers_pid_namespace_is_refused(stack, sock):
-    """``--pid container:X``: X may be in the host's PID namespace; not followed."""
-    other = real(stack, "create", IMAGE, "true")
-    assert other.returncode == 0, other.stderr
-    out = create(stack, sock, "--pid", f"container:{other.stdout.strip()}")
-    assert out.returncode != 0 and "policy.powers: {pid-container:" in out.stderr, out.stderr
 
 
 ORDINARY = {
@@ -136,6 +127,19 @@ def test_a_granted_power_is_nobody_elses_and_not_on_dockerds_socket(stack, owner
                       headers={"Content-Type": "application/json"})  # fmt: skip
     assert answer.status_code == 403, answer.text  # the owner's label, copied: forged
     assert not api.containers(all=True)
+
+
+@pytest.mark.parametrize("sock", SOCKETS)
+def test_joining_the_pid_namespace_of_a_container_in_the_hosts_is_refused(stack, owners, sock):
+    """``--pid container:X``: what X holds, the joiner holds (core/access/joined.py), X's
+    power over the host included, whoever was granted it for X."""
+    hop = create(stack, "shim_sock", "--pid", "host", user=GRANTED)
+    assert hop.returncode == 0, hop.stderr
+    out = create(stack, sock, "--pid", f"container:{hop.stdout.strip()}")
+    assert out.returncode != 0 and "--pid host sees and signals" in out.stderr, out.stderr
+    plain = real(stack, "create", IMAGE, "true")
+    joined = create(stack, sock, "--pid", f"container:{plain.stdout.strip()}")
+    assert joined.returncode == 0, joined.stderr
 
 
 def test_a_granted_sys_admin_needs_apparmor_on_the_host(stack, owners):

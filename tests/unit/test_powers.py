@@ -33,7 +33,7 @@ def granting(*names: str, apparmor: bool = False) -> powers.Ask:
         {"CapAdd": ["cap_sys_nice"]},  # dockerd's spelling rules
         {"CapDrop": ["ALL"]},  # dropping is always fine
         {"IpcMode": "host", "ShmSize": 1 << 30},  # NGC images
-        {"IpcMode": "container:other"},
+        {"IpcMode": "container:other", "PidMode": "container:other"},  # joined.py judges
         {"NetworkMode": "host"},
         {"Ulimits": [{"Name": "memlock", "Soft": -1, "Hard": -1}]},
         {"SecurityOpt": ["no-new-privileges", "no-new-privileges:true", "apparmor=mine"]},
@@ -61,7 +61,6 @@ def test_ordinary_containers_hold_only_allowed_powers(host_config):
         ({"CapAdd": ["SYS_MODULE"]}, "SYS_MODULE", "kernel modules"),
         ({"CapAdd": ["NET_ADMIN"], "NetworkMode": "host"}, "NET_ADMIN", "host's network"),
         ({"PidMode": "host"}, "pid-host", "signals every host process"),
-        ({"PidMode": "container:x"}, "pid-container", "may be the host's"),
         ({"UsernsMode": "host"}, "userns-host", "host's root"),
         ({"CgroupnsMode": "host"}, "cgroupns-host", "cgroup tree"),
         ({"UTSMode": "host"}, "uts-host", "hostname"),
@@ -96,10 +95,14 @@ def test_a_namespace_is_named_by_the_flag_a_person_typed():
     assert found.text().startswith("--pid host sees and signals every host process")
 
 
+def test_a_namespace_mode_dockerd_does_not_know_is_refused_and_never_granted():
+    (found,) = refused(PidMode="private")
+    assert found.value == "--pid private" and found.power == ""
+    assert found.text() == "--pid private is no --pid mode dockerd knows; leave it out"
+
+
 def test_tracing_is_allowed_only_in_the_containers_own_pid_namespace():
-    found = powers.refused(
-        {"CapAdd": ["SYS_PTRACE"], "PidMode": "container:x"}, granting("pid-container")
-    )
+    found = powers.refused({"CapAdd": ["SYS_PTRACE"], "PidMode": "container:x"}, granting())
     assert [f.power for f in found] == ["SYS_PTRACE"] and "/proc/<pid>/root" in found[0].why
 
 

@@ -26,7 +26,6 @@ def power_rows() -> list[str]:
     table = powers_table
     named = [
         *((p, f"`{f}`", why) for f, (p, why) in table.NAMESPACE_WHY.items()),
-        (table.PID_CONTAINER[0], "`PidMode`", table.PID_CONTAINER[1]),
         *((p, "`SecurityOpt`", why) for p, why in table.SECURITY_OPTS.values()),
         *((p, f"`{f}`", why) for p, (f, why) in table.OTHER_POWERS.items()),
     ]

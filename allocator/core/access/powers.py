@@ -44,7 +44,7 @@ KEY = "policy.powers"
 Granted = Callable[[str], bool]  # power -> granted to this container's owner
 # Every power policy.powers may grant: the names refusals give.
 GRANTABLE = frozenset(
-    {*table.CAP_HARM, table.PID_CONTAINER[0], *table.OTHER_POWERS}
+    {*table.CAP_HARM, *table.OTHER_POWERS}
     | {power for power, _ in table.NAMESPACE_WHY.values()}
     | {power for power, _ in table.SECURITY_OPTS.values()}
 )
@@ -257,20 +257,16 @@ def _allows_everything(profile: str) -> bool:
 def _namespaces(hc: Mapping[str, Any], strict: bool) -> Iterable[Found]:
     for fld, allowed in table.NAMESPACE_ALLOWED.items():
         value = str(hc.get(fld) or "")
-        if value in allowed or (fld, value, strict) == (
-            "CgroupnsMode",
-            table.CGROUPNS_DEFAULT,
-            False,
-        ):
+        joined = fld == "PidMode" and value.startswith(table.JOINED)  # access/joined.py's
+        dockerds = (fld, value, strict) == ("CgroupnsMode", table.CGROUPNS_DEFAULT, False)
+        if value in allowed or joined or dockerds:
             continue
         power, why = table.NAMESPACE_WHY[fld]
-        if fld == "PidMode" and value.startswith("container:"):
-            power, why = table.PID_CONTAINER
-        elif fld == "PidMode" and value != "host":
-            power = ""
+        if value != "host" and not (fld == "Cgroup" and value.startswith(table.JOINED)):
+            power, why = "", f"is no {table.NAMESPACE_FLAGS[fld]} mode dockerd knows"
         yield Found(f"HostConfig.{fld}", f"{table.NAMESPACE_FLAGS[fld]} {value}", why, power)
     ipc = str(hc.get("IpcMode") or "")
-    if ipc not in table.IPC_ALLOWED and not ipc.startswith("container:"):
+    if ipc not in table.IPC_ALLOWED and not ipc.startswith(table.JOINED):
         yield Found("HostConfig.IpcMode", f"--ipc {ipc}", "is no IPC mode dockerd knows", "")
 
 

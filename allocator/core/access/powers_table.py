@@ -145,10 +145,9 @@ CGROUPNS_DEFAULT = "host"
 # --ipc host: NGC images need it, and its shared memory is no root; a share's container is
 # refused it by the sharing rules (core/rules/sharing.py), which keep its MPS /dev/shm.
 IPC_ALLOWED = frozenset({"", "none", "private", "shareable", "host"})
-PID_CONTAINER = (
-    "pid-container",
-    "shares another container's PID namespace, which may be the host's",
-)
+# --pid, --ipc and --network container:X are judged by what X reaches (access/joined.py):
+# an X in the host's PID namespace holds that power itself, and the joiner with it.
+JOINED = "container:"
 # --network host is allowed: it reaches the host's network services as the host's own
 # processes do, and gpu-alloc serves only unix sockets; NET_ADMIN is refused beside it.
 
