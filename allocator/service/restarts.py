@@ -21,8 +21,10 @@ from allocator.core.judging.verdicts import ACCESS_READS, Facts
 from allocator.core.leases import restarts
 from allocator.core.leases.leases import Lease, State, StateError
 from allocator.core.rules import policy
+from allocator.core.timing import clock, timelimits
 from allocator.core.timing import reservations as rsv
-from allocator.core.timing import timelimits
+from allocator.core.timing.clock import Now
+from allocator.host import clock as hostclock
 from allocator.host import ledger
 from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.ledger import Ledger
@@ -88,7 +90,7 @@ class Restarts:
         if info and not isinstance(ledger, str) and info["Id"] in ledger.expired:
             return self._gave_up(ref, info) or policy.expired_text(ref, self.gather.rules)
         if info and not isinstance(ledger, str):  # policy.time_limit: its time is up
-            why = timelimits.start_refusal(ref, ledger.lease_of(str(info["Id"])), _now())
+            why = timelimits.start_refusal(ref, ledger.lease_of(str(info["Id"])), hostclock.read())
             why = why or self._reserved(ref, ledger.lease_of(str(info["Id"])))
             if why is not None:
                 return why
@@ -151,7 +153,14 @@ class Restarts:
         if after is None or st.get("Running"):
             return None
         stamp = go_time(st.get("FinishedAt")) or go_time(info.get("Created"))
-        if stamp is None or ledger.now() < stamp + after:
+        if stamp is None:
+            return None
+        try:  # its stop as reconcile saw it, on the boot's clock
+            kept = self.ledger.read().stopped.get(str(info.get("Id")))
+        except StateError:
+            kept = None
+        since = Now(*kept) if kept and kept[0] == stamp else Now(stamp)
+        if clock.elapsed(since, hostclock.read()) < after:
             return None
         return "it stayed stopped longer than policy.release_stopped_after, so its lease ends now"
 

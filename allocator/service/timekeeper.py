@@ -16,6 +16,8 @@ Each stop is audited (``time-limit``, ``idle-reclaim``) and counted
 (``gpu_alloc_stops_total``); the container keeps its lease, which then ends by
 ``policy.release_stopped_after`` or its removal, as any stopped container's.  Stops
 run on threads of their own, so a long grace period holds up no other container's.
+Each look also compares the wall clock with the boot's (`clock.jump`): a jump is logged
+and kept for reservations and ``doctor`` (allocator/host/clock.py).
 """
 
 from __future__ import annotations
@@ -23,14 +25,17 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 from allocator.core.api import labels
 from allocator.core.leases import restarts
 from allocator.core.leases.leases import Lease
 from allocator.core.machine.inventory import InventoryError
-from allocator.core.timing import reclaim, timelimits
+from allocator.core.timing import clock, reclaim, timelimits
 from allocator.core.timing import usage as usage_core
-from allocator.host import ledger, metrics, usage
+from allocator.core.timing.clock import Jump, Now
+from allocator.host import clock as hostclock
+from allocator.host import metrics, usage
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.ledger import Ledger
@@ -65,12 +70,41 @@ class Timekeeper:
         self.activity = usage.Activity(config.state_dir)
         self._stopping: set[str] = set()  # containers a stop is on its way to
         self._lock = threading.Lock()
+        self._trusted: Now | None = None  # the first look's clocks: a jump is against them
+        self._moved: Jump | None = None
 
     def look(self) -> float:
         """One look now (`check`); the shim runs it from its background work."""
-        return self.check(ledger.now())
+        now = hostclock.read()
+        self.watch(now)
+        return self.check(now)
 
-    def check(self, now: float) -> float:
+    def watch(self, now: Now) -> None:
+        """Log and keep a jump of the wall clock since the first look (a shim start takes
+        the clock as it finds it), and its undoing."""
+        if self._trusted is None:
+            self._trusted = now
+            hostclock.keep(Path(self.config.state_dir), None)
+            return
+        moved = clock.jump(self._trusted, now)
+        was = self._moved
+        if (moved is None and was is None) or (
+            moved and was and abs(moved.by - was.by) <= clock.TOLERANCE
+        ):
+            return
+        self._moved = moved
+        hostclock.keep(Path(self.config.state_dir), moved)
+        if moved is None:
+            log.info("the wall clock agrees with the boot's clock again")
+        else:
+            log.warning(
+                "the wall clock moved by %s against the boot's clock; time limits and "
+                "release_stopped_after go by the boot's clock, and reservations by the "
+                "clock from before the jump until the shim restarts",
+                clock.described(moved),
+            )
+
+    def check(self, now: Now) -> float:
         """One look: start clocks, stop what is due; seconds until the next look."""
         rules, engine = self.gather.rules, self.engine
         leases = timelimits.live(self.ledger.read().leases.values())
@@ -83,18 +117,19 @@ class Timekeeper:
             if c.get("State") in timelimits.RUNNING_STATES
         }
         if timelimits.unstarted(leases, running):
-            self._start_clocks(timelimits.unstarted(leases, running))
+            self._start_clocks(timelimits.unstarted(leases, running), now)
             leases = timelimits.live(self.ledger.read().leases.values())
         for le in timelimits.overdue(leases, running, now):
             self._stop_later(le, TIME_LIMIT, timelimits.reason(le))
         after = rules.reclaim_idle_after
         if after is not None:
-            for le in self._idle(leases, running, now, after):
+            for le in self._idle(leases, running, now.wall, after):
                 self._stop_later(le, IDLE, reclaim.reason(after))
         return timelimits.next_check(leases, now, after)
 
-    def _start_clocks(self, leases: Sequence[Lease]) -> None:
-        """Each lease's clock from its container's first start, as the Engine says it."""
+    def _start_clocks(self, leases: Sequence[Lease], now: Now) -> None:
+        """Each lease's clock from its container's first start, as the Engine says it,
+        placed on the boot's clock (`clock.seen`: not before the grant)."""
         assert self.engine is not None
         found = {}
         for le in leases:
@@ -106,11 +141,12 @@ class Timekeeper:
                 log.warning("start events of %s unread: %s", le.name, e)
             known = [s for s in stamps if s is not None]
             if known:
-                found[le.id] = (str(le.container), min(known))
+                granted = clock.at(le.created, le.granted_boot)
+                found[le.id] = (str(le.container), clock.seen(min(known), now, granted))
         if found:
             with self.ledger.transaction() as state:
                 for lease_id, (cid, stamp) in found.items():
-                    state.start_clock(lease_id, cid, stamp)
+                    state.start_clock(lease_id, cid, stamp.wall, stamp.mark)
 
     def _idle(
         self, leases: list[Lease], running: set[str], now: float, after: float

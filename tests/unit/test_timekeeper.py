@@ -16,6 +16,7 @@ import yaml
 from allocator.core.judging.ask import Ask
 from allocator.core.rules.policy import NOBODY, Invalid, Owner, Wanted
 from allocator.core.timing import timelimits
+from allocator.core.timing.clock import Now
 from allocator.host import config as configmod
 from allocator.service.compose import Allocator
 from allocator.service.placer import LeaseRequest
@@ -113,10 +114,10 @@ def test_the_clock_starts_at_the_engines_started_at_and_the_stop_comes_at_the_en
         alloc, Wanted(time=60), config={"StopTimeout": 3},
         host_config={"RestartPolicy": {"Name": "always"}},
     )  # fmt: skip
-    assert keeper.check(T0 + 30) == timelimits.CHECK_MAX
+    assert keeper.check(Now(T0 + 30)) == timelimits.CHECK_MAX
     assert alloc.ledger.read().leases[lease_id].started == T0
-    assert keeper.check(T0 + 59) == 1 and alloc.engine.stops == []  # type: ignore[union-attr]
-    keeper.check(T0 + 60)
+    assert keeper.check(Now(T0 + 59)) == 1 and alloc.engine.stops == []  # type: ignore[union-attr]
+    keeper.check(Now(T0 + 60))
     fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
     assert fake.stopped.wait(10)
     assert fake.stops == [(cid, 3)]  # its own StopTimeout
@@ -142,9 +143,9 @@ def test_a_restart_before_the_first_look_does_not_move_the_clock(tmp_path):
     fake.starts[cid] = [first, first + 8]  # started, restarted 8 s later
     later = datetime.fromtimestamp(first + 8, UTC).isoformat().replace("+00:00", "Z")
     fake.by_id[cid]["State"]["StartedAt"] = later
-    alloc.timekeeper.check(first + 9)
+    alloc.timekeeper.check(Now(first + 9))
     assert alloc.ledger.read().leases[lease_id].started == first
-    alloc.timekeeper.check(first + 60)
+    alloc.timekeeper.check(Now(first + 60))
     assert fake.stopped.wait(10)
 
 
@@ -152,7 +153,7 @@ def test_without_limits_or_reclaim_the_timekeeper_asks_the_engine_nothing(tmp_pa
     alloc = make(tmp_path, {"exempt": []})
     running_job(alloc)
     alloc.engine.calls.clear()  # type: ignore[union-attr]
-    alloc.timekeeper.check(time.time())
+    alloc.timekeeper.check(Now(time.time()))
     assert alloc.engine.calls == []  # type: ignore[union-attr]
 
 
@@ -161,16 +162,16 @@ def test_an_idle_container_is_stopped_and_a_busy_one_is_not(tmp_path):
     keeper = alloc.timekeeper
     _, cid = running_job(alloc)
     now = time.time()
-    keeper.check(now + 1)
+    keeper.check(Now(now + 1))
     fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
     assert fake.stops == []
-    keeper.check(now + 5)
+    keeper.check(Now(now + 5))
     assert fake.stopped.wait(10) and fake.stops == [(cid, 10)]  # the Engine's default, said
 
     busy = make(tmp_path / "busy", {"exempt": [], "reclaim_idle_after": "2s"},
                 {"utilization": 0.4})  # fmt: skip
     running_job(busy)
-    busy.timekeeper.check(time.time() + 60)
+    busy.timekeeper.check(Now(time.time() + 60))
     assert busy.engine.stops == []  # type: ignore[union-attr]
 
 
@@ -178,7 +179,7 @@ def test_a_gpu_with_memory_and_power_but_no_utilisation_figure_is_never_reclaime
     unread = {"memory_used_mib": 30000, "power_w": 250}  # in use, by all appearances
     alloc = make(tmp_path, {"exempt": [], "reclaim_idle_after": "2s"}, unread)
     running_job(alloc)
-    alloc.timekeeper.check(time.time() + 3600)
+    alloc.timekeeper.check(Now(time.time() + 3600))
     time.sleep(0.2)  # a stop would run on a thread of its own
     assert alloc.engine.stops == [] and audit_lines(alloc, "idle-reclaim") == []  # type: ignore[union-attr]
 
@@ -210,9 +211,9 @@ def test_a_paused_container_is_stopped_at_its_time_limit(tmp_path):
     alloc = make(tmp_path, POLICY)
     lease_id, cid = running_job(alloc, Wanted(time=60))
     paused(alloc, cid)
-    alloc.timekeeper.check(T0 + 30)
+    alloc.timekeeper.check(Now(T0 + 30))
     assert alloc.ledger.read().leases[lease_id].started == T0  # its clock runs, paused
-    alloc.timekeeper.check(T0 + 60)
+    alloc.timekeeper.check(Now(T0 + 60))
     fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
     assert fake.stopped.wait(10) and [c for c, _ in fake.stops] == [cid]
 
@@ -221,6 +222,6 @@ def test_a_paused_idle_container_is_reclaimed(tmp_path):
     alloc = make(tmp_path, {"exempt": [], "reclaim_idle_after": "2s"}, {"utilization": 0.0})
     _, cid = running_job(alloc)
     paused(alloc, cid)
-    alloc.timekeeper.check(time.time() + 5)
+    alloc.timekeeper.check(Now(time.time() + 5))
     fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
     assert fake.stopped.wait(10) and [c for c, _ in fake.stops] == [cid]

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from allocator.core.leases.leases import Claim, State
+from allocator.core.timing import clock
+from allocator.core.timing.clock import Now
 
 # The listing's states of a container that runs nothing but still holds what it was given.
 STOPPED = frozenset({"exited", "created", "dead"})
@@ -41,11 +43,13 @@ def apply(
     exists: Mapping[str, Mapping[str, Any]],
     by_label: dict[str, str],
     found: dict[str, Claim],
-    now: float,
+    now: Now,
 ) -> Report:
     """Apply what the Engine proved; leases and claims newer than the listing are kept.
 
     ``exists``: container id -> its entry in the Engine's listing ("State", "Status").
+    A pending lease's wait (its deadline less its grant) is measured on the boot's
+    clock from its grant (`clock.elapsed`).
     """
     report = Report(stopped=_stopped(exists))
     for lease in list(state.leases.values()):
@@ -57,7 +61,9 @@ def apply(
         elif lease.id in by_label:
             state.bind(lease.id, by_label[lease.id])
             report.bound.append(lease.id)
-        elif now > lease.deadline:
+        elif clock.elapsed(clock.at(lease.created, lease.granted_boot), now) > (
+            lease.deadline - lease.created
+        ):
             state.release(lease.id)
             report.freed.append(lease.id)
     for cid in list(state.claims):
@@ -68,8 +74,25 @@ def apply(
         if state.lease_of(cid) is None:
             state.claims[cid] = claim
             report.adopted.append(cid)
-    state.adopted_at = now
+    state.adopted_at = now.wall
     return report
+
+
+def stopped_since(
+    kept: Mapping[str, tuple[float, str, float]], finished: Mapping[str, float], now: Now
+) -> dict[str, tuple[float, str, float]]:
+    """When each stopped container stopped, for ``release_stopped_after``: ``finished``
+    (container -> the Engine's FinishedAt) placed on the boot's clock when first seen
+    (`clock.seen`), and kept (``kept``, `State.stopped`) while the Engine's FinishedAt
+    stays the same; a container that ran again, or went, is dropped."""
+    since = {}
+    for cid, wall in finished.items():
+        old = kept.get(cid)
+        if old is None or old[0] != wall:
+            stamp = clock.seen(wall, now)
+            old = (wall, stamp.boot_id, 0.0 if stamp.boot is None else stamp.boot)
+        since[cid] = old
+    return since
 
 
 def _stopped(listed: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
