@@ -13,6 +13,7 @@ writes it).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from allocator.core import grant_plan
 from allocator.core.grant_plan import Decided, HostNow, LeaseRequest, Scope
@@ -21,6 +22,7 @@ from allocator.core.leases.leases import Lease, State
 from allocator.core.machine import cpus
 from allocator.core.placement import POLICIES, Shortage
 from allocator.core.rules.policy import Invalid, Refusal
+from allocator.core.timing import clock
 from allocator.host import clock as hostclock
 from allocator.host.config import Config
 from allocator.service.gather import Gatherer
@@ -44,7 +46,8 @@ class Placer:
         """The host now, as `grant_plan.plan` takes it; ``cores``: read the CPU topology
         too (a request asks for cores or memory)."""
         clocks = hostclock.read()
-        now = clocks.wall
+        # the wall clock, held to its time before a jump: reservations go by it
+        now = clock.schedule(clocks, hostclock.jumped(Path(self.config.state_dir)))
         pol = self.gather.policy  # as the file says now: every key of it reloads
         return HostNow(
             self.gather.inventory(),

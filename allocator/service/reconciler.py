@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Mapping
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from allocator.core.access import access, privileged
@@ -33,7 +34,6 @@ from allocator.core.rules import policy
 from allocator.core.timing import reservations as rsv
 from allocator.core.timing.clock import Now
 from allocator.host import clock as hostclock
-from allocator.host import ledger
 from allocator.host.creators import Creators
 from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.ledger import Ledger
@@ -177,7 +177,7 @@ class Reconciler:
         GPU up (`core.timing.reservations.yielding`).  Nothing is read without a reservation."""
         if self.reservations is None:
             return {}
-        now = ledger.now()
+        now = hostclock.schedule(Path(self.gather.config.state_dir))
         kept = [r for r in self.reservations.current(now) if r.active(now)]
         if not kept:
             return {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from allocator.core.access import access
@@ -25,7 +26,6 @@ from allocator.core.timing import clock, timelimits
 from allocator.core.timing import reservations as rsv
 from allocator.core.timing.clock import Now
 from allocator.host import clock as hostclock
-from allocator.host import ledger
 from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.ledger import Ledger
 from allocator.service.gather import Gatherer
@@ -35,11 +35,6 @@ from allocator.service.reserving import Reservations
 
 log = logging.getLogger("gpu-alloc")
 _INSPECT = object()  # start_refusal's default: inspect the reference itself
-
-
-def _now() -> float:
-    """The ledger's clock (inside `Restarts.start_refusal`, ``ledger`` is a state)."""
-    return ledger.now()
 
 
 class Restarts:
@@ -117,7 +112,7 @@ class Restarts:
         container with a lease."""
         if lease is None or self.reservations is None:
             return None
-        now = _now()
+        now = hostclock.schedule(Path(self.gather.config.state_dir))
         kept = self.reservations.current(now)
         if not kept:
             return None
@@ -128,7 +123,7 @@ class Restarts:
         GPU another holder's window took (`Reconciler`, `core.timing.reservations.yielding`)."""
         if self.reservations is None:
             return None
-        now = _now()
+        now = hostclock.schedule(Path(self.gather.config.state_dir))
         active = [r for r in self.reservations.current(now) if r.active(now)]
         if not active:
             return None

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from allocator.core.leases.holders import ago
+
 TOLERANCE = 2.0  # seconds the wall clock may drift from boottime between two reads (NTP slews)
 
 Mark = tuple[str, float]  # (boot id, CLOCK_BOOTTIME seconds): a stamp's boot half
@@ -120,9 +122,5 @@ def schedule(now: Now, moved: Jump | None) -> float:
 
 
 def described(moved: Jump) -> str:
-    """``by +3h``: a jump's size, signed, in the unit that reads best."""
-    size = abs(moved.by)
-    for unit, seconds in (("d", 86400), ("h", 3600), ("m", 60)):
-        if size >= seconds:
-            return f"{'+' if moved.by > 0 else '-'}{size / seconds:.3g}{unit}"
-    return f"{'+' if moved.by > 0 else '-'}{size:.3g}s"
+    """``+3h``: how far a jump moved the wall clock, signed."""
+    return ("+" if moved.by > 0 else "-") + ago(abs(moved.by))
