@@ -270,7 +270,7 @@ def check_clock(cfg: Config) -> Line:
         WARN,
         f"clock: the wall clock moved by {clock.described(moved)} at {rfc3339(moved.at)}; "
         "time limits go by the boot's clock as ever, and reservations are held to the "
-        f"clock from before the move ({ago(behind)} behind the wall clock) until the shim "
+        f"clock from before the move ({ago(round(behind))} behind the wall clock) until the shim "
         "restarts",
         "if the new time is right, systemctl restart gpu-alloc-shim; else set the clock back",
     )

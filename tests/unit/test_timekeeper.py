@@ -16,8 +16,10 @@ import yaml
 from allocator.core.judging.ask import Ask
 from allocator.core.rules.policy import NOBODY, Invalid, Owner, Wanted
 from allocator.core.timing import timelimits
-from allocator.core.timing.clock import Now
+from allocator.core.timing.clock import Jump, Now
+from allocator.host import clock as hostclock
 from allocator.host import config as configmod
+from allocator.ops import doctor
 from allocator.service.compose import Allocator
 from allocator.service.placer import LeaseRequest
 from tests.support import engine as sim
@@ -225,3 +227,33 @@ def test_a_paused_idle_container_is_reclaimed(tmp_path):
     alloc.timekeeper.check(Now(time.time() + 5))
     fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
     assert fake.stopped.wait(10) and [c for c, _ in fake.stops] == [cid]
+
+
+def test_a_jump_of_the_wall_clock_is_kept_for_reservations_and_doctor_until_undone(tmp_path):
+    alloc = make(tmp_path, POLICY)
+    state_dir = Path(alloc.config.state_dir)
+    alloc.timekeeper.watch(Now(T0, "boot", 100.0))  # the shim's first look: trusted
+    alloc.timekeeper.watch(Now(T0 + 10 + 1.5, "boot", 110.0))
+    assert hostclock.jumped(state_dir) is None
+    alloc.timekeeper.watch(Now(T0 + 20 + 3600, "boot", 120.0))
+    assert hostclock.jumped(state_dir) == Jump(3600, T0 + 3620, "boot", T0 - 100)
+    line = doctor.check_clock(alloc.config)
+    assert line.status == doctor.OK  # that jump was on another boot than this host's
+    alloc.timekeeper.watch(Now(T0 + 30, "boot", 130.0))  # set back where it was
+    assert hostclock.jumped(state_dir) is None
+
+
+def test_doctor_says_the_wall_clock_moved_and_reservations_are_held(tmp_path):
+    alloc = make(tmp_path, POLICY)
+    now = hostclock.read()
+    assert doctor.check_clock(alloc.config).status == doctor.OK
+    hostclock.keep(
+        Path(alloc.config.state_dir),
+        Jump(3 * 3600, now.wall, now.boot_id, (now.offset or 0) - 3 * 3600),
+    )
+    line = doctor.check_clock(alloc.config)
+    assert line.status == doctor.WARN and line.what.startswith(
+        "clock: the wall clock moved by +3h at "
+    )
+    assert "(3h behind the wall clock) until the shim restarts" in line.what
+    assert "systemctl restart gpu-alloc-shim" in line.fix
