@@ -72,6 +72,10 @@ class Timekeeper:
         self._lock = threading.Lock()
         self._trusted: Now | None = None  # the first look's clocks: a jump is against them
         self._moved: Jump | None = None
+        # GPU -> its last use, container -> its last start, on the boot's clock as first
+        # met (`clock.placed`): a clock set later moves neither.
+        self._used: dict[str, Now] = {}
+        self._starts: dict[str, Now] = {}
 
     def look(self) -> float:
         """One look now (`check`); the shim runs it from its background work."""
@@ -123,7 +127,7 @@ class Timekeeper:
             self._stop_later(le, TIME_LIMIT, timelimits.reason(le))
         after = rules.reclaim_idle_after
         if after is not None:
-            for le in self._idle(leases, running, now.wall, after):
+            for le in self._idle(leases, running, now, after):
                 self._stop_later(le, IDLE, reclaim.reason(after))
         return timelimits.next_check(leases, now, after)
 
@@ -148,9 +152,7 @@ class Timekeeper:
                 for lease_id, (cid, stamp) in found.items():
                     state.start_clock(lease_id, cid, stamp.wall, stamp.mark)
 
-    def _idle(
-        self, leases: list[Lease], running: set[str], now: float, after: float
-    ) -> list[Lease]:
+    def _idle(self, leases: list[Lease], running: set[str], now: Now, after: float) -> list[Lease]:
         """The running containers idle for ``after``, their last start counted (one
         inspect each, of the few that look idle)."""
         try:
@@ -158,14 +160,20 @@ class Timekeeper:
         except InventoryError:
             return []  # no reading: nothing is known to be idle
         active = {u for u, x in use.items() if x.active}
-        seen = self.activity.observe(active, now, min(60.0, after / 4))
-        args = (usage_core.known(use), active, seen, now, self.gather.rules)
+        seen = self.activity.observe(active, now.wall, min(60.0, after / 4))
+        self._used = clock.placed(self._used, seen, now)
+        args = (usage_core.known(use), active, self._used, now, self.gather.rules)
         maybe = reclaim.idle(leases, dict.fromkeys(running), *args)
         assert self.engine is not None or not maybe
-        started: dict[str, float | None] = {}
+        walls: dict[str, float] = {}
         for le in maybe:
             info = self.engine.inspect(str(le.container)) if self.engine else None
-            started[str(le.container)] = go_time(((info or {}).get("State") or {}).get("StartedAt"))
+            stamp = go_time(((info or {}).get("State") or {}).get("StartedAt"))
+            if stamp is not None:
+                walls[str(le.container)] = stamp
+        kept = {c: s for c, s in self._starts.items() if c in running}
+        self._starts = kept | clock.placed(kept, walls, now)
+        started = {str(le.container): self._starts.get(str(le.container)) for le in maybe}
         return reclaim.idle(maybe, started, *args)
 
     def _stop_later(self, lease: Lease, kind: str, why: str) -> None:

@@ -10,7 +10,7 @@ from allocator.core.leases.leases import Lease, Phase, State, lease_json
 from allocator.core.leases.reconcile import apply, stopped_since
 from allocator.core.rules import policy
 from allocator.core.rules.policy import Rules
-from allocator.core.timing import clock, timelimits
+from allocator.core.timing import clock, reclaim, timelimits
 from allocator.core.timing.clock import Jump, Now
 
 HOUR = 3600.0
@@ -82,6 +82,19 @@ def test_release_stopped_after_counts_from_the_stop_as_first_seen_on_the_boots_c
     assert due(later(HOUR, wall_moved=-2 * HOUR)) == ["a"]  # back: not evaded
     assert stopped_since(kept, {"c-a": T0 + 900}, later(905)) == {"c-a": (T0 + 900, BOOT, B0 + 900)}
     assert stopped_since(kept, {}, later(905)) == {}  # it ran again, or went
+
+
+def test_idle_reclaim_counts_unused_time_on_the_boots_clock_from_the_last_use():
+    rules, lease = Rules(reclaim_idle_after=HOUR), running(10 * HOUR)
+    used = clock.placed({}, {"GPU-0": T0 + 600}, later(605))  # seen in use at 600 s
+    assert used == {"GPU-0": Now(T0 + 600, BOOT, B0 + 600)}
+    assert clock.placed(used, {"GPU-0": T0 + 600}, later(900, wall_moved=HOUR)) == used
+
+    def idle(now: Now) -> list[Lease]:
+        return reclaim.idle([lease], {"c-a": None}, {"GPU-0"}, set(), used, now, rules)
+
+    assert idle(later(600 + HOUR - 1, wall_moved=2 * HOUR)) == []  # forward: not early
+    assert idle(later(600 + HOUR, wall_moved=-2 * HOUR)) == [lease]  # back: not evaded
 
 
 def test_an_engine_timestamp_is_placed_back_on_the_boots_clock_never_before_the_grant():

@@ -83,16 +83,10 @@ def stopped_since(
 ) -> dict[str, tuple[float, str, float]]:
     """When each stopped container stopped, for ``release_stopped_after``: ``finished``
     (container -> the Engine's FinishedAt) placed on the boot's clock when first seen
-    (`clock.seen`), and kept (``kept``, `State.stopped`) while the Engine's FinishedAt
-    stays the same; a container that ran again, or went, is dropped."""
-    since = {}
-    for cid, wall in finished.items():
-        old = kept.get(cid)
-        if old is None or old[0] != wall:
-            stamp = clock.seen(wall, now)
-            old = (wall, stamp.boot_id, 0.0 if stamp.boot is None else stamp.boot)
-        since[cid] = old
-    return since
+    and kept (``kept``, `State.stopped`) while its FinishedAt stays the same
+    (`clock.placed`); a container that ran again, or went, is dropped."""
+    since = clock.placed({cid: Now(*stamp) for cid, stamp in kept.items()}, finished, now)
+    return {cid: (n.wall, n.boot_id, n.boot or 0.0) for cid, n in since.items()}
 
 
 def _stopped(listed: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:

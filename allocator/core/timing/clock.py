@@ -17,13 +17,15 @@ reported, and until the shim restarts reservations keep the clock from before it
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from allocator.core.leases.holders import ago
 
 TOLERANCE = 2.0  # seconds the wall clock may drift from boottime between two reads (NTP slews)
 
+_Key = TypeVar("_Key")
 Mark = tuple[str, float]  # (boot id, CLOCK_BOOTTIME seconds): a stamp's boot half
 
 
@@ -75,6 +77,17 @@ def seen(wall: float, now: Now, floor: Now | None = None) -> Now:
     if low is not None and low[0] == mark[0]:
         boot = min(mark[1], max(boot, low[1]))
     return Now(wall, mark[0], boot)
+
+
+def placed(kept: Mapping[_Key, Now], walls: Mapping[_Key, float], now: Now) -> dict[_Key, Now]:
+    """Events dated by a wall time (key -> it) on the boot's clock: each placed (`seen`)
+    when first met, and kept (``kept``) while its wall time stays the same, so a clock
+    set after that moves none; keys not in ``walls`` are dropped."""
+    out = {}
+    for key, wall in walls.items():
+        old = kept.get(key)
+        out[key] = old if old is not None and old.wall == wall else seen(wall, now)
+    return out
 
 
 @dataclass(frozen=True)
