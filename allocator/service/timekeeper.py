@@ -16,8 +16,7 @@ Each stop is audited (``time-limit``, ``idle-reclaim``) and counted
 (``gpu_alloc_stops_total``); the container keeps its lease, which then ends by
 ``policy.release_stopped_after`` or its removal, as any stopped container's.  Stops
 run on threads of their own, so a long grace period holds up no other container's.
-Each look also compares the wall clock with the boot's (`clock.jump`): a jump is logged
-and kept for reservations and ``doctor`` (allocator/host/clock.py).
+Each look's clock reading also goes to the clock watch (allocator/service/clockwatch.py).
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 from allocator.core.api import labels
 from allocator.core.leases import restarts
@@ -33,13 +31,14 @@ from allocator.core.leases.leases import Lease
 from allocator.core.machine.inventory import InventoryError
 from allocator.core.timing import clock, reclaim, timelimits
 from allocator.core.timing import usage as usage_core
-from allocator.core.timing.clock import Jump, Now
+from allocator.core.timing.clock import Now
 from allocator.host import clock as hostclock
 from allocator.host import metrics, usage
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.ledger import Ledger
 from allocator.service.background import Background
+from allocator.service.clockwatch import ClockWatch
 from allocator.service.gather import Gatherer
 from allocator.service.recorder import Recorder
 
@@ -70,8 +69,7 @@ class Timekeeper:
         self.activity = usage.Activity(config.state_dir)
         self._stopping: set[str] = set()  # containers a stop is on its way to
         self._lock = threading.Lock()
-        self._trusted: Now | None = None  # the first look's clocks: a jump is against them
-        self._moved: Jump | None = None
+        self.clockwatch = ClockWatch(config.state_dir)
         # GPU -> its last use, container -> its last start, on the boot's clock as first
         # met (`clock.placed`): a clock set later moves neither.
         self._used: dict[str, Now] = {}
@@ -80,33 +78,8 @@ class Timekeeper:
     def look(self) -> float:
         """One look now (`check`); the shim runs it from its background work."""
         now = hostclock.read()
-        self.watch(now)
+        self.clockwatch.see(now)
         return self.check(now)
-
-    def watch(self, now: Now) -> None:
-        """Log and keep a jump of the wall clock since the first look (a shim start takes
-        the clock as it finds it), and its undoing."""
-        if self._trusted is None:
-            self._trusted = now
-            hostclock.keep(Path(self.config.state_dir), None)
-            return
-        moved = clock.jump(self._trusted, now)
-        was = self._moved
-        if (moved is None and was is None) or (
-            moved and was and abs(moved.by - was.by) <= clock.TOLERANCE
-        ):
-            return
-        self._moved = moved
-        hostclock.keep(Path(self.config.state_dir), moved)
-        if moved is None:
-            log.info("the wall clock agrees with the boot's clock again")
-        else:
-            log.warning(
-                "the wall clock moved by %s against the boot's clock; time limits and "
-                "release_stopped_after go by the boot's clock, and reservations by the "
-                "clock from before the jump until the shim restarts",
-                clock.described(moved),
-            )
 
     def check(self, now: Now) -> float:
         """One look: start clocks, stop what is due; seconds until the next look."""

@@ -232,14 +232,14 @@ def test_a_paused_idle_container_is_reclaimed(tmp_path):
 def test_a_jump_of_the_wall_clock_is_kept_for_reservations_and_doctor_until_undone(tmp_path):
     alloc = make(tmp_path, POLICY)
     state_dir = Path(alloc.config.state_dir)
-    alloc.timekeeper.watch(Now(T0, "boot", 100.0))  # the shim's first look: trusted
-    alloc.timekeeper.watch(Now(T0 + 10 + 1.5, "boot", 110.0))
+    alloc.timekeeper.clockwatch.see(Now(T0, "boot", 100.0))  # the shim's first look: trusted
+    alloc.timekeeper.clockwatch.see(Now(T0 + 10 + 1.5, "boot", 110.0))
     assert hostclock.jumped(state_dir) is None
-    alloc.timekeeper.watch(Now(T0 + 20 + 3600, "boot", 120.0))
+    alloc.timekeeper.clockwatch.see(Now(T0 + 20 + 3600, "boot", 120.0))
     assert hostclock.jumped(state_dir) == Jump(3600, T0 + 3620, "boot", T0 - 100)
     line = doctor.check_clock(alloc.config)
     assert line.status == doctor.OK  # that jump was on another boot than this host's
-    alloc.timekeeper.watch(Now(T0 + 30, "boot", 130.0))  # set back where it was
+    alloc.timekeeper.clockwatch.see(Now(T0 + 30, "boot", 130.0))  # set back where it was
     assert hostclock.jumped(state_dir) is None
 
 
