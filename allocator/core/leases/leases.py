@@ -37,6 +37,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum, StrEnum
 from typing import Any
 
+from allocator.core.leases.claims import Claim as Claim  # re-exported: State holds them
+from allocator.core.leases.claims import claim_from_json, claim_json
 from allocator.core.leases.holders import Holder
 from allocator.core.timing.clock import Mark
 
@@ -107,10 +109,9 @@ class Lease:
     share_slots: int = 0
     share_of: int = 0
     share_user: str = ""
-    # The boot's clock at the grant and at the first start (allocator/core/timing/clock.py):
-    # what pending TTLs and time limits are measured on.  Kept beside the leases in the
-    # file (`State.to_json`'s "boot"), so a reader that knows no such fields reads them as
-    # ever; None: measured on the wall clock.
+    # The boot's clock at the grant and at the first start (allocator/core/timing/clock.py),
+    # which the durations from them are measured on (None: the wall clock).  Kept beside
+    # the leases in the file ("boot"): a reader that knows no such fields reads it as ever.
     granted_boot: Mark | None = None
     started_boot: Mark | None = None
 
@@ -133,37 +134,6 @@ def fire(lease: Lease, event: Event, **changes: Any) -> Lease:
     if to is None:
         raise LeaseError(f"lease {lease.id} is {lease.state}: {event.value} does not apply")
     return replace(lease, state=to.value, **changes)
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A container gpu-alloc did not lease but that holds GPUs (adopted)."""
-
-    container: str
-    name: str
-    gpus: tuple[str, ...] | None  # None: unpinned, holds every GPU
-    why: str
-    # The cores and memory gpu-alloc had leased it, as its labels say (`labels.PLACED`):
-    # a container whose lease a ``repair --reset`` lost keeps them from the next lease.
-    cpus: tuple[int, ...] = ()
-    mems: tuple[int, ...] = ()
-    memory: int = 0
-    # Whose it was, by the same labels: their limit counts it as before the reset.
-    owner: str = "unknown"
-    owner_uid: int | None = None
-    since: float | None = None  # the container's creation: how long it has held them
-    pool: str | None = None  # the pool its lease was placed in, by the pool label
-
-
-_CLAIM_DEFAULTS = {
-    "cpus": (),
-    "mems": (),
-    "memory": 0,
-    "owner": "unknown",
-    "owner_uid": None,
-    "since": None,
-    "pool": None,
-}
 
 
 @dataclass
@@ -368,7 +338,7 @@ class State:
             "leases": {k: lease_json(v) for k, v in sorted(self.leases.items())},
             "boot": {k: b for k, v in sorted(self.leases.items()) if (b := boot_json(v))},
             "stopped": {k: list(v) for k, v in sorted(self.stopped.items())},
-            "claims": {k: _claim_json(v) for k, v in sorted(self.claims.items())},
+            "claims": {k: claim_json(v) for k, v in sorted(self.claims.items())},
             "adopted_at": self.adopted_at,
             "expired": dict(sorted(self.expired.items())),
             "generation": self.generation,
@@ -391,7 +361,7 @@ class State:
         try:
             boot = data.get("boot") or {}
             leases = {k: lease_from_json(v, boot.get(k)) for k, v in data["leases"].items()}
-            claims = {k: _claim(v) for k, v in data["claims"].items()}
+            claims = {k: claim_from_json(v) for k, v in data["claims"].items()}
             adopted_at = data.get("adopted_at")
             expired = {str(k): float(v) for k, v in (data.get("expired") or {}).items()}
             generation = str(data.get("generation") or "")
@@ -468,24 +438,6 @@ def _stop(v: Any) -> tuple[float, str, float]:
 
 _SHARE = frozenset({"share_slots", "share_of", "share_user"})
 _BOOT = frozenset({"granted_boot", "started_boot"})
-
-
-def _claim_json(c: Claim) -> dict[str, Any]:
-    """Only what differs from the defaults beside the four first keys, so an older
-    gpu-alloc still reads the ledger unless a reset adopted one of gpu-alloc's containers."""
-    return {k: v for k, v in vars(c).items() if k not in _CLAIM_DEFAULTS or v != _CLAIM_DEFAULTS[k]}
-
-
-def _claim(v: dict[str, Any]) -> Claim:
-    gpus = v["gpus"]
-    return Claim(
-        **{
-            **v,
-            "gpus": None if gpus is None else tuple(gpus),
-            "cpus": tuple(v.get("cpus", ())),
-            "mems": tuple(v.get("mems", ())),
-        }
-    )
 
 
 def _hash(token: str) -> str:
