@@ -257,3 +257,13 @@ def test_doctor_says_the_wall_clock_moved_and_reservations_are_held(tmp_path):
     )
     assert "(3h behind the wall clock) until the shim restarts" in line.what
     assert "systemctl restart gpu-alloc-shim" in line.fix
+
+
+def test_after_a_jump_grants_go_by_the_clock_from_before_it(tmp_path):
+    alloc = make(tmp_path, POLICY)
+    now = hostclock.read()
+    moved = Jump(3 * 3600, now.wall, now.boot_id, (now.offset or 0) - 3 * 3600)
+    hostclock.keep(Path(alloc.config.state_dir), moved)
+    assert abs(alloc.placer.seen(False).now - (time.time() - 3 * 3600)) < 60
+    hostclock.keep(Path(alloc.config.state_dir), None)
+    assert abs(alloc.placer.seen(False).now - time.time()) < 60
