@@ -25,7 +25,7 @@ class ClockWatch:
         """Compare ``now`` with the first reading; log and keep a new jump, or its undoing."""
         if self._trusted is None:
             self._trusted = now
-            hostclock.keep(self.state_dir, None)
+            self._keep(None)
             return
         moved, was = clock.jump(self._trusted, now), self._moved
         if (moved is None and was is None) or (
@@ -33,7 +33,7 @@ class ClockWatch:
         ):
             return
         self._moved = moved
-        hostclock.keep(self.state_dir, moved)
+        self._keep(moved)
         if moved is None:
             log.info("the wall clock agrees with the boot's clock again")
         else:
@@ -43,3 +43,9 @@ class ClockWatch:
                 "the shim restarts",
                 clock.described(moved),
             )
+
+    def _keep(self, moved: Jump | None) -> None:
+        try:
+            hostclock.keep(self.state_dir, moved)
+        except OSError as e:  # logged all the same; reservations then go by the wall clock
+            log.error("could not record the wall clock's move in %s: %s", self.state_dir, e)
