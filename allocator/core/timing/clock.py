@@ -23,7 +23,9 @@ from typing import Any, TypeVar
 
 from allocator.core.leases.holders import ago
 
-TOLERANCE = 2.0  # seconds the wall clock may drift from boottime between two reads (NTP slews)
+# Seconds the wall clock may move against boottime before it counts as a jump: NTP's
+# slewing moves both alike, so only a step (a setting, a leap second) moves them apart.
+TOLERANCE = 2.0
 
 _Key = TypeVar("_Key")
 Mark = tuple[str, float]  # (boot id, CLOCK_BOOTTIME seconds): a stamp's boot half
