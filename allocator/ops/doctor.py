@@ -21,7 +21,7 @@ from allocator.core.access.facts import EngineView
 from allocator.core.leases.events import rfc3339
 from allocator.core.leases.holders import ago
 from allocator.core.leases.leases import StateError
-from allocator.core.machine.inventory import InventoryError
+from allocator.core.machine.inventory import InventoryError, MigPolicy
 from allocator.core.rules.policy import missing_pool_gpus
 from allocator.core.timing import clock
 from allocator.host import clock as hostclock
@@ -320,7 +320,7 @@ def check_health(cfg: Config) -> Line:
             f"fix the GPU (nvidia-smi -q, a reset, a reboot), then: gpu-alloc health clear {first}",
         )
     split = [str(g.index) for g in inv.gpus if g.mig_mode]
-    if split and cfg.policy.mig == "none":
+    if split and cfg.policy.mig is MigPolicy.NONE:
         return Line(
             WARN,
             f"GPU health: healthy; GPUs {', '.join(split)} are in MIG mode and never leased "

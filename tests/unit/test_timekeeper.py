@@ -20,8 +20,8 @@ from allocator.core.timing.clock import Jump, Now
 from allocator.host import clock as hostclock
 from allocator.host import config as configmod
 from allocator.ops import doctor
-from allocator.service.compose import Allocator
 from allocator.service.placer import LeaseRequest
+from allocator.service.wiring import Allocator
 from tests.support import engine as sim
 from tests.support.fake_engine import FakeEngine
 

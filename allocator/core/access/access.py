@@ -35,9 +35,9 @@ import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from allocator.core.access import privileged
+from allocator.core.access import joined, privileged
 from allocator.core.access.access_ctx import VISIBLE as VISIBLE
-from allocator.core.access.access_ctx import Ctx, MountsOf, View, VolumeOf, resolve_ids
+from allocator.core.access.access_ctx import ContainerOf, Ctx, View, VolumeOf, resolve_ids
 from allocator.core.access.access_ctx import env_values as env_values
 from allocator.core.access.access_devices import cdi_names, cgroup_rules, devices
 from allocator.core.access.access_mounts import binds
@@ -152,8 +152,11 @@ def _swarm_resources(ctx: Ctx) -> None:
 
     Refused at a create, unless it pins the variable to ``void`` (the pin a service's
     tasks carry, and the shim's rewrite adds for ``swarm.kind``: an image's ENV of the
-    name then never reaches the toolkit); on an existing container (a swarm task's, given
-    its GPUs by swarm's scheduler) it holds the GPUs its value names.  The toolkit reads
+    name then never reaches the toolkit) or names exactly the GPUs the create's own
+    ``NVIDIA_VISIBLE_DEVICES`` names (what the shim's rewrite sets on a leased create, so
+    that such a toolkit gives it those GPUs): a leasable ask of them, which only a lease
+    of exactly them covers.  On an existing container (a swarm task's, given its GPUs by
+    swarm's scheduler, or a leased one) it holds the GPUs its value names.  The toolkit reads
     the env as a map, so a variable set twice (the spec's void pin, then what swarm
     appends) is its last value, and one naming void selects nothing.  An entry without
     ``=`` is no variable to the toolkit (it splits each entry at ``=`` and skips the rest)."""
@@ -162,14 +165,33 @@ def _swarm_resources(ctx: Ctx) -> None:
     )
     for name in names:
         value = env_values(ctx.view.env, name)[-1]
-        if ctx.strict and value.strip() != "void":
-            ctx.refuse("Config.Env", f"{name} can select GPUs in the toolkit")
-            continue
         ids = tuple(v.strip() for v in value.split(",") if v.strip())
+        if ctx.strict and value.strip() != "void":
+            gpus = _as_visible(ctx, ids)
+            if gpus is None:
+                ctx.refuse(
+                    "Config.Env",
+                    f"{name} can select GPUs in the toolkit; set it only to void, or to "
+                    f"the GPUs {VISIBLE} names",
+                )
+            else:
+                ctx.add("Config.Env", f"{name}={value}", gpus, Demand(ids=ids))
+            continue
         if not ids or "void" in ids:
             continue
         gpus = resolve_ids(ctx, "Config.Env", ids)
         ctx.add("Config.Env", f"{name}={value} (GPUs a swarm task was given)", gpus)
+
+
+def _as_visible(ctx: Ctx, ids: tuple[str, ...]) -> set[str] | None:
+    """The GPUs ``ids`` name when they are exactly those of the create's last
+    ``NVIDIA_VISIBLE_DEVICES``; None otherwise, or when either names no GPU by itself."""
+    values = env_values(ctx.view.env, VISIBLE)
+    visible = tuple(v.strip() for v in values[-1].split(",") if v.strip()) if values else ()
+    if not ids or not visible or {"void", "none", "all"} & {*ids, *visible}:
+        return None
+    gpus = resolve_ids(ctx, "Config.Env", ids)
+    return gpus if gpus and gpus == resolve_ids(ctx, "Config.Env", visible) else None
 
 
 def _hook_env(ctx: Ctx, fld: str, why: str) -> None:
@@ -285,6 +307,17 @@ def _annotations(ctx: Ctx) -> None:
             ctx.add(f"HostConfig.Annotations[{key}]", "CDI annotation injects devices", None)
 
 
+def _joined(ctx: Ctx) -> None:
+    """Another container's PID, IPC or network namespace, and with it its GPUs."""
+
+    def reach(other: Mapping[str, Any]) -> Access:
+        view = _inspected(other)
+        return _analyse(view, ctx.engine, ctx.inventory, ctx.host, False, ctx.container_of,
+                        ctx.volume_of)  # fmt: skip
+
+    joined.namespaces(ctx, reach)
+
+
 # The catalogue: each row reads one family of fields.  Order matters only for
 # _runtime_env, which must see whether a device request already set the env.
 SOURCES: tuple[Callable[[Ctx], None], ...] = (
@@ -295,6 +328,7 @@ SOURCES: tuple[Callable[[Ctx], None], ...] = (
     devices,
     cgroup_rules,
     binds,
+    _joined,
     _links,
     _annotations,
 )
@@ -306,11 +340,11 @@ def _analyse(
     inventory: Inventory,
     host: HostFacts,
     strict: bool,
-    mounts_of: MountsOf | None = None,
+    container_of: ContainerOf | None = None,
     volume_of: VolumeOf | None = None,
     socket_owner: str = "",
 ) -> Access:
-    ctx = Ctx(view, engine, inventory, host, strict, mounts_of, volume_of)
+    ctx = Ctx(view, engine, inventory, host, strict, container_of, volume_of)
     ctx.socket_owner = socket_owner
     for source in SOURCES:
         source(ctx)
@@ -322,7 +356,7 @@ def of_create(
     engine: EngineView,
     inventory: Inventory,
     host: HostFacts,
-    mounts_of: MountsOf | None = None,
+    container_of: ContainerOf | None = None,
     volume_of: VolumeOf | None = None,
 ) -> Access:
     view = View(
@@ -332,7 +366,7 @@ def of_create(
         volumes=tuple(body.get("Volumes") or ()),
     )
     owner = socket_binds.labelled(body)  # the shim's: the verdict refuses one it did not mark
-    return _analyse(view, engine, inventory, host, True, mounts_of, volume_of, owner)
+    return _analyse(view, engine, inventory, host, True, container_of, volume_of, owner)
 
 
 def of_container(
@@ -345,8 +379,13 @@ def of_container(
 ) -> Access:
     """``owner``: whose gpu-alloc recorded the container to be (its lease's, its
     creator's), for `socket_binds`; never read from its labels, which an image sets."""
+    return _analyse(_inspected(inspect), engine, inventory, host, False, None, volume_of, owner)
+
+
+def _inspected(inspect: Mapping[str, Any]) -> View:
+    """The `View` of an existing container, from its inspect."""
     config = inspect.get("Config") or {}
-    view = View(
+    return View(
         env=tuple(config.get("Env") or ()),
         env_complete=True,
         host_config=inspect.get("HostConfig") or {},
@@ -357,4 +396,3 @@ def of_container(
             if m.get("Type") == "bind"
         ),
     )
-    return _analyse(view, engine, inventory, host, False, None, volume_of, owner)
