@@ -3,8 +3,8 @@ changes the ledger; what is newer than the listing is kept."""
 
 from __future__ import annotations
 
-from allocator.core.leases.leases import Claim, State
-from allocator.core.leases.reconcile import apply
+from allocator.core.leases.leases import Claim, Phase, State
+from allocator.core.leases.reconcile import apply, share_lease
 from allocator.core.timing.clock import Now
 
 CID, OTHER = "a" * 64, "b" * 64
@@ -61,3 +61,29 @@ def test_stopped_containers_are_reported_with_the_engines_status_and_change_noth
     report = apply(state, state.copy(), listed, {}, {}, now=Now(5))
     assert report.stopped == {CID: "Exited (0) 2 hours ago", OTHER: "created"}
     assert not report
+
+
+def test_a_share_whose_lease_was_lost_is_adopted_as_its_lease_again() -> None:
+    claim = Claim(CID, "nb", ("GPU-0",), "device request", owner="al", owner_uid=1000,
+                  since=5.0, pool="notebooks")  # fmt: skip
+    lease = share_lease(claim, "0123abcd", 1, 4, "1000")
+    state = State()
+    report = apply(state, State(), {CID: RUNNING}, {}, {CID: lease}, now=Now(10))
+    assert report.adopted == [CID] and state.claims == {}
+    got = state.leases["0123abcd"]
+    assert (got.container, got.phase, got.gpus, got.gpus_held) == (
+        CID,
+        Phase.BOUND,
+        ("GPU-0",),
+        0.25,
+    )
+    assert (got.owner, got.owner_uid, got.pool, got.share_user) == ("al", 1000, "notebooks", "1000")
+    assert not got.token_matches("")  # it admits no create
+
+
+def test_a_share_lease_whose_id_is_taken_meanwhile_waits_for_the_next_run() -> None:
+    state, taken = bound_state()
+    claim = Claim(OTHER, "nb", ("GPU-1",), "device request")
+    report = apply(state, state.copy(), {CID: RUNNING, OTHER: RUNNING}, {},
+                   {OTHER: share_lease(claim, taken, 1, 4, "0")}, now=Now(10))  # fmt: skip
+    assert report.adopted == [] and state.leases[taken].container == CID
