@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Mapping
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from allocator.core.access import access, privileged
@@ -30,10 +31,11 @@ from allocator.core.judging import service_limits
 from allocator.core.judging.verdicts import ACCESS_READS, Facts
 from allocator.core.leases import restarts
 from allocator.core.leases.leases import Claim, Lease, Phase, State
-from allocator.core.leases.reconcile import STOPPED, Report, apply, share_lease
+from allocator.core.leases.reconcile import STOPPED, Report, apply, share_lease, stopped_since
 from allocator.core.rules import policy, sharing
 from allocator.core.timing import reservations as rsv
-from allocator.host import ledger
+from allocator.core.timing.clock import Now
+from allocator.host import clock as hostclock
 from allocator.host.creators import Creators
 from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.ledger import Ledger
@@ -42,6 +44,11 @@ from allocator.service.recorder import Recorder
 from allocator.service.reserving import Reservations
 
 log = logging.getLogger("gpu-alloc")
+
+
+def _stamps(stopped: dict[str, tuple[float, str, float]]) -> dict[str, Now]:
+    """`State.stopped` as the clock readings `policy.expired` measures from."""
+    return {cid: Now(*stamp) for cid, stamp in stopped.items()}
 
 
 class Reconciler:
@@ -110,11 +117,12 @@ class Reconciler:
             listed.update((c["Id"], c) for c in self.engine.containers())
         held = partial(self._holders, snapshot, listed, adopt)
         by_label, found = self.gather.decide(held, ACCESS_READS, now=True)
-        stopped, policies = self._stopped_since(snapshot, listed)
+        finished, policies = self._stopped_since(snapshot, listed)
+        clocks = hostclock.read()
         due = policy.expired(
             [(le.id, le.container or "") for le in snapshot.leases.values()],
-            stopped,
-            ledger.now(),
+            _stamps(stopped_since(snapshot.stopped, finished, clocks)),
+            clocks,
             self.gather.rules,
         )
         gave_up = self._yielding(snapshot, listed)
@@ -125,11 +133,16 @@ class Reconciler:
         }
         with self.ledger.transaction() as state:
             before = dict(state.leases)
-            now = ledger.now()
-            report = apply(state, snapshot, listed, by_label, found, now)
+            clocks = hostclock.read()
+            now = clocks.wall
+            report = apply(state, snapshot, listed, by_label, found, clocks)
+            state.stopped = stopped_since(state.stopped, finished, clocks)
+            stopped = _stamps(state.stopped)
             bound = [(le.id, le.container or "") for le in state.leases.values()]
             expired = [
-                i for i in policy.expired(bound, stopped, now, self.gather.rules) if i in held_down
+                i
+                for i in policy.expired(bound, stopped, clocks, self.gather.rules)
+                if i in held_down
             ]
             expired += [i for i in gave_up if i in held_down and i in state.leases]
             expired = list(dict.fromkeys(expired))
@@ -173,7 +186,7 @@ class Reconciler:
         GPU up (`core.timing.reservations.yielding`).  Nothing is read without a reservation."""
         if self.reservations is None:
             return {}
-        now = ledger.now()
+        now = hostclock.schedule(Path(self.gather.config.state_dir))
         kept = [r for r in self.reservations.current(now) if r.active(now)]
         if not kept:
             return {}

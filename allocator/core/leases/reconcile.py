@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from allocator.core.leases.leases import Claim, Lease, Phase, State
+from allocator.core.timing import clock
+from allocator.core.timing.clock import Now
 
 # The listing's states of a container that runs nothing but still holds what it was given.
 STOPPED = frozenset({"exited", "created", "dead"})
@@ -41,13 +43,14 @@ def apply(
     exists: Mapping[str, Mapping[str, Any]],
     by_label: dict[str, str],
     found: Mapping[str, Claim | Lease],
-    now: float,
+    now: Now,
 ) -> Report:
     """Apply what the Engine proved; leases and claims newer than the listing are kept.
 
     ``exists``: container id -> its entry in the Engine's listing ("State", "Status");
     ``found``: what each GPU holder the ledger does not know is adopted as: a claim, or
-    a share's lease (`share_lease`).
+    a share's lease (`share_lease`).  A pending lease's wait (its deadline less its
+    grant) is measured on the boot's clock from its grant (`clock.elapsed`).
     """
     report = Report(stopped=_stopped(exists))
     for lease in list(state.leases.values()):
@@ -59,7 +62,9 @@ def apply(
         elif lease.id in by_label:
             state.bind(lease.id, by_label[lease.id])
             report.bound.append(lease.id)
-        elif now > lease.deadline:
+        elif clock.elapsed(clock.at(lease.created, lease.granted_boot), now) > (
+            lease.deadline - lease.created
+        ):
             state.release(lease.id)
             report.freed.append(lease.id)
     for cid in list(state.claims):
@@ -76,8 +81,19 @@ def apply(
         else:
             state.claims[cid] = held
         report.adopted.append(cid)
-    state.adopted_at = now
+    state.adopted_at = now.wall
     return report
+
+
+def stopped_since(
+    kept: Mapping[str, tuple[float, str, float]], finished: Mapping[str, float], now: Now
+) -> dict[str, tuple[float, str, float]]:
+    """When each stopped container stopped, for ``release_stopped_after``: ``finished``
+    (container -> the Engine's FinishedAt) placed on the boot's clock when first seen
+    and kept (``kept``, `State.stopped`) while its FinishedAt stays the same
+    (`clock.placed`); a container that ran again, or went, is dropped."""
+    since = clock.placed({cid: Now(*stamp) for cid, stamp in kept.items()}, finished, now)
+    return {cid: (n.wall, n.boot_id, n.boot or 0.0) for cid, n in since.items()}
 
 
 def share_lease(claim: Claim, lease_id: str, slots: int, of: int, user: str) -> Lease:
