@@ -47,8 +47,8 @@ from allocator.core.leases.leases import StateError
 from allocator.core.machine.inventory import InventoryError
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
-from allocator.service.compose import Allocator
 from allocator.service.intake import Refused
+from allocator.service.wiring import Allocator
 from shim.framing import Request, Response, UpstreamError
 from shim.waitline import Waitline
 

@@ -37,10 +37,10 @@ from allocator.core.leases.leases import Lease, StateError
 from allocator.core.machine.inventory import InventoryError
 from allocator.host import metrics
 from allocator.host.engine import EngineError
-from allocator.service.compose import Allocator
 from allocator.service.intake import Gone, Stopping
 from allocator.service.placer import LeaseRequest
 from allocator.service.views import queue as queue_view
+from allocator.service.wiring import Allocator
 
 if TYPE_CHECKING:
     from allocator.core.rules.queue import Waiter

@@ -1,6 +1,6 @@
 """The facts a decision is made against, gathered from the host and the Engine.
 
-One part of the composed service (allocator/service/compose.py): the other parts ask it for
+One part of the composed service (allocator/service/wiring.py): the other parts ask it for
 facts (the inventory, what the Engine says it is, the host's filesystem answers, the
 policy in force, the GPUs' health), hand them to the pure core, and apply what the core
 returns.  It records nothing and holds no ledger.  Each fact is cached for as long as

@@ -1,6 +1,6 @@
 """MPS for shared GPUs: a control daemon runs on each shared GPU while it has shares out.
 
-One part of the composed service (allocator/service/compose.py), run by the shim.  The shim
+One part of the composed service (allocator/service/wiring.py), run by the shim.  The shim
 supervises the daemons rather than a systemd template unit: it is the one that grants
 shares, so it starts a GPU's daemon (`ensure`) before the create that needs it reaches
 dockerd, and a failure is that create's 503 rather than a unit failing later, unseen.

@@ -17,8 +17,8 @@ from allocator.core.judging.ask import Ask
 from allocator.core.judging.decisions import Fact, Unread
 from allocator.host import config as configmod
 from allocator.host.filesystem import Host
-from allocator.service.compose import Allocator
 from allocator.service.gather import STRICT_ENV
+from allocator.service.wiring import Allocator
 from tests.support import engine as sim
 from tests.support.enforcement_cases import body, request
 from tests.support.fake_engine import FakeEngine, allocator_on

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from allocator.core.api import labels
 from allocator.host import config
-from allocator.service.compose import Allocator
 from allocator.service.intake import Approved, Refused
 from allocator.service.placer import LeaseRequest
+from allocator.service.wiring import Allocator
 from tests.support.enforcement_cases import body, request
 
 CID = "c" * 64

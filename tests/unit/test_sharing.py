@@ -356,7 +356,7 @@ class FakeDaemons:
 
 
 def test_the_mps_part_keeps_one_daemon_per_gpu_with_shares_out(tmp_path) -> None:
-    from allocator.service.compose import Allocator
+    from allocator.service.wiring import Allocator
 
     gpus = tmp_path / "gpus.yaml"
     gpus.write_text("[{uuid: GPU-0, index: 0, memory_mib: 81920}, {uuid: GPU-1, index: 1}]\n")

@@ -1,5 +1,5 @@
 """The facts effective access is judged against: what the Engine is, what the host's
-filesystem holds.  Gathered at the edges (allocator/service/compose.py, allocator/host/), passed in
+filesystem holds.  Gathered at the edges (allocator/service/wiring.py, allocator/host/), passed in
 as data, so the core reads nothing itself and tests hand in their own tables.
 """
 
