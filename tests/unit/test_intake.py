@@ -81,3 +81,41 @@ def test_a_share_whose_mps_daemon_cannot_start_is_refused_and_its_lease_ends(tmp
     )
     assert got == Refused(503, "the MPS daemon of GPU 0 did not start")
     assert alloc.ledger.read().leases == {}
+
+
+def test_a_gpu_create_through_the_shim_reaches_the_library_only_to_decode_route_and_ask(
+    tmp_path,
+) -> None:
+    """The shim's own calls during one GPU create, traced: every decision is the service's."""
+    import sys
+
+    from shim.create import CreateInterceptor
+    from shim.framing import Request, Response
+
+    alloc = world(tmp_path)
+    shim = CreateInterceptor(alloc)
+
+    async def engine(req: Request) -> Response:
+        return Response(201, "Created", [], json.dumps({"Id": CID}).encode())
+
+    payload = body(HostConfig={"DeviceRequests": [request(1)]})
+    create = Request("POST", TARGET, [("Content-Type", "application/json")], payload)
+    called: set[str] = set()
+
+    def trace(frame, event, arg) -> None:
+        caller = frame.f_back.f_globals.get("__name__", "") if frame.f_back else ""
+        callee = frame.f_globals.get("__name__", "")
+        if event == "call" and caller.startswith("shim.") and callee.startswith("allocator."):
+            called.add(callee)
+
+    sys.setprofile(trace)
+    try:
+        answer = asyncio.run(shim.handle(create, engine))
+    finally:
+        sys.setprofile(None)
+    assert answer.status == 201
+    assert called == {
+        "allocator.core.api.createbody",  # bytes -> request
+        "allocator.core.judging.verdicts",  # which route
+        "allocator.service.intake",  # the create, decided
+    }
