@@ -5,8 +5,9 @@ units, with every sandboxing directive applied by systemd (`ProtectSystem=strict
 `ProtectHome=`, `PrivateTmp=`, no capabilities beyond three), beside the root's own
 docker.service, and are driven the way users and operators drive them: the docker CLI
 through the context the installer tells users to create, the real socket, `gpu-alloc
-doctor`, BuildKit's own client, a second copy started by hand, and a reboot.  The machine is booted once for the module
-(tests/support/systemd_root.py); the tests run in file order and the reboot comes last.
+doctor`, BuildKit's own client, a second copy started by hand, and a reboot.  The machine
+is booted once for the module (tests/support/systemd_root.py); the tests run in file order
+and the reboot comes last.
 
 The Engine is the selected one (`--engine`): 20.10, bookworm's own, or 29 (sid with 29's
 own dockerd), where the installer's builder setting alone closes BuildKit's gRPC door.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from allocator.core.leases.leases import Lease, Phase
 from allocator.core.rules.policy import Rules
 from allocator.core.timing import reclaim
+from allocator.core.timing.clock import Now
 
 RULES = Rules(exempt=("root",), reclaim_idle_after=100.0)
 READ = {"GPU-0", "GPU-1", "GPU-2"}
@@ -15,8 +16,11 @@ def lease(lid: str, gpus: tuple[str, ...], owner: str = "alice", created: float 
 
 
 def idle(leases, now, *, active=(), seen=None, started=None, rules=RULES, read=READ):
-    running = {le.container: (started or {}).get(le.container) for le in leases}
-    return reclaim.idle(leases, running, read, set(active), seen or {}, now, rules)
+    """`reclaim.idle` with wall times alone (the clock tests are in test_clock.py)."""
+    starts = {c: Now(t) for c, t in (started or {}).items()}
+    running = {le.container: starts.get(le.container) for le in leases}
+    used = {u: Now(t) for u, t in (seen or {}).items()}
+    return reclaim.idle(leases, running, read, set(active), used, Now(now), rules)
 
 
 def test_a_container_whose_gpus_ran_nothing_that_long_is_reclaimed():
@@ -43,7 +47,7 @@ def test_the_exempt_a_stopped_container_and_a_policy_without_reclaim_are_left_al
     mine = lease("r", ("GPU-0",), owner="root")
     assert idle([mine], 500) == []
     a = lease("a", ("GPU-1",))
-    assert reclaim.idle([a], {}, READ, set(), {}, 500, RULES) == []  # not running
+    assert reclaim.idle([a], {}, READ, set(), {}, Now(500), RULES) == []  # not running
     assert idle([a], 500, rules=Rules()) == []
 
 

@@ -16,7 +16,10 @@ import yaml
 from allocator.core.judging.ask import Ask
 from allocator.core.rules.policy import NOBODY, Invalid, Owner, Wanted
 from allocator.core.timing import timelimits
+from allocator.core.timing.clock import Jump, Now
+from allocator.host import clock as hostclock
 from allocator.host import config as configmod
+from allocator.ops import doctor
 from allocator.service.placer import LeaseRequest
 from allocator.service.wiring import Allocator
 from tests.support import engine as sim
@@ -113,10 +116,10 @@ def test_the_clock_starts_at_the_engines_started_at_and_the_stop_comes_at_the_en
         alloc, Wanted(time=60), config={"StopTimeout": 3},
         host_config={"RestartPolicy": {"Name": "always"}},
     )  # fmt: skip
-    assert keeper.check(T0 + 30) == timelimits.CHECK_MAX
+    assert keeper.check(Now(T0 + 30)) == timelimits.CHECK_MAX
     assert alloc.ledger.read().leases[lease_id].started == T0
-    assert keeper.check(T0 + 59) == 1 and alloc.engine.stops == []  # type: ignore[union-attr]
-    keeper.check(T0 + 60)
+    assert keeper.check(Now(T0 + 59)) == 1 and alloc.engine.stops == []  # type: ignore[union-attr]
+    keeper.check(Now(T0 + 60))
     fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
     assert fake.stopped.wait(10)
     assert fake.stops == [(cid, 3)]  # its own StopTimeout
@@ -142,9 +145,9 @@ def test_a_restart_before_the_first_look_does_not_move_the_clock(tmp_path):
     fake.starts[cid] = [first, first + 8]  # started, restarted 8 s later
     later = datetime.fromtimestamp(first + 8, UTC).isoformat().replace("+00:00", "Z")
     fake.by_id[cid]["State"]["StartedAt"] = later
-    alloc.timekeeper.check(first + 9)
+    alloc.timekeeper.check(Now(first + 9))
     assert alloc.ledger.read().leases[lease_id].started == first
-    alloc.timekeeper.check(first + 60)
+    alloc.timekeeper.check(Now(first + 60))
     assert fake.stopped.wait(10)
 
 
@@ -152,7 +155,7 @@ def test_without_limits_or_reclaim_the_timekeeper_asks_the_engine_nothing(tmp_pa
     alloc = make(tmp_path, {"exempt": []})
     running_job(alloc)
     alloc.engine.calls.clear()  # type: ignore[union-attr]
-    alloc.timekeeper.check(time.time())
+    alloc.timekeeper.check(Now(time.time()))
     assert alloc.engine.calls == []  # type: ignore[union-attr]
 
 
@@ -161,16 +164,16 @@ def test_an_idle_container_is_stopped_and_a_busy_one_is_not(tmp_path):
     keeper = alloc.timekeeper
     _, cid = running_job(alloc)
     now = time.time()
-    keeper.check(now + 1)
+    keeper.check(Now(now + 1))
     fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
     assert fake.stops == []
-    keeper.check(now + 5)
+    keeper.check(Now(now + 5))
     assert fake.stopped.wait(10) and fake.stops == [(cid, 10)]  # the Engine's default, said
 
     busy = make(tmp_path / "busy", {"exempt": [], "reclaim_idle_after": "2s"},
                 {"utilization": 0.4})  # fmt: skip
     running_job(busy)
-    busy.timekeeper.check(time.time() + 60)
+    busy.timekeeper.check(Now(time.time() + 60))
     assert busy.engine.stops == []  # type: ignore[union-attr]
 
 
@@ -178,7 +181,7 @@ def test_a_gpu_with_memory_and_power_but_no_utilisation_figure_is_never_reclaime
     unread = {"memory_used_mib": 30000, "power_w": 250}  # in use, by all appearances
     alloc = make(tmp_path, {"exempt": [], "reclaim_idle_after": "2s"}, unread)
     running_job(alloc)
-    alloc.timekeeper.check(time.time() + 3600)
+    alloc.timekeeper.check(Now(time.time() + 3600))
     time.sleep(0.2)  # a stop would run on a thread of its own
     assert alloc.engine.stops == [] and audit_lines(alloc, "idle-reclaim") == []  # type: ignore[union-attr]
 
@@ -210,9 +213,9 @@ def test_a_paused_container_is_stopped_at_its_time_limit(tmp_path):
     alloc = make(tmp_path, POLICY)
     lease_id, cid = running_job(alloc, Wanted(time=60))
     paused(alloc, cid)
-    alloc.timekeeper.check(T0 + 30)
+    alloc.timekeeper.check(Now(T0 + 30))
     assert alloc.ledger.read().leases[lease_id].started == T0  # its clock runs, paused
-    alloc.timekeeper.check(T0 + 60)
+    alloc.timekeeper.check(Now(T0 + 60))
     fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
     assert fake.stopped.wait(10) and [c for c, _ in fake.stops] == [cid]
 
@@ -221,6 +224,46 @@ def test_a_paused_idle_container_is_reclaimed(tmp_path):
     alloc = make(tmp_path, {"exempt": [], "reclaim_idle_after": "2s"}, {"utilization": 0.0})
     _, cid = running_job(alloc)
     paused(alloc, cid)
-    alloc.timekeeper.check(time.time() + 5)
+    alloc.timekeeper.check(Now(time.time() + 5))
     fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
     assert fake.stopped.wait(10) and [c for c, _ in fake.stops] == [cid]
+
+
+def test_a_jump_of_the_wall_clock_is_kept_for_reservations_and_doctor_until_undone(tmp_path):
+    alloc = make(tmp_path, POLICY)
+    state_dir = Path(alloc.config.state_dir)
+    alloc.timekeeper.clockwatch.see(Now(T0, "boot", 100.0))  # the shim's first look: trusted
+    alloc.timekeeper.clockwatch.see(Now(T0 + 10 + 1.5, "boot", 110.0))
+    assert hostclock.jumped(state_dir) is None
+    alloc.timekeeper.clockwatch.see(Now(T0 + 20 + 3600, "boot", 120.0))
+    assert hostclock.jumped(state_dir) == Jump(3600, T0 + 3620, "boot", T0 - 100)
+    line = doctor.check_clock(alloc.config)
+    assert line.status == doctor.OK  # that jump was on another boot than this host's
+    alloc.timekeeper.clockwatch.see(Now(T0 + 30, "boot", 130.0))  # set back where it was
+    assert hostclock.jumped(state_dir) is None
+
+
+def test_doctor_says_the_wall_clock_moved_and_reservations_are_held(tmp_path):
+    alloc = make(tmp_path, POLICY)
+    now = hostclock.read()
+    assert doctor.check_clock(alloc.config).status == doctor.OK
+    hostclock.keep(
+        Path(alloc.config.state_dir),
+        Jump(3 * 3600, now.wall, now.boot_id, (now.offset or 0) - 3 * 3600),
+    )
+    line = doctor.check_clock(alloc.config)
+    assert line.status == doctor.WARN and line.what.startswith(
+        "clock: the wall clock moved by +3h at "
+    )
+    assert "(3h behind the wall clock) until the shim restarts" in line.what
+    assert "systemctl restart gpu-alloc-shim" in line.fix
+
+
+def test_after_a_jump_grants_go_by_the_clock_from_before_it(tmp_path):
+    alloc = make(tmp_path, POLICY)
+    now = hostclock.read()
+    moved = Jump(3 * 3600, now.wall, now.boot_id, (now.offset or 0) - 3 * 3600)
+    hostclock.keep(Path(alloc.config.state_dir), moved)
+    assert abs(alloc.placer.seen(False).now - (time.time() - 3 * 3600)) < 60
+    hostclock.keep(Path(alloc.config.state_dir), None)
+    assert abs(alloc.placer.seen(False).now - time.time()) < 60
