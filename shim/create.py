@@ -6,18 +6,14 @@ The proxy hands over only requests that `routes.needs_check` flags (creates,
 starts, updates, execs, plugin and volume installs, unknown writes); all else
 is spliced through untouched.  Non-create writes get the plugin's own decision,
 so a host running the shim alone is still protected.  A create is decoded the
-way dockerd decodes it, stripped of client-supplied gpu-alloc labels, turned
-into an `Ask`, leased under the ledger lock, rewritten to explicit UUIDs with a
-lease label and a ``NVIDIA_VISIBLE_DEVICES`` guard, and only then forwarded, as
-the canonical body that was checked, with the lease's token in the
-``X-Gpu-Alloc-Lease`` header for the plugin (never on the container; any such
-header a client sent is dropped).  The create's transaction (its ask, checks, lease,
-body, the grant made durable and the answer settled) is the library's
-(`allocator.service.creates.Creates`); this module keeps the HTTP: the request read, the
-status codes, the forwarding and the waiting line.  A create that surely asks for no
-GPU, by the facts at hand, goes on from the event loop with the guard alone; every
-other is judged on a thread, where the facts may be read, the lock waited for and a
-refusal audited.
+way dockerd decodes it and handed to the service (`allocator.service.intake.Intake`),
+which decides everything else: the client's gpu-alloc labels read and stripped, the
+ask, the lease (waiting in this shim's `Waitline` when the create asked to), a share's
+MPS daemon, the body rewritten to explicit UUIDs with a lease label and a
+``NVIDIA_VISIBLE_DEVICES`` guard, and the headers (the lease's token in
+``X-Gpu-Alloc-Lease`` for the plugin, never on the container; any gpu-alloc header a
+client sent is dropped).  This module keeps the HTTP: the request read, the status
+codes, the forwarding, and the Engine's answer handed back to the service.
 
 A start or restart goes on by the full id of the container judged, so no rename
 or removal in between can make dockerd start another one.  Behind gpu-alloc's
@@ -37,34 +33,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from functools import partial
-from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 from allocator.core.api import errors, gojson, labels
 from allocator.core.api.createbody import decode_create
 from allocator.core.api.gojson import Body
-from allocator.core.api.rewrite import rewrite, strip_labels
 from allocator.core.api.routes import Check, Route, by_id, needs_check
-from allocator.core.judging import service_limits, service_marks, services, socket_binds
+from allocator.core.judging import service_limits, service_marks, services
 from allocator.core.judging import verdicts as decide
-from allocator.core.judging.ask import Ask
-from allocator.core.leases.holders import ago
-from allocator.core.leases.leases import Lease, StateError
+from allocator.core.leases.leases import StateError
 from allocator.core.machine.inventory import InventoryError
-from allocator.core.placement import Shortage
-from allocator.core.rules import policy, sharing
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
-from allocator.service.background import LEDGER_THREADS
-from allocator.service.creates import Asked
-from allocator.service.placer import LeaseRequest
+from allocator.service.intake import Refused
 from allocator.service.wiring import Allocator
 from shim.framing import Request, Response, UpstreamError
-from shim.waitline import Gone, Stopping, Waitline
+from shim.waitline import Waitline
 
 log = logging.getLogger("gpu-alloc.shim")
 _FAILURES = (StateError, EngineError, InventoryError, TopologyError)
@@ -81,16 +67,9 @@ class CreateInterceptor:
     def __init__(self, allocator: Allocator, waitline: Waitline | None = None):
         self.alloc = allocator
         self.waitline = waitline or Waitline(allocator)
-        self._swarm_variable = services.resource_variable(allocator.config.swarm.kind)
-        # The lease, the one thread hop a GPU create waits on before dockerd sees it.
-        self._leasing = allocator.background.handoff("lease", LEDGER_THREADS)
 
     def wants(self, method: str, target: str) -> bool:
         return needs_check(method, target)
-
-    def _unleased(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """The body of a create without GPUs: the guards alone (`rewrite`)."""
-        return rewrite(spec, (), None, swarm_variable=self._swarm_variable)
 
     def stop(self) -> None:
         """The shim is stopping: waiting creates are answered, not left hanging."""
@@ -173,162 +152,38 @@ class CreateInterceptor:
         return self.alloc.admission.resolve(decision)
 
     async def _create(self, request: Request, forward: Forward) -> Response:
+        """Bytes in, the service's answer (`Intake.create`) forwarded or refused."""
         try:
             decoded = decode_create(request.body)
         except gojson.BodyError as e:
             return error(400, f"gpu-alloc refused the container create: {e}")
-        # Request labels are the client's words to gpu-alloc: read here, before every
-        # io.gpu-alloc.* label the client set is stripped.
-        given_labels = decoded.get("Labels") if isinstance(decoded, dict) else None
-        want = policy.wanted(given_labels)
-        profile = labels.mig_profile(given_labels)
-        resources = labels.resources(given_labels)
-        if isinstance(resources, str):
-            return error(400, f"gpu-alloc refused the container create: {resources}")
-        wait = policy.wait_of(
-            given_labels if isinstance(given_labels, dict) else None,
-            self.alloc.gather.rules_in_force,
-        )
-        if isinstance(wait, policy.Invalid):
-            return error(400, wait.msg)
-        share = sharing.share_ask(given_labels if isinstance(given_labels, dict) else None)
-        if isinstance(share, str):
-            return error(400, f"gpu-alloc refused the container create: {share}")
-        spec = strip_labels(decoded)
-        binder = await self._socket_binder(request)
-        if binder:
-            spec = socket_binds.labelled_as(spec, binder)
-        name = _name(request.target)
-        creates = self.alloc.creates
-        known = creates.at_hand(spec) if len(request.body) <= _AT_HAND_BODY else None
-        plain = not resources.any and share is None
-        if known and plain and isinstance(known[1], Ask) and not known[1].any:
-            return await self._plain(request, spec, forward)
-        lease_for = partial(
-            creates.lease_for,
-            spec,
-            name,
-            request.peer,
-            want,
-            profile,
-            resources,
-            known,
-            bool(wait),
-            share,
-        )
-        got = await self._leasing.submit(lease_for)
-        if got is None:
-            return await self._plain(request, spec, forward)
-        if not isinstance(got, Asked):
-            return error(_REFUSAL_STATUS[type(got)], got.msg)
-        req, leased = got.req, got.leased
-        if isinstance(leased, Shortage | policy.Refusal) and leased.waitable and wait:
-            waited = await self._wait(req, wait, leased, request.gone)
-            if isinstance(waited, Response):
-                return waited
-            leased = waited
-            if isinstance(leased, Shortage | policy.Refusal):  # its time ran out
-                refused = self.alloc.recorder.refused
-                await asyncio.to_thread(refused, leased, name, req.owner, wait)
-        if not isinstance(leased, tuple):
-            log.info("refused create %r of %s: %s", name, req.owner.user, leased.msg)
-            return error(_REFUSAL_STATUS[type(leased)], leased.msg)
-        if leased[0].share_of:  # a share's GPU has its MPS daemon, or its create cannot run
-            failed = await asyncio.to_thread(self.alloc.mps.ensure, leased[0])
-            if failed is not None:
-                await asyncio.to_thread(self.alloc.book.release, leased[0].id, failed)
-                return error(503, failed)
-        grant = creates.granted(req, *leased, spec)
-        # The grant goes to disk and to the audit trail while dockerd creates the
-        # container; the client hears of neither before both are done.
-        durable = asyncio.wrap_future(grant.durable)
+        intake = self.alloc.intake
+        got = await intake.create(
+            decoded, request.method, request.target, request.peer, self.waitline,
+            len(request.body or b""), request.gone,
+        )  # fmt: skip
+        if isinstance(got, Refused):
+            return error(got.status, got.msg)
+        own = [(k, v) for k, v in request.headers if not k.lower().startswith(labels.HEADER_PREFIX)]
+        forwarded = Request(request.method, request.target, [*own, *got.headers], got.body)
         try:
-            response = await forward(self._with_body(request, grant.body, grant.header))
+            response = await forward(forwarded)
         except UpstreamError as e:
-            await durable
+            if got.grant is None:
+                raise
+            await intake.lost(got, e.maybe_delivered)
             if not e.maybe_delivered:
-                await asyncio.to_thread(creates.unsent, grant)
                 return error(502, f"gpu-alloc: the Engine is not answering: {e}")
-            log.warning("lease %s pending: create outcome unknown (%s)", grant.lease.id, e)
             return error(
                 504,
                 f"gpu-alloc: the Engine did not answer the create ({e}); "
                 "the container may exist: check 'docker ps -a'",
             )
-        await durable
-        if not (got.plugin_settles and response.status == 201):
-            # Behind the plugin, its AuthZRes bound the lease before dockerd answered (and
-            # a bind that failed there is reconcile's); other answers are settled here too.
-            await asyncio.to_thread(creates.settle, grant, response.status, response.body)
-        lease = grant.lease
+        await intake.answered(got, request.peer, response.status, response.body)
+        if got.grant is None:
+            return response
+        lease = got.grant.lease
         return replace(response, note=f"lease {lease.id}: GPUs {','.join(lease.gpus)}")
-
-    async def _plain(self, request: Request, spec: dict, forward: Forward) -> Response:
-        """A create that holds no GPU: forwarded with the void guard, and its creator
-        recorded before the client hears of it (a client inside it is them)."""
-        response = await forward(self._with_body(request, self._unleased(spec), None))
-        if response.status == 201:
-            record = self.alloc.lookups.record_creator
-            await asyncio.to_thread(record, request.peer, response.body)
-        return response
-
-    async def _socket_binder(self, request: Request) -> str:
-        """The asker, when ``policy.engine_socket_binds`` or ``policy.powers`` names them
-        (`socket_binds`, `power_grants`): the plugin judges their create as theirs; empty,
-        without a lookup, when the policy names nobody."""
-        rules = self.alloc.gather.rules
-        if not rules.grants_owners:
-            return ""
-        owner = await asyncio.to_thread(self.alloc.lookups.owner_of, request.peer)
-        user, groups = owner.user, owner.groups
-        trusted = rules.engine_socket_binds.allow(user, groups) or rules.powers.any_for(
-            user, groups
-        )
-        return user if trusted else ""
-
-    def _with_body(self, request: Request, spec: dict, lease: str | None) -> Request:
-        """`_with_body`, marked for the plugin when the create is labelled as one whose
-        owner may bind the Engine's socket."""
-        forwarded = _with_body(request, spec, lease)
-        if not socket_binds.labelled(spec):
-            return forwarded
-        key = self.alloc.lookups.service_signing().key
-        if not key:  # unmarked: the plugin refuses the label (fail closed)
-            return forwarded
-        mark = socket_binds.mark(key, request.method, request.target, forwarded.body or b"")
-        return replace(forwarded, headers=[*forwarded.headers, (socket_binds.HEADER, mark)])
-
-    async def _wait(
-        self,
-        req: LeaseRequest,
-        seconds: float,
-        refused: Shortage | policy.Refusal,
-        gone: asyncio.Event | None,
-    ) -> tuple[Lease, str] | Shortage | policy.Refusal | Response:
-        """Wait in line for the lease; the refusal, saying how long, when time runs out."""
-        log.info(
-            "create %r of %s waits up to %ss: %s", req.name, req.owner.user, seconds, refused.msg
-        )
-        started = time.monotonic()
-        try:
-            got = await self.waitline.wait(req, seconds, gone)
-        except Stopping as e:
-            return error(503, str(e))
-        except Gone:
-            return error(503, "gpu-alloc: the client left the queue")
-        if got is not None:
-            return got
-        # Its whole time ran out (an event loop's timer may fire a hair early: say what it
-        # asked for, not 1s for 1.999).
-        took = max(seconds, time.monotonic() - started)
-        waited = f" (waited {ago(took)} in line, the most it asked for)"
-        return replace(refused, msg=refused.msg + waited)
-
-
-_REFUSAL_STATUS = {Shortage: 409, policy.Refusal: 403, policy.Invalid: 400, decide.Deny: 403}
-# A create judged on the event loop at most: the CLI's and Compose's are a few KiB; a
-# bigger one (up to dockerd's 4 MiB) is judged on the thread, where it blocks nobody.
-_AT_HAND_BODY = 48 << 10
 
 
 def _as_judged(request: Request, route: Route, decision: decide.Decision) -> Request:
@@ -337,15 +192,3 @@ def _as_judged(request: Request, route: Route, decision: decide.Decision) -> Req
     if isinstance(decision, decide.AllowStart) and decision.target is not None:
         return replace(request, target=by_id(request.target, route, decision.target.id))
     return request
-
-
-def _name(target: str) -> str:
-    return (parse_qs(urlsplit(target).query).get("name") or [""])[0]
-
-
-def _with_body(request: Request, spec: dict, lease: str | None) -> Request:
-    """The create as forwarded: the body checked, and gpu-alloc's own headers alone."""
-    headers = [(k, v) for k, v in request.headers if not k.lower().startswith(labels.HEADER_PREFIX)]
-    if lease is not None:
-        headers.append((labels.LEASE_HEADER, lease))
-    return Request(request.method, request.target, headers, gojson.canonical(spec))

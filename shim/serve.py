@@ -13,7 +13,6 @@ from allocator.core.timing import timelimits
 from allocator.host import listener
 from allocator.host.config import Config
 from allocator.host.samples import Samples
-from allocator.service import mps
 from allocator.service.background import Background
 from allocator.service.departures import Departures
 from allocator.service.views.gpus import LiveView
@@ -75,7 +74,7 @@ def background(
     expire        reconcile, for ``release_stopped_after``
     departures    the Engine's destroy events end their containers' leases
     timekeeper    time limits and idle reclaim
-    mps           the MPS daemons of shared GPUs, level-triggered
+    mps           the MPS daemons of shared GPUs, level-triggered (`Mps.keep_level`)
     sampler       GPU use, for the idle mark, the samples and the counters
     metrics       the metrics and dashboard listener (with ``metrics.listen``)
     health        the GPU health watcher (added by `allocator.host.watcher.watch`)
@@ -87,7 +86,7 @@ def background(
     departures = Departures(allocator)
     work.add("departures", departures.run, departures.wake)
     work.every("timekeeper", timelimits.CHECK_MAX, allocator.timekeeper.look, first=0.0)
-    work.every("mps", mps.PERIOD, allocator.mps.sync)
+    allocator.mps.keep_level(work)
     samples = Samples(config.state_dir)
 
     def every() -> float:

@@ -5,7 +5,7 @@ Theory of operation
 A create that asked to wait (``io.gpu-alloc.wait`` or ``policy.wait.default``) and
 could not be granted yet is entered here and its handler awaits a future.  Every
 wake-up serves the whole queue at once with `Lineup.serve_waiters` (one ledger
-transaction, `core.rules.queue` order), and resolves the futures of the waiters it
+transaction, in the queue's order), and resolves the futures of the waiters it
 granted.  Wake-ups come from:
 
 - the allocator itself, whenever a lease ends in this process (its listeners):
@@ -31,33 +31,29 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from allocator.core.leases.leases import Lease, StateError
 from allocator.core.machine.inventory import InventoryError
-from allocator.core.rules import policy, queue
 from allocator.host import metrics
 from allocator.host.engine import EngineError
+from allocator.service.intake import Gone, Stopping
 from allocator.service.placer import LeaseRequest
 from allocator.service.views import queue as queue_view
 from allocator.service.wiring import Allocator
+
+if TYPE_CHECKING:
+    from allocator.core.rules.queue import Waiter
+
 
 log = logging.getLogger("gpu-alloc.shim")
 POLL = 0.2  # seconds between state-file checks while anyone waits
 _FAILURES = (StateError, EngineError, InventoryError, OSError)
 
 
-class Stopping(Exception):
-    """The shim is stopping: the waiter gets a 503 instead of hanging."""
-
-
-class Gone(Exception):
-    """The waiting client closed its connection."""
-
-
 @dataclass
 class _Entry:
-    waiter: queue.Waiter
+    waiter: Waiter
     future: asyncio.Future[tuple[Lease, str]]
     since: float  # wall clock, for status
 
@@ -85,18 +81,7 @@ class Waitline:
         """
         self._start()
         assert self._loop is not None
-        seq = next(self._seq)
-        gpus = len(req.ask.required) + req.ask.count
-        rules = self.alloc.gather.rules
-        waiter = queue.Waiter(
-            f"w{seq}",
-            req.owner.user,
-            policy.priority_of(req.owner, rules),
-            seq,
-            gpus,
-            req,
-            time.time(),
-        )
+        waiter = self.alloc.line.waiter(req, next(self._seq), time.time())
         future: asyncio.Future[tuple[Lease, str]] = self._loop.create_future()
         self._entries[waiter.id] = _Entry(waiter, future, time.time())
         metrics.queue_length(len(self._entries))
@@ -128,7 +113,7 @@ class Waitline:
             elif not handed and not future.cancelled() and future.exception() is None:
                 self._give_back(future.result()[0])
 
-    def waiters(self) -> list[queue.Waiter]:
+    def waiters(self) -> list[Waiter]:
         """Who waits now, from any thread (`Lineup.kept`: what every lease leaves alone)."""
         return [e.waiter for e in list(self._entries.values()) if not e.future.done()]
 

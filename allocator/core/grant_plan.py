@@ -39,7 +39,7 @@ from allocator.core.leases.leases import Lease, Phase, State
 from allocator.core.machine import cpus
 from allocator.core.machine.inventory import GPU, Inventory, MigPolicy
 from allocator.core.placement import POLICIES, Policy, Shortage, place, shares, usable
-from allocator.core.rules import policy
+from allocator.core.rules import policy, sharing
 from allocator.core.rules.policy import NOBODY, Invalid, Owner, Refusal, Rules, Wanted
 from allocator.core.rules.sharing import ShareAsk, fraction
 from allocator.core.timing import reservations as rsv
@@ -308,14 +308,16 @@ def _share(
     held: Mapping[str, Holder],
     limit: float | None,
 ) -> Plan | Shortage | Refusal:
-    """Stage 4: a share's GPU placed first (its fraction depends on the GPU's shares),
-    around what holds GPUs whole, reservations keep and the unhealthy; then the owner's
-    limit counting it."""
-    inventory, pool = scoped
+    """Stage 4: a share's GPU placed first (its fraction depends on the GPU's shares)
+    among those listed as share slots (`sharing.listed`), around what holds GPUs whole,
+    reservations keep and the unhealthy; then the owner's limit counting it."""
+    inventory = sharing.listed(scoped[0], host.rules.sharing)
+    pool = scoped[1]
     reserved = _reserved(held, req.owner, limit, host)
     out = shares.out_of(state.leases.values())
     blocked = {u for u in reserved if u not in out}
-    healthy = [g for g in inventory.gpus if g.uuid not in host.unhealthy]
+    slotted = [g for g in inventory.gpus if inventory.slots_of(g.uuid)]
+    healthy = [g for g in slotted if g.uuid not in host.unhealthy]
     picked = shares.place(ask, healthy, host.rules.sharing, out, blocked)
     if isinstance(picked, Shortage):
         return picked

@@ -51,6 +51,13 @@ class Lineup:
         self.fair_share = fair_share
         self.waiting: Callable[[], list[queue.Waiter]] = list
 
+    def waiter(self, req: LeaseRequest, seq: int, since: float) -> queue.Waiter:
+        """A create joining the line as its ``seq``-th arrival, at wall clock ``since``:
+        its priority by the policy in force."""
+        gpus = len(req.ask.required) + req.ask.count
+        priority = policy.priority_of(req.owner, self.gather.rules)
+        return queue.Waiter(f"w{seq}", req.owner.user, priority, seq, gpus, req, since)
+
     def serve_waiters(
         self, waiters: list[queue.Waiter]
     ) -> list[tuple[queue.Waiter, tuple[Lease, str]]]:

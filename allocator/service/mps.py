@@ -23,6 +23,7 @@ from allocator.core.rules import sharing
 from allocator.host.config import Config
 from allocator.host.ledger import Ledger
 from allocator.host.mps import Daemons, MpsError, modes_for
+from allocator.service.background import Background
 from allocator.service.gather import Gatherer
 
 log = logging.getLogger("gpu-alloc")
@@ -54,6 +55,10 @@ class Mps:
             except MpsError as e:
                 return f"gpu-alloc could not start the MPS daemon of {gpu.label()}: {e}"
         return None
+
+    def keep_level(self, work: Background) -> None:
+        """`sync` every `PERIOD` on ``work``, the running service's background."""
+        work.every("mps", PERIOD, self.sync)
 
     def sync(self) -> None:
         """Stop the daemons whose GPU has no share out any more, and start those a live

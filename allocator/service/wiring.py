@@ -23,6 +23,8 @@ Theory of operation
 - ``lookups`` (`Lookups`): the adapters' questions of the Engine and the ledger.
 - ``creates`` (`Creates`): the shim's create flow, from a decoded create to its lease,
   its rewritten body, its durable grant and its settlement.
+- ``intake`` (`Intake`): the create as one call, from the decoded create and who asks
+  to what the adapter forwards or the refusal (labels, waiting, MPS, the grant).
 - ``timekeeper`` (`Timekeeper`): stops GPU containers past their time limit or idle
   too long (the shim runs it).
 - ``mps`` (`Mps`): the MPS control daemon of each shared GPU with shares out (the shim
@@ -48,6 +50,7 @@ from allocator.service.background import Background
 from allocator.service.creates import Creates
 from allocator.service.fair_share import FairShare
 from allocator.service.gather import Gatherer
+from allocator.service.intake import Intake
 from allocator.service.leasebook import LeaseBook
 from allocator.service.lineup import Lineup
 from allocator.service.lookups import Lookups
@@ -107,6 +110,16 @@ class Allocator:
             config, engine, self.ledger, self.gather, self.recorder, self.background
         )
         self.mps = Mps(config, self.ledger, self.gather)
+        self.intake = Intake(
+            config,
+            self.gather,
+            self.lookups,
+            self.recorder,
+            self.book,
+            self.creates,
+            self.mps,
+            self.background,
+        )
         self.gather.policy_listeners.append(self._policy_reloaded)
 
     def _policy_reloaded(self, policy: PolicyConfig) -> None:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from allocator.core.machine.inventory import GPU, Inventory, InventoryError
+from allocator.core.machine.inventory import GPU, Inventory, InventoryError, Slot
 from allocator.host.devices import source_for
 from allocator.host.inventory import load_file
 
@@ -243,3 +243,28 @@ def test_a_malformed_simulated_cuda_version_names_the_file(tmp_path):
     path.write_text('cuda_driver_version: "twelve"\ngpus: []\n')
     with pytest.raises(InventoryError, match=r"gpus\.yaml: cuda_driver_version"):
         load_file(str(path))
+
+
+# --- share slots -------------------------------------------------------------------------------
+
+
+def test_a_shared_gpu_is_listed_as_its_share_slots_as_kubernetes_lists_replicas() -> None:
+    a, b = GPU(UUID_A, 0), GPU(UUID_B, 1)
+    inv = Inventory((a, b)).shared({UUID_B: 3})
+    assert [s.uuid for s in inv.slots] == [f"{UUID_B}::0", f"{UUID_B}::1", f"{UUID_B}::2"]
+    assert inv.slots_of(UUID_B)[1] == Slot(b, 1, 3) and inv.slots_of(UUID_A) == ()
+    assert inv.uuids == {UUID_A, UUID_B}  # a slot is never held by an unpinned grant
+
+
+def test_a_gpu_in_mig_mode_is_never_listed_as_share_slots() -> None:
+    split = GPU(UUID_A, 0, mig_mode=True)
+    assert Inventory((split,)).shared({UUID_A: 4}).slots == ()
+    with pytest.raises(InventoryError, match="not leased whole"):
+        Inventory((split,), slots=(Slot(split, 0, 4),))
+
+
+def test_the_policy_lists_the_gpus_it_shares_as_that_many_slots() -> None:
+    from allocator.core.rules.sharing import Sharing, listed
+
+    inv = listed(Inventory((GPU(UUID_A, 0), GPU(UUID_B, 1))), [Sharing(gpus=(1,), shares=4)])
+    assert {s.gpu.uuid for s in inv.slots} == {UUID_B} and len(inv.slots) == 4

@@ -153,3 +153,20 @@ def test_the_walk_sees_the_imports_it_judges():
     lineup = {target for target, _ in imports("allocator.service.lineup")}
     assert "allocator.core.rules.queue" in lineup
     assert "allocator.service.wiring" not in lineup  # under TYPE_CHECKING only
+
+
+# What the service decides, the shim never reaches: the policy's rules (labels, waits,
+# shares), the MPS daemons and their service part.  A create is one call (`Intake.create`).
+DECIDED_IN_THE_SERVICE = ("allocator.core.rules", "allocator.host.mps", "allocator.service.mps")
+
+
+def test_the_shim_leaves_the_creates_decisions_to_the_service():
+    wrong = [
+        f"{name} imports {target}"
+        for name in MODULES
+        if name.split(".")[0] == "shim"
+        for target, _ in imports(name)
+        if target.startswith(DECIDED_IN_THE_SERVICE)
+    ]
+    assert wrong == []
+    assert ("allocator.service.intake", True) in imports("shim.create")

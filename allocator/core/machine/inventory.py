@@ -15,12 +15,20 @@ toolkit does, ``GPU:SLICE`` (``0:1``).  `units` says which of GPUs and slices
 are leased under each ``policy.mig``, as the Kubernetes device plugin's
 strategies: ``none`` whole GPUs without MIG mode; ``single`` and ``mixed`` also
 slices (``mixed`` asks for them by profile).
+
+Shares
+------
+A GPU that ``policy.sharing`` shares is listed as its share slots too (`Inventory.slots`,
+set by `Inventory.shared`), as the Kubernetes device plugin lists a shared GPU's
+replicas: each slot a unit named ``<uuid>::<n>``.  A share lease takes slots of one GPU
+(docs/sharing.md); the GPU's UUID is what its container is given.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -92,6 +100,20 @@ class GPU:
         return d
 
 
+@dataclass(frozen=True)
+class Slot:
+    """Share ``index`` of ``of`` on ``gpu``: the unit a share takes, as a slice is a MIG
+    profile's."""
+
+    gpu: GPU
+    index: int
+    of: int
+
+    @property
+    def uuid(self) -> str:
+        return f"{self.gpu.uuid}::{self.index}"
+
+
 # NVML's PCIe topology levels, closest first, named as the simulated-GPU file names them.
 PCIE_LEVELS = (
     "same-board",
@@ -108,6 +130,7 @@ class Inventory:
     gpus: tuple[GPU, ...]
     cuda_driver_version: tuple[int, int] | None = None
     migs: tuple[GPU, ...] = ()  # MIG slices of the GPUs in MIG mode
+    slots: tuple[Slot, ...] = ()  # share slots of the shared GPUs (`shared`)
 
     def __post_init__(self) -> None:
         uuids = [g.uuid for g in (*self.gpus, *self.migs)]
@@ -120,6 +143,10 @@ class Inventory:
         for m in self.migs:
             if m.parent not in in_mig_mode:
                 raise InventoryError(f"MIG slice {m.uuid}: its GPU {m.parent} is not in MIG mode")
+        whole = {g.uuid for g in self.gpus if not g.mig_mode}
+        for slot in self.slots:
+            if slot.gpu.uuid not in whole:
+                raise InventoryError(f"share slot {slot.uuid}: its GPU is not leased whole")
 
     @functools.cached_property
     def uuids(self) -> frozenset[str]:
@@ -128,6 +155,21 @@ class Inventory:
 
     def slices_of(self, uuid: str) -> tuple[GPU, ...]:
         return tuple(m for m in self.migs if m.parent == uuid)
+
+    def shared(self, shares: Mapping[str, int]) -> Inventory:
+        """This inventory with each GPU in ``shares`` (UUID -> its count) listed as that
+        many slots; a GPU in MIG mode is never shared."""
+        slots = tuple(
+            Slot(g, n, shares[g.uuid])
+            for g in self.gpus
+            if g.uuid in shares and not g.mig_mode
+            for n in range(shares[g.uuid])
+        )
+        return replace(self, slots=slots)
+
+    def slots_of(self, uuid: str) -> tuple[Slot, ...]:
+        """The share slots of the GPU ``uuid``: none when it is leased whole only."""
+        return tuple(s for s in self.slots if s.gpu.uuid == uuid)
 
     @functools.cached_property
     def _families(self) -> dict[str, frozenset[str]]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from allocator.core.api import labels, numbers
 from allocator.core.machine.cpus import parse_size
-from allocator.core.machine.inventory import GPU
+from allocator.core.machine.inventory import GPU, Inventory
 
 MPS = "mps"
 TIMESLICE = "timeslice"
@@ -86,6 +86,12 @@ class Sharing:
 def rule_for(gpu: GPU, rules: Sequence[Sharing]) -> Sharing | None:
     """The first rule that shares ``gpu``; None: it is leased whole only."""
     return next((r for r in rules if r.covers(gpu)), None)
+
+
+def listed(inventory: Inventory, rules: Sequence[Sharing]) -> Inventory:
+    """``inventory`` with each GPU ``rules`` share listed as its share slots, the units a
+    share takes (`Inventory.slots`)."""
+    return inventory.shared({g.uuid: r.shares for g in inventory.gpus if (r := rule_for(g, rules))})
 
 
 @dataclass(frozen=True)
