@@ -38,7 +38,7 @@ from prometheus_client.registry import Collector
 from allocator.core.leases.leases import StateError
 from allocator.core.machine.gpu_states import STATES
 from allocator.core.machine.inventory import InventoryError
-from allocator.core.timing.usage import Usage
+from allocator.core.machine.usage import Usage
 from allocator.host import metrics
 from allocator.host.config import ConfigError
 from allocator.host.samples import Samples

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from allocator.core.judging.ask import Ask
+from allocator.core.leases.clock import Mark
 from allocator.core.leases.holders import Holder
 from allocator.core.leases.leases import Lease, Phase, State
 from allocator.core.machine import cpus
@@ -44,7 +45,6 @@ from allocator.core.rules.policy import NOBODY, Invalid, Owner, Refusal, Rules, 
 from allocator.core.rules.sharing import ShareAsk, fraction
 from allocator.core.timing import reservations as rsv
 from allocator.core.timing import timelimits
-from allocator.core.timing.clock import Mark
 
 _ELSEWHERE = Holder(None, "", "left free: the holder's own reserved GPUs answer it")
 

@@ -1,4 +1,4 @@
-"""The host's clocks, read for the core's measures (allocator/core/timing/clock.py), and the
+"""The host's clocks, read for the core's measures (allocator/core/leases/clock.py), and the
 last jump of the wall clock the shim saw, kept in ``state_dir/clock.json`` for the other
 processes that go by reservations (the plugin, ``gpu-alloc`` commands) and for ``doctor``."""
 
@@ -10,8 +10,8 @@ import time
 from functools import cache
 from pathlib import Path
 
-from allocator.core.timing import clock
-from allocator.core.timing.clock import Jump, Now
+from allocator.core.leases import clock
+from allocator.core.leases.clock import Jump, Now
 from allocator.host import store
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # new at each boot

@@ -1,5 +1,5 @@
 """``policy.engine_socket_binds`` as the config file writes it: who may bind the Engine's
-own API socket into their containers and services (allocator/core/judging/socket_binds.py)::
+own API socket into their containers and services (allocator/core/access/socket_binds.py)::
 
     engine_socket_binds:
       users: [ci-runner]
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from allocator.core.judging.socket_binds import NOBODY_BINDS, Binders
+from allocator.core.access.socket_binds import NOBODY_BINDS, Binders
 from allocator.host.config_times import KeyProblem
 
 KEY = "policy.engine_socket_binds"

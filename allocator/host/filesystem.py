@@ -19,8 +19,8 @@ from allocator.core.access import inroot
 from allocator.core.access.access_devices import DRM_MAJOR
 from allocator.core.access.facts import Node, Unresolvable
 from allocator.core.access.mounts import Mount
-from allocator.core.access.power_grants import NO_GRANTS, PowerGrants
-from allocator.core.judging.socket_binds import NOBODY_BINDS, Binders
+from allocator.core.access.socket_binds import NOBODY_BINDS, Binders
+from allocator.core.rules.power_grants import NO_GRANTS, PowerGrants
 from allocator.host import apparmor
 from allocator.host.engineroot import EngineRoot
 from allocator.host.owners import groups_of
@@ -54,7 +54,7 @@ class Host:
     # pipe or shm directory reaches that GPU (allocator/core/rules/sharing.py).
     mps_dir: str = ""
     # The Engine's API sockets (protected too), and who the policy lets bind one
-    # (allocator/core/judging/socket_binds.py).
+    # (allocator/core/access/socket_binds.py).
     engine_sockets: tuple[str, ...] = ()
     binders: Binders = NOBODY_BINDS
     # policy.powers: who holds which power outside the allow-list (core/access/powers.py)

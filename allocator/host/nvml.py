@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from allocator.core.machine.inventory import GPU, Inventory, InventoryError
-from allocator.core.timing.usage import Process, Usage
+from allocator.core.machine.usage import Process, Usage
 
 log = logging.getLogger("gpu-alloc")
 # nvmlGpuTopologyLevel_t -> the inventory's PCIe level names.

@@ -27,8 +27,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from allocator.core.machine.usage import Usage
 from allocator.core.timing.report import Bucket
-from allocator.core.timing.usage import Usage
 from allocator.host import store
 
 log = logging.getLogger("gpu-alloc.samples")

@@ -11,7 +11,7 @@ import contextlib
 import json
 from pathlib import Path
 
-from allocator.core.timing.usage import container_of_cgroup
+from allocator.core.machine.usage import container_of_cgroup
 from allocator.host import store
 
 

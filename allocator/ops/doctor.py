@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from allocator.core.access.facts import EngineView
+from allocator.core.leases import clock
 from allocator.core.leases.events import rfc3339
 from allocator.core.leases.holders import ago
 from allocator.core.leases.leases import StateError
 from allocator.core.machine.inventory import InventoryError, MigPolicy
 from allocator.core.rules.policy import missing_pool_gpus
-from allocator.core.timing import clock
 from allocator.host import clock as hostclock
 from allocator.host import dockerd, unixhttp
 from allocator.host.config import Config

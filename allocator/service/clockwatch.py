@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from allocator.core.timing import clock
-from allocator.core.timing.clock import Jump, Now
+from allocator.core.leases import clock
+from allocator.core.leases.clock import Jump, Now
 from allocator.host import clock as hostclock
 
 log = logging.getLogger("gpu-alloc.clock")

@@ -21,11 +21,11 @@ from typing import Any
 
 from allocator.core.access.facts import Need
 from allocator.core.api import labels
-from allocator.core.api.rewrite import rewrite
 from allocator.core.grant_plan import LeaseRequest
 from allocator.core.judging import cuda, defaults, services
 from allocator.core.judging import verdicts as decide
 from allocator.core.judging.ask import Ask
+from allocator.core.judging.rewrite import rewrite
 from allocator.core.leases import outcomes
 from allocator.core.leases.leases import Lease, StateError
 from allocator.core.machine.cpus import Placed, Resources, conflicts

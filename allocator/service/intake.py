@@ -30,11 +30,12 @@ from functools import partial
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from allocator.core.access import socket_binds
 from allocator.core.api import gojson, labels
-from allocator.core.api.rewrite import rewrite, strip_labels
-from allocator.core.judging import services, socket_binds
+from allocator.core.judging import services
 from allocator.core.judging import verdicts as decide
 from allocator.core.judging.ask import Ask
+from allocator.core.judging.rewrite import rewrite, strip_labels
 from allocator.core.leases.holders import ago
 from allocator.core.leases.leases import Lease
 from allocator.core.placement import Shortage

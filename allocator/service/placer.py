@@ -17,12 +17,12 @@ from pathlib import Path
 
 from allocator.core import grant_plan
 from allocator.core.grant_plan import Decided, HostNow, LeaseRequest, Scope
+from allocator.core.leases import clock
 from allocator.core.leases.holders import Holder
 from allocator.core.leases.leases import Lease, State
 from allocator.core.machine import cpus
 from allocator.core.placement import POLICIES, Shortage
 from allocator.core.rules.policy import Invalid, Refusal
-from allocator.core.timing import clock
 from allocator.host import clock as hostclock
 from allocator.host.config import Config
 from allocator.service.gather import Gatherer

@@ -30,11 +30,11 @@ from allocator.core.api import labels
 from allocator.core.judging import service_limits
 from allocator.core.judging.verdicts import ACCESS_READS, Facts
 from allocator.core.leases import restarts
+from allocator.core.leases.clock import Now
 from allocator.core.leases.leases import Claim, Lease, Phase, State
 from allocator.core.leases.reconcile import STOPPED, Report, apply, share_lease, stopped_since
 from allocator.core.rules import policy, sharing
 from allocator.core.timing import reservations as rsv
-from allocator.core.timing.clock import Now
 from allocator.host import clock as hostclock
 from allocator.host.creators import Creators
 from allocator.host.engine import Engine, EngineError, go_time
@@ -282,7 +282,7 @@ class Reconciler:
     def recorded_owner(self, cid: str, state: State | None = None) -> str:
         """Whose gpu-alloc recorded ``cid`` to be (its lease's in ``state``, else the
         creator the shim recorded): the owner a bind of the Engine's socket in it
-        (`core.judging.socket_binds`) and its powers (`core.access.power_grants`) are
+        (`core.access.socket_binds`) and its powers (`core.rules.power_grants`) are
         judged for.  Read only while the policy names anyone who may hold either; never
         taken from the container's labels, which an image sets."""
         if not cid or not self.gather.rules.grants_owners:

@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypedDict, Unpack
 
-from allocator.core.leases import events
+from allocator.core.leases import clock, events
 from allocator.core.leases.leases import Lease
 from allocator.core.machine.inventory import InventoryError
 from allocator.core.placement import Shortage
 from allocator.core.rules.policy import Invalid, Owner, Refusal
-from allocator.core.timing import clock
 from allocator.host import clock as hostclock
 from allocator.host import ledger, metrics
 from allocator.host.audit import AuditLog

@@ -19,12 +19,12 @@ from typing import Any
 from allocator.core.access import access
 from allocator.core.judging import starts
 from allocator.core.judging.verdicts import ACCESS_READS, Facts
-from allocator.core.leases import restarts
+from allocator.core.leases import clock, restarts
+from allocator.core.leases.clock import Now
 from allocator.core.leases.leases import Lease, State, StateError
 from allocator.core.rules import policy
-from allocator.core.timing import clock, timelimits
 from allocator.core.timing import reservations as rsv
-from allocator.core.timing.clock import Now
+from allocator.core.timing import timelimits
 from allocator.host import clock as hostclock
 from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.ledger import Ledger

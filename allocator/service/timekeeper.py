@@ -26,12 +26,12 @@ import threading
 from collections.abc import Sequence
 
 from allocator.core.api import labels
-from allocator.core.leases import restarts
+from allocator.core.leases import clock, restarts
+from allocator.core.leases.clock import Now
 from allocator.core.leases.leases import Lease
+from allocator.core.machine import usage as usage_core
 from allocator.core.machine.inventory import InventoryError
-from allocator.core.timing import clock, reclaim, timelimits
-from allocator.core.timing import usage as usage_core
-from allocator.core.timing.clock import Now
+from allocator.core.timing import reclaim, timelimits
 from allocator.host import clock as hostclock
 from allocator.host import metrics, usage
 from allocator.host.config import Config

@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from allocator.core.api import labels
-from allocator.core.api.rewrite import rewrite
 from allocator.core.judging import verdicts as decide
 from allocator.core.judging.ask import Ask
+from allocator.core.judging.rewrite import rewrite
 from allocator.host import config as configmod
 from allocator.service.placer import LeaseRequest
 from allocator.service.wiring import Allocator

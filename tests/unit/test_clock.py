@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 
+from allocator.core.leases import clock
+from allocator.core.leases.clock import Jump, Now
 from allocator.core.leases.leases import Lease, Phase, State, lease_json
 from allocator.core.leases.reconcile import apply, stopped_since
 from allocator.core.rules import policy
 from allocator.core.rules.policy import Rules
-from allocator.core.timing import clock, reclaim, timelimits
-from allocator.core.timing.clock import Jump, Now
+from allocator.core.timing import reclaim, timelimits
 
 HOUR = 3600.0
 BOOT = "5e1f-boot"

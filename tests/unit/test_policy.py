@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from allocator.core.leases.clock import Now
 from allocator.core.leases.leases import Claim, Lease, Phase, State
 from allocator.core.machine.inventory import GPU, Inventory
 from allocator.core.rules import policy
 from allocator.core.rules.policy import Invalid, Owner, Pool, Refusal, Rules, Ulimit, Wanted
-from allocator.core.timing.clock import Now
 from allocator.host.config import ConfigError, parse
 
 LAB = """

@@ -1,4 +1,4 @@
-"""``policy.powers`` (allocator/core/access/power_grants.py): a power outside the allow-list
+"""``policy.powers`` (allocator/core/rules/power_grants.py): a power outside the allow-list
 granted to named owners, counted only where gpu-alloc knows the owner; the config key and
 the host facts that answer for it."""
 
@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from allocator.core.access import power_grants
+from allocator.core.access import socket_binds as binds
 from allocator.core.access.facts import HOST_POLICY, EngineView, NotAsked
-from allocator.core.access.power_grants import PowerGrants
-from allocator.core.judging import socket_binds as binds
+from allocator.core.access.socket_binds import Binders
 from allocator.core.judging import verdicts as decide
 from allocator.core.judging.service_marks import Signing
-from allocator.core.judging.socket_binds import Binders
+from allocator.core.rules import power_grants
+from allocator.core.rules.power_grants import PowerGrants
 from allocator.host import apparmor, config
 from allocator.host.filesystem import Host
 from tests.support.table_host import TableHost

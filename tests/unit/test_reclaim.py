@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from allocator.core.leases.clock import Now
 from allocator.core.leases.leases import Lease, Phase
 from allocator.core.rules.policy import Rules
 from allocator.core.timing import reclaim
-from allocator.core.timing.clock import Now
 
 RULES = Rules(exempt=("root",), reclaim_idle_after=100.0)
 READ = {"GPU-0", "GPU-1", "GPU-2"}

@@ -3,9 +3,9 @@ changes the ledger; what is newer than the listing is kept."""
 
 from __future__ import annotations
 
+from allocator.core.leases.clock import Now
 from allocator.core.leases.leases import Claim, Phase, State
 from allocator.core.leases.reconcile import apply, share_lease
-from allocator.core.timing.clock import Now
 
 CID, OTHER = "a" * 64, "b" * 64
 RUNNING = {"State": "running", "Status": "Up 2 hours"}

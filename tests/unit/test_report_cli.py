@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from allocator.core.leases import events
-from allocator.core.timing.usage import Usage
+from allocator.core.machine.usage import Usage
 from allocator.host.audit import AuditLog
 from allocator.host.samples import Samples
 from allocator.ops import cli

@@ -1,9 +1,9 @@
-"""The canonical create body the shim forwards (allocator/core/api/rewrite.py)."""
+"""The canonical create body the shim forwards (allocator/core/judging/rewrite.py)."""
 
 from __future__ import annotations
 
 from allocator.core.api import labels
-from allocator.core.api.rewrite import rewrite, strip_labels
+from allocator.core.judging.rewrite import rewrite, strip_labels
 from allocator.core.machine.cpus import Placed
 
 GPUS = ("GPU-a", "GPU-b")

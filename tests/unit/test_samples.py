@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from allocator.core.timing.usage import Process, Usage
+from allocator.core.machine.usage import Process, Usage
 from allocator.host.samples import Samples
 
 A, B = "GPU-aaaa", "GPU-bbbb"

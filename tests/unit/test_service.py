@@ -18,10 +18,10 @@ from allocator.core.judging import compose
 from allocator.core.judging import verdicts as decide
 from allocator.core.judging.ask import Ask
 from allocator.core.leases import outcomes
+from allocator.core.leases.clock import Now
 from allocator.core.leases.leases import Phase
 from allocator.core.machine.inventory import InventoryError
 from allocator.core.placement import Shortage
-from allocator.core.timing.clock import Now
 from allocator.host import clock as hostclock
 from allocator.host import config as configmod
 from allocator.service.placer import LeaseRequest

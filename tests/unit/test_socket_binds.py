@@ -1,4 +1,4 @@
-"""Who may bind the Engine's socket (allocator/core/judging/socket_binds.py): a create the shim
+"""Who may bind the Engine's socket (allocator/core/access/socket_binds.py): a create the shim
 labelled and marked for an owner ``policy.engine_socket_binds`` names, on both sockets;
 nobody else, and nothing a docker-group user can copy or spell."""
 
@@ -11,12 +11,12 @@ import pytest
 import yaml
 
 from allocator.core.access import access
+from allocator.core.access import socket_binds as binds
 from allocator.core.access.facts import EngineView
+from allocator.core.access.socket_binds import Binders
 from allocator.core.judging import service_marks as service
-from allocator.core.judging import socket_binds as binds
 from allocator.core.judging import verdicts as decide
 from allocator.core.judging.service_marks import Signing
-from allocator.core.judging.socket_binds import Binders
 from allocator.core.machine.inventory import Inventory
 from allocator.host import config
 from allocator.host.creators import Creators

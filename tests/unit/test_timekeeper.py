@@ -14,9 +14,9 @@ from typing import Any
 import yaml
 
 from allocator.core.judging.ask import Ask
+from allocator.core.leases.clock import Jump, Now
 from allocator.core.rules.policy import NOBODY, Invalid, Owner, Wanted
 from allocator.core.timing import timelimits
-from allocator.core.timing.clock import Jump, Now
 from allocator.host import clock as hostclock
 from allocator.host import config as configmod
 from allocator.ops import doctor

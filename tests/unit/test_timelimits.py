@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+from allocator.core.leases.clock import Now
 from allocator.core.leases.leases import Lease, Phase, State, lease_from_json
 from allocator.core.rules import policy
 from allocator.core.rules.policy import Invalid, Owner, Rules
 from allocator.core.timing import timelimits
-from allocator.core.timing.clock import Now
 from allocator.host.config import ConfigError, parse
 
 LAB = """

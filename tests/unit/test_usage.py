@@ -1,11 +1,11 @@
-"""Live use read from the host's facts (allocator/core/timing/usage.py): a process's container,
+"""Live use read from the host's facts (allocator/core/machine/usage.py): a process's container,
 the idle mark."""
 
 from __future__ import annotations
 
 import pytest
 
-from allocator.core.timing.usage import Process, Usage, container_of_cgroup, idle_since, known
+from allocator.core.machine.usage import Process, Usage, container_of_cgroup, idle_since, known
 
 CID = "c0ffee" + "0" * 58
 

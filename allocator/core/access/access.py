@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
-from allocator.core.access import joined, power_grants, powers
+from allocator.core.access import joined, powers, socket_binds
 from allocator.core.access.access_ctx import VISIBLE as VISIBLE
 from allocator.core.access.access_ctx import ContainerOf, Ctx, View, VolumeOf, resolve_ids
 from allocator.core.access.access_ctx import env_values as env_values
@@ -51,8 +51,8 @@ from allocator.core.access.access_mounts import binds
 from allocator.core.access.facts import EngineView, HostFacts, Node, Unresolvable
 from allocator.core.access.grants import Access, Demand, Refusal
 from allocator.core.access.mounts import go_clean
-from allocator.core.judging import socket_binds
 from allocator.core.machine.inventory import Inventory
+from allocator.core.rules import power_grants
 
 # The nvidia driver's capability set in dockerd (daemon/nvidia_linux.go): a
 # device request with Driver "" goes to nvidia when one of its AND-sets fits.

@@ -45,7 +45,7 @@ class Ctx:
     volume_of: VolumeOf | None = None  # a named volume's driver and options, from the Engine
     grants: list[Grant] = field(default_factory=list)
     # The owner gpu-alloc knows for this container, whom the policy may let bind the
-    # Engine's socket (core/judging/socket_binds.py); empty: nobody is.
+    # Engine's socket (core/access/socket_binds.py); empty: nobody is.
     socket_owner: str = ""
 
     env_read: bool = False  # a row already judged what the hook makes of the env

@@ -12,12 +12,11 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 
-from allocator.core.access import mounts
+from allocator.core.access import mounts, socket_binds
 from allocator.core.access.access_ctx import Ctx
 from allocator.core.access.access_devices import device_node
 from allocator.core.access.grants import Demand, Refusal
 from allocator.core.access.mounts import exposure, within
-from allocator.core.judging import socket_binds
 from allocator.core.rules import sharing
 
 # The toolkit's volume-mount device list (accept-nvidia-visible-devices-as-volume-mounts).

@@ -31,7 +31,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from allocator.core.access import access, power_grants, powers
+from allocator.core.access import access, powers, socket_binds
 from allocator.core.access.access_ctx import VolumeOf
 from allocator.core.access.access_mounts import SENTINEL_MOUNT_DIR
 from allocator.core.access.facts import EngineView, HostFacts
@@ -39,8 +39,8 @@ from allocator.core.access.grants import Refusal
 from allocator.core.access.mounts import go_clean, within
 from allocator.core.api import gojson, labels
 from allocator.core.api.service_fields import CONTAINER_SPEC_KEYS, SERVICE_SPEC, TASK_SPEC_KEYS
-from allocator.core.judging import socket_binds
 from allocator.core.machine.inventory import Inventory
+from allocator.core.rules import power_grants
 
 DEFAULT_KIND = "gpu"  # DOCKER_RESOURCE_GPU: what the toolkit's swarm-resource example reads
 PIN = f"{access.VISIBLE}=void"

@@ -25,14 +25,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from allocator.core.access import access, privileged
+from allocator.core.access import access, privileged, socket_binds
 from allocator.core.access.facts import EngineView, NotAsked
 from allocator.core.access.grants import Access, Grant, Refusal
 from allocator.core.api import gojson, labels
 from allocator.core.api.createbody import decode_create
 from allocator.core.api.gojson import AnyBody, Body
 from allocator.core.api.routes import CLEARED, Check, Route, RouteError, classify
-from allocator.core.judging import service_marks, socket_binds
+from allocator.core.judging import service_marks
 from allocator.core.judging.ask import Ask, ask_of
 from allocator.core.judging.decisions import (
     ACCESS_READS,

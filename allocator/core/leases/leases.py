@@ -39,8 +39,8 @@ from typing import Any
 
 from allocator.core.leases.claims import Claim as Claim  # re-exported: State holds them
 from allocator.core.leases.claims import claim_from_json, claim_json
+from allocator.core.leases.clock import Mark
 from allocator.core.leases.holders import Holder
-from allocator.core.timing.clock import Mark
 
 # 2: a file may have grants recorded beside it (its ``generation``), which 1 never read;
 # 1's files read as 2's with none.
@@ -109,7 +109,7 @@ class Lease:
     share_slots: int = 0
     share_of: int = 0
     share_user: str = ""
-    # The boot's clock at the grant and at the first start (allocator/core/timing/clock.py),
+    # The boot's clock at the grant and at the first start (allocator/core/leases/clock.py),
     # which the durations from them are measured on (None: the wall clock).  Kept beside
     # the leases in the file ("boot"): a reader that knows no such fields reads it as ever.
     granted_boot: Mark | None = None

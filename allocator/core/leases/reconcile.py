@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from allocator.core.leases import clock
+from allocator.core.leases.clock import Now
 from allocator.core.leases.leases import Claim, Lease, Phase, State
-from allocator.core.timing import clock
-from allocator.core.timing.clock import Now
 
 # The listing's states of a container that runs nothing but still holds what it was given.
 STOPPED = frozenset({"exited", "created", "dead"})

@@ -21,7 +21,7 @@ unhealthy GPU keeps its holder, who is reported and never stopped), the
 holder's container state (``running``, ``exited``, ... as the Engine lists it;
 ``creating`` while a lease waits for its container), the health event, and
 ``idle_since`` (a leased GPU unused for ``idle_after``) and ``use``
-(allocator/core/timing/usage.py's ``active``, ``unused`` or ``unknown``): a GPU whose use
+(allocator/core/machine/usage.py's ``active``, ``unused`` or ``unknown``): a GPU whose use
 was not read is never idle.
 """
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from allocator.core.leases.holders import Holder
 from allocator.core.machine.health import GpuHealth, Health
 from allocator.core.machine.inventory import GPU
-from allocator.core.timing.usage import ACTIVE, UNKNOWN, UNUSED, idle_since
+from allocator.core.machine.usage import ACTIVE, UNKNOWN, UNUSED, idle_since
 
 DEPARTED, UNHEALTHY, LEASED, BUSY, MIG, FREE = (
     "departed",

@@ -13,13 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocator.core.access.power_grants import NO_GRANTS, PowerGrants
+from allocator.core.access.socket_binds import NOBODY_BINDS, Binders
 from allocator.core.api import labels, numbers
-from allocator.core.judging.socket_binds import NOBODY_BINDS, Binders
+from allocator.core.leases import clock
+from allocator.core.leases.clock import Now
 from allocator.core.machine.inventory import GPU, Inventory
+from allocator.core.rules.power_grants import NO_GRANTS, PowerGrants
 from allocator.core.rules.sharing import Sharing
-from allocator.core.timing import clock
-from allocator.core.timing.clock import Now
 
 # adopted containers, creates with no peer or none to name (core/judging/owners.py)
 UNKNOWN = "unknown"
@@ -84,7 +84,7 @@ class Rules:
     withheld: frozenset[str] = frozenset()  # swarm.gpus: scheduled by swarm, never leased here
     # policy.sharing: GPUs leased as shares (core/rules/sharing.py)
     sharing: tuple[Sharing, ...] = ()
-    # policy.engine_socket_binds: who may bind the Engine's socket (core/judging/socket_binds.py)
+    # policy.engine_socket_binds: who may bind the Engine's socket (core/access/socket_binds.py)
     engine_socket_binds: Binders = NOBODY_BINDS
     # policy.powers: who holds which power outside the allow-list (core/access/powers.py)
     powers: PowerGrants = NO_GRANTS

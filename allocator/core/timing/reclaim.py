@@ -3,8 +3,8 @@ to be stopped (``policy.reclaim_idle_after``; unset: none).
 
 A container is idle when every GPU of its lease ran no process at 0 % utilisation
 since the latest of its grant, its container's last start and the last time any of
-its GPUs was seen in use (`allocator/core/timing/usage.py`'s rule, over the whole lease),
-measured on the boot's clock (`allocator/core/timing/clock.py`), so setting the wall clock
+its GPUs was seen in use (`allocator/core/machine/usage.py`'s rule, over the whole lease),
+measured on the boot's clock (`allocator/core/leases/clock.py`), so setting the wall clock
 forward reclaims nothing early.
 Only a GPU whose use was read counts as unused (``usage.known``: a utilisation
 figure and its process list): a GPU whose use cannot be read now, or reads memory
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 
+from allocator.core.leases import clock
+from allocator.core.leases.clock import Now
 from allocator.core.leases.holders import ago
 from allocator.core.leases.leases import Lease
 from allocator.core.rules.policy import Rules
-from allocator.core.timing import clock
-from allocator.core.timing.clock import Now
 from allocator.core.timing.timelimits import GRACE_MAX, live
 
 

@@ -9,7 +9,7 @@ the rule.  The limit is fixed at the grant and kept in the lease (`Lease.time_li
 so a later policy edit changes no running container's.  The clock starts when the
 container first ran (`Lease.started`, the Engine's StartedAt as the timekeeper first
 saw it): a stop and a start, or a restart, do not reset it.  Time run is measured on
-the boot's clock from that start (`allocator/core/timing/clock.py`), so setting the wall
+the boot's clock from that start (`allocator/core/leases/clock.py`), so setting the wall
 clock neither lengthens nor shortens a limit.
 """
 
@@ -19,11 +19,11 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from allocator.core.leases import clock
+from allocator.core.leases.clock import Now
 from allocator.core.leases.holders import ago
 from allocator.core.leases.leases import Lease, Phase
 from allocator.core.rules.policy import TIME, Invalid, Owner, Rules, parse_duration
-from allocator.core.timing import clock
-from allocator.core.timing.clock import Now
 
 CHECK_MIN, CHECK_MAX = 0.5, 10.0  # seconds between the timekeeper's looks
 ENGINE_GRACE = 10  # seconds dockerd waits after the stop signal when a container sets none

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from allocator.core.machine.health import GpuEvent
 from allocator.core.machine.inventory import Inventory
-from allocator.core.timing.usage import Usage
+from allocator.core.machine.usage import Usage
 
 
 class EventSource(Protocol):

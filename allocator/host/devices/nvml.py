@@ -13,7 +13,7 @@ from typing import Any
 
 from allocator.core.machine.health import DOUBLE_BIT, SINGLE_BIT, XID, GpuEvent
 from allocator.core.machine.inventory import Inventory
-from allocator.core.timing.usage import Usage
+from allocator.core.machine.usage import Usage
 from allocator.host import nvml as reader
 
 log = logging.getLogger("gpu-alloc.health")

@@ -26,7 +26,7 @@ import yaml
 
 from allocator.core.machine.health import DOUBLE_BIT, SINGLE_BIT, XID, GpuEvent
 from allocator.core.machine.inventory import Inventory, InventoryError
-from allocator.core.timing.usage import Process, Usage
+from allocator.core.machine.usage import Process, Usage
 from allocator.host.inventory import load_file
 
 MIB = 1024 * 1024

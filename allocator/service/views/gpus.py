@@ -21,9 +21,9 @@ from allocator.core.leases.leases import Lease, State, StateError
 from allocator.core.machine.gpu_states import Activity, GpuState, states
 from allocator.core.machine.health import Health
 from allocator.core.machine.inventory import Inventory, InventoryError
+from allocator.core.machine.usage import Usage, known
 from allocator.core.rules import policy
 from allocator.core.timing import timelimits
-from allocator.core.timing.usage import Usage, known
 from allocator.host import clock as hostclock
 from allocator.host import ledger, usage
 from allocator.host.engine import EngineError

@@ -7,14 +7,14 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
+from allocator.core.leases.clock import Now
 from allocator.core.leases.leases import Lease
 from allocator.core.machine.gpu_states import GpuState
 from allocator.core.machine.health import GpuHealth
 from allocator.core.machine.inventory import GPU
+from allocator.core.machine.usage import ACTIVE, UNKNOWN, UNUSED
 from allocator.core.rules import policy
 from allocator.core.timing import timelimits
-from allocator.core.timing.clock import Now
-from allocator.core.timing.usage import ACTIVE, UNKNOWN, UNUSED
 from allocator.host import clock as hostclock
 from allocator.service import fair_share
 from allocator.service.views import shares as shared_view

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocator.core.judging.socket_binds import Binders
+from allocator.core.access.socket_binds import Binders
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from allocator.core.access.mounts import Mount, MountFacts, exposure
 from allocator.core.api.labels import ENGINE_SOCKET
 
 # set by the shim only: the asker, when the policy trusts them with the socket or with a
-# power outside the allow-list (core/access/power_grants.py), which the same label carries
+# power outside the allow-list (core/rules/power_grants.py), which the same label carries
 LABEL = ENGINE_SOCKET
 HEADER = "X-Gpu-Alloc-Create"  # the shim's mark on a create it labelled so
 TODO = (

@@ -38,7 +38,7 @@ def rewrite(
     env = [e for e in (out.get("Env") or ()) if not str(e).startswith(own_env)]
     own = labels.strip(out.get("Labels"))
     binder = (out.get("Labels") or {}).get(labels.ENGINE_SOCKET)
-    # the shim's own, set after the client's were stripped (core/judging/socket_binds.py)
+    # the shim's own, set after the client's were stripped (core/access/socket_binds.py)
     if binder:
         own[labels.ENGINE_SOCKET] = binder
     if label is None:
