@@ -16,8 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from allocator.core.access import powers
-from allocator.core.access.socket_binds import Binders
-from allocator.core.rules.power_grants import NO_GRANTS, PowerGrants
+from allocator.core.rules.power_grants import NO_GRANTS, Binders, PowerGrants
 from allocator.host.config_times import KeyProblem
 
 KEY = powers.KEY

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from allocator.core.access.socket_binds import NOBODY_BINDS, Binders
+from allocator.core.rules.power_grants import NOBODY_BINDS, Binders
 from allocator.host.config_times import KeyProblem
 
 KEY = "policy.engine_socket_binds"

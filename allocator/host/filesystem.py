@@ -19,8 +19,7 @@ from allocator.core.access import inroot
 from allocator.core.access.access_devices import DRM_MAJOR
 from allocator.core.access.facts import Node, Unresolvable
 from allocator.core.access.mounts import Mount
-from allocator.core.access.socket_binds import NOBODY_BINDS, Binders
-from allocator.core.rules.power_grants import NO_GRANTS, PowerGrants
+from allocator.core.rules.power_grants import NO_GRANTS, NOBODY_BINDS, Binders, PowerGrants
 from allocator.host import apparmor
 from allocator.host.engineroot import EngineRoot
 from allocator.host.owners import groups_of

@@ -11,11 +11,10 @@ import pytest
 
 from allocator.core.access import socket_binds as binds
 from allocator.core.access.facts import HOST_POLICY, EngineView, NotAsked
-from allocator.core.access.socket_binds import Binders
 from allocator.core.judging import verdicts as decide
 from allocator.core.judging.service_marks import Signing
 from allocator.core.rules import power_grants
-from allocator.core.rules.power_grants import PowerGrants
+from allocator.core.rules.power_grants import Binders, PowerGrants
 from allocator.host import apparmor, config
 from allocator.host.filesystem import Host
 from tests.support.table_host import TableHost
@@ -23,6 +22,13 @@ from tests.support.table_host import TableHost
 KEY = b"k" * 32
 URI = "/v1.41/containers/create?name=clock"
 TIME = PowerGrants({"SYS_TIME": Binders(users=("alice",))})
+
+
+def test_binders_are_named_users_and_members_of_named_groups():
+    named = Binders(users=("alice",), groups=("ops",))
+    assert named.allow("alice", ()) and named.allow("carol", ("staff", "ops"))
+    assert not named.allow("bob", ("staff",)) and not named.allow("", ("ops",))
+    assert not Binders() and named
 
 
 @dataclass

@@ -13,11 +13,11 @@ import yaml
 from allocator.core.access import access
 from allocator.core.access import socket_binds as binds
 from allocator.core.access.facts import EngineView
-from allocator.core.access.socket_binds import Binders
 from allocator.core.judging import service_marks as service
 from allocator.core.judging import verdicts as decide
 from allocator.core.judging.service_marks import Signing
 from allocator.core.machine.inventory import Inventory
+from allocator.core.rules.power_grants import Binders
 from allocator.host import config
 from allocator.host.creators import Creators
 from allocator.host.filesystem import Host
@@ -164,13 +164,6 @@ def test_a_service_the_shim_marked_as_a_named_owners_binds_the_socket():
     ]
     for got in refused:
         assert isinstance(got, decide.Deny) and "API socket" in got.msg, got
-
-
-def test_binders_are_named_users_and_members_of_named_groups():
-    named = Binders(users=("alice",), groups=("ops",))
-    assert named.allow("alice", ()) and named.allow("carol", ("staff", "ops"))
-    assert not named.allow("bob", ("staff",)) and not named.allow("", ("ops",))
-    assert not Binders() and named
 
 
 def test_the_host_asks_nss_for_a_binders_groups():

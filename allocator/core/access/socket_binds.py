@@ -3,7 +3,7 @@
 A client given dockerd's socket calls the Engine where the plugin cannot tell who asks,
 which turns a user of the shim alone into one of the real socket: such a bind is refused
 on both sockets (`mounts.exposure`: the socket is a protected path).  The policy may
-name the owners trusted with it (``policy.engine_socket_binds``: users and groups).
+name the owners trusted with it (``policy.engine_socket_binds``: `power_grants.Binders`).
 Only the shim knows who asks, so only a create the shim forwards can be theirs:
 
 - the shim labels the create with its owner (`LABEL`, after every client label under
@@ -43,24 +43,6 @@ TODO = (
     "ask your operator to add you to policy.engine_socket_binds, and create through the "
     "gpu-alloc context (docker --context gpu-alloc ...)"
 )
-
-
-@dataclass(frozen=True)
-class Binders:
-    """``policy.engine_socket_binds``: the users, and the members of the groups, the
-    operator trusts with the Engine's socket in their containers."""
-
-    users: tuple[str, ...] = ()
-    groups: tuple[str, ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.users or self.groups)
-
-    def allow(self, user: str, groups: Iterable[str]) -> bool:
-        return bool(user) and (user in self.users or bool(set(groups) & set(self.groups)))
-
-
-NOBODY_BINDS = Binders()  # the default: nobody may
 
 
 def mark(key: bytes, method: str, uri: str, body: bytes) -> str:

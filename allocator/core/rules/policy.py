@@ -13,12 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocator.core.access.socket_binds import NOBODY_BINDS, Binders
 from allocator.core.api import labels, numbers
 from allocator.core.leases import clock
 from allocator.core.leases.clock import Now
 from allocator.core.machine.inventory import GPU, Inventory
-from allocator.core.rules.power_grants import NO_GRANTS, PowerGrants
+from allocator.core.rules.power_grants import NO_GRANTS, NOBODY_BINDS, Binders, PowerGrants
 from allocator.core.rules.sharing import Sharing
 
 # adopted containers, creates with no peer or none to name (core/judging/owners.py)

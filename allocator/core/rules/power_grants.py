@@ -1,5 +1,6 @@
-"""``policy.powers``: the powers outside the allow-list (`powers`) the operator grants to
-named owners, and how a judgement asks the host about them.
+"""The owners the operator trusts by name: with the Engine's socket
+(``policy.engine_socket_binds``: `Binders`) and with powers outside the allow-list
+(``policy.powers``: `PowerGrants`), and how a judgement asks the host about them.
 
 A grant is an owner's, so it counts only where gpu-alloc knows the owner: a create the
 shim forwards (it labels and marks it, as for ``policy.engine_socket_binds``:
@@ -14,7 +15,23 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocator.core.access.socket_binds import Binders
+
+@dataclass(frozen=True)
+class Binders:
+    """``policy.engine_socket_binds``: the users, and the members of the groups, the
+    operator trusts with the Engine's socket in their containers."""
+
+    users: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.users or self.groups)
+
+    def allow(self, user: str, groups: Iterable[str]) -> bool:
+        return bool(user) and (user in self.users or bool(set(groups) & set(self.groups)))
+
+
+NOBODY_BINDS = Binders()  # the default: nobody may
 
 
 @dataclass(frozen=True)
