@@ -38,6 +38,7 @@ from allocator.core.judging.ask import Ask
 from allocator.core.judging.rewrite import rewrite, strip_labels
 from allocator.core.leases.holders import ago
 from allocator.core.leases.leases import Lease
+from allocator.core.machine import cpus
 from allocator.core.placement import Shortage
 from allocator.core.rules import policy, sharing
 from allocator.host.config import Config
@@ -139,7 +140,7 @@ class Intake:
         # io.gpu-alloc.* label the client set is stripped.
         want = policy.wanted(given)
         profile = labels.mig_profile(given)
-        resources = labels.resources(given)
+        resources = cpus.resources(given)
         if isinstance(resources, str):
             return Refused(400, f"{REFUSED}: {resources}")
         wait = policy.wait_of(given, self.gather.rules_in_force)

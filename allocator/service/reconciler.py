@@ -33,6 +33,7 @@ from allocator.core.leases import restarts
 from allocator.core.leases.clock import Now
 from allocator.core.leases.leases import Claim, Lease, Phase, State
 from allocator.core.leases.reconcile import STOPPED, Report, apply, share_lease, stopped_since
+from allocator.core.machine import cpus
 from allocator.core.rules import policy, sharing
 from allocator.core.timing import reservations as rsv
 from allocator.host import clock as hostclock
@@ -354,7 +355,7 @@ class Reconciler:
         why = "; ".join(g.describe() for g in grants.grants)
         name = str(info.get("Name") or "").lstrip("/")
         since = go_time(info.get("Created"))
-        return Claim(cid, name, gpus, why, **labels.placed_of(info), **_owner_of(info), since=since)
+        return Claim(cid, name, gpus, why, **cpus.placed_of(info), **_owner_of(info), since=since)
 
 
 def _owner_of(info: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from allocator.core.api import labels
 from allocator.core.machine.cpus import (
     Node,
     Placed,
@@ -15,6 +16,8 @@ from allocator.core.machine.cpus import (
     parse_list,
     parse_size,
     place,
+    placed_of,
+    resources,
 )
 from allocator.host import cpus as host_cpus
 from tests.support.sysfs import GIB, two_socket
@@ -100,6 +103,70 @@ def test_the_gpus_node_is_the_one_with_most_of_them() -> None:
 
 
 # --- labels and conflicts --------------------------------------------------------------------
+
+LABELS = {
+    "nothing asked": ({}, Resources()),
+    "cores": ({labels.REQUEST_CPUS: "8"}, Resources(cpus=8)),
+    "memory in docker's format": ({labels.REQUEST_MEMORY: "4g"}, Resources(memory=4 * GIB)),
+    "strict": (
+        {labels.REQUEST_CPUS: "2", labels.REQUEST_TOPOLOGY: "strict"},
+        Resources(2, 0, True),
+    ),
+    "a fraction of cores": ({labels.REQUEST_CPUS: "1.5"}, "expected a whole number"),
+    "negative cores": ({labels.REQUEST_CPUS: "-1"}, "expected a whole number"),
+    "a bad size": ({labels.REQUEST_MEMORY: "lots"}, "'lots' is not a size"),
+    "a bad topology": ({labels.REQUEST_TOPOLOGY: "loose"}, "expected prefer or strict"),
+}
+
+
+@pytest.mark.parametrize(("given", "expected"), LABELS.values(), ids=LABELS.keys())
+def test_request_labels(given: dict[str, str], expected: Resources | str) -> None:
+    got = resources(given)
+    if isinstance(expected, str):
+        assert isinstance(got, str) and expected in got and got.startswith("io.gpu-alloc.request.")
+    else:
+        assert got == expected
+
+
+def inspect_of(labels_: dict, **host_config) -> dict:
+    return {"Config": {"Labels": labels_}, "HostConfig": host_config}
+
+
+LEASED = {labels.LEASE: "1a2b3c"}
+
+
+@pytest.mark.parametrize(
+    ("container", "held"),
+    [
+        (inspect_of({**LEASED, labels.PLACED: "cpus"}, CpusetCpus="2-3"), {"cpus": (2, 3)}),
+        (
+            inspect_of(
+                {**LEASED, labels.PLACED: "cpus,memory"},
+                CpusetCpus="0",
+                Memory=GIB,
+                CpusetMems="1",
+            ),
+            {"cpus": (0,), "memory": GIB, "mems": (1,)},
+        ),
+        # an image's label on a container no lease made: nothing
+        (inspect_of({labels.PLACED: "cpus,memory"}, CpusetCpus="0-63", Memory=GIB), {}),
+        # the shim's own empty label over an image's: nothing
+        (inspect_of({**LEASED, labels.PLACED: ""}, CpusetCpus="0-63"), {}),
+        # one unreadable value costs only itself
+        (
+            inspect_of(
+                {**LEASED, labels.PLACED: "cpus,memory"},
+                CpusetCpus="x",
+                Memory=GIB,
+                CpusetMems="0",
+            ),
+            {"memory": GIB, "mems": (0,)},
+        ),
+        (inspect_of({**LEASED, labels.PLACED: "memory"}, Memory=GIB), {}),  # on no node
+    ],
+)
+def test_an_adopted_container_holds_what_its_placed_label_says(container, held) -> None:
+    assert placed_of(container) == held
 
 
 def test_a_create_setting_a_field_the_lease_sets_is_refused() -> None:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from allocator.core.api import labels
+from allocator.core.machine import cpus
 from allocator.core.machine.inventory import GPU
 from allocator.core.rules import policy, sharing
 from allocator.core.rules.policy import Invalid, Owner, Rules
@@ -51,7 +52,7 @@ def test_every_label_example_is_read_by_gpu_alloc(doc: str, key: str, value: str
     assert labels.unknown(given) is None
     read = (
         policy.wanted(given),
-        labels.resources(given),
+        cpus.resources(given),
         sharing.share_ask(given),
         policy.wait_of(given, Rules()),
     )

@@ -20,6 +20,7 @@ import yaml
 from allocator.core.api import labels
 from allocator.core.judging.ask import Ask
 from allocator.core.leases import outcomes
+from allocator.core.machine import cpus
 from allocator.core.placement import Shortage
 from allocator.core.rules.policy import Invalid, Owner, Refusal, Wanted, wanted
 from allocator.core.rules.queue import Waiter
@@ -98,7 +99,7 @@ def host(tmp_path: Path, policy: dict[str, Any], held: list[tuple[Owner, int]]) 
 def request(who: Owner, n: int, given: dict[str, str]) -> LeaseRequest:
     want = wanted(given)
     assert isinstance(want, Wanted)
-    resources = labels.resources(given)
+    resources = cpus.resources(given)
     assert not isinstance(resources, str)
     return LeaseRequest(one(n), "job", who, want, resources, given)
 

@@ -1,78 +1,9 @@
-"""gpu-alloc's labels and its lease header (allocator/core/api/labels.py): what a create asks by
-label,
-what a container was leased, and which keys under the prefix are refused."""
+"""gpu-alloc's labels and its lease header (allocator/core/api/labels.py): which keys under the
+prefix are refused, and what a label or the header names."""
 
 from __future__ import annotations
 
-import pytest
-
 from allocator.core.api import labels
-from allocator.core.machine.cpus import Resources
-from tests.support.sysfs import GIB
-
-LABELS = {
-    "nothing asked": ({}, Resources()),
-    "cores": ({labels.REQUEST_CPUS: "8"}, Resources(cpus=8)),
-    "memory in docker's format": ({labels.REQUEST_MEMORY: "4g"}, Resources(memory=4 * GIB)),
-    "strict": (
-        {labels.REQUEST_CPUS: "2", labels.REQUEST_TOPOLOGY: "strict"},
-        Resources(2, 0, True),
-    ),
-    "a fraction of cores": ({labels.REQUEST_CPUS: "1.5"}, "expected a whole number"),
-    "negative cores": ({labels.REQUEST_CPUS: "-1"}, "expected a whole number"),
-    "a bad size": ({labels.REQUEST_MEMORY: "lots"}, "'lots' is not a size"),
-    "a bad topology": ({labels.REQUEST_TOPOLOGY: "loose"}, "expected prefer or strict"),
-}
-
-
-@pytest.mark.parametrize(("given", "expected"), LABELS.values(), ids=LABELS.keys())
-def test_request_labels(given: dict[str, str], expected: Resources | str) -> None:
-    got = labels.resources(given)
-    if isinstance(expected, str):
-        assert isinstance(got, str) and expected in got and got.startswith("io.gpu-alloc.request.")
-    else:
-        assert got == expected
-
-
-def inspect_of(labels_: dict, **host_config) -> dict:
-    return {"Config": {"Labels": labels_}, "HostConfig": host_config}
-
-
-LEASED = {labels.LEASE: "1a2b3c"}
-
-
-@pytest.mark.parametrize(
-    ("container", "held"),
-    [
-        (inspect_of({**LEASED, labels.PLACED: "cpus"}, CpusetCpus="2-3"), {"cpus": (2, 3)}),
-        (
-            inspect_of(
-                {**LEASED, labels.PLACED: "cpus,memory"},
-                CpusetCpus="0",
-                Memory=GIB,
-                CpusetMems="1",
-            ),
-            {"cpus": (0,), "memory": GIB, "mems": (1,)},
-        ),
-        # an image's label on a container no lease made: nothing
-        (inspect_of({labels.PLACED: "cpus,memory"}, CpusetCpus="0-63", Memory=GIB), {}),
-        # the shim's own empty label over an image's: nothing
-        (inspect_of({**LEASED, labels.PLACED: ""}, CpusetCpus="0-63"), {}),
-        # one unreadable value costs only itself
-        (
-            inspect_of(
-                {**LEASED, labels.PLACED: "cpus,memory"},
-                CpusetCpus="x",
-                Memory=GIB,
-                CpusetMems="0",
-            ),
-            {"memory": GIB, "mems": (0,)},
-        ),
-        (inspect_of({**LEASED, labels.PLACED: "memory"}, Memory=GIB), {}),  # on no node
-    ],
-)
-def test_an_adopted_container_holds_what_its_placed_label_says(container, held) -> None:
-    assert labels.placed_of(container) == held
 
 
 def test_the_profile_label_is_read_before_client_labels_are_stripped() -> None:

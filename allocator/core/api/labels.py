@@ -16,11 +16,6 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from allocator.core.api import numbers
-from allocator.core.machine.cpus import Resources, parse_list, parse_size
-
-CORES = numbers.whole("a whole number of physical cores, such as 8", high=1 << 16)
-
 PREFIX = "io.gpu-alloc."
 LEASE = PREFIX + "lease"
 LEASE_HEADER = "X-Gpu-Alloc-Lease"  # "<lease id>.<token>", as Go canonicalizes the name
@@ -28,7 +23,6 @@ HEADER_PREFIX = "x-gpu-alloc-"  # every request header under it is gpu-alloc's a
 REQUEST_CPUS = PREFIX + "request.cpus"
 REQUEST_MEMORY = PREFIX + "request.memory"
 REQUEST_TOPOLOGY = PREFIX + "request.topology"
-TOPOLOGIES = ("prefer", "strict")
 MIG_REQUEST = PREFIX + "request.mig"  # a client's ask: count MIG slices of this profile
 PLACED = PREFIX + "placed"  # which of HostConfig's cores and memory gpu-alloc leased it
 POOL = PREFIX + "pool"  # a client's ask, and gpu-alloc's record of the pool leased from
@@ -58,33 +52,6 @@ REQUESTS = (
     SHARE_MEMORY,
 )
 KNOWN = frozenset((*REQUESTS, LEASE, OWNER, PLACED, DEFAULTS, ENGINE_SOCKET))
-
-
-def placed_of(info: Mapping[str, Any]) -> dict[str, Any]:
-    """The cores and memory a container (its inspect) was leased, by `PLACED`: a `Claim`'s
-    ``cpus``, ``mems`` and ``memory``.  Only on a container the shim made for a lease (it
-    sets `PLACED` on every one, over any image's label of that name); an unreadable value
-    counts as none."""
-    given = ((info.get("Config") or {}).get("Labels")) or {}
-    if not lease_of(given):
-        return {}
-    what = set(str(given.get(PLACED) or "").split(","))
-    hc = info.get("HostConfig") or {}
-    out: dict[str, Any] = {}
-    if "cpus" in what and (cpus := _cpu_list(hc.get("CpusetCpus"))):
-        out["cpus"] = cpus
-    mems = _cpu_list(hc.get("CpusetMems"))
-    memory = hc.get("Memory")
-    if "memory" in what and isinstance(memory, int) and memory > 0 and mems:
-        out["memory"], out["mems"] = memory, mems
-    return out
-
-
-def _cpu_list(value: Any) -> tuple[int, ...]:
-    try:
-        return tuple(parse_list(str(value or "")))
-    except ValueError:
-        return ()
 
 
 def mig_profile(labels: Mapping[str, Any] | None) -> str:
@@ -135,25 +102,3 @@ def unknown(labels: Mapping[str, Any] | None) -> str | None:
             f"label keys are case-sensitive. gpu-alloc's labels: {', '.join(REQUESTS)}"
         )
     return None
-
-
-def resources(labels: Mapping[str, Any] | None) -> Resources | str:
-    """CPU cores and memory a create asks for by label, or why the labels are wrong."""
-    given = labels or {}
-    try:
-        cpus = int(numbers.read(str(given.get(REQUEST_CPUS, "0")), CORES))
-    except numbers.BadNumber as e:
-        shown = str(given.get(REQUEST_CPUS)).strip()[:40]
-        return f"{REQUEST_CPUS}={shown}: expected {CORES.expected}" + (
-            "" if e.syntax else f" ({e})"
-        )
-    memory = 0
-    if REQUEST_MEMORY in given:
-        try:
-            memory = parse_size(str(given[REQUEST_MEMORY]))
-        except ValueError as e:
-            return f"{REQUEST_MEMORY}: {e}"
-    topology = str(given.get(REQUEST_TOPOLOGY, "prefer")).strip()
-    if topology not in TOPOLOGIES:
-        return f"{REQUEST_TOPOLOGY}={topology}: expected {' or '.join(TOPOLOGIES)}"
-    return Resources(cpus, memory, topology == "strict")

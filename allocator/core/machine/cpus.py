@@ -16,6 +16,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from allocator.core.api import numbers
+from allocator.core.api.labels import (
+    PLACED,
+    REQUEST_CPUS,
+    REQUEST_MEMORY,
+    REQUEST_TOPOLOGY,
+    lease_of,
+)
+
+CORES = numbers.whole("a whole number of physical cores, such as 8", high=1 << 16)
+TOPOLOGIES = ("prefer", "strict")  # the values of REQUEST_TOPOLOGY
 
 CONFLICTING = {
     # HostConfig field -> what a create must not set itself when it asks for it.
@@ -51,6 +61,28 @@ class Resources:
 
 
 NOTHING = Resources()
+
+
+def resources(asked: Mapping[str, Any] | None) -> Resources | str:
+    """CPU cores and memory a create asks for by label, or why the labels are wrong."""
+    given = asked or {}
+    try:
+        cpus = int(numbers.read(str(given.get(REQUEST_CPUS, "0")), CORES))
+    except numbers.BadNumber as e:
+        shown = str(given.get(REQUEST_CPUS)).strip()[:40]
+        return f"{REQUEST_CPUS}={shown}: expected {CORES.expected}" + (
+            "" if e.syntax else f" ({e})"
+        )
+    memory = 0
+    if REQUEST_MEMORY in given:
+        try:
+            memory = parse_size(str(given[REQUEST_MEMORY]))
+        except ValueError as e:
+            return f"{REQUEST_MEMORY}: {e}"
+    topology = str(given.get(REQUEST_TOPOLOGY, "prefer")).strip()
+    if topology not in TOPOLOGIES:
+        return f"{REQUEST_TOPOLOGY}={topology}: expected {' or '.join(TOPOLOGIES)}"
+    return Resources(cpus, memory, topology == "strict")
 
 
 @dataclass(frozen=True)
@@ -173,3 +205,30 @@ def _size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}".replace(".0 ", " ")
     return f"{n} B"
+
+
+def placed_of(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The cores and memory a container (its inspect) was leased, by `PLACED`: a `Claim`'s
+    ``cpus``, ``mems`` and ``memory``.  Only on a container the shim made for a lease (it
+    sets `PLACED` on every one, over any image's label of that name); an unreadable value
+    counts as none."""
+    given = ((info.get("Config") or {}).get("Labels")) or {}
+    if not lease_of(given):
+        return {}
+    what = set(str(given.get(PLACED) or "").split(","))
+    hc = info.get("HostConfig") or {}
+    out: dict[str, Any] = {}
+    if "cpus" in what and (cpus := _cpu_list(hc.get("CpusetCpus"))):
+        out["cpus"] = cpus
+    mems = _cpu_list(hc.get("CpusetMems"))
+    memory = hc.get("Memory")
+    if "memory" in what and isinstance(memory, int) and memory > 0 and mems:
+        out["memory"], out["mems"] = memory, mems
+    return out
+
+
+def _cpu_list(value: Any) -> tuple[int, ...]:
+    try:
+        return tuple(parse_list(str(value or "")))
+    except ValueError:
+        return ()

@@ -19,6 +19,7 @@ from allocator.core.api import numbers
 from allocator.core.grant_plan import LeaseRequest
 from allocator.core.judging import verdicts as decide
 from allocator.core.leases.holders import ago
+from allocator.core.machine import cpus
 from allocator.core.placement import Shortage
 from allocator.core.rules import sharing
 from allocator.core.rules.policy import Invalid, Owner, Refusal, priority_of, wait_of, wanted
@@ -121,7 +122,7 @@ def explain(
     want = wanted(given)
     if isinstance(want, Invalid):
         return base | _answer(INVALID, want.msg)
-    resources = gpu_labels.resources(given)  # refused as the shim refuses them
+    resources = cpus.resources(given)  # refused as the shim refuses them
     if isinstance(resources, str):
         return base | _answer(INVALID, f"gpu-alloc refused the container create: {resources}")
     ask = alloc.gather.decide(partial(decide.shim_ask, spec), decide.SHIM_ASK_READS)
