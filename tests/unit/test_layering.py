@@ -7,6 +7,10 @@ service (allocator/service/lookups.py) and read the read models (allocator/servi
 module
 imports itself back through others, lazy imports included (only ``if TYPE_CHECKING:``
 ones are not imports at run time).
+
+The core's groups are layers (`CORE_LAYERS`, bottom first): a module imports its own
+group and the groups below it, never one above, whether at module level, inside a
+function or under ``if TYPE_CHECKING:`` (a type named from above is a dependency on it).
 """
 
 from __future__ import annotations
@@ -18,6 +22,19 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("allocator", "plugin", "shim")
 ADAPTERS = ("plugin", "shim")
 STARTS_ADAPTERS = "allocator.ops.cli"  # cmd_plugin and cmd_shim start them
+CORE = "allocator.core"
+# allocator/core's groups, bottom first, each with why it sits there (docs/design.md's map)
+CORE_LAYERS = (
+    "api",  # the Engine's API as dockerd reads it: words and shapes, none of our decisions
+    "leases",  # the lease life in the API's terms: GPUs by UUID, stamps on the boot's clock
+    "machine",  # the hardware as data; a GPU's state names its holder, a lease's
+    "rules",  # the operator's policy, over the machine's GPUs and the leases' holders
+    "timing",  # limits, idle reclaim, reservations: the rules applied to leases over time
+    "access",  # what a container really reaches, against the host's facts and the rules
+    "judging",  # the verdicts: access, rules, leases and the API's bodies, per route
+    "placement",  # GPUs picked for a judged ask, around holders, the line and reservations
+    "grant_plan",  # every grant decided once, over all of the above
+)
 
 
 def modules() -> dict[str, Path]:
@@ -32,29 +49,33 @@ def modules() -> dict[str, Path]:
 MODULES = modules()
 
 
-def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
-    """Every node but those under ``if TYPE_CHECKING:``."""
+def _runtime_nodes(tree: ast.AST, typing: bool = False) -> list[ast.AST]:
+    """Every node but those under ``if TYPE_CHECKING:`` (those too, with ``typing``)."""
     out: list[ast.AST] = []
     todo = [tree]
     while todo:
         node = todo.pop()
         out.append(node)
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            if (
+                not typing
+                and isinstance(child, ast.If)
+                and "TYPE_CHECKING" in ast.unparse(child.test)
+            ):
                 todo.extend(child.orelse)
                 continue
             todo.append(child)
     return out
 
 
-def imports(name: str) -> list[tuple[str, bool]]:
-    """The project modules ``name`` imports at run time, each with whether the import
-    is at module level."""
+def imports(name: str, typing: bool = False) -> list[tuple[str, bool]]:
+    """The project modules ``name`` imports at run time (and for type checking, with
+    ``typing``), each with whether the import is at module level."""
     tree = ast.parse(MODULES[name].read_text())
     top = {id(n) for n in tree.body}
     package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
     found = []
-    for node in _runtime_nodes(tree):
+    for node in _runtime_nodes(tree, typing):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -91,6 +112,28 @@ def test_the_adapters_never_import_the_cli_package():
         if name.split(".")[0] in ADAPTERS
         for target, _ in imports(name)
         if target.startswith("allocator.ops")
+    ]
+    assert wrong == []
+
+
+def core_layer(name: str) -> int:
+    """A core module's place in `CORE_LAYERS`: its group's (``allocator.core.rules.policy``
+    is in ``rules``), or its own for a module at the core's top (``grant_plan``)."""
+    return CORE_LAYERS.index(name.split(".")[2])
+
+
+def test_every_core_group_has_its_place_in_the_layers():
+    groups = {name.split(".")[2] for name in MODULES if name.startswith(f"{CORE}.")}
+    assert groups == set(CORE_LAYERS)
+
+
+def test_a_core_module_imports_no_group_above_its_own():
+    wrong = [
+        f"{name} ({name.split('.')[2]}) imports {target} ({target.split('.')[2]}), a layer up"
+        for name in MODULES
+        if name.startswith(f"{CORE}.")
+        for target, _ in imports(name, typing=True)
+        if target.startswith(f"{CORE}.") and core_layer(target) > core_layer(name)
     ]
     assert wrong == []
 
@@ -153,6 +196,12 @@ def test_the_walk_sees_the_imports_it_judges():
     lineup = {target for target, _ in imports("allocator.service.lineup")}
     assert "allocator.core.rules.queue" in lineup
     assert "allocator.service.wiring" not in lineup  # under TYPE_CHECKING only
+    reservations = "allocator.core.timing.reservations"
+    assert ("allocator.core.rules.policy", False) in imports(reservations)  # in a function
+    typed = "allocator.core.leases.leases"  # under TYPE_CHECKING only
+    assert typed in dict(imports(reservations, typing=True))
+    assert typed not in dict(imports(reservations))
+    assert core_layer("allocator.core.grant_plan") > core_layer("allocator.core.api.labels")
 
 
 # What the service decides, the shim never reaches: the policy's rules (labels, waits,
