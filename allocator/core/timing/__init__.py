@@ -1,1 +1,1 @@
-"""Time: limits, idle reclaim, reservations, live usage and usage reports."""
+"""Time: limits, idle reclaim, reservations and usage reports."""
