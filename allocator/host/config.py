@@ -131,6 +131,7 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "fair_share": dict,
         "time_limit": dict,
         "reclaim_idle_after": (int, float, str, type(None)),
+        "signal": dict,  # host/config_times.py
         "sharing": (list, dict, type(None)),  # core/rules/sharing.py, host/config_sharing.py
         "engine_socket_binds": (dict, type(None)),  # host/config_socket_binds.py
     },

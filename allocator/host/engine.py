@@ -114,6 +114,11 @@ class Engine:
         Waits for the stop; a container already stopped or gone is no error."""
         self._call(f"stop {container}", lambda api: api.stop(container, timeout=grace))
 
+    def kill(self, container: str, signal: str) -> None:
+        """POST /containers/ID/kill?signal=..., as ``docker kill --signal``: the signal to
+        its main process, without waiting; an error when it is not running."""
+        self._call(f"kill {container}", lambda api: api.kill(container, signal=signal))
+
     def image(self, name: str) -> dict[str, Any] | None:
         return self._get(f"inspect image {name}", f"/images/{quote(name, safe='/:@')}/json")
 

@@ -75,9 +75,15 @@ def enable(state_dir: str) -> str:
             stops=Counter(
                 "gpu_alloc_stops", "GPU containers gpu-alloc stopped, by why", ["reason"]
             ),
+            signals=Counter(
+                "gpu_alloc_signals",
+                "Checkpoint signals gpu-alloc sent GPU containers, by the stop to come",
+                ["reason"],
+            ),
         )
         for reason in STOPS:
             _instruments["stops"].labels(reason)
+            _instruments["signals"].labels(reason)
         for outcome in OUTCOMES:  # every outcome is scraped, 0 until it happens
             _instruments["requests"].labels(outcome)
     return path
@@ -129,3 +135,9 @@ def gpu_seconds(owner: str, pool: str, held: float, used: float | None) -> None:
 def stopped(reason: str) -> None:
     if _instruments:
         _instruments["stops"].labels(reason).inc()
+
+
+def signalled(reason: str) -> None:
+    """A checkpoint signal sent before a stop for ``reason`` (one of `STOPS`)."""
+    if _instruments:
+        _instruments["signals"].labels(reason).inc()

@@ -1,6 +1,7 @@
 """The timekeeper: the shim's thread that stops GPU containers past their time limit
 (allocator/core/timing/timelimits.py) and, with ``policy.reclaim_idle_after``, idle ones
-(allocator/core/timing/reclaim.py).
+(allocator/core/timing/reclaim.py), each sent its checkpoint signal first when its lease
+has one (allocator/core/timing/checkpoint.py).
 
 Each look reads the ledger; only while a lease has a time limit, or idle reclaim is
 on, does it list gpu-alloc's containers (one Engine call); a paused one counts as
@@ -13,7 +14,9 @@ to stop has its restart policy turned off first (dockerd would start it again by
 itself at its next start), then gets the Engine's own stop: its stop signal, then
 SIGKILL after its ``StopTimeout`` (10 s by default, at most 30 s: `timelimits.grace`).
 Each stop is audited (``time-limit``, ``idle-reclaim``) and counted
-(``gpu_alloc_stops_total``); the container keeps its lease, which then ends by
+(``gpu_alloc_stops_total``), each signal too (``signal``, ``gpu_alloc_signals_total``),
+and recorded in the lease once sent (`Lease.signalled`), so none is sent twice; the
+container keeps its lease, which then ends by
 ``policy.release_stopped_after`` or its removal, as any stopped container's.  Stops
 run on threads of their own, so a long grace period holds up no other container's.
 """
@@ -28,7 +31,7 @@ from allocator.core.api import labels
 from allocator.core.leases import restarts
 from allocator.core.leases.leases import Lease
 from allocator.core.machine.inventory import InventoryError
-from allocator.core.timing import reclaim, timelimits
+from allocator.core.timing import checkpoint, reclaim, timelimits
 from allocator.core.timing import usage as usage_core
 from allocator.host import ledger, metrics, usage
 from allocator.host.config import Config
@@ -40,6 +43,7 @@ from allocator.service.recorder import Recorder
 
 log = logging.getLogger("gpu-alloc.timekeeper")
 TIME_LIMIT, IDLE = "time-limit", "idle-reclaim"  # audit kinds, and the metric's reasons
+SIGNAL = "signal"  # the audit kind of a checkpoint signal
 
 
 class Timekeeper:
@@ -87,11 +91,20 @@ class Timekeeper:
             leases = timelimits.live(self.ledger.read().leases.values())
         for le in timelimits.overdue(leases, running, now):
             self._stop_later(le, TIME_LIMIT, timelimits.reason(le))
+        for le in checkpoint.before_limit(leases, running, now):
+            self._signal(le, TIME_LIMIT, "time limit", now)
         after = rules.reclaim_idle_after
         if after is not None:
-            for le in self._idle(leases, running, now, after):
+            warn, stop = checkpoint.before_reclaim(
+                self._idle(leases, running, now, after), now, after
+            )
+            for le in warn:
+                self._signal(le, IDLE, "idle reclaim", now)
+            for le in stop:
                 self._stop_later(le, IDLE, reclaim.reason(after))
-        return timelimits.next_check(leases, now, after)
+        wait = timelimits.next_check(leases, now, after)
+        soon = checkpoint.next_signal(leases, now)
+        return wait if soon is None else max(timelimits.CHECK_MIN, min(wait, soon))
 
     def _start_clocks(self, leases: Sequence[Lease]) -> None:
         """Each lease's clock from its container's first start, as the Engine says it."""
@@ -114,9 +127,9 @@ class Timekeeper:
 
     def _idle(
         self, leases: list[Lease], running: set[str], now: float, after: float
-    ) -> list[Lease]:
-        """The running containers idle for ``after``, their last start counted (one
-        inspect each, of the few that look idle)."""
+    ) -> list[tuple[Lease, float]]:
+        """(lease, idle since) of the running containers idle long enough to signal or stop,
+        their last start counted (one inspect each, of the few that look idle)."""
         try:
             use = self.gather.devices.usage()
         except InventoryError:
@@ -127,10 +140,29 @@ class Timekeeper:
         maybe = reclaim.idle(leases, dict.fromkeys(running), *args)
         assert self.engine is not None or not maybe
         started: dict[str, float | None] = {}
-        for le in maybe:
+        for le, _ in maybe:
             info = self.engine.inspect(str(le.container)) if self.engine else None
             started[str(le.container)] = go_time(((info or {}).get("State") or {}).get("StartedAt"))
-        return reclaim.idle(maybe, started, *args)
+        return reclaim.idle([le for le, _ in maybe], started, *args)
+
+    def _signal(self, lease: Lease, kind: str, before: str, now: float) -> None:
+        """Send the lease's checkpoint signal, then record it in the lease as sent at the
+        look's ``now``: a look after a shim restart finds it sent.  One the Engine refused
+        (the container stopped since the look: a 409) is tried again at the next look
+        that finds it running."""
+        cid = str(lease.container)
+        assert self.engine is not None
+        why = checkpoint.reason(lease, before)
+        try:
+            self.engine.kill(cid, lease.signal)
+        except EngineError as e:
+            log.warning("could not signal container %s (%s): %s", lease.name, kind, e)
+            return
+        log.info("signalled container %s (lease %s): %s", lease.name, lease.id, why)
+        with self.ledger.transaction() as state:
+            state.signalled(lease.id, cid, now)
+        metrics.signalled(kind)
+        self.recorder.record(SIGNAL, lease, reason=why)
 
     def _stop_later(self, lease: Lease, kind: str, why: str) -> None:
         cid = str(lease.container)

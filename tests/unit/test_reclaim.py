@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from allocator.core.leases.leases import Lease, Phase
 from allocator.core.rules.policy import Rules
 from allocator.core.timing import reclaim
@@ -16,7 +18,8 @@ def lease(lid: str, gpus: tuple[str, ...], owner: str = "alice", created: float 
 
 def idle(leases, now, *, active=(), seen=None, started=None, rules=RULES, read=READ):
     running = {le.container: (started or {}).get(le.container) for le in leases}
-    return reclaim.idle(leases, running, read, set(active), seen or {}, now, rules)
+    found = reclaim.idle(leases, running, read, set(active), seen or {}, now, rules)
+    return [le for le, _ in found]
 
 
 def test_a_container_whose_gpus_ran_nothing_that_long_is_reclaimed():
@@ -50,3 +53,9 @@ def test_the_exempt_a_stopped_container_and_a_policy_without_reclaim_are_left_al
 def test_the_reason_names_the_rule_and_what_happens_to_the_lease():
     why = reclaim.reason(7200)
     assert "2h (policy.reclaim_idle_after)" in why and "release_stopped_after" in why
+
+
+def test_a_container_with_a_checkpoint_signal_is_found_its_lead_earlier_with_since_when():
+    a = replace(lease("a", ("GPU-0",)), signal="SIGUSR1", signal_lead=30.0)
+    assert idle([a], 69) == []
+    assert reclaim.idle([a], {"c-a": None}, READ, set(), {"GPU-0": 10}, 80, RULES) == [(a, 10)]

@@ -17,6 +17,7 @@ from allocator.core.judging.ask import Ask
 from allocator.core.rules.policy import NOBODY, Invalid, Owner, Wanted
 from allocator.core.timing import timelimits
 from allocator.host import config as configmod
+from allocator.host.engine import EngineError
 from allocator.service.compose import Allocator
 from allocator.service.placer import LeaseRequest
 from tests.support import engine as sim
@@ -224,3 +225,82 @@ def test_a_paused_idle_container_is_reclaimed(tmp_path):
     alloc.timekeeper.check(time.time() + 5)
     fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
     assert fake.stopped.wait(10) and [c for c, _ in fake.stops] == [cid]
+
+
+SIGNALLED = {**POLICY, "signal": {"default": "USR1@5m"}}
+
+
+def test_the_checkpoint_signal_comes_its_lead_before_the_limit_once_then_the_stop(tmp_path):
+    alloc = make(tmp_path, SIGNALLED)
+    keeper = alloc.timekeeper
+    fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
+    lease_id, cid = running_job(alloc, Wanted(time=600))
+    lease = alloc.ledger.read().leases[lease_id]
+    assert (lease.signal, lease.signal_lead, lease.signalled) == ("SIGUSR1", 300, None)
+    assert keeper.check(T0 + 10) == timelimits.CHECK_MAX
+    assert keeper.check(T0 + 295) == 5 and fake.kills == []  # the next look at the signal
+    keeper.check(T0 + 300)
+    assert fake.kills == [(cid, "SIGUSR1")]
+    assert alloc.ledger.read().leases[lease_id].signalled == T0 + 300
+    (line,) = audit(alloc, "signal")
+    assert line["container"] == cid and "SIGUSR1 5m before its time limit" in line["reason"]
+    keeper.check(T0 + 400)
+    assert fake.kills == [(cid, "SIGUSR1")] and fake.stops == []  # sent once
+    keeper.check(T0 + 600)
+    assert fake.stopped.wait(10) and fake.stops == [(cid, 10)]
+
+
+def test_a_signal_sent_before_a_shim_restart_is_not_sent_again(tmp_path):
+    alloc = make(tmp_path, SIGNALLED)
+    _, cid = running_job(alloc, Wanted(time=600))
+    alloc.timekeeper.check(T0 + 10)
+    alloc.timekeeper.check(T0 + 301)
+    again = Allocator(alloc.config, alloc.engine)  # the restarted shim reads the same ledger
+    again.timekeeper.check(T0 + 302)
+    assert alloc.engine.kills == [(cid, "SIGUSR1")]  # type: ignore[union-attr]
+
+
+def test_a_signal_the_engine_refused_is_tried_again_at_the_next_look(tmp_path, monkeypatch):
+    alloc = make(tmp_path, SIGNALLED)
+    lease_id, cid = running_job(alloc, Wanted(time=600))
+    fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
+    refusals = [EngineError("Engine at fake.sock: kill failed: 500 Server Error")]
+    kill = fake.kill
+
+    def refusing(container: str, signal: str) -> None:
+        if refusals:
+            raise refusals.pop()
+        kill(container, signal)
+
+    monkeypatch.setattr(fake, "kill", refusing)
+    alloc.timekeeper.check(T0 + 10)
+    alloc.timekeeper.check(T0 + 301)
+    assert alloc.ledger.read().leases[lease_id].signalled is None and fake.kills == []
+    alloc.timekeeper.check(T0 + 302)
+    assert fake.kills == [(cid, "SIGUSR1")]
+
+
+def test_the_label_chooses_the_signal_over_the_policy(tmp_path):
+    from allocator.core.api import signals
+
+    alloc = make(tmp_path, SIGNALLED)
+    lease_id, _ = running_job(alloc, Wanted(signal=signals.parse("TERM@30s")))
+    lease = alloc.ledger.read().leases[lease_id]
+    assert (lease.signal, lease.signal_lead) == ("SIGTERM", 30)
+
+
+def test_an_idle_container_is_signalled_its_lead_before_reclaim_and_stopped_after_it(tmp_path):
+    policy = {"exempt": [], "reclaim_idle_after": "60s", "signal": {"default": "USR2@20s"}}
+    alloc = make(tmp_path, policy, {"utilization": 0.0})
+    keeper = alloc.timekeeper
+    fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
+    lease_id, cid = running_job(alloc)
+    since = alloc.ledger.read().leases[lease_id].created
+    keeper.check(since + 39)
+    assert fake.kills == []
+    keeper.check(since + 41)
+    assert fake.kills == [(cid, "SIGUSR2")] and fake.stops == []
+    keeper.check(since + 50)
+    assert fake.kills == [(cid, "SIGUSR2")] and fake.stops == []  # once, and its lead runs
+    keeper.check(since + 61)
+    assert fake.stopped.wait(10) and fake.stops == [(cid, 10)]

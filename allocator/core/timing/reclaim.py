@@ -43,8 +43,10 @@ def idle(
     last_active: Mapping[str, float],
     now: float,
     rules: Rules,
-) -> list[Lease]:
-    """The leases whose running container is to be stopped as idle at ``now``.
+) -> list[tuple[Lease, float]]:
+    """(lease, since when its GPUs sat unused) for each running container idle long enough
+    at ``now`` to be stopped, or to be sent its checkpoint signal first (its lead before
+    that: allocator/core/timing/checkpoint.py decides which).
 
     ``running``: container -> when it last started (None: not known yet); ``read``: the
     GPUs whose use was read now, ``active`` those in use; ``last_active``: GPU -> the
@@ -58,8 +60,9 @@ def idle(
         if cid not in running or (le.owner or "unknown") in rules.exempt:
             continue
         since = idle_since(le, read, active, last_active, running[cid])
-        if since is not None and now - since >= after:
-            found.append(le)
+        lead = le.signal_lead if le.signal else 0.0
+        if since is not None and now - since >= after - lead:
+            found.append((le, since))
     return found
 
 

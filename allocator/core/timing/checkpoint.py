@@ -1,0 +1,117 @@
+"""The checkpoint signal: a signal sent to a GPU container some time before gpu-alloc stops
+it, so it can save its work (Slurm's ``--signal``).
+
+Which signal a create gets: the ``io.gpu-alloc.signal`` label (allocator/core/api/signals.py),
+else ``policy.signal``'s most specific rule, as for ``policy.time_limit``: the user's own,
+else their groups' (the one sent earliest), else the pool's, else ``default``; none when
+none applies.  It is fixed at the grant and kept in the lease (`Lease.signal`,
+`Lease.signal_lead`), as the time limit is.
+
+When it is sent (`Lease.signalled` records the last time, so a look after a shim restart
+sends none twice):
+
+- before the time limit: from ``lead`` before the limit's end, once;
+- before idle reclaim: from ``lead`` before the container would be reclaimed, once per
+  stretch of idleness (a GPU seen in use again starts a new one).  An idle container is
+  stopped only once it has had its whole ``lead`` after the signal: reclaim is the
+  policy's choice, so a late signal (the shim was down) delays it.  A time limit is not
+  moved: the stop comes at the limit, however late the signal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from allocator.core.api.signals import Signal
+from allocator.core.leases.holders import ago
+from allocator.core.leases.leases import Lease
+from allocator.core.rules.policy import Owner, Rules
+from allocator.core.timing.timelimits import ends, live
+
+
+@dataclass(frozen=True)
+class Chosen:
+    signal: Signal
+    rule: str  # the label, or the dotted key in the config that sets it
+
+
+def policy_signal(rules: Rules, owner: Owner, pool: str | None) -> Chosen | None:
+    """``policy.signal``'s rule for ``owner``'s request placed in ``pool``; None: none."""
+    if owner.user in rules.signal_users:
+        return Chosen(rules.signal_users[owner.user], f"policy.signal.users.{owner.user}")
+    groups = [
+        Chosen(rules.signal_groups[g], f"policy.signal.groups.{g}")
+        for g in sorted(owner.groups)
+        if g in rules.signal_groups
+    ]
+    if groups:
+        return max(groups, key=lambda c: c.signal.lead)
+    if pool is not None and pool in rules.signal_pools:
+        return Chosen(rules.signal_pools[pool], f"policy.signal.pools.{pool}")
+    if rules.signal_default is not None:
+        return Chosen(rules.signal_default, "policy.signal.default")
+    return None
+
+
+def signal_for(rules: Rules, owner: Owner, pool: str | None, asked: Signal | None) -> Signal | None:
+    """The signal a grant records: the label's, else the policy's; None: no signal."""
+    if asked is not None:
+        return asked
+    chosen = policy_signal(rules, owner, pool)
+    return None if chosen is None else chosen.signal
+
+
+def before_limit(leases: Iterable[Lease], running: Collection[str], now: float) -> list[Lease]:
+    """The running leases whose signal is due now, before their time limit's end."""
+    due = []
+    for le in live(leases):
+        end = ends(le)
+        if not le.signal or end is None or le.container not in running or now >= end:
+            continue  # past the end, the stop is due instead
+        warn = end - le.signal_lead
+        if now >= warn and (le.signalled is None or le.signalled < warn):
+            due.append(le)
+    return due
+
+
+def before_reclaim(
+    idle: Iterable[tuple[Lease, float]], now: float, after: float
+) -> tuple[list[Lease], list[Lease]]:
+    """(to signal, to stop) among ``idle``: (lease, since when its GPUs sat unused), the
+    running leases reclaim may stop (allocator/core/timing/reclaim.py), at ``now`` with
+    ``policy.reclaim_idle_after`` of ``after`` seconds."""
+    signal, stop = [], []
+    for le, since in idle:
+        reclaim_at = since + after
+        if not le.signal:
+            if now >= reclaim_at:
+                stop.append(le)
+            continue
+        warned = le.signalled is not None and le.signalled >= since
+        if not warned and now >= reclaim_at - le.signal_lead:
+            signal.append(le)
+        elif warned and now >= max(reclaim_at, (le.signalled or 0.0) + le.signal_lead):
+            stop.append(le)
+    return signal, stop
+
+
+def next_signal(leases: Iterable[Lease], now: float) -> float | None:
+    """Seconds until the next signal before a time limit is due; None: none to come."""
+    waits = []
+    for le in live(leases):
+        end = ends(le)
+        if not le.signal or end is None or now >= end:
+            continue
+        warn = end - le.signal_lead
+        if le.signalled is None or le.signalled < warn:
+            waits.append(max(0.0, warn - now))
+    return min(waits, default=None)
+
+
+def reason(lease: Lease, why: str) -> str:
+    """What the signal said, for the audit trail and the log; ``why``: before what stop."""
+    return (
+        f"sent {lease.signal} {ago(lease.signal_lead)} before its {why} "
+        f"(label io.gpu-alloc.signal or policy.signal), so it can save its work"
+    )
