@@ -304,3 +304,28 @@ def test_an_idle_container_is_signalled_its_lead_before_reclaim_and_stopped_afte
     assert fake.kills == [(cid, "SIGUSR2")] and fake.stops == []  # once, and its lead runs
     keeper.check(since + 61)
     assert fake.stopped.wait(10) and fake.stops == [(cid, 10)]
+
+
+def test_status_and_gpus_show_when_the_signal_was_sent(tmp_path):
+    from allocator.ops import gpus as gpus_table
+    from allocator.ops.status import render_table
+    from allocator.service.views import gpus
+    from allocator.service.views.status import snapshot
+
+    alloc = make(tmp_path, SIGNALLED)
+    lease_id, cid = running_job(alloc)
+    (holder,) = snapshot(alloc)["holders"]
+    assert (holder["signal"], holder["signal_lead_s"], holder["signalled_at"]) == (
+        "SIGUSR1", 300, None
+    )  # fmt: skip
+    assert "signalled" not in render_table(snapshot(alloc))
+    with alloc.ledger.transaction() as state:
+        state.signalled(lease_id, cid, T0 + 3300)
+    (holder,) = snapshot(alloc)["holders"]
+    assert holder["signalled_at"] == "2026-01-01T00:55:00Z"
+    assert "signalled: job was sent SIGUSR1 at 2026-01-01T00:55:00Z, 5m before its stop" in (
+        render_table(snapshot(alloc))
+    )
+    [row] = [r for r in gpus.LiveView(alloc).snapshot()["gpus"] if r["holder"]]
+    assert (row["signal"], row["signalled_at"]) == ("SIGUSR1", T0 + 3300)
+    assert "signalled at 00:55:00Z" in gpus_table.render_table(gpus.LiveView(alloc).snapshot())
