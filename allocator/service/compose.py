@@ -27,6 +27,8 @@ Theory of operation
   too long (the shim runs it).
 - ``mps`` (`Mps`): the MPS control daemon of each shared GPU with shares out (the shim
   runs it).
+- ``notifier`` (`Notifier`): the notices the audit records make, kept in an outbox and
+  sent to the configured webhooks and mail (the shim runs its worker).
 - ``background`` (`Background`, allocator/service/background.py): every thread and pool the
   parts run, started, stopped and watched in one place (the shim starts it).
 
@@ -51,6 +53,7 @@ from allocator.service.leasebook import LeaseBook
 from allocator.service.lineup import Lineup
 from allocator.service.lookups import Lookups
 from allocator.service.mps import Mps
+from allocator.service.notifier import Notifier
 from allocator.service.placer import Placer
 from allocator.service.reconciler import Reconciler
 from allocator.service.recorder import Recorder
@@ -77,6 +80,8 @@ class Allocator:
         self.gather = Gatherer(config, engine, self.health, host)
         self.held = HeldRecord(config.state_dir)
         self.recorder = Recorder(self.audit, self.gather, self.held)
+        self.notifier = Notifier(config.notify, config.state_dir, self.ledger)
+        self.recorder.heard.append(self.notifier.heard)
         self.health.listeners.append(self.recorder.health_turned)
         self.reservations = Reservations(config, self.ledger, self.gather, self.recorder)
         self.placer = Placer(config, self.gather, self.reservations)
