@@ -106,7 +106,9 @@ class Outbox:
                 state.next_at = now + notices.retry_after(state.failures)
             if all(s.sent for s in entry.sinks.values()):
                 self.sent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                (self.sent / notice_id).touch()
+                mark = self.sent / notice_id
+                mark.touch()
+                os.utime(mark, (now, now))  # `prune` reads the same clock
                 path.unlink()
             else:
                 self._write(entry)

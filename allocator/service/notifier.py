@@ -52,10 +52,9 @@ class Notifier:
         names = [f"webhook-{i}" for i in range(len(self.config.webhooks))]
         return names + ([MAIL] if self.config.smtp is not None and notice.to else [])
 
-    def drain(self) -> float:
-        """Send every sink's part that is due; seconds until the next round."""
+    def drain(self, now: float) -> float:
+        """Send every sink's part due at ``now``; seconds until the next round."""
         self.wake.clear()
-        now = ledger.now()
         failed: dict[str, int] = {}
         waits = [IDLE_WAIT]
         for entry in self.outbox.entries():
@@ -64,7 +63,7 @@ class Notifier:
                 if error is not None:
                     failed[sink] = failed.get(sink, 0) + 1
                     log.warning("notice %s to %s not sent: %s", entry.notice.id, sink, error)
-                self.outbox.settle(entry.notice.id, sink, error, ledger.now())
+                self.outbox.settle(entry.notice.id, sink, error, now)
         for entry in self.outbox.entries():
             waits += [s.next_at - now for s in entry.sinks.values() if not s.sent]
         self.outbox.prune(now)
@@ -74,7 +73,7 @@ class Notifier:
     def run(self, stop: threading.Event) -> None:
         """The ``notify`` worker: a round, then wait for its answer or a new notice."""
         while not stop.is_set():
-            wait = self.drain()
+            wait = self.drain(ledger.now())
             self.wake.wait(wait)
 
     def send(self, sink: str, notice: Notice) -> str | None:

@@ -44,7 +44,9 @@ class StoppingEngine(FakeEngine):
         self.stopped.set()
 
 
-def make(tmp_path: Path, policy: dict[str, Any], usage: dict | None = None) -> Allocator:
+def make(
+    tmp_path: Path, policy: dict[str, Any], usage: dict | None = None, **sections: Any
+) -> Allocator:
     tmp_path.mkdir(parents=True, exist_ok=True)
     gpus = sim.write_sim_gpus(tmp_path / "gpus.yaml", 2)
     if usage is not None:
@@ -53,7 +55,8 @@ def make(tmp_path: Path, policy: dict[str, Any], usage: dict | None = None) -> A
             e["usage"] = usage
         gpus.write_text(yaml.safe_dump(entries))
     cfg = {"state_dir": str(tmp_path / "state"), "gpus": str(gpus),
-           "engine": {"socket": str(tmp_path / "none.sock")}, "policy": policy}  # fmt: skip
+           "engine": {"socket": str(tmp_path / "none.sock")}, "policy": policy,
+           **sections}  # fmt: skip
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     alloc = Allocator(configmod.load(str(tmp_path / "config.yaml")), StoppingEngine())  # type: ignore[arg-type]
     alloc.ledger.ensure_dir()
@@ -329,3 +332,23 @@ def test_status_and_gpus_show_when_the_signal_was_sent(tmp_path):
     [row] = [r for r in gpus.LiveView(alloc).snapshot()["gpus"] if r["holder"]]
     assert (row["signal"], row["signalled_at"]) == ("SIGUSR1", T0 + 3300)
     assert "signalled at 00:55:00Z" in gpus_table.render_table(gpus.LiveView(alloc).snapshot())
+
+
+def test_the_signal_and_the_stop_are_each_a_notice_to_the_owner_in_the_outbox(tmp_path):
+    """The notifier hears the timekeeper's audit records; its worker sends them later."""
+    hook = {"webhooks": [{"url": "http://127.0.0.1:9/none", "format": "json"}]}
+    alloc = make(tmp_path, SIGNALLED, notify=hook)
+    _, cid = running_job(alloc, Wanted(time=600))
+    alloc.timekeeper.check(T0 + 10)
+    alloc.timekeeper.check(T0 + 300)
+    alloc.timekeeper.check(T0 + 600)
+    fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
+    assert fake.stopped.wait(10)
+    deadline = time.monotonic() + 10
+    while len(alloc.notifier.outbox.entries()) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    told = [
+        (e.notice.kind, e.notice.user, e.notice.container) for e in alloc.notifier.outbox.entries()
+    ]
+    assert sorted(told) == [("stopped", "carol", cid), ("warning", "carol", cid)]
