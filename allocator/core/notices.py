@@ -22,7 +22,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from allocator.core.leases.events import rfc3339
 from allocator.core.leases.holders import ago
+from allocator.core.leases.leases import Lease
 
 KINDS = ("granted", "warning", "stopped", "unhealthy", "test")
 FORMATS = ("slack", "teams", "json")  # slack: Slack's and Mattermost's {"text": ...}
@@ -119,6 +121,24 @@ def from_record(
             _operators(record, choices, f"{gpu} turned unhealthy", text, users)
         )
     return []
+
+
+def time_warning(lease: Lease, share: float, choices: Choices) -> list[Notice]:
+    """The notice to ``lease``'s owner that its container has run ``share`` of its time
+    limit (a lease without a checkpoint signal): the same lease and share always make the
+    same notice, whenever it is made."""
+    limit = lease.time_limit or 0.0
+    at = (lease.started or 0.0) + share * limit
+    end = rfc3339((lease.started or 0.0) + limit)
+    record = {"time": rfc3339(at), "event": f"time-{share:.0%}", "lease": lease.id,
+              "container": lease.container, "name": lease.name}  # fmt: skip
+    what = _what(record)
+    text = (
+        f"{what} has run {share:.0%} of its time limit of {ago(limit)}: gpu-alloc stops it "
+        f"at {end[:19]}Z ({ago(round((1 - share) * limit))} from the warning). Save your work "
+        "now; ask for a checkpoint signal next time with --label io.gpu-alloc.signal=USR1@10m."
+    )
+    return _to(record, choices, "warning", [lease.owner], f"{what} will be stopped soon", text)
 
 
 def trial(user: str, at: str, choices: Choices) -> Notice:

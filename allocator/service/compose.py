@@ -109,7 +109,7 @@ class Allocator:
             self.gather, self.recorder, self.book, self.lookups, self.background, config.mps.dir
         )
         self.timekeeper = Timekeeper(
-            config, engine, self.ledger, self.gather, self.recorder, self.background
+            config, engine, self.ledger, self.gather, self.recorder, self.background, self.notifier
         )
         self.mps = Mps(config, self.ledger, self.gather)
 

@@ -5,7 +5,8 @@ in the outbox (allocator/host/outbox.py) and sends them from a background worker
 the line, the timekeeper's stop) and only makes the notice and puts it in the outbox,
 so a sink that is down or slow never holds up a create or a stop.  `drain`, the shim's
 ``notify`` worker, sends what is due: each sink of each notice once, a failed one
-again after its backoff (5 s, doubling, at most an hour); a notice leaves the outbox
+again after its backoff (5 s, doubling, at most an hour; a sink that failed is not
+tried again in the same round, its other notices wait as long); a notice leaves the outbox
 when every sink took it, so a shim restart, or a sink down for a day, loses none.
 """
 
@@ -16,6 +17,7 @@ import threading
 
 from allocator.core import notices
 from allocator.core.leases.events import rfc3339
+from allocator.core.leases.leases import Lease
 from allocator.core.notices import Notice
 from allocator.host import ledger, metrics, sinks
 from allocator.host.config_notify import NotifyConfig
@@ -47,6 +49,19 @@ class Notifier:
         except Exception:
             log.exception("notice of %s not kept", record.get("event"))
 
+    def time_warning(self, lease: Lease, share: float) -> None:
+        """The timekeeper's look found ``lease`` past ``share`` of its time limit: its
+        warning into the outbox, once (each look makes the same notice, and the outbox
+        keeps one per id: pending, or sent in the last 30 days)."""
+        if not self.config.on:
+            return
+        try:
+            made = notices.time_warning(lease, share, self.config.choices)
+            if sum(self.outbox.put(n, self.sinks_of(n)) for n in made):
+                self.wake.set()
+        except Exception:
+            log.exception("time warning for lease %s not kept", lease.id)
+
     def sinks_of(self, notice: Notice) -> list[str]:
         """The sinks a notice goes to: every webhook, and mail when it has an address."""
         names = [f"webhook-{i}" for i in range(len(self.config.webhooks))]
@@ -56,11 +71,13 @@ class Notifier:
         """Send every sink's part due at ``now``; seconds until the next round."""
         self.wake.clear()
         failed: dict[str, int] = {}
+        down: dict[str, str] = {}  # sink -> its error this round: not tried again in it
         waits = [IDLE_WAIT]
         for entry in self.outbox.entries():
             for sink in entry.due(now):
-                error = self.send(sink, entry.notice)
-                if error is not None:
+                error = down.get(sink) or self.send(sink, entry.notice)
+                if error is not None and sink not in down:
+                    down[sink] = error
                     failed[sink] = failed.get(sink, 0) + 1
                     log.warning("notice %s to %s not sent: %s", entry.notice.id, sink, error)
                 self.outbox.settle(entry.notice.id, sink, error, now)

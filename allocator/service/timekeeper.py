@@ -1,7 +1,8 @@
 """The timekeeper: the shim's thread that stops GPU containers past their time limit
 (allocator/core/timing/timelimits.py) and, with ``policy.reclaim_idle_after``, idle ones
 (allocator/core/timing/reclaim.py), each sent its checkpoint signal first when its lease
-has one (allocator/core/timing/checkpoint.py).
+has one (allocator/core/timing/checkpoint.py), its owner told at 80 % and 90 % of the
+limit when it has none (allocator/service/notifier.py).
 
 Each look reads the ledger; only while a lease has a time limit, or idle reclaim is
 on, does it list gpu-alloc's containers (one Engine call); a paused one counts as
@@ -39,6 +40,7 @@ from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.ledger import Ledger
 from allocator.service.background import Background
 from allocator.service.gather import Gatherer
+from allocator.service.notifier import Notifier
 from allocator.service.recorder import Recorder
 
 log = logging.getLogger("gpu-alloc.timekeeper")
@@ -59,8 +61,10 @@ class Timekeeper:
         gather: Gatherer,
         recorder: Recorder,
         background: Background,
+        notifier: Notifier,
     ) -> None:
         self.config = config
+        self.notifier = notifier
         self.background = background
         self.engine = engine
         self.ledger = ledger
@@ -93,6 +97,8 @@ class Timekeeper:
             self._stop_later(le, TIME_LIMIT, timelimits.reason(le))
         for le in checkpoint.before_limit(leases, running, now):
             self._signal(le, TIME_LIMIT, "time limit", now)
+        for le, share in checkpoint.time_warnings(leases, running, now):
+            self.notifier.time_warning(le, share)
         after = rules.reclaim_idle_after
         if after is not None:
             warn, stop = checkpoint.before_reclaim(

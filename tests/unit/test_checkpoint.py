@@ -133,3 +133,13 @@ def test_a_bad_signal_key_is_refused_naming_it(signal, key, said):
     with pytest.raises(ConfigError) as e:
         parse(yaml.safe_dump({"policy": {"signal": signal}}))
     assert f"key '{key}'" in str(e.value) and said in str(e.value)
+
+
+def test_without_a_signal_the_owner_is_warned_at_80_and_90_percent_of_the_limit():
+    plain = lease(signal="", signal_lead=0.0)
+    assert checkpoint.time_warnings([plain], {"c-a"}, 799) == []
+    assert checkpoint.time_warnings([plain], {"c-a"}, 800) == [(plain, 0.8)]
+    assert checkpoint.time_warnings([plain], {"c-a"}, 950) == [(plain, 0.9)]
+    assert checkpoint.time_warnings([plain], {"c-a"}, 1000) == []  # the stop is due
+    assert checkpoint.time_warnings([plain], set(), 900) == []  # not running
+    assert checkpoint.time_warnings([lease()], {"c-a"}, 900) == []  # its signal warns it

@@ -144,3 +144,18 @@ def test_a_bad_notify_key_is_refused_naming_it(section, key, said):
     with pytest.raises(ConfigError) as e:
         parse(yaml.safe_dump({"notify": section}))
     assert f"key '{key}'" in str(e.value) and said in str(e.value)
+
+
+def test_a_time_warning_says_when_the_stop_comes_once_per_share():
+    from allocator.core.leases.leases import Lease
+
+    le = Lease("l1", ("GPU-1",), "", "bound", "c" * 64, name="train", owner="bob",
+               time_limit=36000.0, started=1_800_000_000.0)  # fmt: skip
+    (n,) = notices.time_warning(le, 0.8, CHOICES)
+    assert (n.kind, n.user, n.to, n.name) == ("warning", "bob", ("bob@lab.example",), "train")
+    assert n.text.startswith(
+        "container train has run 80% of its time limit of 10h: gpu-alloc stops it at "
+        "2027-01-15T18:00:00Z (2h from the warning). Save your work now"
+    )
+    assert n.id == notices.time_warning(le, 0.8, CHOICES)[0].id
+    assert n.id != notices.time_warning(le, 0.9, CHOICES)[0].id

@@ -352,3 +352,16 @@ def test_the_signal_and_the_stop_are_each_a_notice_to_the_owner_in_the_outbox(tm
         (e.notice.kind, e.notice.user, e.notice.container) for e in alloc.notifier.outbox.entries()
     ]
     assert sorted(told) == [("stopped", "carol", cid), ("warning", "carol", cid)]
+
+
+def test_without_a_signal_the_owner_is_told_at_80_and_90_percent_once_each(tmp_path):
+    hook = {"webhooks": [{"url": "http://127.0.0.1:9/none", "format": "json"}]}
+    alloc = make(tmp_path, POLICY, notify=hook)
+    running_job(alloc, Wanted(time=100))
+    for at in (10, 79, 80, 85, 90, 95):
+        alloc.timekeeper.check(T0 + at)
+    told = sorted(e.notice.text.partition(":")[0] for e in alloc.notifier.outbox.entries())
+    assert told == [
+        "container job has run 80% of its time limit of 1m",
+        "container job has run 90% of its time limit of 1m",
+    ]

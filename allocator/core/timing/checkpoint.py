@@ -16,6 +16,10 @@ sends none twice):
   stopped only once it has had its whole ``lead`` after the signal: reclaim is the
   policy's choice, so a late signal (the shim was down) delays it.  A time limit is not
   moved: the stop comes at the limit, however late the signal.
+
+A lease with a time limit and no signal gets no signal; its owner is warned by a notice
+instead (allocator/core/notices.py) when it has run 80 % and 90 % of its limit
+(`time_warnings`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from allocator.core.leases.holders import ago
 from allocator.core.leases.leases import Lease
 from allocator.core.rules.policy import Owner, Rules
 from allocator.core.timing.timelimits import ends, live
+
+WARN_AT = (0.8, 0.9)  # shares of a time limit run, told without a signal
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,23 @@ def before_reclaim(
         elif warned and now >= max(reclaim_at, (le.signalled or 0.0) + le.signal_lead):
             stop.append(le)
     return signal, stop
+
+
+def time_warnings(
+    leases: Iterable[Lease], running: Collection[str], now: float
+) -> list[tuple[Lease, float]]:
+    """(lease, the share of its limit run: the last of `WARN_AT` passed) for each running
+    lease with a time limit and no signal, before the limit's end."""
+    found = []
+    for le in live(leases):
+        end = ends(le)
+        if le.signal or end is None or le.container not in running or now >= end:
+            continue
+        run = (now - (le.started or 0.0)) / (le.time_limit or 1.0)
+        passed = [share for share in WARN_AT if run >= share]
+        if passed:
+            found.append((le, passed[-1]))
+    return found
 
 
 def next_signal(leases: Iterable[Lease], now: float) -> float | None:
