@@ -4,7 +4,10 @@ A notice is made from an audit record (allocator/core/leases/events.py), so what
 audited can be told, and told the same way: a grant after a wait (``granted``), the
 checkpoint signal before a stop (``warning``), a stop at the time limit or by idle
 reclaim (``stopped``), and a GPU turning unhealthy (``unhealthy``, to the owner of each
-lease on it and to ``notify.operators``).  Each says what happened, to which container,
+lease on it and to ``notify.operators``).  Made from the clock instead: a time limit's
+80 % and 90 % for a container without a checkpoint signal (`time_warning`), and a
+reservation about to begin and begun (`reservation`: to its holder, and to whoever's
+lease is on its GPUs then).  Each says what happened, to which container,
 and what the owner can do.  Its id is a hash of the record it came from (`notice_id`):
 the outbox keeps one notice per id, and the sinks are given it as their idempotency key.
 
@@ -25,10 +28,12 @@ from typing import Any
 from allocator.core.leases.events import rfc3339
 from allocator.core.leases.holders import ago
 from allocator.core.leases.leases import Lease
+from allocator.core.timing.reservations import Reservation
 
-KINDS = ("granted", "warning", "stopped", "unhealthy", "test")
+KINDS = ("granted", "warning", "stopped", "unhealthy", "reservation", "test")
 FORMATS = ("slack", "teams", "json")  # slack: Slack's and Mattermost's {"text": ...}
 RETRY_FIRST, RETRY_MAX = 5.0, 3600.0  # seconds: a sink's backoff, doubling
+SOON = 900.0  # seconds before a reservation begins that its holder is told
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,46 @@ def time_warning(lease: Lease, share: float, choices: Choices) -> list[Notice]:
         "now; ask for a checkpoint signal next time with --label io.gpu-alloc.signal=USR1@10m."
     )
     return _to(record, choices, "warning", [lease.owner], f"{what} will be stopped soon", text)
+
+
+def reservations_due(
+    reservations: Iterable[Reservation], now: float
+) -> list[tuple[Reservation, bool]]:
+    """(reservation, begun) for each about to begin (within `SOON`) or begun, not over."""
+    return [(r, r.start <= now) for r in reservations if r.start - SOON <= now < r.end]
+
+
+def reservation(
+    r: Reservation,
+    begun: bool,
+    choices: Choices,
+    indices: Mapping[str, int],
+    holders: Mapping[str, Iterable[str]],
+) -> list[Notice]:
+    """The notices of ``r`` about to begin (``begun`` False) or begun: to its holder (a
+    user: a group has no address) and to the owners of the leases on its GPUs, who are
+    kept from starting into it.  ``indices``: GPU UUID -> index; ``holders``: GPU UUID ->
+    the owners of the leases on it."""
+    shown = sorted(str(indices[u]) for u in r.gpus if u in indices)
+    gpus = f"GPU {','.join(shown)}" if shown else f"{len(r.gpus)} GPU(s)"
+    window = f"from {rfc3339(r.start)[:16]}Z to {rfc3339(r.end)[:16]}Z"
+    note = f", {r.note}" if r.note else ""
+    phase = "began" if begun else "begins soon"
+    record = {"time": rfc3339(r.start - (0 if begun else SOON)), "event": f"reservation-{phase}",
+              "lease": r.id, "container": None}  # fmt: skip
+    found = []
+    if not r.holder.startswith("@"):
+        found += _to(record, choices, "reservation", [r.holder],
+                     f"your reservation of {gpus} {phase}",
+                     f"{gpus} is reserved for you {window} (reservation {r.id}{note}). "
+                     "Create with --gpus N to be placed on it.")  # fmt: skip
+    others = sorted({u for g in r.gpus for u in holders.get(g, ())} - {r.holder})
+    found += _to(record, choices, "reservation", others,
+                 f"{gpus} is reserved for {r.holder} {window}",
+                 f"A container of yours holds {gpus}, reserved for {r.holder} {window} "
+                 f"(reservation {r.id}{note}). It keeps running, but may not start again into "
+                 "that window: save your work, and create it again for other GPUs.")  # fmt: skip
+    return found
 
 
 def trial(user: str, at: str, choices: Choices) -> Notice:

@@ -16,7 +16,7 @@
         template: "{user}@lab.example"
         users: {alice: alice.smith@lab.example}
       events:                         # which notices each user wants (unset: all)
-        default: [granted, warning, stopped, unhealthy]
+        default: [granted, warning, stopped, reservation, unhealthy]
         users: {bob: [stopped]}
       operators: [gpu-admins@lab.example]  # told of every GPU turning unhealthy
 

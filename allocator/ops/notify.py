@@ -12,9 +12,8 @@ import sys
 from collections.abc import Callable
 
 from allocator.host.config import Config
-from allocator.host.ledger import Ledger
 from allocator.host.outbox import Outbox
-from allocator.service.notifier import Notifier
+from allocator.service.compose import connect
 
 OK, WARN = "ok", "warn"
 STUCK = 10  # notices waiting in the outbox before doctor warns
@@ -34,8 +33,7 @@ def cmd_notify(cfg: Config, args: argparse.Namespace) -> int:
     if not cfg.notify.on:
         print("gpu-alloc notify: no sink is set (notify.webhooks, notify.smtp)", file=sys.stderr)
         return 1
-    notifier = Notifier(cfg.notify, cfg.state_dir, Ledger(cfg.state_dir))
-    sent = notifier.trial(args.user)
+    sent = connect(cfg).notifier.trial(args.user)
     if args.user and not any(sink == "mail" for sink, _ in sent) and cfg.notify.smtp:
         print(f"{args.user}: no address (notify.addresses), so no mail")
     for sink, error in sent:

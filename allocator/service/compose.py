@@ -80,10 +80,12 @@ class Allocator:
         self.gather = Gatherer(config, engine, self.health, host)
         self.held = HeldRecord(config.state_dir)
         self.recorder = Recorder(self.audit, self.gather, self.held)
-        self.notifier = Notifier(config.notify, config.state_dir, self.ledger)
-        self.recorder.heard.append(self.notifier.heard)
         self.health.listeners.append(self.recorder.health_turned)
         self.reservations = Reservations(config, self.ledger, self.gather, self.recorder)
+        self.notifier = Notifier(
+            config.notify, config.state_dir, self.ledger, self.gather, self.reservations
+        )
+        self.recorder.heard.append(self.notifier.heard)
         self.placer = Placer(config, self.gather, self.reservations)
         self.fair_share = FairShare(self.audit, self.held, self.background)
         self.line = Lineup(self.ledger, self.gather, self.placer, self.recorder, self.fair_share)

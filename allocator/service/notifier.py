@@ -8,6 +8,8 @@ so a sink that is down or slow never holds up a create or a stop.  `drain`, the 
 again after its backoff (5 s, doubling, at most an hour; a sink that failed is not
 tried again in the same round, its other notices wait as long); a notice leaves the outbox
 when every sink took it, so a shim restart, or a sink down for a day, loses none.
+Each round also makes the notices of the reservations about to begin or begun, and the
+timekeeper's look those of the time limits run to 80 % and 90 % (`time_warning`).
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ import threading
 from allocator.core import notices
 from allocator.core.leases.events import rfc3339
 from allocator.core.leases.leases import Lease
+from allocator.core.machine.inventory import InventoryError
 from allocator.core.notices import Notice
 from allocator.host import ledger, metrics, sinks
 from allocator.host.config_notify import NotifyConfig
 from allocator.host.ledger import Ledger
 from allocator.host.outbox import Outbox
+from allocator.service.gather import Gatherer
+from allocator.service.reserving import Reservations
 
 log = logging.getLogger("gpu-alloc.notify")
 MAIL = "mail"
@@ -30,10 +35,21 @@ IDLE_WAIT, BUSY_WAIT = 30.0, 1.0  # seconds between rounds: nothing due, or just
 
 
 class Notifier:
-    def __init__(self, config: NotifyConfig, state_dir: str, book: Ledger) -> None:
+    """``gather``: the GPUs' indices, to name them; ``reservations``: those to tell of."""
+
+    def __init__(
+        self,
+        config: NotifyConfig,
+        state_dir: str,
+        book: Ledger,
+        gather: Gatherer,
+        reservations: Reservations,
+    ) -> None:
         self.config = config
         self.outbox = Outbox(state_dir)
         self.ledger = book
+        self.gather = gather
+        self.reservations = reservations
         self.wake = threading.Event()  # set when a notice is put: the worker sends it now
 
     def heard(self, record: dict[str, object]) -> None:
@@ -68,8 +84,10 @@ class Notifier:
         return names + ([MAIL] if self.config.smtp is not None and notice.to else [])
 
     def drain(self, now: float) -> float:
-        """Send every sink's part due at ``now``; seconds until the next round."""
+        """The reservations' notices due at ``now`` into the outbox, then send every
+        sink's part due; seconds until the next round."""
         self.wake.clear()
+        self._reservations(now)
         failed: dict[str, int] = {}
         down: dict[str, str] = {}  # sink -> its error this round: not tried again in it
         waits = [IDLE_WAIT]
@@ -110,6 +128,21 @@ class Notifier:
         (sink, None or why it failed) for each."""
         notice = notices.trial(user, rfc3339(ledger.now()), self.config.choices)
         return [(sink, self.send(sink, notice)) for sink in self.sinks_of(notice)]
+
+    def _reservations(self, now: float) -> None:
+        """Each reservation about to begin or begun: its notices (made again each round,
+        kept once by their ids)."""
+        due = notices.reservations_due(self.reservations.current(now), now)
+        if not due:
+            return
+        try:
+            indices = {g.uuid: g.index for g in self.gather.inventory().gpus}
+        except InventoryError:
+            indices = {}  # the notice names how many GPUs instead
+        holders = self._holders()
+        for r, begun in due:
+            for n in notices.reservation(r, begun, self.config.choices, indices, holders):
+                self.outbox.put(n, self.sinks_of(n))
 
     def _holders(self) -> dict[str, set[str]]:
         """GPU UUID -> the owners of the leases on it."""

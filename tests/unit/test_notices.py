@@ -159,3 +159,23 @@ def test_a_time_warning_says_when_the_stop_comes_once_per_share():
     )
     assert n.id == notices.time_warning(le, 0.8, CHOICES)[0].id
     assert n.id != notices.time_warning(le, 0.9, CHOICES)[0].id
+
+
+def test_a_reservation_is_due_to_be_told_15_minutes_before_and_once_begun():
+    from allocator.core.timing.reservations import Reservation
+
+    r = Reservation("r1", "alice", ("GPU-1",), start=10_000.0, end=20_000.0, note="deadline")
+    assert notices.reservations_due([r], 10_000 - 901) == []
+    assert notices.reservations_due([r], 10_000 - 900) == [(r, False)]
+    assert notices.reservations_due([r], 10_000) == [(r, True)]
+    assert notices.reservations_due([r], 20_000) == []
+    soon = notices.reservation(r, False, CHOICES, {"GPU-1": 1}, {"GPU-1": {"bob", "alice"}})
+    assert [(n.user, n.kind) for n in soon] == [("alice", "reservation"), ("bob", "reservation")]
+    assert soon[0].subject == "gpu-alloc: your reservation of GPU 1 begins soon"
+    assert "(reservation r1, deadline). Create with --gpus N" in soon[0].text
+    assert "may not start again into that window" in soon[1].text
+    begun = notices.reservation(r, True, CHOICES, {"GPU-1": 1}, {})
+    assert [n.subject for n in begun] == ["gpu-alloc: your reservation of GPU 1 began"]
+    assert begun[0].id != soon[0].id
+    group = Reservation("r2", "@ml", ("GPU-1",), start=10_000.0, end=20_000.0)
+    assert notices.reservation(group, True, CHOICES, {}, {}) == []  # a group has no address

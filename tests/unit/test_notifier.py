@@ -6,10 +6,13 @@ also after a restart.  `gpu-alloc notify test` and doctor's row."""
 from __future__ import annotations
 
 import argparse
+import email.policy
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from email import message_from_bytes
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,9 +25,10 @@ from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from allocator.core.leases import events
 from allocator.host.config import Config, parse
-from allocator.host.ledger import Ledger
 from allocator.ops import notify
+from allocator.service.compose import Allocator
 from allocator.service.notifier import Notifier
+from tests.support import engine as sim
 
 T0 = 1_800_000_000.0
 
@@ -61,7 +65,8 @@ class Inbox:
         self.mails: list[tuple[list[str], Any]] = []
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        self.mails.append((envelope.rcpt_tos, message_from_bytes(envelope.content)))
+        mail = message_from_bytes(envelope.content, policy=email.policy.default)
+        self.mails.append((envelope.rcpt_tos, mail))
         return "250 OK"
 
 
@@ -96,6 +101,7 @@ def inbox() -> Iterator[tuple[Inbox, int]]:
 
 def config(tmp_path: Path, hook: Webhook, port: int, **extra: Any) -> Config:
     (tmp_path / "smtp-password").write_text("pw\n")
+    gpus = sim.write_sim_gpus(tmp_path / "gpus.yaml", 2)
     notify = {
         "webhooks": [{"url": hook.url, "format": "slack"}],
         "smtp": {"host": "127.0.0.1", "port": port, "from": "gpu-alloc@lab.example",
@@ -104,12 +110,14 @@ def config(tmp_path: Path, hook: Webhook, port: int, **extra: Any) -> Config:
         "operators": ["ops@lab.example"],
         **extra,
     }  # fmt: skip
-    text = yaml.safe_dump({"state_dir": str(tmp_path / "state"), "notify": notify})
+    text = yaml.safe_dump(
+        {"state_dir": str(tmp_path / "state"), "gpus": str(gpus), "notify": notify}
+    )
     return parse(text)
 
 
 def notifier(cfg: Config) -> Notifier:
-    return Notifier(cfg.notify, cfg.state_dir, Ledger(cfg.state_dir))
+    return Allocator(cfg).notifier
 
 
 def record(kind: str, owner: str = "bob", **fields: Any) -> dict[str, Any]:
@@ -145,19 +153,18 @@ def test_every_notice_arrives_once_at_the_webhook_and_in_the_owners_mail(tmp_pat
     [mail] = [m for _, m in mails.mails if "granted" in m["Subject"]]
     assert mail["Subject"] == "gpu-alloc: container train was granted its GPUs"
     assert mail["From"] == "gpu-alloc@lab.example" and mail["To"] == "bob@lab.example"
-    assert "waited 1m in line" in mail.get_payload()
+    assert "waited 1m in line" in mail.get_content()
     assert n.outbox.entries() == []
 
 
 def test_an_unhealthy_gpu_reaches_its_leases_owner_and_the_operators(tmp_path, hook, inbox):
     mails, port = inbox
     cfg = config(tmp_path, hook, port)
-    book = Ledger(cfg.state_dir)
-    book.ensure_dir()
-    with book.transaction() as state:
+    n = notifier(cfg)
+    n.ledger.ensure_dir()
+    with n.ledger.transaction() as state:
         lease, _ = state.new_lease(("GPU-1",), T0, 60)
-        state.leases[lease.id] = type(lease)(**{**vars(lease), "owner": "dan"})
-    n = Notifier(cfg.notify, cfg.state_dir, book)
+        state.leases[lease.id] = replace(lease, owner="dan")
     n.heard(events.record("health", T0, gpus=("GPU-1",), indices={"GPU-1": 1},
                           reason="GPU unhealthy: Xid 79; it is no longer granted"))  # fmt: skip
     n.drain(T0)
@@ -218,12 +225,44 @@ def test_notify_test_sends_through_each_sink_and_says_what_each_answered(
     out = capsys.readouterr().out
     assert "webhook-0: FAILED: webhook http://127.0.0.1:" in out and "answered 500" in out
     assert "mail: sent" in out and mails.mails[-1][0] == ["ops@lab.example"]
-    assert Notifier(cfg.notify, cfg.state_dir, Ledger(cfg.state_dir)).outbox.entries() == []
+    assert notifier(cfg).outbox.entries() == []
 
 
 def test_without_a_sink_no_notice_is_made_and_doctor_says_off(tmp_path):
-    cfg = parse(yaml.safe_dump({"state_dir": str(tmp_path / "state")}))
+    cfg = parse(yaml.safe_dump({"state_dir": str(tmp_path / "state"), "gpus": "/nonexistent"}))
     n = notifier(cfg)
     n.heard(EVERY[2])
     assert n.outbox.entries() == []
     assert notify.check(cfg) == ("ok", "notices: off (no notify.webhooks or notify.smtp)", "")
+
+
+def test_a_reservation_is_told_to_its_holder_before_it_begins_and_as_it_begins_once_each(
+    tmp_path, hook, inbox
+):
+    mails, port = inbox
+    n = notifier(config(tmp_path, hook, port))
+    n.ledger.ensure_dir()
+    gpu = n.gather.inventory().gpus[1]
+    with n.ledger.transaction() as state:  # erin's container holds the GPU before the window
+        lease, _ = state.new_lease((gpu.uuid,), T0, 60)
+        state.leases[lease.id] = replace(lease, owner="erin")
+    start = time.time() + 600  # within SOON (15 min) of now: about to begin
+    made = n.reservations.reserve("alice", (start, start + 3600), gpus=("1",), note="deadline")
+    assert not isinstance(made, str), made
+    n.drain(start - 600)
+    n.drain(start - 590)  # made again: kept once
+    n.drain(start + 1)  # begun
+    told = sorted((to[0], m["Subject"]) for to, m in mails.mails)
+    assert told == [
+        ("alice@lab.example", "gpu-alloc: your reservation of GPU 1 began"),
+        ("alice@lab.example", "gpu-alloc: your reservation of GPU 1 begins soon"),
+        ("erin@lab.example", f"gpu-alloc: GPU 1 is reserved for alice {window(start)}"),
+        ("erin@lab.example", f"gpu-alloc: GPU 1 is reserved for alice {window(start)}"),
+    ]
+    assert len(hook.got) == 4
+    erin = next(m for to, m in mails.mails if to == ["erin@lab.example"])
+    assert "may not start again into that window" in erin.get_content()
+
+
+def window(start: float) -> str:
+    return f"from {events.rfc3339(start)[:16]}Z to {events.rfc3339(start + 3600)[:16]}Z"
