@@ -31,6 +31,7 @@ from allocator.core.api.routes import Check, Route, RouteError, classify
 from allocator.core.judging import verdicts as decide
 from allocator.core.leases import inflight
 from allocator.core.leases.inflight import Entry, Start
+from allocator.host.config import PolicyConfig
 from allocator.host.engine import EngineError
 from allocator.host.inflight import Registry, runtime_dir
 from allocator.service.compose import Allocator
@@ -46,8 +47,12 @@ class InFlight:
             alloc.lookups.has_engine
         )  # an Engine resolves references (fixed for its life)
         self.registry = registry or Registry(
-            runtime_dir(alloc.config), alloc.config.policy.lock_timeout
+            runtime_dir(alloc.config), alloc.gather.policy_in_force.lock_timeout
         )
+        alloc.gather.policy_listeners.append(self._policy_reloaded)
+
+    def _policy_reloaded(self, policy: PolicyConfig) -> None:
+        self.registry.lock.timeout = policy.lock_timeout
 
     @staticmethod
     def guards(route: Route) -> bool:

@@ -264,13 +264,17 @@ def listener(listen: str, live: LiveView, line: Queue | None = None) -> Threadin
 
 
 def sample_forever(
-    live: LiveView, every: float, stop: threading.Event, samples: Samples | None = None
+    live: LiveView,
+    every: Callable[[], float],
+    stop: threading.Event,
+    samples: Samples | None = None,
 ) -> None:
-    """Look at the GPUs every few seconds, so an idle mark never misses use between scrapes;
+    """Look at the GPUs every ``every()`` seconds (asked before each wait, so a reloaded
+    ``policy.idle_after`` counts), so an idle mark never misses use between scrapes;
     each look goes to the utilisation samples (``gpu-alloc report``) and adds the time
     since the last one to the GPU-seconds counters of each holder."""
     last: float | None = None
-    while not stop.wait(every):
+    while not stop.wait(wait := every()):
         try:
             got = live.read()
         except Exception as e:
@@ -279,7 +283,7 @@ def sample_forever(
         if samples is not None:
             samples.add(got.now, got.use)
         if last is not None:
-            count_gpu_seconds(got, min(got.now - last, 2 * every))
+            count_gpu_seconds(got, min(got.now - last, 2 * wait))
         last = got.now
 
 

@@ -89,14 +89,22 @@ def background(
     work.add("departures", departures.run, departures.wake)
     work.every("timekeeper", timelimits.CHECK_MAX, allocator.timekeeper.look, first=0.0)
     work.every("mps", mps.PERIOD, allocator.mps.sync)
-    every = max(0.5, min(10.0, config.policy.idle_after / 4))
     samples = Samples(config.state_dir)
+
+    def every() -> float:
+        return sample_every(allocator.gather.policy_in_force.idle_after)
+
     work.add("sampler", lambda stop: metrics_server.sample_forever(live, every, stop, samples))
     if metrics is not None:
         work.add("metrics", lambda stop: _serve_metrics(metrics, stop))
     if config.notify.on:
         work.add("notify", allocator.notifier.run, allocator.notifier.wake.set)
     return work
+
+
+def sample_every(idle_after: float) -> float:
+    """Seconds between looks at GPU use: a few per ``policy.idle_after``, within bounds."""
+    return max(0.5, min(10.0, idle_after / 4))
 
 
 def _serve_metrics(metrics: ThreadingHTTPServer, stop: threading.Event) -> None:

@@ -71,7 +71,7 @@ def main(out: str, period: str = "24h") -> None:
                 "usage": USE[i]} for i, u in enumerate(UUIDS)]  # fmt: skip
     (d / "gpus.yaml").write_text(yaml.safe_dump(entries))
     alloc = Allocator(Config(state_dir=str(d / "state"), gpus=str(d / "gpus.yaml")))
-    alloc.gather._rules = Rules(pools=POOLS)
+    alloc.gather._policy = replace(alloc.gather._policy, rules=Rules(pools=POOLS))
     with alloc.health.transaction() as box:
         xid = GpuEvent(UUIDS[SICK], XID, time.time() - 1800, 79)
         box[0] = observe(box[0], [xid], HealthPolicy())
@@ -93,7 +93,7 @@ def main(out: str, period: str = "24h") -> None:
             labels_={"io.gpu-alloc.owner": owner, "com.docker.compose.project": "lab"},
         )
     alloc = Allocator(alloc.config, engine)  # type: ignore[arg-type]
-    alloc.gather._rules = Rules(pools=POOLS)
+    alloc.gather._policy = replace(alloc.gather._policy, rules=Rules(pools=POOLS))
     write_past(d / "state", now, held)
     erin = alloc.reservations.reserve("erin", (now + 1.5 * HOUR, now + 5 * HOUR),
                                       gpus=("4", "5"), note="paper deadline")  # fmt: skip

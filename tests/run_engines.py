@@ -49,6 +49,7 @@ ENGINE_SUITES = (
     "tests/engine/test_swarm.py",  # swarm's scheduler and constraint enforcer differ by version
     "tests/engine/test_swarm_gpu_alloc.py",
     "tests/engine/test_swarm_charge.py",  # real-socket services charged; socket binds
+    "tests/engine/test_toolkit_gpus_engine.py",  # the toolkit's hook as each Engine runs it
     "tests/engine/test_bypass_engine.py",  # plugin mounts, root powers, sockets, pause
 )
 # The end-to-end GPU creates again with --gpus through CDI (tests/support/cdi.py), on the

@@ -22,6 +22,7 @@ from allocator.core.machine.cpus import parse_list
 from allocator.core.machine.health import DEFAULT_IGNORED_XIDS, HealthPolicy
 from allocator.core.rules.policy import Pool, Rules, Ulimit, parse_size
 from allocator.host import (
+    config_keys,
     config_notify,
     config_sharing,
     config_socket_binds,
@@ -208,7 +209,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
     known = set(_SECTIONS) | set(_SCALARS)
     for key in data:
         if key not in known:
-            raise _fail(path, str(key), f"unknown key (known: {', '.join(sorted(known))})")
+            raise _fail(path, str(key), config_keys.unknown(str(key), known))
     sections: dict[str, Any] = {}
     for name, schema in _SECTIONS.items():
         raw = {} if data.get(name) is None else data[name]
@@ -217,7 +218,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
         for key, value in raw.items():
             dotted = f"{name}.{key}"
             if key not in schema:
-                raise _fail(path, dotted, f"unknown key (known: {', '.join(schema)})")
+                raise _fail(path, dotted, config_keys.unknown(dotted, schema))
             _check_type(path, dotted, value, schema[key])
         sections[name] = dict(raw)
     for key, want in _SCALARS.items():
@@ -424,7 +425,7 @@ def _mapping(path: str, key: str, value: Any, known: tuple[str, ...] | None) -> 
         raise _fail(path, key, "must be a mapping")
     for k in value:
         if known is not None and k not in known:
-            raise _fail(path, f"{key}.{k}", f"unknown key (known: {', '.join(known)})")
+            raise _fail(path, f"{key}.{k}", config_keys.unknown(f"{key}.{k}", known))
     return value
 
 
@@ -457,3 +458,23 @@ def _duration(path: str, key: str, value: Any) -> float | None:
         return config_times.duration(key, value)
     except config_times.KeyProblem as e:
         raise _fail(path, e.key, e.why) from None
+
+
+# ------------------------------------------------------------------ reloads
+
+
+def policy_changes(old: PolicyConfig, new: PolicyConfig) -> list[str]:
+    """The ``policy.`` keys a reload changes, for its log line (the rules' many keys as
+    one entry: limits, pools, defaults, waits, times, sharing)."""
+    fields = (f for f in PolicyConfig.__dataclass_fields__ if f != "rules")
+    changed = [f"policy.{f}" for f in fields if getattr(old, f) != getattr(new, f)]
+    if old.rules != new.rules:
+        changed.append("the policy's rules")
+    return changed
+
+
+def restart_changes(old: Config, new: Config) -> list[str]:
+    """The sections outside ``policy:`` that differ: a running service reads them only at
+    its start (its sockets, state directory, listeners), so they wait for a restart."""
+    names = [*_SECTIONS, *_SCALARS]
+    return [n for n in names if n != "policy" and getattr(old, n) != getattr(new, n)]

@@ -20,7 +20,8 @@
         users: {bob: [stopped]}
       operators: [gpu-admins@lab.example]  # told of every GPU turning unhealthy
 
-A password is read from its file when a mail is sent, never kept in the config.
+A password is read from its file when a mail is sent, never kept in the config.  The
+section is read at the shim's start (a change waits for a restart, as the log says).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 
 from allocator.core import notices
 from allocator.core.api import numbers
+from allocator.host import config_keys
 
 KEYS: dict[str, type | tuple[type, ...]] = {
     "webhooks": (list, type(None)),
@@ -94,9 +96,10 @@ class _Bad(ValueError):
 def _webhook(key: str, value: Any) -> Webhook:
     if not isinstance(value, dict) or not isinstance(value.get("url"), str):
         raise _Bad(key, "expected {url: https://..., format: slack|teams|json}")
-    unknown = set(value) - {"url", "format"}
+    unknown = sorted(set(value) - {"url", "format"})
     if unknown:
-        raise _Bad(f"{key}.{sorted(unknown)[0]}", "unknown key (known: url, format)")
+        dotted = f"{key}.{unknown[0]}"
+        raise _Bad(dotted, config_keys.unknown(dotted, ("url", "format")))
     if not value["url"].startswith(("http://", "https://")):
         raise _Bad(f"{key}.url", f"expected an http:// or https:// URL, got '{value['url'][:60]}'")
     fmt = value.get("format", "json")
@@ -108,7 +111,7 @@ def _webhook(key: str, value: Any) -> Webhook:
 def _smtp(value: dict[str, Any]) -> Smtp:
     for k in value:
         if k not in _SMTP:
-            raise _Bad(f"notify.smtp.{k}", f"unknown key (known: {', '.join(_SMTP)})")
+            raise _Bad(f"notify.smtp.{k}", config_keys.unknown(f"notify.smtp.{k}", _SMTP))
     for k in ("host", "from"):
         if not isinstance(value.get(k), str) or not value[k]:
             raise _Bad(
@@ -164,7 +167,7 @@ def _keys(key: str, value: Any, known: tuple[str, ...] | None) -> dict[str, Any]
         raise _Bad(key, "must be a mapping")
     for k in value:
         if known is not None and k not in known:
-            raise _Bad(f"{key}.{k}", f"unknown key (known: {', '.join(known)})")
+            raise _Bad(f"{key}.{k}", config_keys.unknown(f"{key}.{k}", known))
     return value
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from allocator.core.machine.cpus import parse_size
 from allocator.core.rules.sharing import ANY_USER, MODES, MPS, Sharing
+from allocator.host import config_keys
 from allocator.host.config_times import KeyProblem
 
 KEYS = ("gpus", "pool", "shares", "mode", "memory", "threads", "placement", "users")
@@ -70,7 +71,7 @@ def _entry(key: str, entry: Any, pools: dict[str, Any]) -> Sharing:
         raise KeyProblem(key, "must be a mapping with gpus or pool, and shares")
     for k in entry:
         if k not in KEYS:
-            raise KeyProblem(f"{key}.{k}", f"unknown key (known: {', '.join(KEYS)})")
+            raise KeyProblem(f"{key}.{k}", config_keys.unknown(f"{key}.{k}", KEYS))
     if ("gpus" in entry) == ("pool" in entry):
         raise KeyProblem(key, "name the GPUs shared: gpus (indices) or pool, one of them")
     pool = entry.get("pool")

@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from allocator.core.api import numbers, signals
+from allocator.host import config_keys
 
 TIME_LIMIT_KEYS = ("default", "pools", "users", "groups")
 
@@ -115,5 +116,5 @@ def _mapping(key: str, value: Any, known: tuple[str, ...] | None = None) -> dict
         raise KeyProblem(key, "must be a mapping")
     for k in value:
         if known is not None and k not in known:
-            raise KeyProblem(f"{key}.{k}", f"unknown key (known: {', '.join(known)})")
+            raise KeyProblem(f"{key}.{k}", config_keys.unknown(f"{key}.{k}", known))
     return value

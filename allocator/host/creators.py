@@ -32,6 +32,15 @@ class Creators:
         self._lock = store.Lock(Path(state_dir) / LOCK, lock_timeout)
         self._known: tuple[bytes, dict[str, list]] = (b"", {})  # the file as last read
 
+    @property
+    def lock_timeout(self) -> float:
+        """Seconds a caller waits for the lock (``policy.lock_timeout``, which reloads)."""
+        return self._lock.timeout
+
+    @lock_timeout.setter
+    def lock_timeout(self, seconds: float) -> None:
+        self._lock.timeout = seconds
+
     def record(self, container: str, uid: int | None, user: str) -> None:
         """``container`` was created by ``user`` (uid ``uid``).  Raises `StateError`.
 

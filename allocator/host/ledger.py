@@ -115,6 +115,15 @@ class Ledger:
         # state they make, the records folded in, live grants, live binds).
         self._laid: tuple[object, State, list[Path], int, int] | None = None
 
+    @property
+    def lock_timeout(self) -> float:
+        """Seconds a caller waits for the lock (``policy.lock_timeout``, which reloads)."""
+        return self._lock.timeout
+
+    @lock_timeout.setter
+    def lock_timeout(self, seconds: float) -> None:
+        self._lock.timeout = seconds
+
     def ensure_dir(self) -> None:
         if self._dir_ready:
             return

@@ -301,6 +301,7 @@ def cmd_history(cfg: Config, args: argparse.Namespace) -> int:
     if not os.access(cfg.state_dir, os.R_OK | os.X_OK):
         raise StateError(f"{audit.path}: cannot read the audit trail (run as root)")
     rows = history.select(history.uses(audit.read()), args.gpu, args.user, since)
+    history.with_gpu_hours(rows, ledger.now())
     print(render_json(rows) if args.json else render_table(rows))
     return 0
 
@@ -391,7 +392,7 @@ def cmd_doctor(cfg: Config, args: argparse.Namespace) -> int:
 
     lines, healthy = doctor.run(cfg)
     for line in lines:
-        print(line.render())
+        print(line.render(args.verbose))
     print("healthy" if healthy else "problems found: apply the fixes above, then run doctor again")
     return 0 if healthy else EXIT_FAIL
 

@@ -34,12 +34,18 @@ OK, WARN, FAIL = "ok", "warn", "FAIL"
 
 @dataclass(frozen=True)
 class Line:
+    """One check's verdict: ``what`` starts with its row's name in docs/install.md's table;
+    ``details``, shown only with ``--verbose``, say what a short line leaves out."""
+
     status: str
     what: str
     fix: str = ""
+    details: tuple[str, ...] = ()
 
-    def render(self) -> str:
+    def render(self, verbose: bool = False) -> str:
         text = f"[{self.status:>4}] {self.what}"
+        if verbose:
+            text += "".join(f"\n       {d}" for d in self.details)
         return text + (f"\n       fix: {self.fix}" if self.fix else "")
 
 
@@ -140,7 +146,8 @@ def check_builds(cfg: Config) -> Line:
 
 
 def check_advisories(cfg: Config) -> Line:
-    return Line(*engine_doctor.advisories(cfg))
+    status, what, fix, details = engine_doctor.advisories(cfg)
+    return Line(status, what, fix, details)
 
 
 def check_daemon_json(cfg: Config) -> Line:
@@ -157,7 +164,7 @@ def check_config_file(cfg: Config) -> Line:
     if found is None:
         return Line(
             WARN,
-            "dockerd's command line: cannot tell which daemon.json it reads",
+            "dockerd's config file: cannot tell which daemon.json dockerd reads",
             "start docker (gpu-alloc reads its command line in /proc)"
             if os.geteuid() == 0
             else "run gpu-alloc doctor as root (sudo), with dockerd running",
@@ -168,10 +175,10 @@ def check_config_file(cfg: Config) -> Line:
     except OSError:  # either is missing: the same path is the same file
         same = os.path.normpath(named) == os.path.normpath(cfg.engine.daemon_json)
     if same:
-        return Line(OK, f"dockerd reads {named}, the engine.daemon_json gpu-alloc watches")
+        return Line(OK, f"dockerd's config file: {named}, the engine.daemon_json gpu-alloc watches")
     return Line(
         WARN,
-        f"dockerd reads {named} (its --config-file), gpu-alloc watches "
+        f"dockerd's config file: dockerd reads {named} (its --config-file), gpu-alloc watches "
         f"{cfg.engine.daemon_json}: an edit to {named} (a default runtime of nvidia) "
         "counts only when gpu-alloc next asks the Engine, up to 30 s later",
         f"set engine.daemon_json: {named} in {cfg.source}",
@@ -257,10 +264,10 @@ def check_context(cfg: Config) -> Line:
                 continue
             host = ((data.get("Endpoints") or {}).get("docker") or {}).get("Host")
             if host == want:
-                return Line(OK, f"docker context '{data.get('Name')}' points at the shim")
+                return Line(OK, f"context: '{data.get('Name')}' points at the shim")
     return Line(
         WARN,
-        f"no docker context points at {want} (checked {', '.join(homes)})",
+        f"context: none points at {want} (checked {', '.join(homes)})",
         f"as each user: docker context create gpu-alloc --docker host={want}",
     )
 
@@ -327,5 +334,6 @@ CHECKS: tuple[Callable[[Config], Line], ...] = (
 
 
 def run(cfg: Config) -> tuple[list[Line], bool]:
+    """Every check's line, and whether none FAILed."""
     lines = [check(cfg) for check in CHECKS]
     return lines, all(line.status != FAIL for line in lines)

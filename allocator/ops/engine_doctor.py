@@ -78,22 +78,25 @@ def builds(cfg: Config) -> Verdict:
     return OK, f"builds: no build step can be given a device (reached by {ways})", ""
 
 
-def advisories(cfg: Config) -> Verdict:
-    """The Engine's known advisories by its version (allocator/core/access/advisories.py)."""
+def advisories(cfg: Config) -> tuple[str, str, str, tuple[str, ...]]:
+    """The Engine's known advisories by its version (allocator/core/access/advisories.py):
+    a short line naming each, and what each means on this host as the details."""
     try:
         text = str(Engine(cfg.engine.socket, cfg.engine.timeout).version().get("Version") or "")
     except EngineError as e:
-        return WARN, f"Engine advisories: not checked: {e}", ""
+        return WARN, f"Engine advisories: not checked: {e}", "", ()
     version = engine_version(text)
     if version is None:
-        return WARN, f"Engine advisories: version '{text}' not understood; none checked", ""
+        return WARN, f"Engine advisories: version '{text}' not understood; none checked", "", ()
     found = known.affecting(version)
     if not found:
-        names = ", ".join(a.cve for a in known.ADVISORIES)
-        return OK, f"Engine {text}: none of the known advisories ({names})", ""
-    named = "; ".join(f"{a.cve} ({a.what}; fixed in {a.fixed_in}): {a.bearing}" for a in found)
+        count = len(known.ADVISORIES)
+        return OK, f"Engine advisories: Engine {text} is affected by none of {count} known", "", ()
+    each = "".join(f"\n       {a.cve}: {a.what}; fixed in {a.fixed_in}" for a in found)
+    details = tuple(f"{a.cve} here: {a.bearing}" for a in found)
     fix = "upgrade Docker Engine to " + ", ".join(f"{a.fixed_in} ({a.cve})" for a in found)
     if "+dfsg" in text:
         fix += "; a Debian package may carry a fix the version does not show (its changelog says)"
     severe = any(a.severe for a in found)
-    return (FAIL if severe else WARN, f"Engine {text} is affected by {named}", fix)
+    what = f"Engine advisories: Engine {text} is affected by {len(found)}:{each}"
+    return (FAIL if severe else WARN, what, fix, details)

@@ -39,7 +39,7 @@ apply what it returns.  No part calls back up into the one that called it.
 from __future__ import annotations
 
 from allocator.host.audit import AuditLog
-from allocator.host.config import Config
+from allocator.host.config import Config, PolicyConfig
 from allocator.host.engine import Engine
 from allocator.host.filesystem import Host
 from allocator.host.health import HealthFile
@@ -114,6 +114,13 @@ class Allocator:
             config, engine, self.ledger, self.gather, self.recorder, self.background, self.notifier
         )
         self.mps = Mps(config, self.ledger, self.gather)
+        self.gather.policy_listeners.append(self._policy_reloaded)
+
+    def _policy_reloaded(self, policy: PolicyConfig) -> None:
+        """``policy.lock_timeout`` reloads: the stores' locks wait that long from now on
+        (every other policy key is read where it is used, from `Gatherer.policy`)."""
+        self.ledger.lock_timeout = policy.lock_timeout
+        self.lookups.creators.lock_timeout = policy.lock_timeout
 
 
 def connect(config: Config) -> Allocator:

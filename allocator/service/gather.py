@@ -29,7 +29,7 @@ from allocator.core.rules.policy import Rules, missing_pool_gpus
 from allocator.host import config as configmod
 from allocator.host import cpus as host_cpus
 from allocator.host import dockerd
-from allocator.host.config import Config, ConfigError
+from allocator.host.config import Config, ConfigError, PolicyConfig
 from allocator.host.devices import DeviceSource, source_for
 from allocator.host.engine import Engine
 from allocator.host.engineroot import EngineRoot
@@ -77,7 +77,9 @@ class Gatherer:
         self._view: tuple[float, object, EngineView, Host] | None = None
         self._lock = threading.Lock()  # held for no I/O: an event loop may wait on it
         self._loading = threading.Lock()  # held while NVML or the GPU file is read
-        self._rules = config.policy.rules
+        self._policy = config.policy
+        # Told the new policy after each reload that changed it (the locks' timeouts).
+        self.policy_listeners: list[Callable[[PolicyConfig], None]] = []
         self._policy_lock = threading.RLock()  # re-entrant: SIGHUP runs on the main thread
         self._rules_stamp = self._config_stamp()
         self._topology: cpus.Topology | None = None
@@ -193,9 +195,9 @@ class Gatherer:
         inventory = None if isinstance(found, InventoryError) else found
         lookups = self.engine is not None
         unasked = host if isinstance(host, NotAsked) else None
-        if self._rules.engine_socket_binds and unasked is None:
+        if self._policy.rules.engine_socket_binds and unasked is None:
             # who may bind the Engine's socket, as the policy was last reloaded
-            host = replace(host, binders=self._rules.engine_socket_binds)  # type: ignore[type-var]
+            host = replace(host, binders=self._policy.rules.engine_socket_binds)  # type: ignore[type-var]
         return Facts(
             inventory,
             view,
@@ -204,7 +206,7 @@ class Gatherer:
             inventory_error="" if inventory is not None else str(found),
             volume_of=(unasked.volume_of if unasked else self._volume) if lookups else None,
             shim_socket=self.config.shim.socket,
-            privileged_mode=self._rules.privileged,
+            privileged_mode=self._policy.rules.privileged,
             swarm_kind=self.config.swarm.kind,
         )
 
@@ -268,20 +270,30 @@ class Gatherer:
         ]
 
     @property
-    def rules(self) -> Rules:
-        """The policy's limits, pools and defaults as the config file says now.
+    def policy(self) -> PolicyConfig:
+        """Every key under ``policy:`` as the config file says now.
 
         The file is re-read when it changes (one stat, on the paths that lease GPUs) or on
         `reload_policy` (SIGHUP); a bad new file keeps the policy in force.
         """
         self.refresh_policy()
-        return self._rules
+        return self._policy
+
+    @property
+    def policy_in_force(self) -> PolicyConfig:
+        """The policy as last read, without a look at the file: for a call that may touch
+        no GPU.  `watch_policy` keeps it within seconds of the file."""
+        return self._policy
+
+    @property
+    def rules(self) -> Rules:
+        """The policy's limits, pools and defaults as the config file says now."""
+        return self.policy.rules
 
     @property
     def rules_in_force(self) -> Rules:
-        """The policy as last read, without a look at the file: for a call that may touch
-        no GPU.  `watch_policy` keeps it within seconds of the file."""
-        return self._rules
+        """The policy's rules as last read, without a look at the file."""
+        return self._policy.rules
 
     def refresh_policy(self) -> None:
         """Re-read the policy if its file changed (its inode, mtime or size)."""
@@ -303,17 +315,24 @@ class Gatherer:
                     # Caught between an in-place write's truncation and its write: an empty
                     # file read as a config would lift every limit until the next look.
                     raise ConfigError(f"{self.config.source} is empty")
-                new = configmod.load(self.config.source).policy.rules
-                self._check_pools(new)
+                read = configmod.load(self.config.source)
+                new = read.policy
+                self._check_pools(new.rules)
             except OSError as e:
                 log.error("policy not reloaded, the one in force stays: %s", e)
                 return
             except ConfigError as e:
                 log.error("policy not reloaded, the one in force stays: %s", e)
                 return
-            if new != self._rules:
-                log.info("policy reloaded from %s", self.config.source)
-                self._rules = new
+            later = configmod.restart_changes(self.config, read)
+            if later:
+                log.warning("%s changed in %s: needs a restart", ", ".join(later), read.source)
+            if new != self._policy:
+                changed = configmod.policy_changes(self._policy, new)
+                log.info("policy reloaded from %s: %s", self.config.source, ", ".join(changed))
+                self._policy = new
+                for tell in self.policy_listeners:
+                    tell(new)
 
     def _check_pools(self, rules: Rules) -> None:
         """A pool naming a GPU the host lacks is a `ConfigError`; with no inventory to read

@@ -100,16 +100,16 @@ class Lookups:
         for lease in self.ledger.read().leases.values():
             if lease.container == container and lease.phase is Phase.BOUND and lease.owner:
                 return lease.owner_uid, lease.owner
-        return self._creators.of(container)
+        return self.creators.of(container)
 
     @cached_property
-    def _creators(self) -> Creators:
-        return Creators(self.config.state_dir, self.config.policy.lock_timeout)
+    def creators(self) -> Creators:
+        return Creators(self.config.state_dir, self.gather.policy_in_force.lock_timeout)
 
     def forget_creator(self, container: str) -> None:
         """``container`` was destroyed: its creator's record goes (`record_creator`)."""
         try:
-            self._creators.forget(container)
+            self.creators.forget(container)
         except StateError as e:
             log.warning("container %s: its creator's record kept: %s", container[:12], e)
 
@@ -126,7 +126,7 @@ class Lookups:
         if not cid or owner.user == UNKNOWN:
             return
         try:
-            self._creators.record(cid, owner.uid, owner.user)
+            self.creators.record(cid, owner.uid, owner.user)
         except StateError as e:
             log.warning("container %s: its creator %s not recorded: %s", cid[:12], owner.user, e)
 

@@ -39,20 +39,19 @@ class Placer:
         self.config = config
         self.gather = gather
         self.reservations = reservations
-        self.policy = POLICIES[config.policy.placement]
 
     def seen(self, cores: bool) -> HostNow:
         """The host now, as `grant_plan.plan` takes it; ``cores``: read the CPU topology
         too (a request asks for cores or memory)."""
         now = ledger.now()
-        pol = self.config.policy
+        pol = self.gather.policy  # as the file says now: every key of it reloads
         return HostNow(
             self.gather.inventory(),
-            self.gather.rules,
+            pol.rules,
             now,
             pol.mig,
             self.gather.unhealthy(),
-            self.policy,
+            POLICIES[pol.placement],
             tuple(self.reservations.current(now)),
             self.gather.cpu_topology() if cores else None,
             tuple(cpus.parse_list(pol.reserved_cpus)),

@@ -267,7 +267,7 @@ class Reconciler:
         lease = state.lease_of(cid) if state is not None else None
         if lease is not None and lease.owner:
             return lease.owner
-        found = Creators(self.gather.config.state_dir, self.gather.config.policy.lock_timeout)
+        found = Creators(self.gather.config.state_dir, self.gather.policy_in_force.lock_timeout)
         return (found.of(cid) or (None, ""))[1]
 
     def _task_owner(self, info: Mapping[str, Any]) -> str:

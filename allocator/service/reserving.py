@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from allocator.core.leases.leases import Lease, StateError
-from allocator.core.placement import POLICIES
+from allocator.core.placement import POLICIES, Policy
 from allocator.core.rules import policy
 from allocator.core.rules.policy import UNKNOWN, Owner
 from allocator.core.timing import reservations as rsv
@@ -40,7 +40,11 @@ class Reservations:
         self.gather = gather
         self.recorder = recorder
         self.file = ReservationFile(ledger)
-        self.policy = POLICIES[config.policy.placement]
+
+    @property
+    def placement(self) -> Policy:
+        """The placement policy in force (``policy.placement`` reloads)."""
+        return POLICIES[self.gather.policy.placement]
 
     def current(self, now: float) -> list[rsv.Reservation]:
         """Those not over yet, each ``--gpus N`` one re-picked around unhealthy GPUs."""
@@ -52,7 +56,7 @@ class Reservations:
         for i, r in enumerate(out):
             if r.count and sick and any(u in sick for u in r.gpus):
                 candidates, _ = self._candidates(r.pool)
-                out[i] = rsv.repick(r, candidates, sick, out, (), self.policy)  # in order
+                out[i] = rsv.repick(r, candidates, sick, out, (), self.placement)  # in order
         return out
 
     def owner_of(self, lease: Lease, kept: Iterable[rsv.Reservation]) -> Owner:
@@ -77,7 +81,7 @@ class Reservations:
         rules = self.gather.rules
         units = [
             g
-            for g in self.gather.inventory().units(self.config.policy.mig)
+            for g in self.gather.inventory().units(self.gather.policy.mig)
             if not policy.given_to_swarm(g, rules)
         ]
         name = pool or rules.default_pool
@@ -100,6 +104,7 @@ class Reservations:
         """Make a reservation (``gpus``: named GPUs, as index or UUID; else ``count`` in
         ``pool``), or say why not.  Written under the ledger lock, then audited."""
         now = ledger.now()
+        window = rsv.from_now(window, now)
         inventory = self.gather.inventory()
         named: list[GPU] = []
         for ident in gpus:
@@ -130,7 +135,7 @@ class Reservations:
                 others,
                 self.gather.unhealthy(),
                 held,
-                self.policy,
+                self.placement,
             )
             if isinstance(got, str):
                 return got

@@ -21,7 +21,9 @@ def make_stack() -> engine.Stack:
     return engine.Stack(gpus=2)
 
 
-def doctor(stack: engine.Stack, tmp_path, context: bool = True) -> subprocess.CompletedProcess:
+def doctor(
+    stack: engine.Stack, tmp_path, *args: str, context: bool = True
+) -> subprocess.CompletedProcess:
     """Run doctor as a user whose docker config has (or lacks) the gpu-alloc context."""
     cfg = tmp_path / "docker-config"
     cfg.mkdir(exist_ok=True)
@@ -35,7 +37,7 @@ def doctor(stack: engine.Stack, tmp_path, context: bool = True) -> subprocess.Co
                         f"host=unix://{stack.shim_sock}"], env=env, capture_output=True,
                        check=False)  # fmt: skip
     return subprocess.run(
-        [*engine.gpu_alloc_command(), "--config", str(stack.config_path), "doctor"],
+        [*engine.gpu_alloc_command(), "--config", str(stack.config_path), "doctor", *args],
         capture_output=True, text=True, env=env, timeout=60,
     )  # fmt: skip
 
@@ -52,8 +54,8 @@ def test_a_healthy_host_has_no_failures(stack, tmp_path):
         "answers Plugin.Activate",
         f"managed plugins: 0, none under an authorization plugin's name ({stack.plugin_name})",
         "answers /_ping",
-        "docker context 'gpu-alloc'",
-        f"[  ok] dockerd reads {stack.engine_dir / 'daemon.json'}, the engine.daemon_json",
+        "[  ok] context: 'gpu-alloc' points at the shim",
+        f"[  ok] dockerd's config file: {stack.engine_dir / 'daemon.json'}, the engine.daemon_json",
     ):
         assert what in out.stdout
     assert out.stdout.strip().endswith("healthy")
@@ -61,7 +63,7 @@ def test_a_healthy_host_has_no_failures(stack, tmp_path):
 
 def test_a_missing_context_is_a_warning_with_the_command(stack, tmp_path):
     out = doctor(stack, tmp_path, context=False)
-    assert "[warn] no docker context points at" in out.stdout
+    assert "[warn] context: none points at" in out.stdout
     assert f"docker context create gpu-alloc --docker host=unix://{stack.shim_sock}" in out.stdout
 
 
@@ -110,14 +112,27 @@ def test_a_daemon_json_dockerd_does_not_read_is_a_warning_naming_the_one_it_does
     out = subprocess.run([*engine.gpu_alloc_command(), "--config", str(cfg), "doctor"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     real = stack.engine_dir / "daemon.json"
-    assert f"[warn] dockerd reads {real} (its --config-file)" in out.stdout
+    assert f"[warn] dockerd's config file: dockerd reads {real} (its --config-file)" in out.stdout
     assert f"fix: set engine.daemon_json: {real} in {cfg}" in out.stdout
 
 
-def test_doctor_lines_all_say_ok_warn_or_fail(stack, tmp_path):
+def test_doctor_lines_all_say_ok_warn_or_fail_and_are_named_as_install_md_names_them(
+    stack, tmp_path
+):
     lines = [ln for ln in doctor(stack, tmp_path).stdout.splitlines() if ln.startswith("[")]
     assert len(lines) == len(CHECKS)
     assert all(ln[1:5].strip() in ("ok", "warn", "FAIL") for ln in lines), json.dumps(lines)
+    rows = doctor_rows()
+    for row, line in zip(rows, lines, strict=True):
+        # daemon.json's line starts with its path, which ends in the row's name
+        assert line[7:].startswith(row) or line[7:].split(":")[0].endswith(row), (row, line)
+
+
+def doctor_rows() -> list[str]:
+    """The first column of docs/install.md's table of doctor's lines."""
+    text = (Path(__file__).parents[2] / "docs" / "install.md").read_text()
+    table = text.split("## What `gpu-alloc doctor` checks", 1)[1].split("\n\n")[1]
+    return [r.split("|")[1].strip() for r in table.splitlines()[2:]]
 
 
 def test_the_build_door_and_the_engines_advisories_have_their_lines(stack, tmp_path):
@@ -127,12 +142,15 @@ def test_the_build_door_and_the_engines_advisories_have_their_lines(stack, tmp_p
     assert "[  ok] builds: no build step can be given a device" in out, out
     version = Engine(stack.engine_sock).version()["Version"]
     found = advisories.affecting(engine_version(version))
-    for advisory in found:
-        assert advisory.cve in out
+    for advisory in found:  # one line each, what it means only with --verbose
+        assert f"\n       {advisory.cve}: {advisory.what}; fixed in" in out
+        assert advisory.bearing not in out
     if not found:
-        assert f"[  ok] Engine {version}: none of the known advisories" in out, out
+        assert f"[  ok] Engine advisories: Engine {version} is affected by none" in out, out
     elif not any(a.severe for a in found):
-        assert f"[warn] Engine {version} is affected by" in out, out
+        assert f"[warn] Engine advisories: Engine {version} is affected by {len(found)}:" in out
+    said = doctor(stack, tmp_path, "--verbose").stdout if found else ""
+    assert all(f"{a.cve} here: {a.bearing}" in said for a in found)
 
 
 def test_an_engine_that_is_not_there_is_named_in_plain_words(tmp_path):

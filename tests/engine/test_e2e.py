@@ -163,8 +163,11 @@ def test_a_refusal_names_the_stopped_container_that_holds_the_only_gpu(stack_fac
     refused = shim(stack, "run", "--rm", "--gpus", "1", IMAGE, "true")
     assert refused.returncode != 0
     err = refused.stderr
-    assert "not enough free GPUs: asked for 1 GPU, 0 of 1 free on this host (GPU 0: " in err
-    assert "'train' of root, for " in err and ", bound; stopped: Exited (0) " in err, err
+    assert (
+        "not enough free GPUs: asked for 1 GPU, 0 of 1 free on this host, held by:\n  GPU 0: "
+        in err
+    )
+    assert "'train' of root, held " in err and ", bound; stopped: Exited (0) " in err, err
     assert err.count("A stopped container keeps its GPUs until it is removed") == 1, err
     assert "its owner can 'docker rm' it, or the operator can set policy." in err, err
     text = subprocess.run(

@@ -120,3 +120,29 @@ def test_a_reset_ledger_keeps_each_adopted_containers_pool(stack):
     finally:
         shim(stack, "rm", "-f", "pooled")
         stack.config_path.write_text(original)
+
+
+def test_a_live_edit_of_the_placement_is_in_force_within_seconds(stack):
+    """GPU 0 held, two more asked: best-effort keeps a NUMA node whole (2, 3), first-fit
+    takes the lowest (1, 2).  The shim's log says when its look at the file saw the edit."""
+    original = stack.config_path.read_text()
+    log = stack.dir / "shim.log"
+    try:
+        set_policy(stack, limits={"default": {"gpus": 4}})
+        held = shim(
+            stack, "run", "-d", "--name", "zero", "--gpus", "device=0", IMAGE, "sleep", "60"
+        )
+        assert held.returncode == 0, held.stderr
+        seen = log.read_text().count("policy.placement")
+        set_policy(stack, placement="first-fit")  # no signal: the shim looks by itself
+        deadline = time.monotonic() + 60
+        while log.read_text().count("policy.placement") == seen:
+            assert time.monotonic() < deadline, stack.logs()
+            time.sleep(0.2)
+        pair = shim(stack, "run", "-d", "--name", "pair", "--gpus", "2", IMAGE, "sleep", "60")
+        assert pair.returncode == 0, pair.stderr
+        gpus = {h["name"]: h["gpus"] for h in status(stack)["holders"]}
+        assert gpus["pair"] == [1, 2]
+    finally:
+        stack.config_path.write_text(original)
+        os.utime(stack.config_path)

@@ -8,7 +8,6 @@ plugin, so their GPUs are what swarm's scheduler reserved, recorded by the fake 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -46,28 +45,6 @@ def service(
     )  # fmt: skip
 
 
-def task_runs(lab: SwarmLab, name: str, count: int) -> list[swarm.Run]:
-    """The runtime's record of the service's running task containers, once `count` run."""
-    deadline = time.monotonic() + 60
-    while True:
-        ids = {
-            (i, cid)
-            for i in lab.nodes
-            for cid in lab.docker(
-                i,
-                "ps",
-                "-q",
-                "--no-trunc",
-                "--filter",
-                f"label=com.docker.swarm.service.name={name}",
-            ).stdout.split()
-        }
-        runs = [r for r in lab.runs() if (r.node, r.container) in ids]
-        if len(runs) >= count or time.monotonic() > deadline:
-            return runs
-        time.sleep(0.3)
-
-
 @pytest.fixture
 def clean(swarm_lab: SwarmLab):
     yield swarm_lab
@@ -79,7 +56,7 @@ def test_a_service_through_the_shim_is_pinned_and_its_tasks_get_only_their_reser
 ) -> None:
     done = service(clean, clean.shim(1), "train", "--replicas", "3", "--generic-resource", "gpu=1")
     assert done.returncode == 0, done.stderr
-    runs = task_runs(clean, "train", 3)
+    runs = clean.task_runs("train", 3)
     assert len(runs) == 3, clean.runs()
     given = [(r.node, r.resource()) for r in runs]
     assert len(set(given)) == 3 and all(g in clean.swarm_gpus(n) for n, g in given), given
@@ -97,7 +74,7 @@ def test_a_service_without_a_reservation_whose_image_asks_for_all_gets_no_gpu(
         assert done.returncode == 0, done.stderr
     done = service(clean, clean.shim(1), "plain", "--replicas", "2", image=ALL_IMAGE)
     assert done.returncode == 0, done.stderr
-    runs = task_runs(clean, "plain", 2)
+    runs = clean.task_runs("plain", 2)
     assert len(runs) == 2
     pins = {"NVIDIA_VISIBLE_DEVICES": "void", "DOCKER_RESOURCE_GPU": "void"}
     assert all(r.env == pins for r in runs), runs
@@ -117,12 +94,12 @@ def test_an_image_whose_env_sets_the_swarm_variable_gets_only_the_reservation(
         assert done.returncode == 0, done.stderr
     done = service(clean, clean.shim(1), "free", "--replicas", "2", image=SWARM_ENV_IMAGE)
     assert done.returncode == 0, done.stderr
-    runs = task_runs(clean, "free", 2)
+    runs = clean.task_runs("free", 2)
     assert len(runs) == 2 and all(r.resource() == "void" for r in runs), runs
     done = service(clean, clean.shim(1), "held", "--generic-resource", "gpu=1",
                    image=SWARM_ENV_IMAGE)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    (run,) = task_runs(clean, "held", 1)
+    (run,) = clean.task_runs("held", 1)
     assert run.resource() in clean.swarm_gpus(run.node), run
 
 
@@ -242,7 +219,7 @@ def test_a_local_gpu_run_on_a_node_never_gets_a_swarm_gpu(clean: SwarmLab) -> No
 def test_status_on_a_worker_shows_the_swarm_tasks_holding_their_gpus(clean: SwarmLab) -> None:
     done = service(clean, clean.shim(1), "hold", "--replicas", "4", "--generic-resource", "gpu=1")
     assert done.returncode == 0, done.stderr
-    runs = [r for r in task_runs(clean, "hold", 4) if r.node == 2]
+    runs = [r for r in clean.task_runs("hold", 4) if r.node == 2]
     assert len(runs) == 2, clean.runs()
     status = engine.gpu_alloc(clean.stacks[2], "status")
     assert status.returncode == 0, status.stderr
@@ -267,7 +244,7 @@ def test_stack_deploy_through_the_shim_runs_a_compose_file_with_generic_resource
     done = docker_cli(clean.shim(1), "stack", "deploy", "--resolve-image", "never", "-c",
                       str(path), "st")  # fmt: skip
     assert done.returncode == 0, done.stderr
-    runs = task_runs(clean, "st_job", 2)
+    runs = clean.task_runs("st_job", 2)
     given = {(r.node, r.resource()) for r in runs}
     assert len(given) == 2 and all(r.env.get("NVIDIA_VISIBLE_DEVICES") == "void" for r in runs)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine.test_swarm_gpu_alloc import task_runs
 from tests.support import engine
 from tests.support.clients import docker_cli
 from tests.support.swarm import SwarmLab
@@ -35,11 +34,23 @@ def create(lab: SwarmLab, sock: str, name: str, *args: str):
 def test_a_service_of_the_configured_kind_is_pinned_allowed_and_updated(clean: SwarmLab):
     done = create(clean, clean.shim(1), "train", "--generic-resource", f"{KIND}=1")
     assert done.returncode == 0, done.stderr
-    [run] = task_runs(clean, "train", 1)
+    [run] = clean.task_runs("train", 1)
     assert run.resource(KIND) in clean.swarm_gpus(1), run
+    assert run.gpus == {run.resource(KIND)}, run  # what the node's toolkit gives it
     assert run.env.get("NVIDIA_VISIBLE_DEVICES") == "void", run
     updated = docker_cli(clean.shim(1), "service", "update", "-d", "--env-add", "A=1", "train")
     assert updated.returncode == 0, updated.stderr
+
+
+def test_a_local_gpu_run_gets_its_lease_from_a_toolkit_reading_the_kinds_variable(
+    clean: SwarmLab,
+):
+    done = docker_cli(clean.shim(1), "run", "-d", "--gpus", "1", engine.BUSYBOX_TAG,
+                      "sleep", "600")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [run] = [r for r in clean.runs() if r.container == done.stdout.strip()]
+    assert run.env.get(f"DOCKER_RESOURCE_{KIND.upper()}") == clean.node_gpus(1)[2], run
+    assert run.gpus == {clean.node_gpus(1)[2]}, run
 
 
 def test_a_service_setting_the_kinds_variable_itself_is_refused(clean: SwarmLab):

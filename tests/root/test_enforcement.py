@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -118,6 +120,9 @@ def test_the_shim_decides_each_create_as_the_table_says(world: World, case: Case
     (lease,) = world.alloc.ledger.read().leases.values()
     assert (lease.state, lease.container) == ("bound", "c" * 64)
     assert sorted(lease.gpus) == sorted(uuids)
+    # A toolkit with swarm-resource reads this instead: it names the lease too.
+    resource = [e for e in sent["Env"] if e.startswith("DOCKER_RESOURCE_GPU=")]
+    assert resource == [f"DOCKER_RESOURCE_GPU={','.join(uuids)}"]
     # The plugin admitted what the shim forwarded (201 above), and only once.
     sent = world.forwarded[-1]
     assert labels.LEASE_HEADER in dict(sent.headers)
@@ -396,8 +401,11 @@ def recased(draw) -> tuple[bytes, bool]:
     return json.dumps(walk(LEGIT)).encode(), changed
 
 
-def _fresh_world() -> World:
-    return World(Path(tempfile.mkdtemp(prefix="ga-prop-")))
+@contextlib.contextmanager
+def _fresh_world() -> Iterator[World]:
+    """A World for one example (hypothesis runs many in one test), removed after it."""
+    with tempfile.TemporaryDirectory(prefix="ga-prop-") as d:
+        yield World(Path(d))
 
 
 def _leased_body(w: World) -> tuple[bytes, dict[str, str]]:
@@ -412,37 +420,37 @@ def _leased_body(w: World) -> tuple[bytes, dict[str, str]]:
 @given(recased())
 def test_recased_keys_are_never_allowed_to_grant_gpus(sample):
     payload, changed = sample
-    w = _fresh_world()
-    answer = w.authz("POST", CREATE_URI, payload)
-    assert answer["Allow"] is False  # no lease: a GPU create is denied however it is spelled
-    response = w.via_shim(payload)
-    # Through the shim: the canonical spelling is leased, any other is refused outright.
-    assert response.status == (400 if changed else 201)
+    with _fresh_world() as w:
+        answer = w.authz("POST", CREATE_URI, payload)
+        assert answer["Allow"] is False  # no lease: a GPU create is denied however it is spelled
+        response = w.via_shim(payload)
+        # Through the shim: the canonical spelling is leased, any other is refused outright.
+        assert response.status == (400 if changed else 201)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_mutations_of_a_leased_body_never_widen_the_grant(data):
-    w = _fresh_world()
-    leased, header = _leased_body(w)
-    lease = next(iter(w.alloc.ledger.read().leases.values()))
-    i = data.draw(st.integers(0, len(leased) - 1))
-    op = data.draw(st.sampled_from(["flip", "delete", "insert", "duplicate"]))
-    b = bytearray(leased)
-    if op == "flip":
-        b[i] = data.draw(st.integers(0, 255))
-    elif op == "delete":
-        del b[i]
-    elif op == "insert":
-        b[i:i] = data.draw(st.binary(min_size=1, max_size=8))
-    else:
-        b[i:i] = leased[i : i + data.draw(st.integers(1, 40))]
-    answer = w.authz("POST", CREATE_URI, bytes(b), header)
-    assert set(answer) <= {"Allow", "Msg", "Err"}  # an answer, never a crash
-    if answer["Allow"]:
-        spec = decide.decode_create(bytes(b))
-        facts = w.alloc.gather.facts()
-        from allocator.core.access import access
+    with _fresh_world() as w:
+        leased, header = _leased_body(w)
+        lease = next(iter(w.alloc.ledger.read().leases.values()))
+        i = data.draw(st.integers(0, len(leased) - 1))
+        op = data.draw(st.sampled_from(["flip", "delete", "insert", "duplicate"]))
+        b = bytearray(leased)
+        if op == "flip":
+            b[i] = data.draw(st.integers(0, 255))
+        elif op == "delete":
+            del b[i]
+        elif op == "insert":
+            b[i:i] = data.draw(st.binary(min_size=1, max_size=8))
+        else:
+            b[i:i] = leased[i : i + data.draw(st.integers(1, 40))]
+        answer = w.authz("POST", CREATE_URI, bytes(b), header)
+        assert set(answer) <= {"Allow", "Msg", "Err"}  # an answer, never a crash
+        if answer["Allow"]:
+            spec = decide.decode_create(bytes(b))
+            facts = w.alloc.gather.facts()
+            from allocator.core.access import access
 
-        granted = access.of_create(spec, facts.engine, facts.inventory, facts.host)
-        assert granted.none or granted.gpus(facts.inventory) == frozenset(lease.gpus)
+            granted = access.of_create(spec, facts.engine, facts.inventory, facts.host)
+            assert granted.none or granted.gpus(facts.inventory) == frozenset(lease.gpus)

@@ -6,10 +6,11 @@ and managed containerd (dockerd 20.10 starts one per exec-root), so a test
 engine and a benchmark engine can run side by side and never touch the host's
 own Docker.  There is no network: no bridge, no iptables.
 
-GPUs are faked on the Engine side only: a do-nothing `nvidia-container-runtime-hook`
-on dockerd's PATH makes dockerd register its nvidia device driver (so `--gpus`
-works and sets NVIDIA_VISIBLE_DEVICES), and an `nvidia` runtime that simply
-execs runc lets `--runtime nvidia` be accepted.
+GPUs are faked on the Engine side only: a fake `nvidia-container-runtime-hook` on
+dockerd's PATH makes dockerd register its nvidia device driver (so `--gpus` works and
+sets NVIDIA_VISIBLE_DEVICES), and an `nvidia` runtime that simply execs runc lets
+`--runtime nvidia` be accepted.  The hook only records the spec it is run for;
+`Dockerd.toolkit_devices` says what the real toolkit would give (tests/support/toolkit.py).
 
 Which dockerd runs is the Engine of the run (`engine_root.selected()`, from
 $GA_ENGINE): the host's 20.10, or 26/28/29 from a debootstrapped Debian root, run in
@@ -43,7 +44,7 @@ import docker.errors
 import yaml
 
 from allocator.core.access import builds
-from tests.support import cdi, engine_root
+from tests.support import cdi, engine_root, toolkit
 from tests.support.busybox_image import BUSYBOX_TAG, busybox_rootfs_tar, import_busybox  # noqa: F401
 from tests.support.clients import (  # noqa: F401
     compose_name,
@@ -102,6 +103,20 @@ def find_runc() -> str | None:
     return _which("runc")
 
 
+# The fake hook: at prestart, copy the bundle's config.json to <dir>/toolkit/<id>.json when
+# that directory exists (`Dockerd` makes it), for `toolkit` to judge; never fail the start.
+_HOOK = """#!/bin/sh
+[ "$1" = prestart ] || exit 0
+dir=$(dirname "$0")/../toolkit
+[ -d "$dir" ] || exit 0
+state=$(cat)
+bundle=$(printf '%s' "$state" | sed -n 's/.*"bundle": *"\\([^"]*\\)".*/\\1/p')
+id=$(printf '%s' "$state" | sed -n 's/.*"id": *"\\([^"]*\\)".*/\\1/p')
+[ -n "$id" ] && cp "$bundle/config.json" "$dir/$id.json"
+exit 0
+"""
+
+
 def prepare_host_tools(directory: str | os.PathLike[str], runc: str | None = None) -> Path:
     """Write the fake NVIDIA host tools into `directory`/bin and return that bin dir.
 
@@ -115,7 +130,7 @@ def prepare_host_tools(directory: str | os.PathLike[str], runc: str | None = Non
     scripts = {
         # Its presence on PATH is all dockerd checks before registering the nvidia driver;
         # the driver adds it as a prestart hook, where exiting 0 changes nothing.
-        "nvidia-container-runtime-hook": "#!/bin/sh\nexit 0\n",
+        "nvidia-container-runtime-hook": _HOOK,
         "nvidia-container-runtime": f'#!/bin/sh\nexec {runc} "$@"\n',
     }
     for name, text in scripts.items():
@@ -344,6 +359,7 @@ class Dockerd:
         if root is not None:
             runc = engine_root.find_in_root(root, "/usr/sbin/runc", "/usr/bin/runc")
         bin_dir = prepare_host_tools(self.dir, runc)
+        (self.dir / "toolkit").mkdir(exist_ok=True)  # where the fake hook records specs
         daemon_json = self.dir / "daemon.json"
         if not daemon_json.exists() or not daemon_json.read_text().strip():
             daemon_json.write_text("{}\n")
@@ -413,6 +429,28 @@ class Dockerd:
 
     def log_tail(self, lines: int = 40) -> str:
         return log_tail(self.log, lines)
+
+    @property
+    def toolkit_config(self) -> Path:
+        """The toolkit config.toml the fake hook stands in for; none: the defaults."""
+        return self.dir / "toolkit.toml"
+
+    def toolkit_devices(self, container: str) -> list[str]:
+        """The devices the real toolkit's hook would give `container` (its full id) at its
+        last start, from the spec the fake hook recorded; none recorded: no hook ran."""
+        try:
+            spec = json.loads((self.dir / "toolkit" / f"{container}.json").read_text())
+        except FileNotFoundError:
+            return []
+        try:
+            config = toolkit.Config.from_toml(self.toolkit_config.read_text())
+        except FileNotFoundError:
+            config = toolkit.Config()
+        return toolkit.of_spec(spec, config)
+
+    def toolkit_gpus(self, container: str) -> set[str]:
+        """The UUIDs of `toolkit_devices`, its indices read in this Engine's GPU order."""
+        return toolkit.gpus(self.toolkit_devices(container), self.gpus)
 
     def __enter__(self) -> Dockerd:
         return self.start()

@@ -5,9 +5,10 @@ by veth links to a bridge in a namespace of its own (only those namespaces and
 loopback are ever addressed); each node's dockerd in a private mount and UTS
 namespace with a fresh sysfs and the host's cgroup tree; the GPUs of each node
 declared as swarm generic resources in its daemon.json, with a fake nvidia runtime
-as the default runtime.  That runtime records, for every container it creates, the
-`DOCKER_RESOURCE_*` and `NVIDIA_VISIBLE_DEVICES` entries of the container's env into
-one log (`SwarmLab.runs`), then execs runc.
+as the default runtime and the toolkit's ``swarm-resource`` set in the node's toolkit
+config.toml, as docs/swarm.md has operators do.  That runtime records, for every
+container it creates, the bundle's spec, then execs runc; `SwarmLab.runs` reads each
+spec's GPU env and what the real toolkit would give it (tests/support/toolkit.py).
 
 A node is a `tests.support.engine.Dockerd` run through the namespace wrapper
 (`SwarmDockerd`); with ``gpu_alloc=True`` it is a `Stack` (plugin + dockerd + shim)
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support import engine, engine_root
+from tests.support import engine, engine_root, toolkit
 from tests.support.clients import docker_cli
 from tests.support.engine import Dockerd, EngineError, Stack
 
@@ -64,8 +65,8 @@ mount --bind "$r" "$r" && mount -t proc proc "$r/proc" && mount --rbind /dev "$r
 exec chroot "$r" env -i PATH="$p" HOME=/root DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 "$@"
 """
 
-# The fake nvidia runtime: on `create`, log the node, the container id and the GPU env of
-# the bundle's config.json, then exec runc.
+# The fake nvidia runtime: on `create`, keep the bundle's config.json as SPECS/<node>-<id>.json
+# and log the node and the container id, then exec runc.
 _RUNTIME = """#!/bin/sh
 bundle=; prev=; cmd=; last=
 for a in "$@"; do
@@ -74,9 +75,7 @@ for a in "$@"; do
   prev=$a; last=$a
 done
 if [ "$cmd" = create ] && [ -n "$bundle" ]; then
-  env=$(grep -o '"\\(DOCKER_RESOURCE_[^"]*\\|NVIDIA_VISIBLE_DEVICES=[^"]*\\)"' \\
-    "$bundle/config.json" | tr -d '"' | tr '\\n' ' ')
-  echo "NODE $last $env" >> LOG
+  cp "$bundle/config.json" "SPECS/NODE-$last.json" && echo "NODE $last" >> LOG
 fi
 exec RUNC "$@"
 """
@@ -100,11 +99,14 @@ def missing_requirements() -> str | None:
 
 @dataclass(frozen=True)
 class Run:
-    """One container the fake nvidia runtime created: where, and the GPU env it had."""
+    """One container the fake nvidia runtime created: where, the GPU env it had (the last
+    value of each `DOCKER_RESOURCE_*` and `NVIDIA_VISIBLE_DEVICES`), and the GPUs the
+    node's toolkit would give it."""
 
     node: int
     container: str
     env: dict[str, str]
+    gpus: frozenset[str]
 
     def resource(self, kind: str = KIND) -> str | None:
         return self.env.get("DOCKER_RESOURCE_" + kind.upper())
@@ -114,10 +116,24 @@ class SwarmDockerd(Dockerd):
     """A private dockerd run as swarm node `index` of `lab`: in the node's namespaces,
     with the lab's generic resources and the recording runtime as its default."""
 
-    def __init__(self, lab: SwarmLab, index: int, state_dir: Path, **kwargs: object) -> None:
+    def __init__(
+        self,
+        lab: SwarmLab,
+        index: int,
+        state_dir: Path,
+        toolkit_config: Path | None = None,
+        **kwargs: object,
+    ) -> None:
+        """``toolkit_config``: the node's toolkit config.toml when `gpu-alloc swarm
+        configure` completes it; else the node writes its own."""
         super().__init__(state_dir, **kwargs)  # type: ignore[arg-type]
         self.lab = lab
         self.index = index
+        self._toolkit_config = toolkit_config
+
+    @property
+    def toolkit_config(self) -> Path:
+        return self._toolkit_config or super().toolkit_config
 
     @property
     def hostname(self) -> str:
@@ -135,6 +151,7 @@ class SwarmDockerd(Dockerd):
         runtime.write_text(
             _RUNTIME.replace("NODE", str(self.index))
             .replace("LOG", str(self.lab.runtime_log))
+            .replace("SPECS", str(self.lab.specs))
             .replace("RUNC", self._runc())
         )
         runtime.chmod(0o755)
@@ -144,6 +161,8 @@ class SwarmDockerd(Dockerd):
                 f"{self.lab.kind}={u}" for u in self.lab.swarm_gpus(self.index)
             ]
             daemon["default-runtime"] = "nvidia"
+            variable = f"DOCKER_RESOURCE_{self.lab.kind.upper()}"
+            self.toolkit_config.write_text(f'swarm-resource = "{variable}"\n')
         (self.dir / "daemon.json").write_text(json.dumps(daemon) + "\n")
 
     def _runc(self) -> str:
@@ -221,6 +240,7 @@ class SwarmStack(Stack):
             self.lab,
             self.index,
             self.engine_dir,
+            self.dir / "config.toml",
             authz_plugin_socket=self.plugin_sock,
             plugin_name=self.plugin_name,
         )
@@ -261,6 +281,8 @@ class SwarmLab:
         self.name = f"gs{os.getpid() % 100000}x{next(_counter)}"
         self.runtime_log = self.dir / "runtime.log"
         self.runtime_log.touch()
+        self.specs = self.dir / "specs"  # each created container's OCI spec
+        self.specs.mkdir()
         self.nodes: dict[int, SwarmDockerd] = {}
         self.stacks: dict[int, SwarmStack] = {}
         self._netns: list[str] = []
@@ -268,6 +290,11 @@ class SwarmLab:
     def swarm_gpus(self, index: int) -> list[str]:
         """Node `index`'s GPUs given to swarm: its first `gpus_per_node`."""
         return [uuid(index, k) for k in range(self.gpus_per_node)]
+
+    def node_gpus(self, index: int) -> list[str]:
+        """All of node `index`'s GPUs, in index order (those for local leases last)."""
+        more = self.local_gpus if self.gpu_alloc else 0
+        return [uuid(index, k) for k in range(self.gpus_per_node + more)]
 
     def node_netns(self, index: int) -> str:
         return f"{self.name}-n{index}"
@@ -362,9 +389,36 @@ class SwarmLab:
         """Every container the fake runtime created on any node, oldest first."""
         out = []
         for line in self.runtime_log.read_text().splitlines():
-            node, container, *env = line.split()
-            out.append(Run(int(node), container, dict(e.split("=", 1) for e in env)))
+            node, container = line.split()
+            spec = json.loads((self.specs / f"{node}-{container}.json").read_text())
+            env = (str(e) for e in (spec.get("process") or {}).get("env") or ())
+            gpu_env = ("DOCKER_RESOURCE_", "NVIDIA_VISIBLE_DEVICES=")
+            config = toolkit.Config.from_toml(self.nodes[int(node)].toolkit_config.read_text())
+            chosen = toolkit.of_spec(spec, config)
+            out.append(
+                Run(int(node), container,
+                    dict(e.split("=", 1) for e in env if e.startswith(gpu_env)),
+                    frozenset(toolkit.gpus(chosen, self.node_gpus(int(node)))))
+            )  # fmt: skip
         return out
+
+    def task_runs(self, service: str, count: int) -> list[Run]:
+        """The runtime's record of the service's running task containers, once `count` run
+        (or after a minute, however many do)."""
+        deadline = time.monotonic() + 60
+        label = f"label=com.docker.swarm.service.name={service}"
+        while True:
+            ids = {
+                (i, cid)
+                for i in self.nodes
+                for cid in self.docker(
+                    i, "ps", "-q", "--no-trunc", "--filter", label
+                ).stdout.split()
+            }
+            runs = [r for r in self.runs() if (r.node, r.container) in ids]
+            if len(runs) >= count or time.monotonic() > deadline:
+                return runs
+            time.sleep(0.3)
 
     def task_states(self, service: str) -> list[str]:
         """The current state word of each of the service's tasks meant to run."""

@@ -100,6 +100,19 @@ def test_a_swarm_resource_name_without_a_value_is_no_variable_to_the_toolkit():
     }
 
 
+def test_a_swarm_variable_at_a_create_is_void_or_the_gpus_its_visible_devices_name():
+    """What the shim writes on a leased create: a leasable ask of those GPUs, so only a
+    lease of them covers it; any other value is refused."""
+    gpu = INVENTORY.gpus[2].uuid
+    leased = create([f"NVIDIA_VISIBLE_DEVICES={gpu}", "DOCKER_RESOURCE_GPU=2"], ids=[gpu])
+    grants = access.of_create(leased, OLD, INVENTORY, TableHost()).grants
+    assert [(g.gpus, g.leasable) for g in grants] == [({gpu}, True), ({gpu}, True)]
+    for env in (["DOCKER_RESOURCE_GPU=2"], ["NVIDIA_VISIBLE_DEVICES=1", "DOCKER_RESOURCE_GPU=2"],
+                ["NVIDIA_VISIBLE_DEVICES=all", "DOCKER_RESOURCE_GPU=all"]):  # fmt: skip
+        with pytest.raises(Refusal, match="DOCKER_RESOURCE_GPU can select GPUs"):
+            access.of_create(create(env, count=1), OLD, INVENTORY, TableHost())
+
+
 def test_device_ids_all_is_leased_like_count_minus_one():
     (grant,) = access.of_create(create(ids=["all"]), OLD, INVENTORY, TableHost()).grants
     assert grant.demand == access.Demand(all=True, caps=("gpu",))

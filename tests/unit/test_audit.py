@@ -138,9 +138,8 @@ def test_the_service_records_grant_refusal_and_release_with_times_and_gpus(
 
 def test_a_pool_that_is_not_open_to_its_asker_is_a_recorded_refusal(tmp_path: Path) -> None:
     alloc = sim_allocator(tmp_path)
-    alloc.gather._rules = replace(
-        alloc.gather.rules, pools={"staff": Pool(gpus=(0, 1), users=("alice",))}
-    )
+    rules = replace(alloc.gather.rules, pools={"staff": Pool(gpus=(0, 1), users=("alice",))})
+    alloc.gather._policy = replace(alloc.gather._policy, rules=rules)
     asked = LeaseRequest(
         Ask((), 1, False, ("gpu",)), "job", Owner(1001, "bob"), Wanted(pool="staff")
     )
@@ -235,6 +234,22 @@ def test_history_cli_answers_who_used_gpu_3(tmp_path: Path, capsys) -> None:
     assert cli.main(["--config", str(config), "history", "--user", "bob"]) == 0
     table = capsys.readouterr().out
     assert "bob" in table and "alice" not in table and "3,1" in table and "held" in table
+
+
+def test_history_gives_each_use_its_gpu_hours_and_marks_a_share() -> None:
+    hour = 3600.0
+    rows = history.uses(
+        [
+            events.record("grant", 0.0, gpus=[UUIDS[0], UUIDS[1]], lease="W", owner="alice"),
+            events.record("release", 3 * hour, gpus=[UUIDS[0], UUIDS[1]], lease="W"),
+            events.record("grant", 0.0, gpus=[UUIDS[2]], lease="S", owner="bob", share="1/4"),
+        ]
+    )
+    history.with_gpu_hours(rows, now=2 * hour)  # bob's share still held
+    assert [r["gpu_hours"] for r in rows] == [6.0, 0.5]
+    alice, bob = render_table(rows).splitlines()[1:]
+    assert "6.00" in alice and "(share" not in alice
+    assert "(share 1/4)" in bob and "0.50" in bob
 
 
 def test_history_shows_a_reason_whole() -> None:

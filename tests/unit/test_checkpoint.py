@@ -126,7 +126,7 @@ def test_the_config_keys_are_read_as_signals():
         ({"users": {"bob": "nope"}}, "policy.signal.users.bob", "does not name a signal"),
         ({"pools": {"nowhere": "USR1"}}, "policy.signal.pools.nowhere", "no pool 'nowhere'"),
         ({"default": ["USR1"]}, "policy.signal.default", "got ['USR1']"),
-        ({"dflt": "USR1"}, "policy.signal.dflt", "unknown key"),
+        ({"dflt": "USR1"}, "policy.signal.dflt", "did you mean 'policy.signal.default'?"),
     ],
 )
 def test_a_bad_signal_key_is_refused_naming_it(signal, key, said):

@@ -219,6 +219,25 @@ def test_a_bad_value_is_refused_naming_the_file_and_the_dotted_key(
 
 
 @pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("state-dir: /x", "key 'state-dir': unknown key; did you mean 'state_dir'?"),
+        ("policy: {placment: numa}", "did you mean 'policy.placement'?"),
+        ("policy: {limits: {defualt: {gpus: 1}}}", "did you mean 'policy.limits.default'?"),
+        ("policy: {time_limit: {defalt: 1h}}", "did you mean 'policy.time_limit.default'?"),
+        ("policy: {sharing: [{gpus: [0], shares: 2, mdoe: mps}]}", "did you mean"),
+    ],
+)
+def test_a_typo_is_told_the_key_it_was_likely_meant_to_be(text: str, said: str) -> None:
+    msg = refusal(text)
+    assert said in msg and "known:" not in msg  # one suggestion, not every key
+
+
+def test_a_key_like_no_other_lists_the_known_ones() -> None:
+    assert "unknown key (known: default_pool, engine_socket_binds," in refusal("policy: {zz: 1}")
+
+
+@pytest.mark.parametrize(
     ("text", "why"),
     [
         ("- a\n- b\n", "top level must be a mapping"),

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,9 @@ def test_an_unhealthy_gpu_is_marked_on_the_page_with_the_line_and_the_pools(worl
     alloc, _ = world
     for index in (0, 2):  # GPU 0 is alice's, GPU 2 is free: both turn unhealthy
         mark_unhealthy(alloc, UUIDS[index])
-    alloc.gather._rules = Rules(pools={"big": Pool((0, 1)), "small": Pool((2,))})  # as configured
+    alloc.gather._policy = replace(
+        alloc.gather._policy, rules=Rules(pools={"big": Pool((0, 1)), "small": Pool((2,))})
+    )  # as configured
     waiting = [{"position": 1, "owner": "carol", "name": "sweep", "gpus": 2, "all": False,
                 "pool": "big", "priority": 0, "since": 0, "waited_s": 95,
                 "held_back_by": None}]  # fmt: skip
@@ -185,6 +188,8 @@ def test_the_timeline_draws_a_row_per_gpu_its_holders_a_reservation_and_gpu_hour
     assert resv == made.id and "for dave" in dom
     assert '<line class="now"' in dom
     assert re.search(r"<td>.*alice</td><td>4\.0</td><td>0\.0</td>", dom)
+    # a hold under an hour: held and used both in minutes, never "0.0" beside "<1 min"
+    assert "unknown</td><td>&lt;1 min</td><td>0 min</td>" in dom
     assert 'data-timeline="7d"' in week
     assert holds(week) == [(UUIDS[0], "unknown"), (UUIDS[1], "alice"), (UUIDS[2], "bob")]
     assert re.search(r"<td>.*bob</td><td>24\.0</td>", week)

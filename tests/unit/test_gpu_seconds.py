@@ -40,7 +40,7 @@ def test_the_sampler_keeps_each_gpus_utilisation(world: tuple[Allocator, Path]) 
     stop = threading.Event()
     live = gpus.LiveView(alloc)
     sampler = threading.Thread(
-        target=metrics_server.sample_forever, args=(live, 0.05, stop, samples)
+        target=metrics_server.sample_forever, args=(live, lambda: 0.05, stop, samples)
     )
     sampler.start()
     time.sleep(0.5)

@@ -131,7 +131,8 @@ CASES = {
         req(one(3)), (Shortage, "kept for bob's create 'w1'"), kept={"GPU-0": KEPT, "GPU-1": KEPT}
     ),
     "every GPU held: short": Case(
-        req(), (Shortage, "0 of 4 free on this host (GPUs 0,1,2,3: a create in flight of bob"),
+        req(),
+        (Shortage, "0 of 4 free on this host, held by:\n  GPUs 0,1,2,3: a create in flight of bob"),
         setup=lambda st: hold(st, "GPU-0", "GPU-1", "GPU-2", "GPU-3"),
     ),
     "more GPUs than the host has": Case(req(one(5)), (Shortage, "this host has only 4")),

@@ -3,7 +3,7 @@ dict ``status`` prints."""
 
 from __future__ import annotations
 
-from allocator.core.leases.holders import CREATED, Holder, ago
+from allocator.core.leases.holders import CREATED, Holder, ago, held_for
 
 CID = "c0ffee" + "1" * 58
 
@@ -17,8 +17,16 @@ def test_durations_are_said_in_their_largest_unit() -> None:
 def test_a_leased_holder_names_its_container_owner_age_and_lease() -> None:
     held = Holder(CID, "train", "leased", lease="l1", state="bound", owner="alice", since=100.0)
     assert held.describe(now=100.0 + 7200) == (
-        "container c0ffee111111 'train' of alice, for 2h (lease l1, bound)"
+        "container c0ffee111111 'train' of alice, held 2h (lease l1, bound)"
     )
+
+
+def test_a_fresh_holder_is_held_under_a_minute_not_for_0s() -> None:
+    assert [held_for(s) for s in (0, 59, 60, 3 * 60 + 5, 2 * 3600)] == [
+        "<1m", "<1m", "1m", "3m", "2h",
+    ]  # fmt: skip
+    held = Holder(CID, "train", "leased", lease="l1", state="bound", owner="alice", since=100.0)
+    assert ", held <1m (" in held.describe(now=100.0)
 
 
 def test_a_lease_whose_create_is_in_flight_has_no_container_yet() -> None:

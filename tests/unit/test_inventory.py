@@ -155,7 +155,8 @@ RESOLVED = {
     "index with surrounding spaces": (" 2 ", UUID_C),
     "full uuid": (UUID_C, UUID_C),
     "unique uuid prefix, nvidia-docker v1 style": ("GPU-f00dcafe", UUID_C),
-    "the shortest prefix accepted": ("GPU-f00d", UUID_C),
+    "a prefix of any length, if unique": ("GPU-f", UUID_C),
+    "a 6-character prefix": ("GPU-f0", UUID_C),
     "prefix that tells the two 836c0c0 GPUs apart": ("GPU-836c0c09", UUID_A),
     "longer prefix": ("GPU-836c0c0a-aaaa", UUID_B),
 }
@@ -170,8 +171,11 @@ UNRESOLVED = {
     "prefix shared by two GPUs": ("GPU-836c0c0", "matches several GPUs"),
     "unknown index": ("3", "is not a GPU on this host"),
     "unknown uuid": ("GPU-00000000-0000-0000-0000-000000000000", "is not a GPU on this host"),
-    "prefix too short to be taken as one": ("GPU-f00", "is not a GPU on this host"),
-    "a uuid prefix without the GPU- part": ("f00dcafe", "is not a GPU on this host"),
+    "the GPU- part alone": ("GPU-", "is not a GPU on this host"),
+    "a uuid prefix without the GPU- part": (
+        "f00dcafe",
+        "is not a GPU on this host; a UUID prefix keeps its GPU- part: GPU-f00dcafe",
+    ),
     "a minor number is not an index": ("4", "is not a GPU on this host"),
     "negative index": ("-1", "is not a GPU on this host"),
     "empty": ("", "is not a GPU on this host"),

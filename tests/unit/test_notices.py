@@ -138,6 +138,8 @@ def test_the_config_section_is_read():
         ({"events": {"default": ["everything"]}}, "notify.events.default", "a list of"),
         ({"operators": [""]}, "notify.operators", "a list of addresses"),
         ({"mail": {}}, "notify.mail", "unknown key"),
+        ({"smtp": {"host": "h", "from": "f", "prot": 25}}, "notify.smtp.prot",
+         "did you mean 'notify.smtp.port'?"),
     ],
 )  # fmt: skip
 def test_a_bad_notify_key_is_refused_naming_it(section, key, said):

@@ -217,7 +217,20 @@ def test_a_shortage_names_each_holder_once_with_owner_and_age():
     short = place(Ask((), 1, False, ("gpu",)), inventory, held, POLICIES["numa"], 1000.0 + 7200)
     assert isinstance(short, Shortage)
     assert short.msg.count("alice") == 1
-    assert "GPUs 0,1,2,3: container cccccccccccc 'train' of alice, for 2h" in short.msg
+    assert "GPUs 0,1,2,3: container cccccccccccc 'train' of alice, held 2h" in short.msg
+    bob = Holder("b" * 64, "eval", "leased", "l2", "bound", "bob", 1001, 1000.0 + 7190)
+    held = {g.uuid: alice if g.index < 2 else bob for g in inventory.gpus}
+    short = place(Ask((), 1, False, ("gpu",)), inventory, held, POLICIES["numa"], 1000.0 + 7200)
+    assert isinstance(short, Shortage)
+    lines = short.msg.splitlines()  # one holder a line, between the count and the advice
+    assert lines[0].endswith("0 of 4 free on this host, held by:")
+    assert (
+        lines[1] == "  GPUs 0,1: container cccccccccccc 'train' of alice, held 2h (lease l1, bound)"
+    )
+    assert (
+        lines[2] == "  GPUs 2,3: container bbbbbbbbbbbb 'eval' of bob, held <1m (lease l2, bound)"
+    )
+    assert lines[3].startswith("Remove a container that holds GPUs, or ask for fewer")
     where = Wanted(pool="training", model="A100").where("training")
     assert where == "pool 'training', model containing 'A100'"
     more = place(Ask((), 5, False, ("gpu",)), inventory, {}, POLICIES["numa"], None, where)
@@ -256,11 +269,11 @@ def test_a_shortage_says_a_holder_is_stopped_and_how_its_gpus_come_back():
     assert report.stopped == {"a" * 64: "Exited (0) 2 hours ago"} and not report
     held = state.holders(inventory.uuids, report.stopped)
     assert held["GPU-0"].describe(1000.0 + 7200) == (
-        "container aaaaaaaaaaaa 'train' of alice, for 2h "
+        "container aaaaaaaaaaaa 'train' of alice, held 2h "
         "(lease l0, bound; stopped: Exited (0) 2 hours ago)"
     )
     assert held["GPU-1"].describe(1000.0 + 7200) == (
-        "container bbbbbbbbbbbb 'serve' of alice, for 2h (lease l1, bound)"
+        "container bbbbbbbbbbbb 'serve' of alice, held 2h (lease l1, bound)"
     )
     short = place(Ask((), 1, False, ("gpu",)), inventory, held, POLICIES["numa"], 1000.0 + 7200)
     assert isinstance(short, Shortage) and short.msg.count("stopped:") == 1
@@ -361,7 +374,8 @@ def test_a_container_created_a_moment_ago_is_not_called_stopped_or_told_to_be_re
     report = apply(state.copy(), state, listed, {}, {}, 1000.0)
     held = state.holders(inventory.uuids, report.stopped)
     assert held["GPU-0"].describe(1001.0) == (
-        "container aaaaaaaaaaaa 'job' of alice, for 1s (lease l0, bound; created, not started yet)"
+        "container aaaaaaaaaaaa 'job' of alice, held <1m "
+        "(lease l0, bound; created, not started yet)"
     )
     short = place(Ask((), 1, False, ("gpu",)), inventory, held, POLICIES["numa"], 1001.0)
     assert isinstance(short, Shortage)

@@ -68,6 +68,14 @@ def test_an_unlimited_create_is_placed_beside_a_reservation_starting_soon(alloc)
     assert "io.gpu-alloc.time=DURATION" in refused.msg
 
 
+def test_a_window_begun_two_days_ago_is_reserved_from_now_to_its_end(alloc) -> None:
+    """docs/reservations.md's first example, run after its --from: the rest of it is kept."""
+    now = ledger.now()
+    made = alloc.reservations.reserve("root", (now - 2 * 86400, now + 2 * 86400), gpus=("0",))
+    assert not isinstance(made, str), made
+    assert now <= made.start <= ledger.now() and made.end == now + 2 * 86400
+
+
 def test_a_create_whose_limit_ends_before_the_window_may_use_the_gpu(alloc) -> None:
     now = ledger.now()
     alloc.reservations.reserve("root", (now + 10, now + 60), gpus=("0", "1"))

@@ -25,8 +25,8 @@ def test_a_leased_create_gets_its_gpus_by_uuid_the_guard_env_and_the_lease_label
     assert out["Env"] == [
         "A=1",
         "NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b",
+        "DOCKER_RESOURCE_GPU=GPU-a,GPU-b",
         "CUDA_DEVICE_ORDER=PCI_BUS_ID",
-        "DOCKER_RESOURCE_GPU=void",
     ]
     assert out["Labels"] == {"team": "a", labels.PLACED: "", labels.LEASE: "l1"}
 
@@ -58,12 +58,27 @@ def test_client_labels_under_the_prefix_are_dropped_and_others_kept() -> None:
     assert strip_labels(untouched) is untouched
 
 
-def test_the_swarm_variable_is_pinned_void_unless_the_create_sets_it() -> None:
-    """The toolkit reads DOCKER_RESOURCE_<swarm.kind> before NVIDIA_VISIBLE_DEVICES: the
-    pin keeps an image's ENV of it from selecting GPUs, so such an image runs locally."""
+def swarm_env(out: dict) -> list[str]:
+    return [e for e in out["Env"] if e.startswith("DOCKER_RESOURCE_")]
+
+
+def test_a_create_without_gpus_has_the_swarm_variable_pinned_void_unless_it_sets_it() -> None:
+    """A toolkit with swarm-resource reads DOCKER_RESOURCE_<swarm.kind> instead of
+    NVIDIA_VISIBLE_DEVICES: the pin keeps an image's ENV of it from selecting GPUs."""
     out = rewrite(spec(), (), None, swarm_variable="DOCKER_RESOURCE_NVIDIA_GPU")
     assert out["Env"][-1] == "DOCKER_RESOURCE_NVIDIA_GPU=void"
-    own = rewrite(spec(Env=["DOCKER_RESOURCE_GPU=void"]), GPUS, "l1")
-    assert [e for e in own["Env"] if e.startswith("DOCKER_RESOURCE_")] == [
-        "DOCKER_RESOURCE_GPU=void"
-    ]
+    own = rewrite(spec(Env=["DOCKER_RESOURCE_GPU=void"]), (), None)
+    assert swarm_env(own) == ["DOCKER_RESOURCE_GPU=void"]
+
+
+def test_a_leased_create_has_the_swarm_variable_name_its_gpus_never_void() -> None:
+    """Else a toolkit with swarm-resource gives the leased container no GPU (issue 42)."""
+    out = rewrite(spec(), GPUS, "l1", swarm_variable="DOCKER_RESOURCE_NVIDIA_GPU")
+    assert swarm_env(out) == ["DOCKER_RESOURCE_NVIDIA_GPU=GPU-a,GPU-b"]
+    voided = rewrite(spec(Env=["DOCKER_RESOURCE_GPU=void", "DOCKER_RESOURCE_GPU=0"]), GPUS, "l1")
+    assert swarm_env(voided) == ["DOCKER_RESOURCE_GPU=GPU-a,GPU-b"]
+
+
+def test_a_leased_create_keeps_a_swarm_variable_of_another_kind_for_the_plugin() -> None:
+    out = rewrite(spec(Env=["DOCKER_RESOURCE_OTHER=GPU-c"]), GPUS, "l1")
+    assert swarm_env(out) == ["DOCKER_RESOURCE_OTHER=GPU-c", "DOCKER_RESOURCE_GPU=GPU-a,GPU-b"]

@@ -65,6 +65,21 @@ def test_the_shims_leased_create_needs_its_pending_lease_for_exactly_its_gpus() 
     assert isinstance(got, decide.Deny) and got.field == "Config.Env"
 
 
+def test_a_leased_create_whose_swarm_variable_names_its_gpus_is_admitted_for_them() -> None:
+    """The shim names the leased GPUs in DOCKER_RESOURCE_<kind> too (a toolkit with
+    swarm-resource reads it instead): the plugin admits exactly the lease, no other."""
+    env = [f"NVIDIA_VISIBLE_DEVICES={UUIDS[1]}", f"DOCKER_RESOURCE_GPU={UUIDS[1]}"]
+    spec = {"Image": "busybox", "Env": env, "Labels": {labels.LEASE: "l1"},
+            "HostConfig": gpus(UUIDS[1])}  # fmt: skip
+    assert create(spec, HEADER) == NeedsLease("l1", "tok", frozenset({UUIDS[1]}))
+    for other in (UUIDS[0], f"{UUIDS[0]},{UUIDS[1]}", "all", "1,void"):
+        mismatch = {**spec, "Env": [env[0], f"DOCKER_RESOURCE_GPU={other}"]}
+        got = create(mismatch, HEADER)
+        assert isinstance(got, decide.Deny) and "DOCKER_RESOURCE_GPU" in got.msg, other
+    unleased = create({**spec, "Labels": {}})
+    assert isinstance(unleased, decide.Deny) and "without a gpu-alloc lease" in unleased.msg
+
+
 def test_without_an_inventory_only_a_create_touching_no_gpu_passes() -> None:
     blind = Facts(None, EngineView(), TableHost(), inventory_error="NVML: driver gone")
     assert create({"Image": "busybox"}, facts=blind) is ALLOW

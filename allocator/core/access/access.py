@@ -152,8 +152,11 @@ def _swarm_resources(ctx: Ctx) -> None:
 
     Refused at a create, unless it pins the variable to ``void`` (the pin a service's
     tasks carry, and the shim's rewrite adds for ``swarm.kind``: an image's ENV of the
-    name then never reaches the toolkit); on an existing container (a swarm task's, given
-    its GPUs by swarm's scheduler) it holds the GPUs its value names.  The toolkit reads
+    name then never reaches the toolkit) or names exactly the GPUs the create's own
+    ``NVIDIA_VISIBLE_DEVICES`` names (what the shim's rewrite sets on a leased create, so
+    that such a toolkit gives it those GPUs): a leasable ask of them, which only a lease
+    of exactly them covers.  On an existing container (a swarm task's, given its GPUs by
+    swarm's scheduler, or a leased one) it holds the GPUs its value names.  The toolkit reads
     the env as a map, so a variable set twice (the spec's void pin, then what swarm
     appends) is its last value, and one naming void selects nothing.  An entry without
     ``=`` is no variable to the toolkit (it splits each entry at ``=`` and skips the rest)."""
@@ -162,14 +165,33 @@ def _swarm_resources(ctx: Ctx) -> None:
     )
     for name in names:
         value = env_values(ctx.view.env, name)[-1]
-        if ctx.strict and value.strip() != "void":
-            ctx.refuse("Config.Env", f"{name} can select GPUs in the toolkit")
-            continue
         ids = tuple(v.strip() for v in value.split(",") if v.strip())
+        if ctx.strict and value.strip() != "void":
+            gpus = _as_visible(ctx, ids)
+            if gpus is None:
+                ctx.refuse(
+                    "Config.Env",
+                    f"{name} can select GPUs in the toolkit; set it only to void, or to "
+                    f"the GPUs {VISIBLE} names",
+                )
+            else:
+                ctx.add("Config.Env", f"{name}={value}", gpus, Demand(ids=ids))
+            continue
         if not ids or "void" in ids:
             continue
         gpus = resolve_ids(ctx, "Config.Env", ids)
         ctx.add("Config.Env", f"{name}={value} (GPUs a swarm task was given)", gpus)
+
+
+def _as_visible(ctx: Ctx, ids: tuple[str, ...]) -> set[str] | None:
+    """The GPUs ``ids`` name when they are exactly those of the create's last
+    ``NVIDIA_VISIBLE_DEVICES``; None otherwise, or when either names no GPU by itself."""
+    values = env_values(ctx.view.env, VISIBLE)
+    visible = tuple(v.strip() for v in values[-1].split(",") if v.strip()) if values else ()
+    if not ids or not visible or {"void", "none", "all"} & {*ids, *visible}:
+        return None
+    gpus = resolve_ids(ctx, "Config.Env", ids)
+    return gpus if gpus and gpus == resolve_ids(ctx, "Config.Env", visible) else None
 
 
 def _hook_env(ctx: Ctx, fld: str, why: str) -> None:

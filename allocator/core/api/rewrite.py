@@ -26,14 +26,16 @@ def rewrite(
     ``NVIDIA_VISIBLE_DEVICES`` from reaching any GPU should a hook ever run.  A leased
     container gets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless it sets one, so CUDA numbers
     its GPUs as ``nvidia-smi`` does, and the cores and memory `placed` with its GPUs.
-    ``swarm_variable`` (``DOCKER_RESOURCE_<swarm.kind>``, which the toolkit reads before
-    ``NVIDIA_VISIBLE_DEVICES``) is pinned to ``void`` unless the body sets it, so an
-    image whose ENV sets it runs as created: its start is judged on the pin, not the
-    image's value.
+    ``swarm_variable`` (``DOCKER_RESOURCE_<swarm.kind>``) is what a toolkit configured with
+    ``swarm-resource`` reads instead of ``NVIDIA_VISIBLE_DEVICES`` whenever it is set, and
+    an image's ENV may set it: a leased container's names its GPUs, as its
+    ``NVIDIA_VISIBLE_DEVICES`` does; any other is pinned to ``void`` unless the body sets
+    it, so its start is judged on the pin, not the image's value.
     """
     out = dict(spec)
     hc = dict(out.get("HostConfig") or {})
-    env = [e for e in (out.get("Env") or ()) if not str(e).startswith(VISIBLE + "=")]
+    own_env = (VISIBLE + "=",) if label is None else (VISIBLE + "=", swarm_variable + "=")
+    env = [e for e in (out.get("Env") or ()) if not str(e).startswith(own_env)]
     own = labels.strip(out.get("Labels"))
     binder = (out.get("Labels") or {}).get(labels.ENGINE_SOCKET)
     # the shim's own, set after the client's were stripped (core/judging/socket_binds.py)
@@ -43,6 +45,7 @@ def rewrite(
         env.append(f"{VISIBLE}=void")
     else:
         env.append(f"{VISIBLE}={','.join(uuids)}")
+        env.append(f"{swarm_variable}={','.join(uuids)}")
         if not any(str(e).startswith(CUDA_ORDER + "=") for e in env):
             env.append(f"{CUDA_ORDER}=PCI_BUS_ID")
         if placed is not None:

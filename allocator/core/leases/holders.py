@@ -49,7 +49,7 @@ class Holder:
                 f"container {(self.container or '')[:12]} '{self.name}' "
                 f"(not leased: {self.why}{stopped})"
             )
-        age = f", for {ago(now - self.since)}" if now is not None and self.since else ""
+        age = f", held {held_for(now - self.since)}" if now is not None and self.since else ""
         return " ".join(
             filter(
                 None,
@@ -66,6 +66,12 @@ class Holder:
         out = {k: v for k, v in asdict(self).items() if v is not None or k == "container"}
         out["owner"] = {"uid": out.pop("owner_uid", None), "user": self.owner}
         return out
+
+
+def held_for(seconds: float) -> str:
+    """How long a holder has had its GPUs: ``<1m`` under a minute, so a fresh lease does
+    not read as a time limit of ``0s``."""
+    return "<1m" if seconds < 60 else ago(seconds)
 
 
 def ago(seconds: float) -> str:

@@ -151,10 +151,15 @@ class Inventory:
         else:
             every = (*self.gpus, *self.migs)
             found = [g for g in every if g.uuid == ident]
-            if not found and ident.upper().startswith(("GPU-", "MIG-")) and len(ident) >= 8:
-                found = [g for g in every if g.uuid.startswith(ident)]
+            if not found and ident.upper().startswith(("GPU-", "MIG-")) and len(ident) > 4:
+                found = [g for g in every if g.uuid.startswith(ident)]  # any length, if unique
         if len(found) != 1:
             why = "matches several GPUs" if found else "is not a GPU on this host"
+            tag = next(
+                (g.uuid[:4] for g in (*self.gpus, *self.migs) if g.uuid[4:].startswith(ident)), ""
+            )
+            if ident and not found and tag:
+                why += f"; a UUID prefix keeps its {tag} part: {tag}{ident}"
             known = ", ".join(f"{g.index}={g.uuid}" for g in self.gpus) or "none"
             known += "".join(f", {m.index}:{m.mig_index}={m.uuid}" for m in self.migs)
             raise LookupError(f"GPU '{ident}' {why} (GPUs: {known})")

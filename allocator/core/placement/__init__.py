@@ -228,12 +228,12 @@ def _shortage_text(
             + _kept_hint([held.get(g.uuid) for g in taken])
             + _reserved_hint([held.get(g.uuid) for g in taken])
         )
-    holders = "; ".join(f"{_named(gs)}: {text}" for gs, text in by_holder.values())
+    holders = "".join(f"\n  {_named(gs)}: {text}" for gs, text in by_holder.values())
     return (
         f"gpu-alloc: not enough free GPUs: asked for {asked}, {len(free)} of "
         f"{len(units)} free {'in ' + where if where else 'on this host'}"
-        + (f" ({holders})" if holders else "")
-        + ". Remove a container that holds GPUs, or ask for fewer; 'gpu-alloc status' "
+        + (f", held by:{holders}\n" if holders else ". ")
+        + "Remove a container that holds GPUs, or ask for fewer; 'gpu-alloc status' "
         "shows who holds what"
         + _stopped_hint(list(stopped.values()))
         + _kept_hint([held.get(g.uuid) for g in units if g not in free])

@@ -13,7 +13,8 @@ Rules
 4. The holder is never kept from its own GPUs; during the window a holder's count request
    that its free reserved GPUs can answer is placed on them (`prefer`).
 5. Two reservations never share a GPU in overlapping windows; a window is never in the
-   past, never empty, and names only GPUs the host (or the pool) has.
+   past, never empty, and names only GPUs the host (or the pool) has; one that has begun
+   already starts now (`from_now`).
 
 Every function takes ``now`` and the facts it needs: no clock, no file.
 """
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     from allocator.core.rules.policy import Owner
 
 Pick = Callable[[Sequence["GPU"], Sequence["GPU"], int], "list[GPU] | None"]
-PAST_SLACK = 60.0  # seconds a --from may lie behind now (a typed "now" arrives late)
 
 
 @dataclass(frozen=True)
@@ -192,16 +192,19 @@ def parse_time(text: str, now: float) -> float:
     )
 
 
+def from_now(window: tuple[float, float], now: float) -> tuple[float, float]:
+    """A window that has begun but not ended is reserved from now (rule 5): what the
+    operator asked for, less the part already gone."""
+    start, end = window
+    return (now, end) if start < now < end else window
+
+
 def window_error(start: float, end: float, now: float) -> str | None:
     """Why ``[start, end)`` cannot be reserved now, or None (rule 5)."""
     if end <= start:
         return f"--to ({when(end, now)}) must be after --from ({when(start, now)})"
     if end <= now:
         return f"the window ends at {when(end, now)}, in the past; give a future window"
-    if start < now - PAST_SLACK:
-        return (
-            f"--from ({when(start, now)}) is in the past; give 'now' or a later time, such as +10m"
-        )
     return None
 
 

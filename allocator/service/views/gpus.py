@@ -40,6 +40,7 @@ class Reading:
     gpus: list[GpuState]  # every GPU and MIG slice, then the departed ones
     use: dict[str, Usage]
     containers: dict[str, dict[str, Any]]  # the holders' containers as the Engine lists them
+    idle_after: float  # policy.idle_after the idle marks were judged by
 
 
 class LiveView:
@@ -57,7 +58,7 @@ class LiveView:
             use = self.alloc.gather.devices.usage()
         except InventoryError:
             use = {}
-        idle_after = self.alloc.config.policy.idle_after
+        idle_after = self.alloc.gather.policy.idle_after  # as the file says now, in every view
         active = frozenset(u for u, x in use.items() if x.active)
         try:
             seen = self.activity.observe(set(active), now, min(60.0, idle_after / 4))
@@ -73,7 +74,7 @@ class LiveView:
             Activity(now, idle_after, active, seen, known(use)),
             {cid: str(c.get("State") or "") for cid, c in listed.items()},
         )
-        return Reading(now, inventory, state, found, use, listed)
+        return Reading(now, inventory, state, found, use, listed, idle_after)
 
     def snapshot(self, now: float | None = None) -> dict[str, Any]:
         got = self.read(now)
@@ -82,7 +83,7 @@ class LiveView:
         departed = [self._row(s, got, pools) for s in got.gpus if s.gpu is None]
         return {
             "time": got.now,
-            "idle_after": self.alloc.config.policy.idle_after,
+            "idle_after": got.idle_after,
             "gpus": rows,
             "departed": departed,
             "pools": pools,

@@ -14,9 +14,10 @@ from typing import Any
 
 from allocator.core.api import numbers
 from allocator.core.leases.events import parse_time
+from allocator.core.timing.report import share_part
 from allocator.core.timing.uses import uses
 
-__all__ = ["select", "since_epoch", "uses"]
+__all__ = ["select", "since_epoch", "uses", "with_gpu_hours"]
 
 
 def since_epoch(text: str, now: float, flag: str = "--since") -> float:
@@ -49,3 +50,14 @@ def select(
         return end is None or parse_time(end) >= since  # still held, or ended after
 
     return [r for r in rows if on_gpu(r) and (user is None or r.get("owner") == user) and after(r)]
+
+
+def with_gpu_hours(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """Each use with ``gpu_hours``: its GPUs (a share as its part of one, as `report`
+    and fair share count it) times the hours it was held, up to ``now`` while held."""
+    for r in rows:
+        if r.get("event") == "use" and r.get("from"):
+            end = parse_time(r["to"]) if r.get("to") else now
+            held = max(0.0, end - parse_time(r["from"])) / 3600
+            r["gpu_hours"] = round(held * len(r.get("gpus") or ()) * share_part(r.get("share")), 4)
+    return rows

@@ -113,7 +113,7 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
     return {
         "gpus": gpus,
         "migs": migs,
-        "mig_policy": alloc.config.policy.mig,
+        "mig_policy": alloc.gather.policy.mig,
         "holders": sorted(holders.values(), key=lambda r: (r["gpus"] or [1 << 30], r["uuids"])),
         "leases": [
             vars(le) | {"gpus": list(le.gpus), "cpus": list(le.cpus), "mems": list(le.mems)}
