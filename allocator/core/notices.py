@@ -5,7 +5,8 @@ audited can be told, and told the same way: a grant after a wait (``granted``), 
 checkpoint signal before a stop (``warning``), a stop at the time limit or by idle
 reclaim (``stopped``), and a GPU turning unhealthy (``unhealthy``, to the owner of each
 lease on it and to ``notify.operators``).  Made from the clock instead: a time limit's
-80 % and 90 % for a container without a checkpoint signal (`time_warning`), and a
+80 % and 90 % for a container without a checkpoint signal (`time_warning`), 80 % of
+idle reclaim's time for one idle (`idle_warning`), and a
 reservation about to begin and begun (`reservation`: to its holder, and to whoever's
 lease is on its GPUs then).  Each says what happened, to which container,
 and what the owner can do.  Its id is a hash of the record it came from (`notice_id`):
@@ -144,6 +145,21 @@ def time_warning(lease: Lease, share: float, choices: Choices) -> list[Notice]:
         "now; ask for a checkpoint signal next time with --label io.gpu-alloc.signal=USR1@10m."
     )
     return _to(record, choices, "warning", [lease.owner], f"{what} will be stopped soon", text)
+
+
+def idle_warning(lease: Lease, since: float, after: float, choices: Choices) -> list[Notice]:
+    """The notice to ``lease``'s owner that its container's GPUs sat unused since ``since``,
+    most of ``policy.reclaim_idle_after`` (``after``): one per stretch of idleness."""
+    record = {"time": rfc3339(since), "event": "idle-warning", "lease": lease.id,
+              "container": lease.container, "name": lease.name}  # fmt: skip
+    what = _what(record)
+    text = (
+        f"The GPUs of {what} have run no process since {rfc3339(since)[:19]}Z: gpu-alloc "
+        f"stops it at {rfc3339(since + after)[:19]}Z (policy.reclaim_idle_after, "
+        f"{ago(after)}) unless they are used again. Use them, or 'docker rm' it to give "
+        "them back."
+    )
+    return _to(record, choices, "warning", [lease.owner], f"{what} is idle", text)
 
 
 def reservations_due(

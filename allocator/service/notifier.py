@@ -9,13 +9,15 @@ again after its backoff (5 s, doubling, at most an hour; a sink that failed is n
 tried again in the same round, its other notices wait as long); a notice leaves the outbox
 when every sink took it, so a shim restart, or a sink down for a day, loses none.
 Each round also makes the notices of the reservations about to begin or begun, and the
-timekeeper's look those of the time limits run to 80 % and 90 % (`time_warning`).
+timekeeper's look those of the time limits run to 80 % and 90 % (`time_warning`) and of
+the containers idle most of ``policy.reclaim_idle_after`` (`idle_warning`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from allocator.core import notices
 from allocator.core.leases.events import rfc3339
@@ -66,17 +68,15 @@ class Notifier:
             log.exception("notice of %s not kept", record.get("event"))
 
     def time_warning(self, lease: Lease, share: float) -> None:
-        """The timekeeper's look found ``lease`` past ``share`` of its time limit: its
-        warning into the outbox, once (each look makes the same notice, and the outbox
-        keeps one per id: pending, or sent in the last 30 days)."""
-        if not self.config.on:
-            return
-        try:
-            made = notices.time_warning(lease, share, self.config.choices)
-            if sum(self.outbox.put(n, self.sinks_of(n)) for n in made):
-                self.wake.set()
-        except Exception:
-            log.exception("time warning for lease %s not kept", lease.id)
+        """The timekeeper's look found ``lease`` past ``share`` of its time limit."""
+        if self.config.on:
+            self._keep(lambda: notices.time_warning(lease, share, self.config.choices))
+
+    def idle_warning(self, lease: Lease, since: float, after: float) -> None:
+        """The timekeeper's look found ``lease``'s GPUs unused since ``since``, most of
+        ``after``."""
+        if self.config.on:
+            self._keep(lambda: notices.idle_warning(lease, since, after, self.config.choices))
 
     def sinks_of(self, notice: Notice) -> list[str]:
         """The sinks a notice goes to: every webhook, and mail when it has an address."""
@@ -128,6 +128,16 @@ class Notifier:
         (sink, None or why it failed) for each."""
         notice = notices.trial(user, rfc3339(ledger.now()), self.config.choices)
         return [(sink, self.send(sink, notice)) for sink in self.sinks_of(notice)]
+
+    def _keep(self, make: Callable[[], list[Notice]]) -> None:
+        """A warning the timekeeper's looks make again and again into the outbox, once
+        (the outbox keeps one per id: pending, or sent in the last 30 days).  Never
+        raises: the look goes on."""
+        try:
+            if sum(self.outbox.put(n, self.sinks_of(n)) for n in make()):
+                self.wake.set()
+        except Exception:
+            log.exception("a warning notice not kept")
 
     def _reservations(self, now: float) -> None:
         """Each reservation about to begin or begun: its notices (made again each round,

@@ -1,8 +1,8 @@
 """The timekeeper: the shim's thread that stops GPU containers past their time limit
 (allocator/core/timing/timelimits.py) and, with ``policy.reclaim_idle_after``, idle ones
 (allocator/core/timing/reclaim.py), each sent its checkpoint signal first when its lease
-has one (allocator/core/timing/checkpoint.py), its owner told at 80 % and 90 % of the
-limit when it has none (allocator/service/notifier.py).
+has one (allocator/core/timing/checkpoint.py); without one its owner is told at 80 % and
+90 % of the limit, and at 80 % of the idle time (allocator/service/notifier.py).
 
 Each look reads the ledger; only while a lease has a time limit, or idle reclaim is
 on, does it list gpu-alloc's containers (one Engine call); a paused one counts as
@@ -101,9 +101,10 @@ class Timekeeper:
             self.notifier.time_warning(le, share)
         after = rules.reclaim_idle_after
         if after is not None:
-            warn, stop = checkpoint.before_reclaim(
-                self._idle(leases, running, now, after), now, after
-            )
+            idle = self._idle(leases, running, now, after)
+            warn, stop = checkpoint.before_reclaim(idle, now, after)
+            for le, since in checkpoint.idle_warnings(idle, now, after):
+                self.notifier.idle_warning(le, since, after)
             for le in warn:
                 self._signal(le, IDLE, "idle reclaim", now)
             for le in stop:

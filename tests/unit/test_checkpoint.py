@@ -143,3 +143,11 @@ def test_without_a_signal_the_owner_is_warned_at_80_and_90_percent_of_the_limit(
     assert checkpoint.time_warnings([plain], {"c-a"}, 1000) == []  # the stop is due
     assert checkpoint.time_warnings([plain], set(), 900) == []  # not running
     assert checkpoint.time_warnings([lease()], {"c-a"}, 900) == []  # its signal warns it
+
+
+def test_without_a_signal_the_owner_is_warned_at_80_percent_of_the_idle_time_once_per_stretch():
+    plain = lease(signal="", signal_lead=0.0, time_limit=None)
+    assert checkpoint.idle_warnings([(plain, 100)], 579, 600) == []
+    assert checkpoint.idle_warnings([(plain, 100)], 580, 600) == [(plain, 100)]
+    assert checkpoint.idle_warnings([(plain, 100)], 700, 600) == []  # the stop is due
+    assert checkpoint.idle_warnings([(lease(), 100)], 580, 600) == []  # its signal warns it

@@ -181,3 +181,18 @@ def test_a_reservation_is_due_to_be_told_15_minutes_before_and_once_begun():
     assert begun[0].id != soon[0].id
     group = Reservation("r2", "@ml", ("GPU-1",), start=10_000.0, end=20_000.0)
     assert notices.reservation(group, True, CHOICES, {}, {}) == []  # a group has no address
+
+
+def test_an_idle_warning_says_when_the_stop_comes_unless_the_gpus_are_used():
+    from allocator.core.leases.leases import Lease
+
+    le = Lease("l1", ("GPU-1",), "", "bound", "c" * 64, name="train", owner="bob")
+    (n,) = notices.idle_warning(le, 1_800_000_000.0, 7200.0, CHOICES)
+    assert (n.kind, n.subject) == ("warning", "gpu-alloc: container train is idle")
+    assert n.text == (
+        "The GPUs of container train have run no process since 2027-01-15T08:00:00Z: "
+        "gpu-alloc stops it at 2027-01-15T10:00:00Z (policy.reclaim_idle_after, 2h) unless "
+        "they are used again. Use them, or 'docker rm' it to give them back."
+    )
+    later = notices.idle_warning(le, 1_800_000_500.0, 7200.0, CHOICES)[0]
+    assert later.id != n.id  # another stretch of idleness, another notice

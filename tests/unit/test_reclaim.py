@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from allocator.core.leases.leases import Lease, Phase
 from allocator.core.rules.policy import Rules
-from allocator.core.timing import reclaim
+from allocator.core.timing import checkpoint, reclaim
 
 RULES = Rules(exempt=("root",), reclaim_idle_after=100.0)
 READ = {"GPU-0", "GPU-1", "GPU-2"}
@@ -18,8 +18,10 @@ def lease(lid: str, gpus: tuple[str, ...], owner: str = "alice", created: float 
 
 def idle(leases, now, *, active=(), seen=None, started=None, rules=RULES, read=READ):
     running = {le.container: (started or {}).get(le.container) for le in leases}
+    """The leases stopped at ``now``: those `reclaim.idle` finds, as the timekeeper's
+    `checkpoint.before_reclaim` stops them."""
     found = reclaim.idle(leases, running, read, set(active), seen or {}, now, rules)
-    return [le for le, _ in found]
+    return checkpoint.before_reclaim(found, now, rules.reclaim_idle_after)[1]
 
 
 def test_a_container_whose_gpus_ran_nothing_that_long_is_reclaimed():
@@ -53,6 +55,12 @@ def test_the_exempt_a_stopped_container_and_a_policy_without_reclaim_are_left_al
 def test_the_reason_names_the_rule_and_what_happens_to_the_lease():
     why = reclaim.reason(7200)
     assert "2h (policy.reclaim_idle_after)" in why and "release_stopped_after" in why
+
+
+def test_without_a_signal_a_container_is_found_at_80_percent_for_its_owners_warning():
+    a = lease("a", ("GPU-0",))
+    assert reclaim.idle([a], {"c-a": None}, READ, set(), {}, 79, RULES) == []
+    assert reclaim.idle([a], {"c-a": None}, READ, set(), {}, 80, RULES) == [(a, 0)]
 
 
 def test_a_container_with_a_checkpoint_signal_is_found_its_lead_earlier_with_since_when():

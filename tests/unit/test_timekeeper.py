@@ -365,3 +365,18 @@ def test_without_a_signal_the_owner_is_told_at_80_and_90_percent_once_each(tmp_p
         "container job has run 80% of its time limit of 1m",
         "container job has run 90% of its time limit of 1m",
     ]
+
+
+def test_without_a_signal_an_idle_containers_owner_is_told_before_reclaim(tmp_path):
+    hook = {"webhooks": [{"url": "http://127.0.0.1:9/none", "format": "json"}]}
+    policy = {"exempt": [], "reclaim_idle_after": "100s"}
+    alloc = make(tmp_path, policy, {"utilization": 0.0}, notify=hook)
+    running_job(alloc)
+    since = max(le.created for le in alloc.ledger.read().leases.values())
+    alloc.timekeeper.check(since + 79)
+    assert alloc.notifier.outbox.entries() == []
+    alloc.timekeeper.check(since + 81)
+    alloc.timekeeper.check(since + 90)
+    [entry] = alloc.notifier.outbox.entries()
+    assert entry.notice.subject == "gpu-alloc: container job is idle"
+    assert alloc.engine.stops == []  # type: ignore[union-attr]

@@ -17,9 +17,10 @@ sends none twice):
   policy's choice, so a late signal (the shim was down) delays it.  A time limit is not
   moved: the stop comes at the limit, however late the signal.
 
-A lease with a time limit and no signal gets no signal; its owner is warned by a notice
-instead (allocator/core/notices.py) when it has run 80 % and 90 % of its limit
-(`time_warnings`).
+A lease with no signal gets none; its owner is warned by a notice instead
+(allocator/core/notices.py) when its container has run 80 % and 90 % of its time limit
+(`time_warnings`), and when it has been idle 80 % of ``reclaim_idle_after``
+(`idle_warnings`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from allocator.core.api.signals import Signal
 from allocator.core.leases.holders import ago
 from allocator.core.leases.leases import Lease
 from allocator.core.rules.policy import Owner, Rules
+from allocator.core.timing import reclaim
 from allocator.core.timing.timelimits import ends, live
 
 WARN_AT = (0.8, 0.9)  # shares of a time limit run, told without a signal
@@ -117,6 +119,18 @@ def time_warnings(
         if passed:
             found.append((le, passed[-1]))
     return found
+
+
+def idle_warnings(
+    idle: Iterable[tuple[Lease, float]], now: float, after: float
+) -> list[tuple[Lease, float]]:
+    """(lease, idle since) among ``idle`` (as for `before_reclaim`) for each lease without a
+    signal idle for `reclaim.WARN_AT` of ``after``, and not yet for all of it."""
+    return [
+        (le, since)
+        for le, since in idle
+        if not le.signal and since + reclaim.WARN_AT * after <= now < since + after
+    ]
 
 
 def next_signal(leases: Iterable[Lease], now: float) -> float | None:

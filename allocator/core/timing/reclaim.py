@@ -20,6 +20,8 @@ from allocator.core.leases.leases import Lease
 from allocator.core.rules.policy import Rules
 from allocator.core.timing.timelimits import GRACE_MAX, live
 
+WARN_AT = 0.8  # of reclaim_idle_after: the owner of a container without a signal is told
+
 
 def idle_since(
     lease: Lease,
@@ -46,7 +48,8 @@ def idle(
 ) -> list[tuple[Lease, float]]:
     """(lease, since when its GPUs sat unused) for each running container idle long enough
     at ``now`` to be stopped, or to be sent its checkpoint signal first (its lead before
-    that: allocator/core/timing/checkpoint.py decides which).
+    that), or, without a signal, for its owner to be warned (at `WARN_AT` of it):
+    allocator/core/timing/checkpoint.py decides which.
 
     ``running``: container -> when it last started (None: not known yet); ``read``: the
     GPUs whose use was read now, ``active`` those in use; ``last_active``: GPU -> the
@@ -60,7 +63,7 @@ def idle(
         if cid not in running or (le.owner or "unknown") in rules.exempt:
             continue
         since = idle_since(le, read, active, last_active, running[cid])
-        lead = le.signal_lead if le.signal else 0.0
+        lead = le.signal_lead if le.signal else (1 - WARN_AT) * after
         if since is not None and now - since >= after - lead:
             found.append((le, since))
     return found
