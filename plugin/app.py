@@ -51,7 +51,7 @@ from allocator.core.machine.inventory import InventoryError
 from allocator.host import metrics
 from allocator.host.config import Config
 from allocator.host.engine import EngineError
-from allocator.service.compose import Allocator, connect
+from allocator.service.wiring import Allocator, connect
 from plugin.inflight import InFlight
 
 log = logging.getLogger("gpu-alloc.plugin")

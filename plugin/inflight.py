@@ -34,7 +34,7 @@ from allocator.core.leases.inflight import Entry, Start
 from allocator.host.config import PolicyConfig
 from allocator.host.engine import EngineError
 from allocator.host.inflight import Registry, runtime_dir
-from allocator.service.compose import Allocator
+from allocator.service.wiring import Allocator
 
 T = TypeVar("T")
 ASK_EVERY = 0.1  # seconds between asking the Engine whether a restart was looked up

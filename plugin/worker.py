@@ -17,9 +17,10 @@ shape with gpu-alloc's decisions in it:
   files are read without the lock), which spares the create two thread hops, to a
   pool and back;
 * a decision that takes the ledger lock, asks the Engine or refuses (a `Later`)
-  runs on a thread (allocator/service/handoff.py: one wake each way), so while it waits this
-  worker keeps answering every other call, including the ones its own Engine
-  inspects make dockerd send back to it;
+  runs on a thread (allocator/service/handoff.py: one wake each way; the hand-off
+  is the service's `Background.handoff("decide")`, stopped and listed in health
+  with its other pools), so while it waits this worker keeps answering every other
+  call, including the ones its own Engine inspects make dockerd send back to it;
 * answers go out in request order on each connection;
 * the activation handshake is one more route of the dispatcher (a constant answer;
   the files it touches are touched on the pool); any other call gets a 404 in the
@@ -191,7 +192,6 @@ class Worker(base.Worker):
         except ImportError:
             self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
-        self.pool = Handoff(_THREADS, "gpu-alloc-decide")
         self.busy = 0
         super().init_process()
 
@@ -202,6 +202,7 @@ class Worker(base.Worker):
         if not isinstance(dispatcher, Dispatcher):
             raise TypeError(f"plugin.worker serves a Dispatcher, not {dispatcher!r}")
         self.dispatcher: Dispatcher = dispatcher
+        self.pool: Handoff = dispatcher.alloc.background.handoff("decide", _THREADS)
 
     def init_signals(self) -> None:
         for s in self.SIGNALS:
@@ -228,8 +229,7 @@ class Worker(base.Worker):
         try:
             self.loop.run_until_complete(self._serve())
         finally:
-            self.pool.stop()
-            self.dispatcher.alloc.background.stop()
+            self.dispatcher.alloc.background.stop()  # the hand-off's unbegun work too
             self.loop.close()
 
     async def _serve(self) -> None:

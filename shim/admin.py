@@ -20,9 +20,9 @@ from allocator.core.leases.leases import StateError
 from allocator.core.machine.inventory import InventoryError
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
-from allocator.service.compose import Allocator
 from allocator.service.views import explain, report, status, wire
 from allocator.service.views.gpus import LiveView
+from allocator.service.wiring import Allocator
 from shim.create import CreateInterceptor, Forward, error
 from shim.framing import Request, Response
 from shim.waitline import Waitline

@@ -60,9 +60,9 @@ from allocator.core.rules import policy, sharing
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
 from allocator.service.background import LEDGER_THREADS
-from allocator.service.compose import Allocator
 from allocator.service.creates import Asked
 from allocator.service.placer import LeaseRequest
+from allocator.service.wiring import Allocator
 from shim.framing import Request, Response, UpstreamError
 from shim.waitline import Gone, Stopping, Waitline
 

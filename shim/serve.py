@@ -15,9 +15,9 @@ from allocator.host.config import Config
 from allocator.host.samples import Samples
 from allocator.service import mps
 from allocator.service.background import Background
-from allocator.service.compose import Allocator
 from allocator.service.departures import Departures
 from allocator.service.views.gpus import LiveView
+from allocator.service.wiring import Allocator
 from shim import metrics_server, server
 from shim.admin import Admin
 from shim.create import CreateInterceptor

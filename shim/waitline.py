@@ -38,9 +38,9 @@ from allocator.core.machine.inventory import InventoryError
 from allocator.core.rules import policy, queue
 from allocator.host import metrics
 from allocator.host.engine import EngineError
-from allocator.service.compose import Allocator
 from allocator.service.placer import LeaseRequest
 from allocator.service.views import queue as queue_view
+from allocator.service.wiring import Allocator
 
 log = logging.getLogger("gpu-alloc.shim")
 POLL = 0.2  # seconds between state-file checks while anyone waits

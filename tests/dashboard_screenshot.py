@@ -29,9 +29,9 @@ from allocator.core.rules.policy import Pool, Rules
 from allocator.host import usage
 from allocator.host.config import Config
 from allocator.host.samples import _day
-from allocator.service.compose import Allocator
 from allocator.service.placer import LeaseRequest
 from allocator.service.views import gpus
+from allocator.service.wiring import Allocator
 from shim import metrics_server
 from tests.support.fake_engine import FakeEngine
 from tests.unit.test_observe import free_port

@@ -51,6 +51,8 @@ ENGINE_SUITES = (
     "tests/engine/test_swarm_charge.py",  # real-socket services charged; socket binds
     "tests/engine/test_toolkit_gpus_engine.py",  # the toolkit's hook as each Engine runs it
     "tests/engine/test_bypass_engine.py",  # plugin mounts, root powers, sockets, pause
+    "tests/engine/test_go_reading.py",  # what each Engine's Go reader stores of a spelling
+    "tests/engine/test_protected_links_engine.py",  # links resolved in each dockerd's root
 )
 # The end-to-end GPU creates again with --gpus through CDI (tests/support/cdi.py), on the
 # Engines that turn an nvidia request into CDI devices themselves.

@@ -38,7 +38,7 @@ from allocator.core.judging.ask import Ask
 from allocator.core.leases.holders import Holder
 from allocator.core.leases.leases import Lease, Phase, State
 from allocator.core.machine import cpus
-from allocator.core.machine.inventory import GPU, Inventory
+from allocator.core.machine.inventory import GPU, Inventory, MigPolicy
 from allocator.core.placement import POLICIES, Policy, Shortage, place, shares, usable
 from allocator.core.rules import policy
 from allocator.core.rules.policy import NOBODY, Invalid, Owner, Refusal, Rules, Wanted
@@ -82,7 +82,7 @@ class HostNow:
     inventory: Inventory
     rules: Rules
     now: float
-    mig: str = "none"
+    mig: MigPolicy = MigPolicy.NONE
     unhealthy: Mapping[str, str] = field(default_factory=dict)
     placement: Policy = POLICIES["best-effort"]
     reservations: tuple[rsv.Reservation, ...] = ()

@@ -20,6 +20,7 @@ from allocator.core.access.privileged import REFUSE
 from allocator.core.api import numbers
 from allocator.core.machine.cpus import parse_list
 from allocator.core.machine.health import DEFAULT_IGNORED_XIDS, HealthPolicy
+from allocator.core.machine.inventory import MigPolicy
 from allocator.core.rules.policy import Pool, Rules, Ulimit, parse_size
 from allocator.host import (
     config_keys,
@@ -34,7 +35,6 @@ from allocator.host.swarm_config import SwarmConfig
 DEFAULT_PATH = "/etc/gpu-alloc/config.yaml"
 ENV_VAR = "GPU_ALLOC_CONFIG"
 PLACEMENT_POLICIES = ("best-effort", "numa", "first-fit")
-MIG_POLICIES = ("none", "single", "mixed")  # as the NVIDIA Kubernetes device plugin names them
 
 
 class ConfigError(Exception):
@@ -70,7 +70,7 @@ class PolicyConfig:
     pending_ttl: float = 300.0
     idle_after: float = 3600.0  # a leased GPU unused this long is marked idle
     reserved_cpus: str = ""  # a CPU list ("0-1") never leased: housekeeping cores
-    mig: str = "none"
+    mig: MigPolicy = MigPolicy.NONE
     rules: Rules = field(default_factory=Rules)  # limits, pools, gpu_defaults, ...
 
 
@@ -231,8 +231,8 @@ def _build(data: dict[str, Any], path: str) -> Config:
     policy = sections["policy"]
     if policy.get("placement", "best-effort") not in PLACEMENT_POLICIES:
         raise _fail(path, "policy.placement", f"must be one of {', '.join(PLACEMENT_POLICIES)}")
-    if policy.get("mig", "none") not in MIG_POLICIES:
-        raise _fail(path, "policy.mig", f"must be one of {', '.join(MIG_POLICIES)}")
+    if "mig" in policy:
+        policy["mig"] = _mig(path, policy["mig"])
     health = sections["health"]
     if "ignored_xids" in health:
         xids = health["ignored_xids"]
@@ -307,6 +307,14 @@ def _build(data: dict[str, Any], path: str) -> Config:
         sysfs=data.get("sysfs", Config.sysfs),
         source=path,
     )
+
+
+def _mig(path: str, value: object) -> MigPolicy:
+    """``policy.mig``, parsed here once: everything after compares the enum."""
+    try:
+        return MigPolicy(str(value))
+    except ValueError:
+        raise _fail(path, "policy.mig", f"must be one of {', '.join(MigPolicy)}") from None
 
 
 def _mode(path: str, value: int | str) -> int:

@@ -1,10 +1,11 @@
 """A thin Engine client for the few calls gpu-alloc makes itself.
 
 Every call has a deadline: the plugin and the shim sit in front of dockerd,
-and a call that hangs would hang Docker.  The docker SDK does the HTTP; the
-client is built lazily so a process can start before dockerd does (the plugin
-must, since dockerd waits for it), and the SDK is imported lazily, by the
-first process that needs it.
+and a call that hangs would hang Docker.  The HTTP is gpu-alloc's own (`unixhttp`),
+not the docker SDK's: one Engine client for the product, with nothing to import or
+connect before the first call, so a process can start before dockerd does (the
+plugin must, since dockerd waits for it).  Paths carry no API version: each Engine
+answers them in its newest.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import contextlib
 import http.client
 import json
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -34,49 +34,18 @@ class Engine:
     def __init__(self, socket: str, timeout: float = 10.0):
         self.socket = socket
         self.timeout = timeout
-        self._client: Any = None
-        self._lock = threading.Lock()
         self._gets = KeepAlive(socket, timeout)  # the inspects on every start and create
 
-    def _api(self) -> Any:
-        import docker
-
-        with self._lock:
-            if self._client is None:
-                try:
-                    self._client = docker.APIClient(
-                        base_url=f"unix://{self.socket}",
-                        version="auto",
-                        # types-docker says int; the SDK hands it to requests, which takes
-                        # seconds as a float.
-                        timeout=self.timeout,  # type: ignore[arg-type]
-                    )
-                except docker.errors.DockerException as e:
-                    raise EngineError(
-                        f"Engine at {self.socket} is not answering: {_plain(e)}"
-                    ) from None
-            return self._client
-
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        import docker.errors
-
-        try:
-            return fn(self._api(), *args, **kwargs)
-        except docker.errors.NotFound:
-            return None
-        except (docker.errors.DockerException, OSError) as e:
-            raise EngineError(f"Engine at {self.socket}: {what} failed: {_plain(e)}") from None
-
     def info(self) -> dict[str, Any]:
-        return self._call("GET /info", lambda api: api.info())
+        return self._get("GET /info", "/info") or {}
 
     def version(self) -> dict[str, Any]:
         """GET /version: what the Engine says it is (the toolkit's behaviour depends on it)."""
-        return self._call("GET /version", lambda api: api.version(api_version=False)) or {}
+        return self._get("GET /version", "/version") or {}
 
     def volume(self, name: str) -> dict[str, Any] | None:
         """GET /volumes/NAME: the driver and options a named volume will be mounted with."""
-        return self._call(f"inspect volume {name}", lambda api: api.inspect_volume(name))
+        return self._get(f"inspect volume {name}", f"/volumes/{quote(name, safe='')}")
 
     def containers(
         self, label: str | None = None, ids: list[str] | None = None, name: str | None = None
@@ -91,28 +60,30 @@ class Engine:
             filters["id"] = ids
         if name:
             filters["name"] = [name]
-        return (
-            self._call(
-                "GET /containers/json",
-                lambda api: api.containers(all=True, filters=filters or None),
-            )
-            or []
-        )
+        query = {"all": "1"} | ({"filters": json.dumps(filters)} if filters else {})
+        return self._list("GET /containers/json", "/containers/json?" + urlencode(query))
 
     def inspect(self, container: str) -> dict[str, Any] | None:
         return self._get(f"inspect {container}", f"/containers/{quote(container, safe='')}/json")
 
     def update(self, container: str, config: dict[str, Any]) -> None:
-        self._call(
-            f"update {container}",
-            lambda api: api.update_container(container, restart_policy=config.get("RestartPolicy")),
-        )
+        """POST /containers/ID/update with ``config``'s restart policy (the one setting
+        gpu-alloc changes); a container gone is no error."""
+        body = {"RestartPolicy": config["RestartPolicy"]} if "RestartPolicy" in config else {}
+        target = f"/containers/{quote(container, safe='')}/update"
+        self._post(f"update {container}", target, body, self.timeout)
 
     def stop(self, container: str, grace: int | None = None) -> None:
         """POST /containers/ID/stop, as ``docker stop``: the container's stop signal, then
         SIGKILL after ``grace`` seconds (its ``StopTimeout``; None: the Engine's 10 s).
-        Waits for the stop; a container already stopped or gone is no error."""
-        self._call(f"stop {container}", lambda api: api.stop(container, timeout=grace))
+        Waits for the stop, so the deadline is the grace's longer; a container already
+        stopped (304) or gone is no error."""
+        target = f"/containers/{quote(container, safe='')}/stop"
+        if grace is not None:
+            target += f"?t={grace}"
+        self._post(
+            f"stop {container}", target, None, self.timeout + (10 if grace is None else grace)
+        )
 
     def kill(self, container: str, signal: str) -> None:
         """POST /containers/ID/kill?signal=..., as ``docker kill --signal``: the signal to
@@ -154,8 +125,8 @@ class Engine:
         return [d for d in data if isinstance(d, dict)]
 
     def _get(self, what: str, target: str) -> dict[str, Any] | None:
-        """A GET without the SDK: the Engine's newest API (what "auto" picks too); None
-        for 404, `EngineError` for any other failure."""
+        """A GET on the kept-alive connection: its document, None for 404, `EngineError`
+        for any other failure."""
         try:
             status, body = self._gets.get(target)
         except (OSError, http.client.HTTPException) as e:
@@ -167,13 +138,31 @@ class Engine:
         except ValueError:
             data = None
         if status != 200 or not isinstance(data, dict):
-            why = (
-                data.get("message")
-                if isinstance(data, dict)
-                else body[:200].decode(errors="replace")
-            )
-            raise EngineError(f"Engine at {self.socket}: {what} failed: {status} {why}")
+            raise self._refusal(what, status, body)
         return data
+
+    def _post(self, what: str, target: str, body: dict[str, Any] | None, timeout: float) -> None:
+        """A POST on a connection of its own (a POST is not retried, and a stop may wait
+        longer than a GET may): 2xx and 304 are done, 404 (gone) too; any other answer is
+        an `EngineError` with the Engine's words."""
+        data = None if body is None else json.dumps(body).encode()
+        try:
+            status, answer = unixhttp.request(
+                self.socket, "POST", target, data, timeout, {"Content-Type": "application/json"}
+            )
+        except (OSError, http.client.HTTPException) as e:
+            raise EngineError(f"Engine at {self.socket}: {what} failed: {_plain(e)}") from None
+        if not (status in (304, 404) or 200 <= status < 300):
+            raise self._refusal(what, status, answer)
+
+    def _refusal(self, what: str, status: int, body: bytes) -> EngineError:
+        """The Engine's answer in its words: its JSON ``message``, else the body's text."""
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None
+        why = data.get("message") if isinstance(data, dict) else body[:200].decode(errors="replace")
+        return EngineError(f"Engine at {self.socket}: {what} failed: {status} {why}")
 
     def destroyed(self) -> Stream[str]:
         """The full ids of containers as the Engine destroys them (``destroy`` events)."""
@@ -230,10 +219,6 @@ class Engine:
             raise EngineError(f"Engine at {self.socket}: GET /events failed: {_plain(e)}") from None
         return got
 
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-
 
 class Stream(Generic[T]):
     """An event stream's items (``item`` of each event), as they come; `abort` ends it
@@ -278,7 +263,7 @@ def go_time(text: object) -> float | None:
     return datetime.fromisoformat(m.group(1) + frac + zone).timestamp()
 
 
-# The causes people meet, in words; the SDK wraps them three deep in requests' errors.
+# The causes people meet, in words.
 _CAUSES = (
     ("FileNotFoundError", "no socket there: is dockerd running?"),
     ("ConnectionRefusedError", "nothing listens there: is dockerd running?"),

@@ -12,6 +12,7 @@ import os
 import re
 import stat
 from collections.abc import Iterable
+from contextlib import suppress
 from dataclasses import dataclass, replace
 
 from allocator.core.access import inroot
@@ -117,6 +118,32 @@ class Host:
     def with_protected(self, *paths: str) -> Host:
         merged = tuple(dict.fromkeys((*self.protected, *(p for p in paths if p))))
         return replace(self, protected=merged)
+
+    def with_resolved(self) -> Host:
+        """The host with each protected path (the Engine's sockets among them) as written
+        and as it resolves in dockerd's root now, and the MPS directory as it resolves.
+
+        A bind source is judged by where it resolves; a protected path given through a
+        link (``/var/run`` is ``/run`` on Debian) must be known by its target too, or a
+        bind of the target reaches it unseen.  A path that cannot be resolved is kept as
+        written: the binds below it cannot be resolved either, and are refused."""
+        mps_dir = self.mps_dir
+        if mps_dir:
+            with suppress(Unresolvable):
+                mps_dir = self.resolve(mps_dir)
+        return replace(
+            self,
+            protected=self._and_resolved(self.protected),
+            engine_sockets=self._and_resolved(self.engine_sockets),
+            mps_dir=mps_dir,
+        )
+
+    def _and_resolved(self, paths: tuple[str, ...]) -> tuple[str, ...]:
+        found = [*paths]
+        for path in paths:
+            with suppress(Unresolvable):
+                found.append(self.resolve(path))
+        return tuple(dict.fromkeys(found))
 
 
 def _unescape(field: str) -> str:

@@ -7,8 +7,15 @@ CUDA_MPS_LOG_DIRECTORY) and ``shm``, the /dev/shm its servers and its clients sh
 (bound over /dev/shm in the daemon's own mount namespace and in each share's
 container, so no share needs the host's IPC).  ``started`` marks a daemon gpu-alloc
 started and has not stopped: it survives the shim's restart, so a daemon is never
-started twice nor left running unseen.  Nothing here changes a GPU's settings (compute
-mode, persistence): the operator's are kept.
+started twice nor left running unseen.
+
+While its daemon runs, a GPU is in compute mode EXCLUSIVE_PROCESS, as NVIDIA's
+Kubernetes device plugin sets it (cmd/mps-control-daemon/mps/daemon.go): only the MPS
+server then holds a context on it, so a share that unsets CUDA_MPS_PIPE_DIRECTORY cannot
+use the GPU its device request opens directly, past its caps.  The mode it had is kept in
+``compute-mode`` and set again when the daemon stops (DEFAULT where none was kept, as the
+plugin does).  Simulated GPUs have no mode (`modes_for`).  Nothing else about a GPU
+(persistence, MIG) is changed.
 """
 
 from __future__ import annotations
@@ -20,12 +27,16 @@ import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
 from allocator.core.rules import sharing
+from allocator.host.devices import NVML
+from allocator.host.nvml import COMPUTE_MODES, DEFAULT, EXCLUSIVE_PROCESS, NvmlModes
 
 log = logging.getLogger("gpu-alloc")
 TIMEOUT = 30.0  # seconds for one control call
 MARK = "started"
+MODE_KEPT = "compute-mode"  # the GPU's compute mode before its daemon started
 READY_TRIES, READY_WAIT = 50, 0.1  # a fresh daemon's first command: 5 s to answer
 
 
@@ -33,12 +44,32 @@ class MpsError(Exception):
     """A daemon could not be started or told its caps."""
 
 
-class Daemons:
-    """``nvidia-cuda-mps-control`` per GPU, under ``root`` (``mps.dir``)."""
+class ComputeModes(Protocol):
+    """A GPU's compute mode by UUID (`allocator.host.nvml.NvmlModes`)."""
 
-    def __init__(self, root: str, control: str = "nvidia-cuda-mps-control"):
+    def get(self, uuid: str) -> int: ...
+
+    def set(self, uuid: str, mode: int) -> int: ...
+
+
+def modes_for(gpus: str) -> ComputeModes | None:
+    """The driver's compute modes for the config's ``gpus:``; none for simulated GPUs."""
+    return NvmlModes() if gpus == NVML else None
+
+
+class Daemons:
+    """``nvidia-cuda-mps-control`` per GPU, under ``root`` (``mps.dir``); ``modes``: the
+    GPUs' compute modes, set while a daemon runs (None: simulated GPUs, none to set)."""
+
+    def __init__(
+        self,
+        root: str,
+        control: str = "nvidia-cuda-mps-control",
+        modes: ComputeModes | None = None,
+    ):
         self.root = Path(root)
         self.control = control
+        self.modes = modes
         # systemd is PID 1: each daemon is a transient unit of its own (`launch`)
         self.systemd = os.path.isdir("/run/systemd/system")
 
@@ -69,8 +100,9 @@ class Daemons:
         for above in (self.root, top):
             os.chmod(above, 0o755)
         control = shutil.which(self.control) or self.control
-        self._run(launch(uuid, top, control, self.env(uuid), self.systemd), "", uuid)
+        self._exclusive(uuid)
         try:
+            self._run(launch(uuid, top, control, self.env(uuid), self.systemd), "", uuid)
             for command in commands:
                 self._ready([control], command + "\n", uuid)
         except MpsError:
@@ -86,8 +118,42 @@ class Daemons:
             self._run([control], "quit\n", uuid)
         except MpsError as e:
             log.warning("MPS daemon for %s: %s", uuid, e)
+        self._restore(uuid)
         (self.root / uuid / MARK).unlink(missing_ok=True)
         log.info("MPS daemon for %s stopped: its last share ended", uuid)
+
+    def _exclusive(self, uuid: str) -> None:
+        """Put ``uuid`` in EXCLUSIVE_PROCESS, keeping the mode it had (once: a start
+        again after a failed one keeps the first)."""
+        if self.modes is None:
+            return
+        try:
+            before = self.modes.set(uuid, EXCLUSIVE_PROCESS)
+        except Exception as e:
+            raise MpsError(
+                f"its compute mode cannot be set to EXCLUSIVE_PROCESS ({e}), without which a "
+                "share could use the GPU directly, past its caps"
+            ) from None
+        kept = self.root / uuid / MODE_KEPT
+        if not kept.exists():
+            kept.write_text(str(before))
+
+    def _restore(self, uuid: str) -> None:
+        """Give ``uuid`` back the compute mode it had before its daemon started."""
+        if self.modes is None:
+            return
+        kept = self.root / uuid / MODE_KEPT
+        try:
+            mode = int(kept.read_text())
+        except (OSError, ValueError):
+            mode = DEFAULT
+        try:
+            self.modes.set(uuid, mode)
+        except Exception as e:
+            log.warning("GPU %s: compute mode not set back to %s: %s",
+                        uuid, COMPUTE_MODES.get(mode, mode), e)  # fmt: skip
+            return
+        kept.unlink(missing_ok=True)
 
     def _ready(self, argv: list[str], stdin: str, uuid: str) -> None:
         """``_run`` once the daemon answers: it may still be creating its pipe."""

@@ -14,12 +14,15 @@ that cannot report them leaves the GPUs without links rather than unusable.
 A GPU whose current MIG mode is on lists its slices: ``nvmlDeviceGetMaxMigDeviceCount``
 bounds ``nvmlDeviceGetMigDeviceHandleByIndex`` (an empty index answers NOT_FOUND), and
 each slice's profile is the tail of its NVML name (``NVIDIA H100 80GB HBM3 MIG 1g.10gb``).
-Only reads: gpu-alloc never changes MIG mode or any other GPU setting.
+The one setting gpu-alloc changes is a shared GPU's compute mode, EXCLUSIVE_PROCESS while
+its MPS daemon runs (`NvmlModes`, allocator/host/mps.py); never MIG mode or another.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from itertools import combinations
 from pathlib import Path
@@ -40,6 +43,9 @@ TOPOLOGY_LEVELS = {
 }
 NVLINK_MAX_LINKS = 36  # pynvml's NVML_NVLINK_MAX_LINKS; links past a GPU's last are errors
 FEATURE_ENABLED = 1  # NVML_FEATURE_ENABLED
+# nvmlComputeMode_t, by the names nvidia-smi -c takes.
+COMPUTE_MODES = {0: "DEFAULT", 1: "EXCLUSIVE_THREAD", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}
+DEFAULT, EXCLUSIVE_PROCESS = 0, 3
 
 
 def read(nvml: Any = None, sysfs: str = "/sys") -> Inventory:
@@ -245,3 +251,37 @@ def _try(call: Any, *args: Any) -> Any:
 def _memory(value: Any) -> int | None:
     """NVML reports an unavailable per-process figure as a huge sentinel (or None)."""
     return int(value) if isinstance(value, int) and 0 <= value < 1 << 62 else None
+
+
+class NvmlModes:
+    """A GPU's compute mode, read and set through NVML (``nvml``: pynvml, or a stand-in
+    with its names).  Setting one takes root; NVML's error says so otherwise."""
+
+    def __init__(self, nvml: Any = None):
+        self.nvml = nvml
+
+    def get(self, uuid: str) -> int:
+        with _session(self.nvml) as n:
+            return int(n.nvmlDeviceGetComputeMode(n.nvmlDeviceGetHandleByUUID(uuid)))
+
+    def set(self, uuid: str, mode: int) -> int:
+        """Set ``uuid``'s compute mode to ``mode``; the mode it had."""
+        with _session(self.nvml) as n:
+            handle = n.nvmlDeviceGetHandleByUUID(uuid)
+            before = int(n.nvmlDeviceGetComputeMode(handle))
+            if before != mode:
+                n.nvmlDeviceSetComputeMode(handle, mode)
+            return before
+
+
+@contextmanager
+def _session(nvml: Any) -> Iterator[Any]:
+    if nvml is None:
+        import pynvml
+
+        nvml = pynvml
+    nvml.nvmlInit()
+    try:
+        yield nvml
+    finally:
+        nvml.nvmlShutdown()

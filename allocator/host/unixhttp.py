@@ -21,12 +21,17 @@ class _Connection(http.client.HTTPConnection):
 
 
 def request(
-    path: str, method: str, target: str, body: bytes | None = None, timeout: float = 5.0
+    path: str,
+    method: str,
+    target: str,
+    body: bytes | None = None,
+    timeout: float = 5.0,
+    headers: dict[str, str] | None = None,
 ) -> tuple[int, bytes]:
     """(status, body); OSError or http.client.HTTPException when the socket does not answer."""
     conn = _Connection(path, timeout)
     try:
-        conn.request(method, target, body=body)
+        conn.request(method, target, body=body, headers=headers or {})
         resp = conn.getresponse()
         return resp.status, resp.read()
     finally:
@@ -89,9 +94,9 @@ class KeepAlive:
     """GETs on one kept-alive connection per thread.
 
     The plugin inspects a container at every start and the shim an image at every GPU
-    create: the docker SDK (requests, urllib3) spends several times this client's Python
-    on each inspect.  A reused connection the server closed meanwhile
-    is retried once on a fresh one (a GET may be repeated).
+    create: a connection per call would cost a connect each (and the docker SDK, with
+    requests and urllib3, several times this client's Python).  A reused connection the
+    server closed meanwhile is retried once on a fresh one (a GET may be repeated).
     """
 
     def __init__(self, path: str, timeout: float):

@@ -67,7 +67,7 @@ class Watcher:
 
 
 def watch(alloc: Any) -> bool:
-    """Add the watcher to an `allocator.service.compose.Allocator`'s background work, on its GPU
+    """Add the watcher to an `allocator.service.wiring.Allocator`'s background work, on its GPU
     source's events; False when they cannot be subscribed to (placement still works)."""
     cfg = alloc.config
     try:

@@ -24,7 +24,7 @@ from allocator.host.devices import source_for
 from allocator.host.engine import EngineError
 from allocator.ops import notify, report, reserve
 from allocator.service import gather
-from allocator.service.compose import Allocator, connect
+from allocator.service.wiring import Allocator, connect
 
 EXIT_FAIL = 1
 EXIT_CONFIG = 2

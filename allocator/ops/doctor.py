@@ -19,7 +19,7 @@ from pathlib import Path
 
 from allocator.core.access.facts import EngineView
 from allocator.core.leases.leases import StateError
-from allocator.core.machine.inventory import InventoryError
+from allocator.core.machine.inventory import InventoryError, MigPolicy
 from allocator.core.rules.policy import missing_pool_gpus
 from allocator.host import dockerd, unixhttp
 from allocator.host.config import Config
@@ -290,7 +290,7 @@ def check_health(cfg: Config) -> Line:
             f"fix the GPU (nvidia-smi -q, a reset, a reboot), then: gpu-alloc health clear {first}",
         )
     split = [str(g.index) for g in inv.gpus if g.mig_mode]
-    if split and cfg.policy.mig == "none":
+    if split and cfg.policy.mig is MigPolicy.NONE:
         return Line(
             WARN,
             f"GPU health: healthy; GPUs {', '.join(split)} are in MIG mode and never leased "

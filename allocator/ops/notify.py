@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from allocator.host.config import Config
 from allocator.host.outbox import Outbox
-from allocator.service.compose import connect
+from allocator.service.wiring import connect
 
 OK, WARN = "ok", "warn"
 STUCK = 10  # notices waiting in the outbox before doctor warns

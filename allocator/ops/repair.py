@@ -6,7 +6,7 @@ import shutil
 import time
 
 from allocator.core.leases.leases import State, StateError
-from allocator.service.compose import Allocator
+from allocator.service.wiring import Allocator
 
 
 def repair(alloc: Allocator, reset: bool = False) -> str:

@@ -21,8 +21,8 @@ from allocator.core.leases.holders import ago
 from allocator.core.timing import reservations as rsv
 from allocator.host import ledger
 from allocator.host.config import Config
-from allocator.service.compose import connect
 from allocator.service.views.reservations import rows
+from allocator.service.wiring import connect
 
 EXIT_FAIL, EXIT_USAGE = 1, 2
 Add = Callable[[str, str], argparse.ArgumentParser]

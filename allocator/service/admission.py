@@ -1,6 +1,6 @@
 """Admission: settle the verdicts that need the ledger or the Engine into allow or deny.
 
-One part of the composed service (allocator/service/compose.py).  The pure core
+One part of the composed service (allocator/service/wiring.py).  The pure core
 (`allocator.core.judging.verdicts`) returns `NeedsLease`, `StartCheck`, `UpdateCheck`,
 `PluginCheck` or `ChargeCheck` when a verdict depends on what the ledger or the Engine
 says now; the plugin and the shim both hand that to `Admission.resolve`, which reads it

@@ -13,7 +13,8 @@ and names those still alive.
 `ledger_pool` is the pool for blocking work on the ledger: the shim makes it its event
 loop's default executor, so its judging, settling, line and admin views run there; a
 GPU create's lease, which the create waits on before dockerd sees it, has a hand-off of
-its own (`handoff`: one thread wake each way, allocator/service/handoff.py).  Each of
+its own (`handoff`: one thread wake each way, allocator/service/handoff.py), and so do
+the plugin's decisions that wait (plugin/worker.py).  Each of
 these may wait up to the ledger's lock timeout (5 s) on the lock or an fsync, not on a
 CPU: each is sized (`LEDGER_THREADS`) so that a burst of creates queued on the lock
 leaves the pool's threads to the calls that take no lock (status, a judgement on facts

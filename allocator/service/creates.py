@@ -1,6 +1,6 @@
 """The create flow: from a decoded create to its lease, its body, its grant and its end.
 
-One part of the composed service (allocator/service/compose.py); the shim calls it and keeps
+One part of the composed service (allocator/service/wiring.py); the shim calls it and keeps
 the HTTP (reading the request, forwarding it, the status codes).  A create is judged
 by the core (`verdicts.shim_ask`, through `Gatherer.decide`: on the facts at hand when
 they suffice), checked against the policy and the image's CUDA, and leased by the

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from allocator.core.leases.outcomes import Forget
-from allocator.service.compose import Allocator
+from allocator.service.wiring import Allocator
 
 log = logging.getLogger("gpu-alloc")
 BACKOFF_MIN = 0.5

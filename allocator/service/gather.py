@@ -1,6 +1,6 @@
 """The facts a decision is made against, gathered from the host and the Engine.
 
-One part of the composed service (allocator/service/compose.py): the other parts ask it for
+One part of the composed service (allocator/service/wiring.py): the other parts ask it for
 facts (the inventory, what the Engine says it is, the host's filesystem answers, the
 policy in force, the GPUs' health), hand them to the pure core, and apply what the core
 returns.  It records nothing and holds no ledger.  Each fact is cached for as long as
@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from allocator.core.access.facts import EngineView, HostFacts, Need, NotAsked
 from allocator.core.judging.decisions import EVERY_FACT, Fact, Unread
@@ -175,6 +175,7 @@ class Gatherer:
             sock = self.config.engine
             host = host.with_protected(*engine_paths(info, sock.daemon_json, sock.socket))
             host = host.with_engine_sockets(*api_sockets(sock.daemon_json, sock.socket))
+        host = host.with_resolved()  # links followed again at each read of the view
         with self._lock:
             self._view = (time.monotonic(), stamp, view, host)
         return view, host
@@ -202,7 +203,9 @@ class Gatherer:
             inventory,
             view,
             host,
-            mounts_of=(unasked.mounts_of if unasked else self._bind_mounts) if lookups else None,
+            container_of=(unasked.container_of if unasked else self._container)
+            if lookups
+            else None,
             inventory_error="" if inventory is not None else str(found),
             volume_of=(unasked.volume_of if unasked else self._volume) if lookups else None,
             shim_socket=self.config.shim.socket,
@@ -259,15 +262,9 @@ class Gatherer:
             return None
         return str(info.get("Driver") or "local"), dict(info.get("Options") or {})
 
-    def _bind_mounts(self, container: str) -> list[tuple[str, str]] | None:
-        info = self.engine.inspect(container) if self.engine else None
-        if info is None:
-            return None
-        return [
-            (str(m.get("Source") or ""), str(m.get("Destination") or ""))
-            for m in info.get("Mounts") or ()
-            if m.get("Type") == "bind"
-        ]
+    def _container(self, container: str) -> dict[str, Any] | None:
+        """Another container as the Engine inspects it; None when it knows no such one."""
+        return self.engine.inspect(container) if self.engine else None
 
     @property
     def policy(self) -> PolicyConfig:

@@ -1,6 +1,6 @@
 """The lease book: every change to a lease, over the ledger.
 
-One part of the composed service (allocator/service/compose.py).  A lease is taken under the
+One part of the composed service (allocator/service/wiring.py).  A lease is taken under the
 ledger lock as the one grant plan decides it (`lease`, by `Placer.take`:
 allocator/core/grant_plan.py), bound to its container when the Engine answers the
 create (`settle`, `bind`), and ended when its container is proven gone (`settle` with

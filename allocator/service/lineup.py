@@ -20,10 +20,10 @@ from allocator.core.placement import Shortage
 from allocator.core.rules import policy, queue
 from allocator.host import metrics
 from allocator.host.ledger import Ledger
+from allocator.service.fair_share import FairShare
 from allocator.service.gather import Gatherer
 from allocator.service.placer import Placer
 from allocator.service.recorder import Recorder
-from allocator.service.shares import FairShare
 
 _KEPT = Holder(None, "", "kept for a create ahead in the queue", owner="the queue")
 

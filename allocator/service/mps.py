@@ -1,6 +1,6 @@
 """MPS for shared GPUs: a control daemon runs on each shared GPU while it has shares out.
 
-One part of the composed service (allocator/service/compose.py), run by the shim.  The shim
+One part of the composed service (allocator/service/wiring.py), run by the shim.  The shim
 supervises the daemons rather than a systemd template unit: it is the one that grants
 shares, so it starts a GPU's daemon (`ensure`) before the create that needs it reaches
 dockerd, and a failure is that create's 503 rather than a unit failing later, unseen.
@@ -20,7 +20,7 @@ from allocator.core.leases.leases import Lease
 from allocator.core.rules import sharing
 from allocator.host.config import Config
 from allocator.host.ledger import Ledger
-from allocator.host.mps import Daemons, MpsError
+from allocator.host.mps import Daemons, MpsError, modes_for
 from allocator.service.gather import Gatherer
 
 log = logging.getLogger("gpu-alloc")
@@ -32,7 +32,7 @@ class Mps:
         self.config = config
         self.ledger = ledger
         self.gather = gather
-        self.daemons = Daemons(config.mps.dir, config.mps.control)
+        self.daemons = Daemons(config.mps.dir, config.mps.control, modes_for(config.gpus))
         self._lock = threading.Lock()  # one start or stop at a time
 
     def ensure(self, lease: Lease) -> str | None:

@@ -1,6 +1,6 @@
 """The grant plan's shell: what it reads of the host, and where its plan is recorded.
 
-One part of the composed service (allocator/service/compose.py).  The grant itself is decided in
+One part of the composed service (allocator/service/wiring.py).  The grant itself is decided in
 the core, once (`core.grant_plan.plan`); every grant goes through it by this shell: a
 create arriving now (`LeaseBook.lease`), a waiter served from the line and the GPUs a
 waiter keeps (`Lineup`), and `LeaseBook.explain`, so each is granted exactly as the

@@ -1,6 +1,6 @@
 """The audit trail of applied decisions, and who hears when a lease ends.
 
-One part of the composed service (allocator/service/compose.py).  Every other part that
+One part of the composed service (allocator/service/wiring.py).  Every other part that
 applies a decision (a grant, a refusal, a release, an adoption, a restart policy turned
 off) writes its one audit line here, never under the ledger lock.  `ended` is the one
 way a lease's end is told: the metrics, fair share's record (allocator/host/held.py),

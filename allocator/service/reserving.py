@@ -1,6 +1,6 @@
 """Reservations' part of the allocator: making and cancelling them, and what they keep.
 
-One part of the composed service (allocator/service/compose.py).  `current` is what every grant
+One part of the composed service (allocator/service/wiring.py).  `current` is what every grant
 reads of them (`Placer.seen`): the grant plan (allocator/core/grant_plan.py) treats the
 GPUs they keep from a request as held, so a refusal names the reservation and a count
 request goes to other free GPUs (`core.timing.reservations` has the rules).  A ``--gpus N``

@@ -22,8 +22,8 @@ import pytest
 from allocator.core.judging.ask import Ask
 from allocator.host import config as configmod
 from allocator.host.ledger import Ledger
-from allocator.service.compose import Allocator
 from allocator.service.placer import LeaseRequest
+from allocator.service.wiring import Allocator
 from tests.conftest import require_engine
 from tests.support import engine
 from tests.support.engine import gpu_alloc

@@ -28,7 +28,7 @@ import pytest
 from allocator.core.leases import inflight
 from allocator.host import config as configmod
 from allocator.host.engine import Engine
-from allocator.service.compose import Allocator
+from allocator.service.wiring import Allocator
 from plugin.app import Dispatcher
 from shim.create import CreateInterceptor
 from shim.framing import Request, Response

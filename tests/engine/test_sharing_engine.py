@@ -156,6 +156,26 @@ def test_share_refusals_hold_on_both_sockets(stack):
     assert shim(stack, "rm", "-f", "held").returncode == 0
 
 
+def test_joining_a_shares_namespaces_is_reaching_its_gpu(stack):
+    """Through /proc/<pid>/root a joined PID namespace reaches the share's MPS pipe; a
+    joined IPC namespace its /dev/shm; --volumes-from its binds."""
+    held = shim(stack, "run", "-d", "--name", "held", *SHARE, IMAGE, "sleep", "300")
+    assert held.returncode == 0, held.stderr
+    plain = real(stack, "run", "-d", "--name", "plain", IMAGE, "sleep", "300")
+    assert plain.returncode == 0, plain.stderr
+    try:
+        for args in (("--pid", "container:held"), ("--ipc", "container:held"),
+                     ("--network", "container:held"), ("--volumes-from", "held")):  # fmt: skip
+            made = real(stack, "create", *args, IMAGE, "true")
+            assert made.returncode != 0, args
+            assert "authorization denied by plugin" in made.stderr, made.stderr
+            assert GPU[0] in made.stderr or "MPS" in made.stderr, made.stderr
+        beside = real(stack, "create", "--network", "container:plain", IMAGE, "true")
+        assert beside.returncode == 0, beside.stderr
+    finally:
+        real(stack, "rm", "-f", "held", "plain")
+
+
 def test_shares_count_as_fractions_in_limits(stack):
     original = stack.config_path.read_text()
     set_policy(stack, limits={"default": {"gpus": 1}}, exempt=[])

@@ -33,7 +33,7 @@ import pytest
 from allocator.core.leases.inflight import Start, Target
 from allocator.host.inflight import Registry
 from allocator.service import gather
-from allocator.service.compose import Allocator
+from allocator.service.wiring import Allocator
 from plugin.app import _ALLOW, Dispatcher
 from shim.framing import Request, Response
 from tests.root.test_enforcement import DEVDIR, World

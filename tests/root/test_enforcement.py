@@ -26,8 +26,8 @@ from allocator.core.api.rewrite import rewrite
 from allocator.core.judging import verdicts as decide
 from allocator.core.judging.ask import Ask
 from allocator.host import config as configmod
-from allocator.service.compose import Allocator
 from allocator.service.placer import LeaseRequest
+from allocator.service.wiring import Allocator
 from plugin.app import create_dispatcher
 from shim.create import CreateInterceptor
 from shim.framing import Request, Response

@@ -22,7 +22,7 @@ import yaml
 from allocator.core.api import labels
 from allocator.host import config as configmod
 from allocator.host.engine import EngineError
-from allocator.service.compose import Allocator
+from allocator.service.wiring import Allocator
 from tests.support.engine import write_sim_gpus
 
 _ids = itertools.count(1)

@@ -19,9 +19,9 @@ from allocator.host.audit import AuditLog
 from allocator.host.config import Config
 from allocator.ops import cli
 from allocator.ops.history import render_table
-from allocator.service.compose import Allocator
 from allocator.service.placer import LeaseRequest
 from allocator.service.views import history
+from allocator.service.wiring import Allocator
 from tests.support.fake_engine import FakeEngine
 
 FORK = multiprocessing.get_context("fork")

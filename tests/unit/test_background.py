@@ -21,9 +21,9 @@ from allocator.host.config import Config, MetricsConfig, PolicyConfig
 from allocator.host.watcher import watch
 from allocator.service import background as bg
 from allocator.service.background import PREFIX, Background
-from allocator.service.compose import Allocator
 from allocator.service.views import wire
 from allocator.service.views.gpus import LiveView
+from allocator.service.wiring import Allocator
 from shim import metrics_server
 from shim import serve as shim_serve
 from tests.support.fake_engine import FakeEngine

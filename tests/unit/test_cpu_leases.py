@@ -17,8 +17,8 @@ from allocator.core.api import labels
 from allocator.core.machine.cpus import parse_list
 from allocator.host import config as configmod
 from allocator.ops.status import render_json, render_table
-from allocator.service.compose import Allocator
 from allocator.service.views import status
+from allocator.service.wiring import Allocator
 from plugin.app import create_dispatcher
 from shim.create import CreateInterceptor
 from shim.framing import Response

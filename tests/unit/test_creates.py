@@ -11,8 +11,8 @@ from allocator.core.leases.leases import Phase
 from allocator.core.machine.cpus import NOTHING
 from allocator.core.rules.policy import Invalid, Wanted
 from allocator.host.config import Config
-from allocator.service.compose import Allocator
 from allocator.service.creates import Asked
+from allocator.service.wiring import Allocator
 from tests.support import engine as sim
 from tests.support.enforcement_cases import body, request
 

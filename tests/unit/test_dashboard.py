@@ -16,9 +16,9 @@ from allocator.core.judging.ask import Ask
 from allocator.core.leases import events
 from allocator.core.rules.policy import Pool, Rules
 from allocator.core.timing.reservations import Reservation
-from allocator.service.compose import Allocator
 from allocator.service.placer import LeaseRequest
 from allocator.service.views import gpus
+from allocator.service.wiring import Allocator
 from shim import metrics_server
 from tests.unit.test_observe import (
     CID,

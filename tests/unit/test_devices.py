@@ -19,7 +19,7 @@ from allocator.host.devices import nvml as nvml_source
 from allocator.host.devices.nvml import NvmlEvents, NvmlSource
 from allocator.host.devices.simulated import SimEvents, SimulatedSource
 from allocator.ops import doctor
-from allocator.service.compose import Allocator
+from allocator.service.wiring import Allocator
 from tests.unit.test_health import FakeEvents, event
 from tests.unit.test_nvml import MIB, FakeNVML, device, mig_slice
 

@@ -1,8 +1,10 @@
 """The Engine client's own HTTP: the event stream (taken only when the Engine answers 200,
-read line by line) and the words of a GET the Engine refused."""
+read line by line), the words of a call the Engine refused, and the POSTs (an update's
+JSON body, a stop already done)."""
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 
@@ -11,22 +13,42 @@ import pytest
 from allocator.host.engine import Engine, EngineError
 
 
-def serve_once(tmp_path, answer: bytes) -> str:
-    """A unix socket that answers one request with ``answer`` and closes."""
+def read_request(conn: socket.socket) -> bytes:
+    """One request, its head and as much body as its Content-Length says (a client may
+    send the two in separate writes)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = re.search(rb"(?i)content-length: *(\d+)", head)
+    while length and len(body) < int(length.group(1)):
+        body += conn.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def serve_recording(tmp_path, answer: bytes) -> tuple[str, list[bytes]]:
+    """A unix socket that answers one request with ``answer`` and closes; the request it
+    was sent, once it came, in the list returned."""
     path = str(tmp_path / "engine.sock")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(1)
+    got: list[bytes] = []
 
     def run() -> None:
         conn, _ = server.accept()
         with conn:
-            conn.recv(65536)
+            got.append(read_request(conn))
             conn.sendall(answer)
         server.close()
 
     threading.Thread(target=run, daemon=True).start()
-    return path
+    return path, got
+
+
+def serve_once(tmp_path, answer: bytes) -> str:
+    """A unix socket that answers one request with ``answer`` and closes."""
+    return serve_recording(tmp_path, answer)[0]
 
 
 def test_a_refused_stream_is_an_error_with_the_engines_words(tmp_path):
@@ -105,3 +127,27 @@ def test_a_quiet_stream_ends_at_once_when_aborted_from_another_thread(tmp_path):
     for conn in held:
         conn.close()
     server.close()
+
+
+def test_an_update_posts_the_restart_policy_as_json(tmp_path):
+    body = b'{"Warnings":[]}'
+    sock, got = serve_recording(tmp_path, b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n" + body)
+    Engine(sock).update("abc", {"RestartPolicy": {"Name": "no"}})
+    head, _, sent = got[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /containers/abc/update HTTP/1.1")
+    assert b"Content-Type: application/json" in head
+    assert sent == b'{"RestartPolicy": {"Name": "no"}}'
+
+
+def test_a_stop_of_a_container_already_stopped_is_no_error(tmp_path):
+    sock, got = serve_recording(tmp_path, b"HTTP/1.1 304 Not Modified\r\n\r\n")
+    Engine(sock).stop("abc", grace=3)
+    assert got[0].startswith(b"POST /containers/abc/stop?t=3 HTTP/1.1")
+
+
+def test_a_refused_stop_is_an_error_with_the_engines_words(tmp_path):
+    body = b'{"message":"cannot stop container: permission denied"}'
+    head = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: %d\r\n\r\n" % len(body)
+    sock, _ = serve_recording(tmp_path, head + body)
+    with pytest.raises(EngineError, match=r"stop abc failed: 500 cannot stop container"):
+        Engine(sock).stop("abc")

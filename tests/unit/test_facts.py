@@ -8,8 +8,8 @@ import json
 import pytest
 
 from allocator.core.access.facts import (
-    CONTAINER_MOUNTS,
     HOST_FILES,
+    OTHER_CONTAINER,
     VOLUME_OPTIONS,
     EngineView,
     NotAsked,
@@ -24,7 +24,7 @@ def at_hand(protected: tuple[str, ...] = ()) -> decide.Facts:
     """Facts as an event loop holds them: the host and the Engine's lookups not asked."""
     unasked = NotAsked(protected)
     return decide.Facts(
-        Inventory(()), EngineView(), unasked, unasked.mounts_of, "", unasked.volume_of
+        Inventory(()), EngineView(), unasked, unasked.container_of, "", unasked.volume_of
     )
 
 
@@ -51,7 +51,7 @@ def test_a_named_volume_needs_its_options_and_volumes_from_anothers_mounts() -> 
     assert facts.needs == VOLUME_OPTIONS
     facts = at_hand()
     decide.shim_ask(spec(HostConfig={"VolumesFrom": ["other"]}), facts)
-    assert facts.needs == CONTAINER_MOUNTS
+    assert facts.needs == OTHER_CONTAINER
 
 
 def test_the_first_fact_asked_is_the_one_named() -> None:

@@ -17,8 +17,8 @@ from allocator.core.judging.ask import Ask
 from allocator.core.judging.decisions import Fact, Unread
 from allocator.host import config as configmod
 from allocator.host.filesystem import Host
-from allocator.service.compose import Allocator
 from allocator.service.gather import STRICT_ENV
+from allocator.service.wiring import Allocator
 from tests.support import engine as sim
 from tests.support.enforcement_cases import body, request
 from tests.support.fake_engine import FakeEngine, allocator_on
@@ -151,3 +151,28 @@ def test_every_decision_gets_its_facts_through_the_driver() -> None:
         if path.name != "gather.py" and re.search(r"\.facts\(\)", path.read_text())
     ]
     assert callers == []
+
+
+def test_a_state_dir_given_through_a_link_is_protected_where_it_leads(tmp_path: Path) -> None:
+    """``/var/run`` is ``/run`` on Debian: a bind of the link's target reaches the ledger."""
+    real, link = tmp_path / "real", tmp_path / "link"
+    real.mkdir()
+    link.symlink_to(real)
+    cfg = {"state_dir": str(link / "state"), "mps": {"dir": str(link / "mps")},
+           "gpus": str(sim.write_sim_gpus(tmp_path / "gpus.yaml", 1))}  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    alloc = Allocator(configmod.load(str(tmp_path / "config.yaml")), None, Host())
+    host = alloc.gather.facts().host
+    assert {str(link / "state"), str(real / "state")} <= set(host.protected)
+    assert isinstance(host, Host) and host.mps_dir == str(real / "mps")
+    bind = json.loads(body(HostConfig={"Binds": [f"{real}/state:/st"]}))
+    got = alloc.gather.decide(lambda facts: decide.shim_ask(bind, facts))
+    assert isinstance(got, decide.Deny) and f"exposes {real}/state" in got.msg
+
+
+def test_an_engine_socket_named_through_a_link_is_known_where_it_leads(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "var-run").symlink_to(tmp_path / "run")
+    host = Host().with_engine_sockets(str(tmp_path / "var-run/docker.sock")).with_resolved()
+    assert str(tmp_path / "run/docker.sock") in host.engine_sockets
+    assert str(tmp_path / "run/docker.sock") in host.protected

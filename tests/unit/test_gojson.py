@@ -199,6 +199,27 @@ def test_other_bodies_use_their_own_tables():
     assert 'key "name"' in refused('[{"name":"device"}]', fields.PLUGIN_PRIVILEGES_BODY)
 
 
+MODE = fields.Recased(Replicated=fields.Recased(Replicas=int), Global=fields.Recased())
+
+
+def test_a_recased_structs_keys_of_another_case_are_read_as_go_reads_them():
+    obj = decode(b'{"x":1,"replicated":{"REPLICAS":2}}', MODE)
+    assert canonical(obj) == b'{"x":1,"Replicated":{"Replicas":2}}'  # the order kept
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"Replicated":{"Replicas":1,"replicas":3}}', 'keys "Replicas" and "replicas" both'),
+        ('{"replicated":{},"REPLICATED":{}}', 'both set "Replicated"'),
+        ('{"Replicated":{"Replica\u017f":3}}', "by Unicode folding"),
+        ('{"Replicated":{"replicas":"3"}}', "replicas: expected an integer"),
+    ],
+)
+def test_a_recased_field_set_twice_or_folded_outside_ascii_is_refused(text, message):
+    assert message in refused(text, MODE)
+
+
 def test_go_fold_matches_go_for_the_two_non_ascii_letters_that_fold_to_ascii():
     assert go_fold("HostConfig") == "hostconfig"
     assert go_fold("\u212aernel") == "kernel"

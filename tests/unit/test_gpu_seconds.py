@@ -13,8 +13,8 @@ import pytest
 
 from allocator.host import metrics
 from allocator.host.samples import Samples
-from allocator.service.compose import Allocator
 from allocator.service.views import gpus
+from allocator.service.wiring import Allocator
 from shim import metrics_server
 from tests.unit.test_observe import UUIDS, free_port, scrape, world, write_gpus
 

@@ -24,9 +24,9 @@ from allocator.core.placement import Shortage
 from allocator.core.rules.policy import Invalid, Owner, Refusal, Wanted, wanted
 from allocator.core.rules.queue import Waiter
 from allocator.host import config as configmod
-from allocator.service.compose import Allocator
 from allocator.service.placer import LeaseRequest
 from allocator.service.views import explain
+from allocator.service.wiring import Allocator
 from tests.support import engine as sim
 from tests.support.fake_engine import FakeEngine
 from tests.support.sysfs import two_socket

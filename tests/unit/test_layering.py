@@ -152,4 +152,4 @@ def test_the_walk_sees_the_imports_it_judges():
     assert ("shim.serve", False) in imports("allocator.ops.cli")
     lineup = {target for target, _ in imports("allocator.service.lineup")}
     assert "allocator.core.rules.queue" in lineup
-    assert "allocator.service.compose" not in lineup  # under TYPE_CHECKING only
+    assert "allocator.service.wiring" not in lineup  # under TYPE_CHECKING only

@@ -15,8 +15,8 @@ from allocator.core.judging.service_marks import ChargeCheck
 from allocator.core.rules.policy import Owner
 from allocator.host import config as configmod
 from allocator.host.engine import EngineError
-from allocator.service.compose import Allocator
 from allocator.service.lookups import Lookups
+from allocator.service.wiring import Allocator
 from tests.support import engine as sim
 from tests.support.fake_engine import FakeEngine
 

@@ -16,7 +16,7 @@ from allocator.core.access.grants import Refusal
 from allocator.core.access.mounts import Mount
 from allocator.core.judging.ask import Ask
 from allocator.core.leases.holders import Holder
-from allocator.core.machine.inventory import GPU, Inventory, InventoryError
+from allocator.core.machine.inventory import GPU, Inventory, InventoryError, MigPolicy
 from allocator.core.placement import POLICIES, Shortage, place
 from allocator.host import config as configmod
 from allocator.host.inventory import load_file
@@ -59,14 +59,14 @@ def uuids(picked: list[GPU] | Shortage) -> list[str]:
 # --- inventory ---------------------------------------------------------------------------------
 
 UNITS = {
-    "none: whole GPUs without MIG mode": ("none", [C]),
-    "single: slices are units too": ("single", [C, A0, A1, A2, B0, B1]),
-    "mixed: the same units, asked by profile": ("mixed", [C, A0, A1, A2, B0, B1]),
+    "none: whole GPUs without MIG mode": (MigPolicy.NONE, [C]),
+    "single: slices are units too": (MigPolicy.SINGLE, [C, A0, A1, A2, B0, B1]),
+    "mixed: the same units, asked by profile": (MigPolicy.MIXED, [C, A0, A1, A2, B0, B1]),
 }
 
 
 @pytest.mark.parametrize(("mig", "units"), UNITS.values(), ids=UNITS.keys())
-def test_the_units_of_each_mig_policy(mig: str, units: list[str]) -> None:
+def test_the_units_of_each_mig_policy(mig: MigPolicy, units: list[str]) -> None:
     assert [g.uuid for g in INV.units(mig)] == units
 
 
@@ -126,64 +126,66 @@ NUMA, FIRST = POLICIES["numa"], POLICIES["first-fit"]
 
 
 def test_single_leases_two_gpus_as_two_distinct_slices() -> None:
-    picked = uuids(place(ask(2), Inventory((GA,), migs=INV.migs[:3]), {}, FIRST, mig="single"))
+    picked = uuids(
+        place(ask(2), Inventory((GA,), migs=INV.migs[:3]), {}, FIRST, mig=MigPolicy.SINGLE)
+    )
     assert picked == [A0, A1]
 
 
 def test_none_never_leases_a_gpu_in_mig_mode_or_a_slice() -> None:
-    assert uuids(place(ask(1), INV, {}, FIRST, mig="none")) == [C]
-    assert isinstance(place(ask(2), INV, {}, FIRST, mig="none"), Shortage)
-    refused = place(ask(required=(A0,)), INV, {}, FIRST, mig="none")
+    assert uuids(place(ask(1), INV, {}, FIRST, mig=MigPolicy.NONE)) == [C]
+    assert isinstance(place(ask(2), INV, {}, FIRST, mig=MigPolicy.NONE), Shortage)
+    refused = place(ask(required=(A0,)), INV, {}, FIRST, mig=MigPolicy.NONE)
     assert isinstance(refused, Shortage) and "policy.mig is 'none'" in refused.msg
 
 
 def test_a_profile_under_none_is_refused_naming_the_policy() -> None:
-    refused = place(ask(1, profile="1g.10gb"), INV, {}, FIRST, mig="none")
+    refused = place(ask(1, profile="1g.10gb"), INV, {}, FIRST, mig=MigPolicy.NONE)
     assert isinstance(refused, Shortage) and "policy.mig is 'none'" in refused.msg
 
 
 def test_a_gpu_in_mig_mode_is_never_leased_whole() -> None:
-    refused = place(ask(required=(A,)), INV, {}, FIRST, mig="single")
+    refused = place(ask(required=(A,)), INV, {}, FIRST, mig=MigPolicy.SINGLE)
     assert isinstance(refused, Shortage)
     assert "in MIG mode, so it is leased only as its slices" in refused.msg
 
 
 def test_mixed_leases_by_profile_and_whole_gpus_without_one() -> None:
-    assert uuids(place(ask(2, profile="3g.40gb"), INV, {}, FIRST, mig="mixed")) == [A2, B1]
-    assert uuids(place(ask(1), INV, {}, FIRST, mig="mixed")) == [C]
-    short = place(ask(3, profile="3g.40gb"), INV, {}, FIRST, mig="mixed")
+    assert uuids(place(ask(2, profile="3g.40gb"), INV, {}, FIRST, mig=MigPolicy.MIXED)) == [A2, B1]
+    assert uuids(place(ask(1), INV, {}, FIRST, mig=MigPolicy.MIXED)) == [C]
+    short = place(ask(3, profile="3g.40gb"), INV, {}, FIRST, mig=MigPolicy.MIXED)
     assert isinstance(short, Shortage) and "3 MIG slices of profile 3g.40gb" in short.msg
 
 
 def test_explicit_slices_are_leased_like_uuids() -> None:
-    assert uuids(place(ask(required=(B1, A0)), INV, {}, NUMA, mig="mixed")) == [A0, B1]
+    assert uuids(place(ask(required=(B1, A0)), INV, {}, NUMA, mig=MigPolicy.MIXED)) == [A0, B1]
 
 
 def test_a_leased_slice_is_not_leased_again() -> None:
-    short = place(ask(required=(A0,)), INV, {A0: WHO}, FIRST, mig="single")
+    short = place(ask(required=(A0,)), INV, {A0: WHO}, FIRST, mig=MigPolicy.SINGLE)
     assert isinstance(short, Shortage) and f"MIG 0:0 (1g.10gb) ({A0})" in short.msg
-    assert A0 not in uuids(place(ask(5), INV, {A0: WHO}, FIRST, mig="single"))
+    assert A0 not in uuids(place(ask(5), INV, {A0: WHO}, FIRST, mig=MigPolicy.SINGLE))
 
 
 def test_a_gpu_held_whole_blocks_its_slices_and_a_held_slice_blocks_its_gpu() -> None:
     # Held whole (a claim of /dev/nvidia0, or a lease from before MIG mode was turned on).
-    assert uuids(place(ask(3), INV, {A: WHO}, FIRST, mig="single")) == [B0, B1, C]
+    assert uuids(place(ask(3), INV, {A: WHO}, FIRST, mig=MigPolicy.SINGLE)) == [B0, B1, C]
     # A whole-GPU request never overlaps a leased slice, whatever the inventory says.
     plain = Inventory((GPU(A, 0), GC), migs=())
     blocked = Inventory((GPU(A, 0, mig_mode=True), GC), migs=(slice_of(GA, A0, 0, "1g"),))
-    assert uuids(place(ask(1), plain, {}, FIRST, mig="single")) == [A]
-    assert uuids(place(ask(1), blocked, {A0: WHO}, FIRST, mig="single")) == [C]
+    assert uuids(place(ask(1), plain, {}, FIRST, mig=MigPolicy.SINGLE)) == [A]
+    assert uuids(place(ask(1), blocked, {A0: WHO}, FIRST, mig=MigPolicy.SINGLE)) == [C]
 
 
 def test_a_slice_of_an_unhealthy_gpu_is_unhealthy() -> None:
     sick = {A: "Xid 79 at 2026-01-01 00:00:00 UTC"}
-    assert uuids(place(ask(3), INV, {}, FIRST, unhealthy=sick, mig="single")) == [B0, B1, C]
-    refused = place(ask(required=(A0,)), INV, {}, FIRST, unhealthy=sick, mig="single")
+    assert uuids(place(ask(3), INV, {}, FIRST, unhealthy=sick, mig=MigPolicy.SINGLE)) == [B0, B1, C]
+    refused = place(ask(required=(A0,)), INV, {}, FIRST, unhealthy=sick, mig=MigPolicy.SINGLE)
     assert isinstance(refused, Shortage) and "had Xid 79" in refused.msg
 
 
 def test_every_gpu_under_single_is_every_unit() -> None:
-    assert len(uuids(place(ask(every=True), INV, {}, FIRST, mig="single"))) == 6
+    assert len(uuids(place(ask(every=True), INV, {}, FIRST, mig=MigPolicy.SINGLE))) == 6
 
 
 # --- access ------------------------------------------------------------------------------------
@@ -265,8 +267,8 @@ def test_a_mig_capability_device_node_reaches_every_slice() -> None:
 # --- config and labels -------------------------------------------------------------------------
 
 
-def test_policy_mig_defaults_to_none_and_is_validated() -> None:
-    assert configmod.Config().policy.mig == "none"
-    assert configmod.parse("policy: {mig: mixed}").policy.mig == "mixed"
+def test_policy_mig_defaults_to_none_and_is_parsed_once_into_its_enum() -> None:
+    assert configmod.Config().policy.mig is MigPolicy.NONE
+    assert configmod.parse("policy: {mig: mixed}").policy.mig is MigPolicy.MIXED
     with pytest.raises(configmod.ConfigError, match=r"key 'policy\.mig': must be one of none"):
         configmod.parse("policy: {mig: all}")

@@ -26,8 +26,8 @@ from aiosmtpd.smtp import AuthResult, LoginPassword
 from allocator.core.leases import events
 from allocator.host.config import Config, parse
 from allocator.ops import notify
-from allocator.service.compose import Allocator
 from allocator.service.notifier import Notifier
+from allocator.service.wiring import Allocator
 from tests.support import engine as sim
 
 T0 = 1_800_000_000.0

@@ -135,6 +135,27 @@ class FakeNVML:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
         return slices[index]
 
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> dict[str, Any]:
+        self._call("nvmlDeviceGetHandleByUUID", uuid)
+        want = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for d in self.devices:
+            if nvml._text(d["uuid"]) == want:
+                return d
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetComputeMode(self, handle: dict[str, Any]) -> int:
+        self._call("nvmlDeviceGetComputeMode", handle)
+        return handle.get("compute_mode", pynvml.NVML_COMPUTEMODE_DEFAULT)
+
+    def nvmlDeviceSetComputeMode(self, handle: dict[str, Any], mode: int) -> None:
+        """As the driver: root only (a device with ``user: True`` is asked by a user)."""
+        self._call("nvmlDeviceSetComputeMode", handle, mode)
+        if mode not in nvml.COMPUTE_MODES:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if handle.get("user"):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+        handle["compute_mode"] = mode
+
     def nvmlSystemGetCudaDriverVersion(self) -> int:
         self._call("nvmlSystemGetCudaDriverVersion")
         if isinstance(self.cuda, Exception):
@@ -187,6 +208,14 @@ def test_the_stand_ins_struct_fields_exist_in_pynvml() -> None:
     assert {"pid", "usedGpuMemory"} <= set(dict(pynvml.c_nvmlProcessInfo_t._fields_))
     assert nvml.NVLINK_MAX_LINKS == pynvml.NVML_NVLINK_MAX_LINKS
     assert nvml.FEATURE_ENABLED == pynvml.NVML_FEATURE_ENABLED
+    assert nvml.COMPUTE_MODES == {
+        pynvml.NVML_COMPUTEMODE_DEFAULT: "DEFAULT",
+        pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD: "EXCLUSIVE_THREAD",
+        pynvml.NVML_COMPUTEMODE_PROHIBITED: "PROHIBITED",
+        pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: "EXCLUSIVE_PROCESS",
+    }
+    assert nvml.EXCLUSIVE_PROCESS == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    assert nvml.DEFAULT == pynvml.NVML_COMPUTEMODE_DEFAULT
     assert nvml.TOPOLOGY_LEVELS == {
         pynvml.NVML_TOPOLOGY_INTERNAL: "same-board",
         pynvml.NVML_TOPOLOGY_SINGLE: "single-switch",
@@ -206,6 +235,7 @@ def test_nvml_py_calls_pynvml_with_arguments_its_signatures_accept(tmp_path: Pat
     )
     nvml.read(fake, sysfs=str(tmp_path))
     nvml.usage(fake)
+    nvml.NvmlModes(fake).set(str(device(0)["uuid"]), nvml.EXCLUSIVE_PROCESS)
     assert {n for n, _ in fake.calls} == set(FAKE_FUNCTIONS)
     for name, args in fake.calls:
         inspect.signature(getattr(pynvml, name)).bind(*args)
@@ -460,6 +490,26 @@ def test_mig_mode_pending_but_not_current_lists_no_slices(tmp_path: Path) -> Non
     inv = nvml.read(fake, sysfs=str(tmp_path))
     assert (inv.gpus[0].mig_mode, inv.migs) == (False, ())
     assert fake.called("nvmlDeviceGetMigDeviceHandleByIndex") == 0
+
+
+def test_a_compute_mode_is_set_by_uuid_and_the_one_it_had_is_told() -> None:
+    fake = FakeNVML([device(0), device(1, compute_mode=pynvml.NVML_COMPUTEMODE_PROHIBITED)])
+    modes = nvml.NvmlModes(fake)
+    uuid = str(device(1)["uuid"])
+    assert modes.set(uuid, nvml.EXCLUSIVE_PROCESS) == pynvml.NVML_COMPUTEMODE_PROHIBITED
+    assert modes.get(uuid) == nvml.EXCLUSIVE_PROCESS
+    assert modes.get(str(device(0)["uuid"])) == nvml.DEFAULT  # the other GPU kept its mode
+    assert modes.set(uuid, nvml.EXCLUSIVE_PROCESS) == nvml.EXCLUSIVE_PROCESS
+    assert fake.called("nvmlDeviceSetComputeMode") == 1  # a mode already set is not set again
+    assert fake.called("nvmlInit") == fake.called("nvmlShutdown") == 4
+
+
+def test_a_compute_mode_nvml_refuses_is_its_error() -> None:
+    modes = nvml.NvmlModes(FakeNVML([device(0, user=True)]))
+    with pytest.raises(pynvml.NVMLError_NoPermission):
+        modes.set(str(device(0)["uuid"]), nvml.EXCLUSIVE_PROCESS)
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        modes.get("GPU-gone")
 
 
 def test_nvml_changes_no_mig_setting() -> None:

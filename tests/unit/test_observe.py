@@ -23,9 +23,9 @@ from allocator.host import ledger, metrics, usage
 from allocator.host.config import Config, ConfigError, PolicyConfig
 from allocator.ops import gpus as gpus_table
 from allocator.ops import status as status_table
-from allocator.service.compose import Allocator
 from allocator.service.placer import LeaseRequest
 from allocator.service.views import gpus, status
+from allocator.service.wiring import Allocator
 from shim import metrics_server
 from tests.support.fake_engine import FakeEngine
 

@@ -15,7 +15,7 @@ from allocator.core.access.facts import EngineView
 from allocator.core.api.gojson import Body, BodyError
 from allocator.core.judging import verdicts
 from allocator.core.machine.inventory import GPU, Inventory
-from allocator.service.compose import Allocator
+from allocator.service.wiring import Allocator
 from plugin import app
 from tests.support.enforcement_cases import body, request
 from tests.support.fake_engine import allocator_on

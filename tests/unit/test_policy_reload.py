@@ -13,8 +13,8 @@ import yaml
 
 from allocator.core.placement import POLICIES
 from allocator.host import config as configmod
-from allocator.service.compose import Allocator
 from allocator.service.views import gpus, status
+from allocator.service.wiring import Allocator
 from shim.serve import sample_every
 from tests.support import engine
 

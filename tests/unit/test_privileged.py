@@ -35,7 +35,9 @@ def test_every_mig_slice_counts_as_the_host():
 
 
 def create(**host_config):
-    return decide.access.of_create({"HostConfig": host_config}, EngineView(), GPUS, None)
+    """No container a namespace mode names exists (allocator/core/access/joined.py)."""
+    body = {"HostConfig": host_config}
+    return decide.access.of_create(body, EngineView(), GPUS, None, lambda name: None)
 
 
 @pytest.mark.parametrize(

@@ -106,3 +106,10 @@ def test_nvml_events_register_and_a_quiet_wait_returns_none(inventory) -> None:
     assert events.wait(0.2) == []
     assert events.answers(g.uuid for g in inventory.gpus) == {g.uuid for g in inventory.gpus}
     assert events.answers(["GPU-00000000-0000-0000-0000-000000000000"]) == set()
+
+
+def test_each_gpus_compute_mode_is_what_nvidia_smi_says(inventory) -> None:
+    """Read only: an MPS test sets the mode, and sets it back (test_real_gpu_sharing.py)."""
+    said = {uuid: mode.upper() for uuid, mode in smi("uuid", "compute_mode")}
+    modes = nvml.NvmlModes()
+    assert {g.uuid: nvml.COMPUTE_MODES[modes.get(g.uuid)] for g in inventory.gpus} == said

@@ -4,7 +4,9 @@ gpu-alloc's own daemon code (allocator/host/mps.py) starts GPU 0's MPS control d
 with two shares' caps, as a share's first lease would; two clients, each in a mount
 namespace with the share's private /dev/shm as a container has it, allocate under and
 over their memory cap with the driver API (ctypes, no CUDA toolkit needed), at once.
-The daemon is stopped at the end; no GPU setting is changed.
+The GPU is in compute mode EXCLUSIVE_PROCESS while the daemon runs and in its own mode
+once it stops; the daemon is stopped at the end, and GPU 0's mode set back only where
+the test left it otherwise (a failure between the two).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ import pytest
 from allocator.core.machine.inventory import GPU
 from allocator.core.rules import sharing
 from allocator.host.mps import Daemons
+from allocator.host.nvml import EXCLUSIVE_PROCESS, NvmlModes
 
 
 def _why_not() -> str | None:
@@ -65,11 +69,25 @@ def gpu0() -> GPU:
     return nvml.read().gpus[0]
 
 
-def test_two_shares_each_run_and_each_meets_its_memory_cap(gpu0: GPU, tmp_path: Path) -> None:
+@pytest.fixture
+def mode_before(gpu0: GPU) -> Iterator[int]:
+    """GPU 0's compute mode before the test, set back after it only if it was changed."""
+    modes = NvmlModes()
+    before = modes.get(gpu0.uuid)
+    yield before
+    if modes.get(gpu0.uuid) != before:
+        modes.set(gpu0.uuid, before)
+
+
+def test_two_shares_each_run_and_each_meets_its_memory_cap(
+    gpu0: GPU, tmp_path: Path, mode_before: int
+) -> None:
     rule = sharing.Sharing(gpus=(gpu0.index,), shares=2, memory=CAP_MIB << 20)
-    daemons = Daemons(str(tmp_path / "mps"))
+    modes = NvmlModes()
+    daemons = Daemons(str(tmp_path / "mps"), modes=modes)
     daemons.start(gpu0.uuid, sharing.daemon_commands(rule, gpu0))
     try:
+        assert modes.get(gpu0.uuid) == EXCLUSIVE_PROCESS
         top = tmp_path / "mps" / gpu0.uuid
         env = {**os.environ, sharing.PIPE_ENV: str(top / sharing.PIPE)}
         env.pop("CUDA_VISIBLE_DEVICES", None)  # the client sees what MPS gives it
@@ -89,3 +107,4 @@ def test_two_shares_each_run_and_each_meets_its_memory_cap(gpu0: GPU, tmp_path: 
         assert client.returncode == 0, err.decode()
         assert out.decode().split() == ["under=0", "over=2"], err.decode()  # 2: out of memory
     assert daemons.running() == set()
+    assert modes.get(gpu0.uuid) == mode_before

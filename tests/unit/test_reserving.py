@@ -16,9 +16,9 @@ from allocator.host import config as configmod
 from allocator.host import ledger
 from allocator.host.audit import AuditLog
 from allocator.ops import cli
-from allocator.service.compose import Allocator
 from allocator.service.placer import LeaseRequest
 from allocator.service.views.explain import explain
+from allocator.service.wiring import Allocator
 from tests.support import engine as sim
 from tests.support.fake_engine import FakeEngine
 

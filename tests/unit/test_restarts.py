@@ -22,8 +22,8 @@ from allocator.core.leases.leases import Phase
 from allocator.host import config as configmod
 from allocator.host.engine import EngineError
 from allocator.ops.repair import repair
-from allocator.service.compose import Allocator
 from allocator.service.placer import LeaseRequest
+from allocator.service.wiring import Allocator
 from tests.support.fake_engine import FakeEngine
 from tests.unit.test_service import GPUS, create, leased, one
 

@@ -23,8 +23,8 @@ from allocator.core.machine.inventory import InventoryError
 from allocator.core.placement import Shortage
 from allocator.host import config as configmod
 from allocator.host import ledger
-from allocator.service.compose import Allocator
 from allocator.service.placer import LeaseRequest
+from allocator.service.wiring import Allocator
 from tests.support import engine as sim
 from tests.support.fake_engine import FakeEngine
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from allocator.core.api import labels
-from allocator.core.judging import service_limits
+import pytest
+
+from allocator.core.api import gojson, labels
+from allocator.core.judging import service_limits, services
 from allocator.core.rules.policy import Owner, Rules
 
 ALICE = Owner(1001, "alice", ("ml",))
@@ -41,8 +43,39 @@ def test_a_service_without_a_mode_is_one_replica_as_dockerd_makes_it() -> None:
     assert service_limits.gpus(spec(2), "gpu", nodes=5) == 2
 
 
-def test_the_mode_is_read_with_go_s_case_insensitive_keys() -> None:
-    assert service_limits.gpus(spec(1, {"replicated": {"replicas": 4}}), "gpu", nodes=1) == 4
+@pytest.mark.parametrize(
+    "mode",
+    [
+        '{"Replicated":{"Replicas":1,"replicas":3}}',  # Go takes both, the last: 3
+        '{"Replicated":{"Replicas":1},"replicated":{"Replicas":3}}',
+        '{"Replicated":{"Replica\u017f":3}}',  # the long s folds to s in Go
+        '{"ReplicatedJob":{"MaxConcurrent":1,"maxConcurrent":3}}',
+        '{"Replicated":{"Replicas":1},"Replicated":{"Replicas":3}}',
+        '{"Replicated":{"Replicas":1.0}}',  # Go refuses a fraction for a uint64
+        '{"Replicated":{"Replicas":1e0}}',
+        '{"Replicated":{"Replicas":-1}}',
+        '{"Replicated":{"Replicas":"3"}}',
+    ],
+)
+def test_a_count_dockerd_could_read_otherwise_is_refused(mode: str) -> None:
+    body = '{"Name":"train","Mode":' + mode + "}"
+    with pytest.raises(gojson.BodyError):
+        services.decode(body.encode())
+
+
+@pytest.mark.parametrize(
+    ("mode", "tasks"),
+    [
+        ('{"ReplicatedJob":{"MaxConcurrent":3}}', 3),
+        ('{"replicated":{"Replicas":4}}', 4),  # docker-py's ServiceMode("replicated")
+        ('{"REPLICATED":{"replicas":2}}', 2),
+        ('{"replicatedjob":{"maxconcurrent":2,"TotalCompletions":9}}', 2),
+        ('{"global":{}}', 5),
+    ],
+)
+def test_a_count_is_read_as_go_reads_its_keys(mode: str, tasks: int) -> None:
+    got = services.decode(('{"Name":"t","Mode":' + mode + "}").encode())
+    assert service_limits.tasks(got, nodes=5) == tasks
 
 
 def test_a_global_service_counts_one_task_per_ready_node() -> None:

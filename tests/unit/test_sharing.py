@@ -57,6 +57,11 @@ def test_a_share_is_asked_as_a_fraction_or_a_memory_size(labels, got) -> None:
         ({sharing.SHARE: "1/1"}, "a fraction of one GPU"),
         ({sharing.SHARE: "quarter"}, "a fraction of one GPU"),
         ({sharing.SHARE: "0/4"}, "a fraction of one GPU"),
+        ({sharing.SHARE: "²/4"}, "a fraction of one GPU"),  # str.isdigit, and int() fails
+        ({sharing.SHARE: "١/٤"}, "a fraction of one GPU"),  # int() reads it as 1/4
+        ({sharing.SHARE: "1/４"}, "a fraction of one GPU"),
+        ({sharing.SHARE: "1/4/8"}, "a fraction of one GPU"),
+        ({sharing.SHARE: "1/" + "9" * 30}, "a fraction of one GPU"),
         ({sharing.MEMORY: "lots"}, "is not a size"),
         ({sharing.SHARE: "1/4", sharing.MEMORY: "1g"}, "give one of them"),
     ],
@@ -351,7 +356,7 @@ class FakeDaemons:
 
 
 def test_the_mps_part_keeps_one_daemon_per_gpu_with_shares_out(tmp_path) -> None:
-    from allocator.service.compose import Allocator
+    from allocator.service.wiring import Allocator
 
     gpus = tmp_path / "gpus.yaml"
     gpus.write_text("[{uuid: GPU-0, index: 0, memory_mib: 81920}, {uuid: GPU-1, index: 1}]\n")

@@ -21,7 +21,7 @@ from allocator.core.machine.inventory import Inventory
 from allocator.host import config
 from allocator.host.creators import Creators
 from allocator.host.filesystem import Host
-from allocator.service.compose import Allocator
+from allocator.service.wiring import Allocator
 from tests.support import engine as sim
 from tests.support.fake_engine import FakeEngine
 from tests.support.table_host import TableHost

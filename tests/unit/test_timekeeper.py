@@ -18,8 +18,8 @@ from allocator.core.rules.policy import NOBODY, Invalid, Owner, Wanted
 from allocator.core.timing import timelimits
 from allocator.host import config as configmod
 from allocator.host.engine import EngineError
-from allocator.service.compose import Allocator
 from allocator.service.placer import LeaseRequest
+from allocator.service.wiring import Allocator
 from tests.support import engine as sim
 from tests.support.fake_engine import FakeEngine
 

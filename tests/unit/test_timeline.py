@@ -15,9 +15,9 @@ import pytest
 from allocator.core.leases import events
 from allocator.core.timing.reservations import Reservation
 from allocator.host.samples import _day
-from allocator.service.compose import Allocator
 from allocator.service.views import gpus, report
 from allocator.service.views.timeline import Timeline, build
+from allocator.service.wiring import Allocator
 from shim import metrics_server
 from tests.unit.test_observe import UUIDS, free_port, world
 

@@ -27,9 +27,9 @@ from allocator.core.rules.policy import Invalid, Owner, Refusal, Wanted
 from allocator.core.rules.queue import Waiter
 from allocator.host import config as configmod
 from allocator.ops import status
-from allocator.service.compose import Allocator
 from allocator.service.placer import LeaseRequest
 from allocator.service.views import explain
+from allocator.service.wiring import Allocator
 from shim import create as shim_create
 from shim import server
 from shim.framing import Request, Response

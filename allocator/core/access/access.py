@@ -35,9 +35,9 @@ import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from allocator.core.access import privileged
+from allocator.core.access import joined, privileged
 from allocator.core.access.access_ctx import VISIBLE as VISIBLE
-from allocator.core.access.access_ctx import Ctx, MountsOf, View, VolumeOf, resolve_ids
+from allocator.core.access.access_ctx import ContainerOf, Ctx, View, VolumeOf, resolve_ids
 from allocator.core.access.access_ctx import env_values as env_values
 from allocator.core.access.access_devices import cdi_names, cgroup_rules, devices
 from allocator.core.access.access_mounts import binds
@@ -307,6 +307,17 @@ def _annotations(ctx: Ctx) -> None:
             ctx.add(f"HostConfig.Annotations[{key}]", "CDI annotation injects devices", None)
 
 
+def _joined(ctx: Ctx) -> None:
+    """Another container's PID, IPC or network namespace, and with it its GPUs."""
+
+    def reach(other: Mapping[str, Any]) -> Access:
+        view = _inspected(other)
+        return _analyse(view, ctx.engine, ctx.inventory, ctx.host, False, ctx.container_of,
+                        ctx.volume_of)  # fmt: skip
+
+    joined.namespaces(ctx, reach)
+
+
 # The catalogue: each row reads one family of fields.  Order matters only for
 # _runtime_env, which must see whether a device request already set the env.
 SOURCES: tuple[Callable[[Ctx], None], ...] = (
@@ -317,6 +328,7 @@ SOURCES: tuple[Callable[[Ctx], None], ...] = (
     devices,
     cgroup_rules,
     binds,
+    _joined,
     _links,
     _annotations,
 )
@@ -328,11 +340,11 @@ def _analyse(
     inventory: Inventory,
     host: HostFacts,
     strict: bool,
-    mounts_of: MountsOf | None = None,
+    container_of: ContainerOf | None = None,
     volume_of: VolumeOf | None = None,
     socket_owner: str = "",
 ) -> Access:
-    ctx = Ctx(view, engine, inventory, host, strict, mounts_of, volume_of)
+    ctx = Ctx(view, engine, inventory, host, strict, container_of, volume_of)
     ctx.socket_owner = socket_owner
     for source in SOURCES:
         source(ctx)
@@ -344,7 +356,7 @@ def of_create(
     engine: EngineView,
     inventory: Inventory,
     host: HostFacts,
-    mounts_of: MountsOf | None = None,
+    container_of: ContainerOf | None = None,
     volume_of: VolumeOf | None = None,
 ) -> Access:
     view = View(
@@ -354,7 +366,7 @@ def of_create(
         volumes=tuple(body.get("Volumes") or ()),
     )
     owner = socket_binds.labelled(body)  # the shim's: the verdict refuses one it did not mark
-    return _analyse(view, engine, inventory, host, True, mounts_of, volume_of, owner)
+    return _analyse(view, engine, inventory, host, True, container_of, volume_of, owner)
 
 
 def of_container(
@@ -367,8 +379,13 @@ def of_container(
 ) -> Access:
     """``owner``: whose gpu-alloc recorded the container to be (its lease's, its
     creator's), for `socket_binds`; never read from its labels, which an image sets."""
+    return _analyse(_inspected(inspect), engine, inventory, host, False, None, volume_of, owner)
+
+
+def _inspected(inspect: Mapping[str, Any]) -> View:
+    """The `View` of an existing container, from its inspect."""
     config = inspect.get("Config") or {}
-    view = View(
+    return View(
         env=tuple(config.get("Env") or ()),
         env_complete=True,
         host_config=inspect.get("HostConfig") or {},
@@ -379,4 +396,3 @@ def of_container(
             if m.get("Type") == "bind"
         ),
     )
-    return _analyse(view, engine, inventory, host, False, None, volume_of, owner)

@@ -17,7 +17,7 @@ from allocator.core.access.grants import Demand, Grant, Refusal
 from allocator.core.machine.inventory import Inventory
 
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
-MountsOf = Callable[[str], Iterable[tuple[str, str]] | None]  # container -> (source, target)
+ContainerOf = Callable[[str], Mapping[str, Any] | None]  # a container -> its inspect
 VolumeOf = Callable[[str], tuple[str, Mapping[str, str]] | None]  # name -> (driver, options)
 
 
@@ -41,7 +41,7 @@ class Ctx:
     inventory: Inventory
     host: HostFacts
     strict: bool  # True for creates: malformed input is a Refusal, not a claim
-    mounts_of: MountsOf | None = None  # for VolumesFrom: another container's bind mounts
+    container_of: ContainerOf | None = None  # another container (VolumesFrom, a joined namespace)
     volume_of: VolumeOf | None = None  # a named volume's driver and options, from the Engine
     grants: list[Grant] = field(default_factory=list)
     # The owner gpu-alloc knows for this container, whom the policy may let bind the

@@ -93,10 +93,12 @@ def _volumes_from(ctx: Ctx) -> None:
     for i, ref in enumerate(ctx.view.host_config.get("VolumesFrom") or ()):
         fld = f"HostConfig.VolumesFrom[{i}]"
         name = str(ref).split(":")[0]
-        if ctx.mounts_of is None:
+        if ctx.container_of is None:
             raise Refusal(f"{fld}: the mounts of '{name}' cannot be checked here")
-        for src, dst in ctx.mounts_of(name) or ():  # None: no such container, dockerd says so
-            _mount(ctx, fld, src, dst)
+        other = ctx.container_of(name) or {}  # none: no such container, dockerd says so
+        for m in other.get("Mounts") or ():
+            if m.get("Type") == "bind":
+                _mount(ctx, fld, str(m.get("Source") or ""), str(m.get("Destination") or ""))
 
 
 def _mount(ctx: Ctx, fld: str, src: str, dst: str, read_only: bool = False) -> None:

@@ -1,5 +1,5 @@
 """The facts effective access is judged against: what the Engine is, what the host's
-filesystem holds.  Gathered at the edges (allocator/service/compose.py, allocator/host/), passed in
+filesystem holds.  Gathered at the edges (allocator/service/wiring.py, allocator/host/), passed in
 as data, so the core reads nothing itself and tests hand in their own tables.
 """
 
@@ -152,7 +152,7 @@ class HostFacts(Protocol):
 
 
 HOST_FILES = "the host's filesystem"
-CONTAINER_MOUNTS = "another container's mounts"
+OTHER_CONTAINER = "another container"
 VOLUME_OPTIONS = "a volume's options"
 
 
@@ -197,9 +197,9 @@ class NotAsked:
         self._ask(HOST_FILES)
         return ()
 
-    def mounts_of(self, container: str) -> Iterable[tuple[str, str]] | None:
-        """`access_ctx.MountsOf`, not asked."""
-        self._ask(CONTAINER_MOUNTS)
+    def container_of(self, container: str) -> Mapping[str, Any] | None:
+        """`access_ctx.ContainerOf`, not asked."""
+        self._ask(OTHER_CONTAINER)
         return None
 
     def volume_of(self, name: str) -> tuple[str, Mapping[str, str]] | None:

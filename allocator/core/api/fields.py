@@ -30,6 +30,13 @@ class Struct(dict[str, object]):
     """A Go struct as dockerd decodes it: canonical JSON key -> field type."""
 
 
+class Recased(Struct):
+    """A struct whose keys clients spell in another letter case (docker-py's ServiceMode
+    writes ``replicated`` and ``global``): an ASCII key that differs from its field by case
+    alone is read as that field, as Go reads it, where no other key of the object sets the
+    field; two keys for one field, and a non-ASCII spelling, are refused as in a `Struct`."""
+
+
 @dataclass(frozen=True)
 class ListOf:
     """A Go slice or array: a JSON array of `item`."""

@@ -6,7 +6,10 @@ Kelvin sign for a K), unknown keys are ignored, a repeated key decodes again int
 value (scalars: last wins, objects merge), json.Decoder.Decode stops after the first value,
 invalid UTF-8 and lone surrogates become U+FFFD. Rather than emulate all that, `decode`
 refuses anything on which the two could disagree, and the caller forwards `canonical(obj)`,
-the bytes of exactly what it checked. The field tables come from allocator.fields.
+the bytes of exactly what it checked. The one emulation: in a `Recased` struct (a part
+clients spell in other cases) an ASCII key of another case is read as its field, as Go
+reads it, and a field set by two keys is refused. The field tables come from
+allocator.fields.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import unicodedata
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast, overload
 
-from allocator.core.api.fields import INT64, Int, ListOf, MapOf, Opaque, StrSlice, Struct
+from allocator.core.api.fields import INT64, Int, ListOf, MapOf, Opaque, Recased, StrSlice, Struct
 
 MAX_DEPTH = 64
 T = TypeVar("T")
@@ -226,23 +229,45 @@ def _check(value: object, kind: object) -> None:
 
 def _check_struct(value: dict[str, object], struct: Struct) -> None:
     folded = None
+    recased: dict[str, str] = {}
     for key, item in value.items():
         kind = struct.get(key)
         if kind is None:
             if folded is None:
                 folded = _folded(struct)
             name = folded.get(go_fold(key))
-            if name is not None:
+            if name is None:
+                continue
+            if not (isinstance(struct, Recased) and key.isascii()):
                 how = "only by letter case" if key.isascii() else "by Unicode folding"
                 raise _Mismatch(
                     f"key {_show(key)} differs from {_show(name)} {how}: write {_show(name)}"
                 )
-            continue
+            recased[key] = name
+            kind = struct[name]
         try:
             _check(item, kind)
         except _Mismatch as exc:
             exc.path.append(key)
             raise
+    if recased:
+        _recase(value, recased)
+
+
+def _recase(value: dict[str, object], recased: dict[str, str]) -> None:
+    """``value`` with each key of ``recased`` named as its field, as Go reads it; refused
+    where two keys set one field (Go reads both, and keeps the last)."""
+    names = [recased.get(key, key) for key in value]
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        keys = [key for key in value if recased.get(key, key) == twice]
+        raise _Mismatch(
+            f"keys {' and '.join(map(_show, keys))} both set {_show(twice)}, and dockerd "
+            f"reads the last: write {_show(twice)} once"
+        )
+    renamed = [(recased.get(key, key), item) for key, item in value.items()]
+    value.clear()
+    value.update(renamed)
 
 
 _FOLDED: dict[int, tuple[Struct, dict[str, str]]] = {}

@@ -8,7 +8,16 @@ ContainerSpec, its resources, its runtime); the rest is `OPAQUE`, left to docker
 Engines 20.10 to 29: a key outside them is one a newer Engine may read, and refused.
 """
 
-from allocator.core.api.fields import MOUNT, OPAQUE, STRING_MAP, STRINGS, ListOf, Struct
+from allocator.core.api.fields import (
+    MOUNT,
+    OPAQUE,
+    STRING_MAP,
+    STRINGS,
+    UINT64,
+    ListOf,
+    Recased,
+    Struct,
+)
 
 GENERIC_RESOURCE = Struct(
     NamedResourceSpec=Struct(Kind=str, Value=str),
@@ -78,11 +87,21 @@ TASK_SPEC = Struct(
     Runtime=str,
 )
 
+# The service's mode: its counts decide how many tasks reserve GPUs at once.  docker-py
+# spells it {"replicated": {"Replicas": n}}, so its keys are read in any ASCII case, as Go
+# reads them; a count spelt twice ("Replicas" and "replicas": Go keeps the last) is refused.
+MODE = Recased(
+    Replicated=Recased(Replicas=UINT64),
+    Global=Recased(),
+    ReplicatedJob=Recased(MaxConcurrent=UINT64, TotalCompletions=UINT64),  # Engine 20.10+
+    GlobalJob=Recased(),
+)
+
 SERVICE_SPEC = Struct(
     Name=str,  # Annotations are embedded: Name and Labels sit at the top level
     Labels=STRING_MAP,
     TaskTemplate=TASK_SPEC,
-    Mode=OPAQUE,
+    Mode=MODE,
     UpdateConfig=OPAQUE,
     RollbackConfig=OPAQUE,
     Networks=OPAQUE,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from allocator.core.access import privileged
-from allocator.core.access.access_ctx import MountsOf, VolumeOf
+from allocator.core.access.access_ctx import ContainerOf, VolumeOf
 from allocator.core.access.facts import EngineView, HostFacts, NotAsked
 from allocator.core.access.plugins import PluginCheck
 from allocator.core.judging import services
@@ -47,7 +47,7 @@ class Fact(StrEnum):
     INVENTORY = "inventory"  # the GPU inventory, and why it is missing
     ENGINE = "engine"  # what the Engine says it is (`facts.EngineView`)
     HOST = "host"  # the host's filesystem as dockerd sees it
-    MOUNTS_OF = "mounts_of"  # another container's binds (VolumesFrom)
+    CONTAINER_OF = "container_of"  # another container (VolumesFrom, a namespace joined)
     VOLUME_OF = "volume_of"  # a named volume's driver and options
     SHIM_SOCKET = "shim_socket"  # for the hint on the real socket
     PRIVILEGED_MODE = "privileged_mode"  # policy.privileged
@@ -77,7 +77,7 @@ class Facts:
     The inventory is a fact that may be missing (a simulated file gone, NVML failing):
     work that touches no GPU goes on without it, and only a grant is refused, naming
     ``inventory_error``.  The host's filesystem and the Engine's lookups may be
-    `NotAsked` (``host``, ``mounts_of`` and ``volume_of`` all its): ``needs`` then says
+    `NotAsked` (``host``, ``container_of`` and ``volume_of`` all its): ``needs`` then says
     whether a decision asked for one of them.
 
     Every read of a fact is kept in ``read``; a read of one outside ``gathered`` raises
@@ -86,7 +86,7 @@ class Facts:
     """
 
     __slots__ = (
-        "_engine", "_host", "_inventory", "_inventory_error", "_mounts_of",
+        "_container_of", "_engine", "_host", "_inventory", "_inventory_error",
         "_privileged_mode", "_shim_socket", "_swarm_kind", "_volume_of", "gathered", "read",
     )  # fmt: skip
 
@@ -95,7 +95,7 @@ class Facts:
         inventory: Inventory | None,
         engine: EngineView,
         host: HostFacts,
-        mounts_of: MountsOf | None = None,
+        container_of: ContainerOf | None = None,
         inventory_error: str = "",  # why `inventory` is None
         volume_of: VolumeOf | None = None,
         shim_socket: str = DEFAULT_SHIM_SOCKET,
@@ -106,7 +106,7 @@ class Facts:
         self._inventory = inventory
         self._engine = engine
         self._host = host
-        self._mounts_of = mounts_of
+        self._container_of = container_of
         self._inventory_error = inventory_error
         self._volume_of = volume_of
         self._shim_socket = shim_socket
@@ -123,7 +123,7 @@ class Facts:
     def only(self, facts: frozenset[Fact]) -> Facts:
         """These facts, with only ``facts`` of them readable, and nothing read yet."""
         return Facts(
-            self._inventory, self._engine, self._host, self._mounts_of,
+            self._inventory, self._engine, self._host, self._container_of,
             self._inventory_error, self._volume_of, self._shim_socket,
             self._privileged_mode, self._swarm_kind, self.gathered & facts,
         )  # fmt: skip
@@ -149,9 +149,9 @@ class Facts:
         return self._host
 
     @property
-    def mounts_of(self) -> MountsOf | None:
-        self._reads(Fact.MOUNTS_OF)
-        return self._mounts_of
+    def container_of(self) -> ContainerOf | None:
+        self._reads(Fact.CONTAINER_OF)
+        return self._container_of
 
     @property
     def volume_of(self) -> VolumeOf | None:

@@ -283,7 +283,7 @@ READS: dict[Check, frozenset[Fact]] = {
     Check.REMOVE: NO_FACT,
     Check.RENAME: NO_FACT,
     Check.PRUNE: NO_FACT,
-    Check.CREATE: ACCESS_READS | {Fact.MOUNTS_OF, Fact.SHIM_SOCKET},
+    Check.CREATE: ACCESS_READS | {Fact.CONTAINER_OF, Fact.SHIM_SOCKET},
     Check.START: NO_FACT,
     Check.RESTART: NO_FACT,
     Check.UPDATE: NO_FACT,

@@ -25,12 +25,9 @@ from allocator.core.rules.policy import Owner, Refusal, Rules
 
 
 def _field(obj: Any, name: str) -> Any:
-    """``obj[name]`` matched as Go's encoding/json matches a key (case-insensitively)."""
-    if not isinstance(obj, Mapping):
-        return None
-    if name in obj:
-        return obj[name]
-    return next((v for k, v in obj.items() if str(k).lower() == name.lower()), None)
+    """``obj[name]`` of a spec dockerd stored or `services.decode` read: either spells each
+    key as its field (`gojson` refuses a key that differs from its field by case)."""
+    return obj.get(name) if isinstance(obj, Mapping) else None
 
 
 def _count(value: Any, default: int) -> int:

@@ -251,7 +251,7 @@ def grants_of_create(spec: Mapping[str, Any], facts: Facts) -> Access | Deny:
     """The create's effective access; without an inventory, only a create with none passes."""
     try:
         grants = access.of_create(
-            spec, facts.engine, facts.known_gpus, facts.host, facts.mounts_of, facts.volume_of
+            spec, facts.engine, facts.known_gpus, facts.host, facts.container_of, facts.volume_of
         )
     except Refusal as e:
         if facts.inventory is None:

@@ -21,9 +21,20 @@ from __future__ import annotations
 
 import functools
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Any
 
 from allocator.core.api.numbers import INDEX, maybe
+
+
+class MigPolicy(StrEnum):
+    """``policy.mig``: which of GPUs and slices are leased (`Inventory.units`), named
+    as the NVIDIA Kubernetes device plugin's strategies.  A `StrEnum`, so the config,
+    the status JSON and the messages spell each as the operator wrote it."""
+
+    NONE = "none"
+    SINGLE = "single"
+    MIXED = "mixed"
 
 
 class InventoryError(Exception):
@@ -131,10 +142,10 @@ class Inventory:
         """What a grant of ``uuid`` excludes: a GPU and its slices exclude each other."""
         return self._families.get(uuid, frozenset({uuid}))
 
-    def units(self, mig: str) -> tuple[GPU, ...]:
-        """What may be leased under ``policy.mig`` (none, single or mixed)."""
+    def units(self, mig: MigPolicy) -> tuple[GPU, ...]:
+        """What may be leased under ``policy.mig``."""
         whole = tuple(g for g in self.gpus if not g.mig_mode)
-        return whole if mig == "none" else whole + self.migs
+        return whole if mig is MigPolicy.NONE else whole + self.migs
 
     def by_minor(self, minor: int) -> GPU | None:
         return next((g for g in self.gpus if g.minor == minor), None)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from allocator.core.judging.ask import Ask
 from allocator.core.leases.holders import Holder
-from allocator.core.machine.inventory import GPU, Inventory
+from allocator.core.machine.inventory import GPU, Inventory, MigPolicy
 from allocator.core.placement import best_effort, first_fit, numa
 from allocator.core.rules.queue import Kept
 from allocator.core.timing.reservations import Reserved
@@ -47,7 +47,7 @@ def place(
     now: float | None = None,
     where: str = "",
     unhealthy: Mapping[str, str] | None = None,
-    mig: str = "none",
+    mig: MigPolicy = MigPolicy.NONE,
     host_units: int | None = None,
 ) -> list[GPU] | Shortage:
     """Pick GPUs for `ask` among those not in ``held`` (UUID -> `Holder`); all or nothing.
@@ -72,7 +72,7 @@ def place(
     outside = [g for g in required if g not in units]
     if outside:
         return Shortage(_not_a_unit_text(outside, mig), waitable=False)
-    if ask.profile and mig == "none":
+    if ask.profile and mig is MigPolicy.NONE:
         return Shortage(
             f"gpu-alloc: refused: MIG profile {ask.profile} asked, but policy.mig is 'none', "
             "so MIG slices are not leased; drop the io.gpu-alloc.request.mig label, or have "
@@ -104,7 +104,7 @@ def usable(
     inventory: Inventory,
     held: Mapping[str, Holder],
     unhealthy: Mapping[str, str] | None = None,
-    mig: str = "none",
+    mig: MigPolicy = MigPolicy.NONE,
 ) -> frozenset[str]:
     """The free units `place` could draw for `ask` (what a waiter short of GPUs blocks)."""
     sick = dict(unhealthy or {})
@@ -122,11 +122,11 @@ def usable(
     )
 
 
-def _fits(unit: GPU, profile: str, mig: str) -> bool:
+def _fits(unit: GPU, profile: str, mig: MigPolicy) -> bool:
     """May a count request draw this unit?  ``mixed`` hands slices out by profile only."""
     if profile:
         return unit.profile == profile
-    return mig == "single" or not unit.is_slice
+    return mig is MigPolicy.SINGLE or not unit.is_slice
 
 
 def _blocked(held: Mapping[str, Holder], inventory: Inventory) -> dict[str, Holder]:
@@ -138,7 +138,7 @@ def _blocked(held: Mapping[str, Holder], inventory: Inventory) -> dict[str, Hold
     return blocked
 
 
-def _not_a_unit_text(gpus: Sequence[GPU], mig: str) -> str:
+def _not_a_unit_text(gpus: Sequence[GPU], mig: MigPolicy) -> str:
     named = ", ".join(f"{g.label()} ({g.uuid})" for g in gpus)
     if any(g.is_slice for g in gpus):
         why = "policy.mig is 'none', so MIG slices are not leased"

@@ -27,7 +27,7 @@ import posixpath
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from allocator.core.api import labels
+from allocator.core.api import labels, numbers
 from allocator.core.machine.cpus import parse_size
 from allocator.core.machine.inventory import GPU
 
@@ -43,6 +43,7 @@ MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_ENV_PREFIX = "CUDA_MPS_"
 ANY_USER = "any"
+_SHARE_PART = numbers.whole("a whole number", high=1 << 16)  # either side of a share's fraction
 BIND_DETAIL = "bind of the MPS directory of"  # a grant's detail: a share's bind (access_mounts)
 
 
@@ -127,10 +128,13 @@ def share_ask(given: Mapping[str, object] | None) -> ShareAsk | str | None:
     if raw not in (None, "") and size not in (None, ""):
         return f"label {SHARE} and label {MEMORY} both ask for a share: give one of them"
     if raw not in (None, ""):
-        num, slash, den = str(raw).strip().partition("/")
-        if not (slash and num.isdigit() and den.isdigit() and 0 < int(num) < int(den)):
+        num, slash, den = str(raw).partition("/")
+        # ASCII digits only, through the strict reader: ``²`` passes str.isdigit and then
+        # fails int(), and int() reads ``١/٤`` and ``1/４`` as 1/4.
+        top, bottom = numbers.maybe(num, _SHARE_PART), numbers.maybe(den, _SHARE_PART)
+        if not (slash and top is not None and bottom is not None and 0 < top < bottom):
             return f"label {SHARE}={raw}: expected a fraction of one GPU such as 1/4"
-        return ShareAsk(int(num), int(den))
+        return ShareAsk(int(top), int(bottom))
     try:
         memory = parse_size(str(size))
     except ValueError as e:

@@ -24,8 +24,8 @@ from allocator.core.rules import sharing
 from allocator.core.rules.policy import Invalid, Owner, Refusal, priority_of, wait_of, wanted
 from allocator.core.timing import reservations, timelimits
 from allocator.host import ledger
-from allocator.service import shares
-from allocator.service.compose import Allocator
+from allocator.service import fair_share
+from allocator.service.wiring import Allocator
 
 FITS, FAILED, SHORT, INVALID, REFUSED, WAITS = 0, 1, 2, 3, 4, 5
 VERDICT = {FITS: "fits", SHORT: "short", INVALID: "invalid", REFUSED: "refused", WAITS: "waits"}
@@ -114,7 +114,7 @@ def explain(
     except BadRequest as e:
         return _answer(INVALID, str(e))
     base = {"user": who.user, "request": {"gpus": gpus, "labels": given}}
-    fair = shares.table(alloc.fair_share, alloc.gather.rules.fair_share_half_life)
+    fair = fair_share.table(alloc.fair_share, alloc.gather.rules.fair_share_half_life)
     if fair is not None:
         mine = [o for o in fair["owners"] if o["owner"] == who.user]
         base["fair_share"] = fair | {"owners": mine or [_no_use(who.user)]}

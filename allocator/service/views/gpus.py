@@ -26,8 +26,8 @@ from allocator.core.timing import timelimits
 from allocator.core.timing.usage import Usage, known
 from allocator.host import ledger, usage
 from allocator.host.engine import EngineError
-from allocator.service.compose import Allocator
 from allocator.service.views import shares as shared_view
+from allocator.service.wiring import Allocator
 
 
 @dataclass(frozen=True)

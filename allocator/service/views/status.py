@@ -15,10 +15,10 @@ from allocator.core.machine.inventory import GPU
 from allocator.core.rules import policy
 from allocator.core.timing import timelimits
 from allocator.core.timing.usage import ACTIVE, UNKNOWN, UNUSED
-from allocator.service import shares
-from allocator.service.compose import Allocator
+from allocator.service import fair_share
 from allocator.service.views import shares as shared_view
 from allocator.service.views.gpus import LiveView
+from allocator.service.wiring import Allocator
 
 HOST = "host compute processes"
 MIG_MODE = "MIG mode: leased as its slices"
@@ -130,7 +130,7 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
         ],
         "free": sum(1 for g in gpus if g["free"]),
         "total": len(gpus),
-        "fair_share": shares.table(alloc.fair_share, alloc.gather.rules.fair_share_half_life),
+        "fair_share": fair_share.table(alloc.fair_share, alloc.gather.rules.fair_share_half_life),
         "shared": shared_view.shared(inventory, rules, state),
         "shares": shared_view.shares(inventory, state, _names(engine)),
     }

@@ -26,7 +26,7 @@ from allocator.host.audit import AuditLog
 from allocator.host.samples import Samples
 
 if TYPE_CHECKING:
-    from allocator.service.compose import Allocator
+    from allocator.service.wiring import Allocator
 
 DAY = 86400.0
 PERIODS = {"24h": (DAY, DAY / 4), "7d": (7 * DAY, DAY)}  # name -> (back, ahead) seconds

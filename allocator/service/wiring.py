@@ -48,6 +48,7 @@ from allocator.host.ledger import Ledger
 from allocator.service.admission import Admission
 from allocator.service.background import Background
 from allocator.service.creates import Creates
+from allocator.service.fair_share import FairShare
 from allocator.service.gather import Gatherer
 from allocator.service.leasebook import LeaseBook
 from allocator.service.lineup import Lineup
@@ -59,7 +60,6 @@ from allocator.service.reconciler import Reconciler
 from allocator.service.recorder import Recorder
 from allocator.service.reserving import Reservations
 from allocator.service.restarts import Restarts
-from allocator.service.shares import FairShare
 from allocator.service.timekeeper import Timekeeper
 
 

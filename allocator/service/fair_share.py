@@ -1,6 +1,6 @@
 """Fair share by history: each owner's decayed GPU usage, for the waiting line.
 
-One part of the composed service (allocator/service/compose.py), given the audit trail; the
+One part of the composed service (allocator/service/wiring.py), given the audit trail; the
 line (`Lineup.usage`) asks it, and ``status`` and ``explain`` show its `table`.
 
 With ``policy.fair_share.half_life`` set, the line orders equal priorities by each

@@ -1,4 +1,4 @@
-"""allocator.service.shares: decayed usage from the audit trail, kept a few seconds, re-read
+"""allocator.service.fair_share: decayed usage from the audit trail, kept a few seconds, re-read
 aside."""
 
 from __future__ import annotations
@@ -13,33 +13,33 @@ from allocator.host.audit import AuditLog
 from allocator.host.held import HeldRecord
 from allocator.ops.explain import render
 from allocator.ops.status import fair_share_line
-from allocator.service import shares
+from allocator.service import fair_share
 
 A = "GPU-aaaa"
 HOUR = 3600.0
 
 
 def test_fair_share_off_reads_nothing(tmp_path: Path) -> None:
-    fair = shares.FairShare(AuditLog(str(tmp_path)), HeldRecord(str(tmp_path)))
+    fair = fair_share.FairShare(AuditLog(str(tmp_path)), HeldRecord(str(tmp_path)))
     assert fair.usage(None) is None
-    assert shares.table(fair, None) is None
+    assert fair_share.table(fair, None) is None
 
 
 def test_usage_is_kept_then_refreshed_without_waiting_for_the_file(tmp_path: Path) -> None:
     now = time.time()
     audit = AuditLog(str(tmp_path))
     audit.write(events.record("grant", now - HOUR, gpus=[A], lease="L1", owner="alice"))
-    fair = shares.FairShare(AuditLog(str(tmp_path)), HeldRecord(str(tmp_path)))
+    fair = fair_share.FairShare(AuditLog(str(tmp_path)), HeldRecord(str(tmp_path)))
     first = fair.usage(HOUR, now)
     assert first is not None and first["alice"] == pytest.approx(HOUR / 2 / 0.6931, rel=1e-3)
     audit.write(events.record("release", now - HOUR / 2, gpus=[A], lease="L1", owner="alice"))
     assert fair.usage(HOUR, now + 1) is first  # kept for TTL seconds
-    stale = fair.usage(HOUR, now + shares.TTL + 1)  # answered at once from what was read
+    stale = fair.usage(HOUR, now + fair_share.TTL + 1)  # answered at once from what was read
     assert stale is not None and stale["alice"] > first["alice"]
     deadline = time.monotonic() + 5
     while fair._refreshing and time.monotonic() < deadline:
         time.sleep(0.01)
-    fresh = fair.usage(HOUR, now + 2 * shares.TTL + 2)
+    fresh = fair.usage(HOUR, now + 2 * fair_share.TTL + 2)
     assert fresh is not None and fresh["alice"] < first["alice"]  # the release was read
 
 
@@ -49,8 +49,8 @@ def test_the_table_lists_owners_least_use_first_with_their_share(tmp_path: Path)
     audit.write(events.record("grant", now - 3 * HOUR, gpus=[A], lease="L1", owner="alice"))
     audit.write(events.record("release", now - HOUR, gpus=[A], lease="L1", owner="alice"))
     audit.write(events.record("grant", now - HOUR, gpus=[A], lease="L2", owner="bob"))
-    fair = shares.FairShare(AuditLog(str(tmp_path)), HeldRecord(str(tmp_path)))
-    got = shares.table(fair, 7 * 86400.0, now)
+    fair = fair_share.FairShare(AuditLog(str(tmp_path)), HeldRecord(str(tmp_path)))
+    got = fair_share.table(fair, 7 * 86400.0, now)
     assert got is not None and got["half_life_s"] == 7 * 86400.0
     assert [o["owner"] for o in got["owners"]] == ["bob", "alice"]
     assert sum(o["share"] for o in got["owners"]) == pytest.approx(1.0, abs=1e-3)
@@ -81,8 +81,8 @@ def test_a_flood_of_denials_rotating_the_audit_trail_leaves_fair_share_its_memor
     from allocator.core.judging.ask import Ask
     from allocator.core.rules.policy import Owner
     from allocator.host.config import Config
-    from allocator.service.compose import Allocator
     from allocator.service.placer import LeaseRequest
+    from allocator.service.wiring import Allocator
     from tests.support import engine as sim
 
     gpus = sim.write_sim_gpus(tmp_path / "gpus.yaml", 2)
