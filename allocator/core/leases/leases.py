@@ -106,9 +106,8 @@ class Lease:
     share_slots: int = 0
     share_of: int = 0
     share_user: str = ""
-    # The checkpoint signal (allocator/core/timing/checkpoint.py): ``signal`` is sent
-    # ``signal_lead`` seconds before gpu-alloc stops the container, and was last sent at
-    # ``signalled``.  Written only when set, as the shares are.
+    # The checkpoint signal sent ``signal_lead`` seconds before a stop, last at ``signalled``
+    # (allocator/core/timing/checkpoint.py).  Written only when set, as the shares are.
     signal: str = ""
     signal_lead: float = 0.0
     signalled: float | None = None
@@ -338,8 +337,7 @@ class State:
         return True
 
     def signalled(self, lease_id: str, container: str, at: float) -> bool:
-        """Record that the lease's checkpoint signal was sent at ``at``; False when the
-        lease is gone or names another container."""
+        """Record the lease's checkpoint signal sent at ``at``; False as `start_clock`."""
         lease = self.leases.get(lease_id)
         if lease is None or lease.container != container:
             return False
@@ -431,19 +429,14 @@ def lease_from_json(v: dict[str, Any]) -> Lease:
 
 
 def _lease_json(le: Lease) -> dict[str, Any]:
-    """The lease's fields, but those of a share or a signal it lacks: a lease without
-    either is written as before they existed, so an older gpu-alloc reads it."""
-    unset = _UNSET[bool(le.share_of), bool(le.signal)]
-    return {k: v for k, v in vars(le).items() if k not in unset} if unset else vars(le)
+    """Without a share's or a signal's fields when it has none, so an older gpu-alloc reads it."""
+    unset = (_NONE if le.share_of else _SHARE) | (_NONE if le.signal else _SIGNAL)
+    return {k: v for k, v in vars(le).items() if k not in unset}
 
 
 _SHARE = frozenset({"share_slots", "share_of", "share_user"})
 _SIGNAL = frozenset({"signal", "signal_lead", "signalled"})
-_UNSET = {
-    (share, signal): (frozenset() if share else _SHARE) | (frozenset() if signal else _SIGNAL)
-    for share in (False, True)
-    for signal in (False, True)
-}
+_NONE: frozenset[str] = frozenset()
 
 
 def _claim_json(c: Claim) -> dict[str, Any]:
