@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # dockerd and runc live in /usr/sbin, which a non-login root shell may lack.
 export PATH := $(PATH):/usr/sbin:/sbin
 
-.PHONY: venv deps lint test demo bench bench-ab bench-stages install plugin clean distclean
+.PHONY: venv deps lint unit test demo bench bench-ab bench-stages install plugin clean distclean
 
 venv: $(STAMP)
 
@@ -53,6 +53,10 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The unit tier alone (tests/unit: no root, no dockerd): the quick check while working.
+unit: venv
+	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
 
 # The whole suite on the host's dockerd 20.10 and, in parallel, the Engine-facing suites on
 # dockerd 26, 28 and 29 (Debian roots built on first use under /var/cache/gpu-alloc-tests;

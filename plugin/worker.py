@@ -34,6 +34,7 @@ that dies, and kills one whose heartbeat stops (`notify` below, every second).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -193,6 +194,7 @@ class Worker(base.Worker):
             self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.busy = 0
+        self.stopping = asyncio.Event()  # set by a stop signal: the serve loop wakes at once
         super().init_process()
 
     def load_wsgi(self) -> None:
@@ -214,6 +216,7 @@ class Worker(base.Worker):
 
     def _stop(self) -> None:
         self.alive = False
+        self.stopping.set()
 
     def later(self, work: Callable[[], Any]) -> asyncio.Future[Any]:
         """``work`` on the pool; counted, so a graceful stop can let it finish."""
@@ -241,7 +244,8 @@ class Worker(base.Worker):
         ]
         while self.alive and self.ppid == os.getppid():
             self.notify()
-            await asyncio.sleep(1.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), 1.0)
         for server in servers:
             server.close()
         deadline = self.loop.time() + self.cfg.graceful_timeout

@@ -1,10 +1,10 @@
 """The shim's admin endpoints: the read models, for users who may use Docker but not
 read the state dir.
 
-``GET /gpu-alloc/v1/status``, ``queue``, ``gpus``, ``explain`` and ``report`` are no
-Engine routes (dockerd has no /gpu-alloc): the shim answers them itself, from
-allocator/service/views/, as the JSON the CLI's ``--json`` prints.  Explain answers for the
-peer that asks, never for another user; report gives the peer its own rows only.
+``GET /gpu-alloc/v1/status``, ``queue``, ``gpus``, ``reservations``, ``explain`` and
+``report`` are no Engine routes (dockerd has no /gpu-alloc): the shim answers them itself,
+from allocator/service/views/, as the JSON the CLI's ``--json`` prints.  Explain answers
+for the peer that asks, never for another user; report gives the peer its own rows only.
 Every other request goes on to the create interception.
 """
 
@@ -20,7 +20,7 @@ from allocator.core.leases.leases import StateError
 from allocator.core.machine.inventory import InventoryError
 from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
-from allocator.service.views import explain, report, status, wire
+from allocator.service.views import explain, report, reservations, status, wire
 from allocator.service.views.gpus import LiveView
 from allocator.service.wiring import Allocator
 from shim.create import CreateInterceptor, Forward, error
@@ -62,6 +62,9 @@ class Admin:
                 return _json({"queue": await asyncio.to_thread(self.waitline.snapshot)})
             if request.target == wire.GPUS_PATH:
                 return _json(await asyncio.to_thread(self.live.snapshot))
+            if request.target == wire.RESERVATIONS_PATH:
+                found = await asyncio.to_thread(reservations.listing, self.alloc, time.time())
+                return _json({"reservations": found})
             if request.target.partition("?")[0] == wire.REPORT_PATH:
                 return await asyncio.to_thread(self._report, request)
             return _json(await asyncio.to_thread(self._explain, request))

@@ -58,8 +58,10 @@ ENGINE_SUITES = (
 # Engines that turn an nvidia request into CDI devices themselves.
 CDI_SUITES = ("tests/engine/test_e2e.py",)
 CDI_ENGINES = ("29",)
-# The install tier (a booted systemd root) runs beside the whole suite, not inside it.
+# The install tier (a booted systemd root) runs beside the whole suite, not inside it, on
+# the first Engine and again on these (tests/support/systemd_root.py boots them).
 INSTALL_TIER = "tests/installed"
+INSTALL_ENGINES = ("29",)
 ENGINE_TESTS = "tests/engine"
 # The first Engine's share beyond its Engine-facing suites, in two parts so the run's tail
 # keeps both cores busy: the tests that start no dockerd, and the other Engine tests.
@@ -233,9 +235,9 @@ def plan(names: list[str], whole: bool) -> list[Part]:
     """The parts: the Engine-facing suites on every Engine; on the first, with `whole`, the
     rest of the suite (in the parts REST_TITLES names) and the install tier too, each in a
     part of its own (the whole suite in one part was the run's long pole, twice as long
-    as any other); and the CDI tier on the Engines that give --gpus through CDI.  The
-    parts mostly wait on their dockerds, so more of them at once shortens the run's tail
-    more than it slows its middle."""
+    as any other), and the install tier again on INSTALL_ENGINES; and the CDI tier on the
+    Engines that give --gpus through CDI.  The parts mostly wait on their dockerds, so more
+    of them at once shortens the run's tail more than it slows its middle."""
     parts = [Part(n, ENGINE_SUITES) for n in names]
     if whole and names:
         parts[1:1] = [Part(names[0], (), tier="rest", ignore=(INSTALL_TIER, ENGINE_TESTS)),
@@ -244,6 +246,9 @@ def plan(names: list[str], whole: bool) -> list[Part]:
                       Part(names[0], ENGINE_REST_SECOND, tier="engine-rest-2"),
                       Part(names[0], (INSTALL_TIER,), tier="install")]  # fmt: skip
     parts += [Part(n, CDI_SUITES, tier="cdi", gpu_mode="cdi") for n in names if n in CDI_ENGINES]
+    if whole:
+        parts += [Part(n, (INSTALL_TIER,), tier="install")
+                  for n in names[1:] if n in INSTALL_ENGINES]  # fmt: skip
     return parts
 
 

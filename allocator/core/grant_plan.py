@@ -45,6 +45,7 @@ from allocator.core.rules.policy import NOBODY, Invalid, Owner, Refusal, Rules, 
 from allocator.core.rules.sharing import ShareAsk, fraction
 from allocator.core.timing import checkpoint, timelimits
 from allocator.core.timing import reservations as rsv
+from allocator.core.timing.clock import Mark
 
 _ELSEWHERE = Holder(None, "", "left free: the holder's own reserved GPUs answer it")
 
@@ -76,7 +77,8 @@ class HostNow:
     unhealthy); ``topology``: the host's cores, read only for a request that asks for
     cores or memory (None: no cores, so such a request is refused, never granted
     without them); ``reserved_cpus``: ``policy.reserved_cpus``;
-    ``pending_ttl``: how long a lease waits for its container.
+    ``pending_ttl``: how long a lease waits for its container; ``mark``: the boot's
+    clock with ``now`` (`clock.Now.mark`), what that wait is measured on.
     """
 
     inventory: Inventory
@@ -89,6 +91,7 @@ class HostNow:
     topology: cpus.Topology | None = None
     reserved_cpus: tuple[int, ...] = ()
     pending_ttl: float = 300.0
+    mark: Mark | None = None
 
 
 @dataclass(frozen=True)
@@ -226,7 +229,7 @@ def record(
 ) -> tuple[Lease, str, Lease | None]:
     """Stage 9: the pending lease ``planned`` in ``state`` (the caller holds the lock and
     writes it); (lease, token, the predecessor's lease as it was, when it lent its GPUs)."""
-    lease, token = state.new_lease(planned.gpus, host.now, host.pending_ttl)
+    lease, token = state.new_lease(planned.gpus, host.now, host.pending_ttl, host.mark)
     lease = replace(
         lease,
         name=req.name,

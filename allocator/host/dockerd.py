@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,23 +124,45 @@ class Running:
         return None
 
 
-def started(pid: int, proc: str = "/proc") -> float | None:
+Clocks = Callable[[], tuple[float, float]]  # (epoch seconds, CLOCK_BOOTTIME seconds) at once
+
+
+def _clocks() -> tuple[float, float]:
+    return time.time(), time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+# A start reads up to one tick early (truncated), and the two clocks are read microseconds
+# apart: a file stamped within two ticks (20 ms at the usual 100 Hz) after a start is taken
+# as written before it.  No edit of daemon.json by hand follows dockerd's start that closely.
+SLACK = 2 / os.sysconf("SC_CLK_TCK")
+
+
+def started(pid: int, proc: str = "/proc", clocks: Clocks | None = None) -> float | None:
     """When process ``pid`` started, in seconds since the epoch (None: not readable):
-    a setting dockerd reads only at its start counts from then."""
+    a setting dockerd reads only at its start counts from then.
+
+    The kernel keeps a start as clock ticks since boot (CLOCK_BOOTTIME); the boot is
+    placed on the epoch by reading both clocks at one moment, not by /proc/stat's btime,
+    which drops the boot's fraction of a second and so moves every start up to a second
+    early.  What is left is the tick's truncation: a start reads up to one tick early
+    (``after_start`` allows for it)."""
     try:
         stat = (Path(proc) / str(pid) / "stat").read_text()
-        boot = next(
-            int(line.split()[1])
-            for line in (Path(proc) / "stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
-    except (OSError, StopIteration, ValueError, IndexError):
+    except OSError:
         return None
     fields = stat[stat.rindex(")") + 2 :].split()  # after the command's name
     try:
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+        ticks = int(fields[19])  # field 22: starttime
     except (IndexError, ValueError):
         return None
+    now, since_boot = (clocks or _clocks)()
+    return now - since_boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def after_start(written: float, born: float) -> bool:
+    """Whether a file stamped ``written`` (st_mtime) changed after a process that started
+    at ``born`` (``started``) read it, beyond the start's precision."""
+    return written > born + SLACK
 
 
 def running(engine_socket: str, proc: str = "/proc") -> Running | None:

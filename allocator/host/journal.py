@@ -17,7 +17,14 @@ import os
 import re
 from pathlib import Path
 
-from allocator.core.leases.leases import Lease, State, StateError, lease_from_json
+from allocator.core.leases.leases import (
+    Lease,
+    State,
+    StateError,
+    boot_json,
+    lease_from_json,
+    lease_json,
+)
 
 BINDS_DIR = "binds"
 GRANTS_DIR = "grants"
@@ -82,7 +89,8 @@ def write_grants(grants: Path, leases: list[Lease], generation: str) -> bool:
     try:
         for lease in leases:
             path = grants / lease.id
-            data = json.dumps({"generation": generation, "lease": vars(lease)}).encode()
+            entry = {"generation": generation, "lease": lease_json(lease), "boot": boot_json(lease)}
+            data = json.dumps(entry).encode()
             try:
                 fd = os.open(path, flags, 0o600)
             except FileNotFoundError:  # the first grant here
@@ -151,7 +159,7 @@ def read_grant(path: Path) -> tuple[Path, str, Lease | None] | None:
         raise StateError(f"{path}: cannot read the grant: {e.strerror}") from None
     try:
         data = json.loads(raw)
-        return path, str(data["generation"]), lease_from_json(data["lease"])
+        return path, str(data["generation"]), lease_from_json(data["lease"], data.get("boot"))
     except (ValueError, KeyError, TypeError):
         return path, "", None
 

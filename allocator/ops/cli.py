@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _unreadable_hint(cfg: Config | None, e: Exception, command: str) -> str:
-    """A user in the docker group may run every command, but only status, gpus, explain and
-    report ask the shim: the others read the root-only state directory."""
+    """A user in the docker group may run every command, but only status, gpus, explain,
+    report and reservations ask the shim: the others read the root-only state directory."""
     if cfg is None or not isinstance(e, StateError | PermissionError):
         return ""
     if command in _ASK_THE_SHIM:
@@ -71,7 +71,7 @@ def _unreadable_hint(cfg: Config | None, e: Exception, command: str) -> str:
     )
 
 
-_ASK_THE_SHIM = ("status", "gpus", "explain", "report")
+_ASK_THE_SHIM = ("status", "gpus", "explain", "report", "reservations")
 
 
 class StartupError(Exception):

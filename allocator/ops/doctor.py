@@ -18,9 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from allocator.core.access.facts import EngineView
+from allocator.core.leases.events import rfc3339
+from allocator.core.leases.holders import ago
 from allocator.core.leases.leases import StateError
 from allocator.core.machine.inventory import InventoryError, MigPolicy
 from allocator.core.rules.policy import missing_pool_gpus
+from allocator.core.timing import clock
+from allocator.host import clock as hostclock
 from allocator.host import dockerd, unixhttp
 from allocator.host.config import Config
 from allocator.host.devices import source_for
@@ -246,6 +250,32 @@ def check_state(cfg: Config) -> Line:
     return Line(OK, what)
 
 
+def check_clock(cfg: Config) -> Line:
+    """The wall clock against the boot's, as the shim last compared them
+    (allocator/host/clock.py): limits never go by the wall clock, reservations do."""
+    now = hostclock.read()
+    if now.mark is None:
+        return Line(
+            WARN,
+            f"clock: this boot's id ({hostclock.BOOT_ID}) is unreadable, so time limits, "
+            "pending leases and release_stopped_after go by the wall clock, which a clock "
+            "change moves",
+            "mount /proc as the kernel provides it",
+        )
+    moved = hostclock.jumped(Path(cfg.state_dir))
+    if moved is None or moved.boot_id != now.boot_id:
+        return Line(OK, "clock: the wall clock has kept to the boot's since the shim started")
+    behind = now.wall - clock.schedule(now, moved)
+    return Line(
+        WARN,
+        f"clock: the wall clock moved by {clock.described(moved)} at {rfc3339(moved.at)}; "
+        "time limits go by the boot's clock as ever, and reservations are held to the "
+        f"clock from before the move ({ago(round(behind))} behind the wall clock) until the shim "
+        "restarts",
+        "if the new time is right, systemctl restart gpu-alloc-shim; else set the clock back",
+    )
+
+
 def check_context(cfg: Config) -> Line:
     """A docker context pointing at the shim, in the invoking user's docker config."""
     homes = []
@@ -329,6 +359,7 @@ CHECKS: tuple[Callable[[Config], Line], ...] = (
     check_swarm,
     check_sharing,
     check_notify,
+    check_clock,
     check_context,
 )
 

@@ -67,7 +67,12 @@ def builds(cfg: Config) -> Verdict:
         written = path.stat().st_mtime
     except OSError:
         written = None
-    if builder.device is False and born is not None and written is not None and written > born:
+    if (
+        builder.device is False
+        and born is not None
+        and written is not None
+        and dockerd.after_start(written, born)
+    ):
         return (
             FAIL,
             f"builds: {named} closes the device entitlement, but dockerd (pid "

@@ -1,7 +1,8 @@
 """``gpu-alloc reserve``, ``reserve cancel`` and ``reservations``: argparse and rendering.
 
 Making and cancelling a reservation is root's (as ``doctor``): it changes who may be
-placed on a GPU.  The work is `allocator.service.reserving.Reserving`'s.
+placed on a GPU.  Listing them is anyone's: a user who cannot read the state directory
+is answered by the shim's socket.  The work is `allocator.service.reserving.Reserving`'s.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from allocator.core.leases.holders import ago
 from allocator.core.timing import reservations as rsv
 from allocator.host import ledger
 from allocator.host.config import Config
-from allocator.service.views.reservations import rows
+from allocator.service.views import wire
+from allocator.service.views.reservations import listing
 from allocator.service.wiring import connect
 
 EXIT_FAIL, EXIT_USAGE = 1, 2
@@ -122,10 +124,11 @@ def _cancel(cfg: Config, ident: str) -> int:
 
 
 def cmd_reservations(cfg: Config, args: argparse.Namespace) -> int:
-    alloc = connect(cfg)
     now = ledger.now()
-    index = {g.uuid: g.index for g in alloc.gather.inventory().gpus}
-    found = rows(alloc.reservations.current(now), index, now)
+    if os.access(cfg.state_dir, os.R_OK | os.X_OK):
+        found = listing(connect(cfg), now)
+    else:  # not root (a refusal sends every user here): ask the shim, as status does
+        found = wire.reservations(cfg.shim.socket)
     print(json.dumps(found, indent=1) if args.json else render_table(found, now))
     return 0
 

@@ -8,7 +8,9 @@ A share ends wherever its container goes (the plugin, reconcile, the CLI), so th
 daemons are kept level-triggered (`sync`, every `PERIOD` from the shim's background work):
 under the ledger lock, a GPU with no share lease left has its daemon told to quit, so
 no grant can slip in between the look and the stop; a live share whose daemon is not
-running (after a reboot emptied the run directory) has it started again.
+running (after a reboot emptied the run directory) has it started again.  A ledger no
+adopting reconcile has seen stops none: `gpu-alloc repair --reset` starts one afresh, and
+until it adopts them the shares of running containers are in no lease.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ class Mps:
             with self.ledger.locked():
                 state = self.ledger.read()
                 out = {u for le in state.leases.values() if le.share_of for u in le.gpus}
+                if state.adopted_at is None:
+                    out = running  # not yet adopted: its shares may run unrecorded
                 for uuid in sorted(running - out):
                     self.daemons.stop(uuid)
         for lease in shared:

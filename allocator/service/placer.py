@@ -13,6 +13,7 @@ writes it).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from allocator.core import grant_plan
 from allocator.core.grant_plan import Decided, HostNow, LeaseRequest, Scope
@@ -21,7 +22,8 @@ from allocator.core.leases.leases import Lease, State
 from allocator.core.machine import cpus
 from allocator.core.placement import POLICIES, Shortage
 from allocator.core.rules.policy import Invalid, Refusal
-from allocator.host import ledger
+from allocator.core.timing import clock
+from allocator.host import clock as hostclock
 from allocator.host.config import Config
 from allocator.service.gather import Gatherer
 from allocator.service.reserving import Reservations
@@ -43,7 +45,9 @@ class Placer:
     def seen(self, cores: bool) -> HostNow:
         """The host now, as `grant_plan.plan` takes it; ``cores``: read the CPU topology
         too (a request asks for cores or memory)."""
-        now = ledger.now()
+        clocks = hostclock.read()
+        # the wall clock, held to its time before a jump: reservations go by it
+        now = clock.schedule(clocks, hostclock.jumped(Path(self.config.state_dir)))
         pol = self.gather.policy  # as the file says now: every key of it reloads
         return HostNow(
             self.gather.inventory(),
@@ -56,6 +60,7 @@ class Placer:
             self.gather.cpu_topology() if cores else None,
             tuple(cpus.parse_list(pol.reserved_cpus)),
             pol.pending_ttl,
+            clocks.mark,
         )
 
     def scope(self, req: LeaseRequest) -> Scope | Refusal | Invalid:

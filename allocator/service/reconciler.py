@@ -5,7 +5,9 @@ holds the lock), then, under the lock, applies `allocator.core.leases.reconcile.
 frees leases whose container is gone, binds pending leases whose container turned
 up (found by label), frees pending leases past their deadline with no container,
 expires stopped ones past ``release_stopped_after``, and adopts unknown containers'
-GPU access as claims.  Every lease that ends is one audit line (`Recorder.ended`).
+GPU access as claims, or, for a share the shim made (its lease lost by ``repair
+--reset``), as that share's lease again.  Every lease that ends is one audit line
+(`Recorder.ended`).
 
 A stopped container whose lease expires still exists, and dockerd starts it again at
 its own start if its restart policy says so, without asking the plugin: the policy is
@@ -20,6 +22,7 @@ import threading
 import time
 from collections.abc import Mapping
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from allocator.core.access import access, privileged
@@ -28,10 +31,11 @@ from allocator.core.judging import service_limits
 from allocator.core.judging.verdicts import ACCESS_READS, Facts
 from allocator.core.leases import restarts
 from allocator.core.leases.leases import Claim, Lease, Phase, State
-from allocator.core.leases.reconcile import STOPPED, Report, apply
-from allocator.core.rules import policy
+from allocator.core.leases.reconcile import STOPPED, Report, apply, share_lease, stopped_since
+from allocator.core.rules import policy, sharing
 from allocator.core.timing import reservations as rsv
-from allocator.host import ledger
+from allocator.core.timing.clock import Now
+from allocator.host import clock as hostclock
 from allocator.host.creators import Creators
 from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.ledger import Ledger
@@ -40,6 +44,11 @@ from allocator.service.recorder import Recorder
 from allocator.service.reserving import Reservations
 
 log = logging.getLogger("gpu-alloc")
+
+
+def _stamps(stopped: dict[str, tuple[float, str, float]]) -> dict[str, Now]:
+    """`State.stopped` as the clock readings `policy.expired` measures from."""
+    return {cid: Now(*stamp) for cid, stamp in stopped.items()}
 
 
 class Reconciler:
@@ -108,11 +117,12 @@ class Reconciler:
             listed.update((c["Id"], c) for c in self.engine.containers())
         held = partial(self._holders, snapshot, listed, adopt)
         by_label, found = self.gather.decide(held, ACCESS_READS, now=True)
-        stopped, policies = self._stopped_since(snapshot, listed)
+        finished, policies = self._stopped_since(snapshot, listed)
+        clocks = hostclock.read()
         due = policy.expired(
             [(le.id, le.container or "") for le in snapshot.leases.values()],
-            stopped,
-            ledger.now(),
+            _stamps(stopped_since(snapshot.stopped, finished, clocks)),
+            clocks,
             self.gather.rules,
         )
         gave_up = self._yielding(snapshot, listed)
@@ -123,11 +133,16 @@ class Reconciler:
         }
         with self.ledger.transaction() as state:
             before = dict(state.leases)
-            now = ledger.now()
-            report = apply(state, snapshot, listed, by_label, found, now)
+            clocks = hostclock.read()
+            now = clocks.wall
+            report = apply(state, snapshot, listed, by_label, found, clocks)
+            state.stopped = stopped_since(state.stopped, finished, clocks)
+            stopped = _stamps(state.stopped)
             bound = [(le.id, le.container or "") for le in state.leases.values()]
             expired = [
-                i for i in policy.expired(bound, stopped, now, self.gather.rules) if i in held_down
+                i
+                for i in policy.expired(bound, stopped, clocks, self.gather.rules)
+                if i in held_down
             ]
             expired += [i for i in gave_up if i in held_down and i in state.leases]
             expired = list(dict.fromkeys(expired))
@@ -152,9 +167,16 @@ class Reconciler:
                 why = rsv.gave_up(gave_up[lease_id], now)
             self.recorder.ended(lease, f"reconcile: {why}")
         for cid in report.adopted:
-            claim = found[cid]
+            adopted = found[cid]
+            if isinstance(adopted, Lease):
+                self.recorder.record("adoption", adopted, reason="a share, by its container")
+                continue
             self.recorder.record(
-                "adoption", gpus=claim.gpus or (), container=cid, name=claim.name, reason=claim.why
+                "adoption",
+                gpus=adopted.gpus or (),
+                container=cid,
+                name=adopted.name,
+                reason=adopted.why,
             )
         return report
 
@@ -164,7 +186,7 @@ class Reconciler:
         GPU up (`core.timing.reservations.yielding`).  Nothing is read without a reservation."""
         if self.reservations is None:
             return {}
-        now = ledger.now()
+        now = hostclock.schedule(Path(self.gather.config.state_dir))
         kept = [r for r in self.reservations.current(now) if r.active(now)]
         if not kept:
             return {}
@@ -235,25 +257,25 @@ class Reconciler:
 
     def _holders(
         self, snapshot: State, listed: dict[str, dict], adopt: bool, facts: Facts
-    ) -> tuple[dict[str, str], dict[str, Claim]]:
+    ) -> tuple[dict[str, str], dict[str, Claim | Lease]]:
         """Which pending lease each listed container carries (by its label, and its
-        access), and (``adopt``) the claims of GPU holders the ledger does not know."""
+        access), and (``adopt``) what GPU holders the ledger does not know are adopted as."""
         facts.require_inventory()  # which GPUs a claim holds needs the inventory
         by_label: dict[str, str] = {}
         for cid, c in listed.items():
             lease = snapshot.leases.get(labels.lease_of(c.get("Labels")))
             if lease and lease.container is None and self._carries(cid, lease, facts):
                 by_label[lease.id] = cid
-        found: dict[str, Claim] = {}
+        found: dict[str, Claim | Lease] = {}
         if adopt:
             known = {le.container for le in snapshot.leases.values()} | set(snapshot.claims)
             known |= set(snapshot.expired)  # their GPUs went back: never adopt them
             for cid in listed.keys() - known - self.without_gpus - set(by_label.values()):
-                claim = self._claim_of(cid, facts)
-                if claim is None:
+                held = self._adopted(cid, facts)
+                if held is None:
                     self.without_gpus.add(cid)
                 else:
-                    found[cid] = claim
+                    found[cid] = held
             self.without_gpus &= set(listed)
         return by_label, found
 
@@ -298,10 +320,28 @@ class Reconciler:
             return True
         return grants.pinned and grants.gpus(inventory) == frozenset(lease.gpus)
 
-    def _claim_of(self, cid: str, facts: Facts) -> Claim | None:
+    def _adopted(self, cid: str, facts: Facts) -> Claim | Lease | None:
+        """A GPU holder the ledger does not know, as a claim; a share the shim made, as
+        its lease again, so its GPU's MPS daemon is not told to quit under it."""
         info = self.engine.inspect(cid) if self.engine else None
         if info is None:
             return None
+        claim = self._claim_of(cid, info, facts)
+        if claim is None or claim.gpus is None or len(claim.gpus) != 1:
+            return claim
+        (uuid,) = claim.gpus
+        gpu = next((g for g in facts.require_inventory().gpus if g.uuid == uuid), None)
+        rule = sharing.rule_for(gpu, self.gather.rules.sharing) if gpu else None
+        config = info.get("Config") or {}
+        given = config.get("Labels") or {}
+        binds = (info.get("HostConfig") or {}).get("Binds") or ()
+        share = sharing.held_share(given, binds, uuid, rule, self.gather.config.mps.dir)
+        if share is None:
+            return claim
+        user = sharing.user_of(str(config.get("User") or ""), "")  # the image's, merged
+        return share_lease(claim, labels.lease_of(given), *share, user)
+
+    def _claim_of(self, cid: str, info: Mapping[str, Any], facts: Facts) -> Claim | None:
         inventory = facts.require_inventory()
         owner = self.recorded_owner(cid) or self._task_owner(info)
         grants = access.of_container(

@@ -17,6 +17,8 @@ from allocator.core.leases.leases import Lease
 from allocator.core.machine.inventory import InventoryError
 from allocator.core.placement import Shortage
 from allocator.core.rules.policy import Invalid, Owner, Refusal
+from allocator.core.timing import clock
+from allocator.host import clock as hostclock
 from allocator.host import ledger, metrics
 from allocator.host.audit import AuditLog
 from allocator.host.held import HeldRecord
@@ -96,8 +98,10 @@ class Recorder:
         """A lease ended here (None: nothing ended): its metrics, its audit line, and the
         listeners told."""
         if lease is not None:
-            metrics.lease_ended(ledger.now() - lease.created)
-            self.held.ended(lease, ledger.now())  # fair share's own memory of it
+            # held for as long as the boot's clock says, whatever the wall clock did meanwhile
+            held = clock.elapsed(clock.at(lease.created, lease.granted_boot), hostclock.read())
+            metrics.lease_ended(held)
+            self.held.ended(lease, lease.created + held)  # fair share's own memory of it
             self.record("release", lease, reason=reason)
             for listener in self.listeners:
                 listener()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from allocator.core.leases.leases import Lease, StateError
@@ -19,6 +20,7 @@ from allocator.core.placement import POLICIES, Policy
 from allocator.core.rules import policy
 from allocator.core.rules.policy import UNKNOWN, Owner
 from allocator.core.timing import reservations as rsv
+from allocator.host import clock as hostclock
 from allocator.host import ledger
 from allocator.host.owners import groups_of
 from allocator.host.reservations import ReservationFile
@@ -72,7 +74,7 @@ class Reservations:
             stored = self.file.read()
         except StateError:
             return None
-        now = ledger.now()
+        now = hostclock.schedule(Path(self.config.state_dir))  # held after a jump
         return tuple((r.id, r.gpus, now >= r.start, now >= r.end) for r in stored)
 
     def _candidates(self, pool: str | None) -> tuple[list[GPU], str]:

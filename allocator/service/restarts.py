@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from allocator.core.access import access
@@ -21,9 +22,10 @@ from allocator.core.judging.verdicts import ACCESS_READS, Facts
 from allocator.core.leases import restarts
 from allocator.core.leases.leases import Lease, State, StateError
 from allocator.core.rules import policy
+from allocator.core.timing import clock, timelimits
 from allocator.core.timing import reservations as rsv
-from allocator.core.timing import timelimits
-from allocator.host import ledger
+from allocator.core.timing.clock import Now
+from allocator.host import clock as hostclock
 from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.ledger import Ledger
 from allocator.service.gather import Gatherer
@@ -33,11 +35,6 @@ from allocator.service.reserving import Reservations
 
 log = logging.getLogger("gpu-alloc")
 _INSPECT = object()  # start_refusal's default: inspect the reference itself
-
-
-def _now() -> float:
-    """The ledger's clock (inside `Restarts.start_refusal`, ``ledger`` is a state)."""
-    return ledger.now()
 
 
 class Restarts:
@@ -88,7 +85,7 @@ class Restarts:
         if info and not isinstance(ledger, str) and info["Id"] in ledger.expired:
             return self._gave_up(ref, info) or policy.expired_text(ref, self.gather.rules)
         if info and not isinstance(ledger, str):  # policy.time_limit: its time is up
-            why = timelimits.start_refusal(ref, ledger.lease_of(str(info["Id"])), _now())
+            why = timelimits.start_refusal(ref, ledger.lease_of(str(info["Id"])), hostclock.read())
             why = why or self._reserved(ref, ledger.lease_of(str(info["Id"])))
             if why is not None:
                 return why
@@ -115,7 +112,7 @@ class Restarts:
         container with a lease."""
         if lease is None or self.reservations is None:
             return None
-        now = _now()
+        now = hostclock.schedule(Path(self.gather.config.state_dir))
         kept = self.reservations.current(now)
         if not kept:
             return None
@@ -126,7 +123,7 @@ class Restarts:
         GPU another holder's window took (`Reconciler`, `core.timing.reservations.yielding`)."""
         if self.reservations is None:
             return None
-        now = _now()
+        now = hostclock.schedule(Path(self.gather.config.state_dir))
         active = [r for r in self.reservations.current(now) if r.active(now)]
         if not active:
             return None
@@ -151,7 +148,14 @@ class Restarts:
         if after is None or st.get("Running"):
             return None
         stamp = go_time(st.get("FinishedAt")) or go_time(info.get("Created"))
-        if stamp is None or ledger.now() < stamp + after:
+        if stamp is None:
+            return None
+        try:  # its stop as reconcile saw it, on the boot's clock
+            kept = self.ledger.read().stopped.get(str(info.get("Id")))
+        except StateError:
+            kept = None
+        since = Now(*kept) if kept and kept[0] == stamp else Now(stamp)
+        if clock.elapsed(since, hostclock.read()) < after:
             return None
         return "it stayed stopped longer than policy.release_stopped_after, so its lease ends now"
 

@@ -20,6 +20,7 @@ and recorded in the lease once sent (`Lease.signalled`), so none is sent twice; 
 container keeps its lease, which then ends by
 ``policy.release_stopped_after`` or its removal, as any stopped container's.  Stops
 run on threads of their own, so a long grace period holds up no other container's.
+Each look's clock reading also goes to the clock watch (allocator/service/clockwatch.py).
 """
 
 from __future__ import annotations
@@ -32,13 +33,16 @@ from allocator.core.api import labels
 from allocator.core.leases import restarts
 from allocator.core.leases.leases import Lease
 from allocator.core.machine.inventory import InventoryError
-from allocator.core.timing import checkpoint, reclaim, timelimits
+from allocator.core.timing import checkpoint, clock, reclaim, timelimits
 from allocator.core.timing import usage as usage_core
-from allocator.host import ledger, metrics, usage
+from allocator.core.timing.clock import Now
+from allocator.host import clock as hostclock
+from allocator.host import metrics, usage
 from allocator.host.config import Config
 from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.ledger import Ledger
 from allocator.service.background import Background
+from allocator.service.clockwatch import ClockWatch
 from allocator.service.gather import Gatherer
 from allocator.service.notifier import Notifier
 from allocator.service.recorder import Recorder
@@ -73,12 +77,19 @@ class Timekeeper:
         self.activity = usage.Activity(config.state_dir)
         self._stopping: set[str] = set()  # containers a stop is on its way to
         self._lock = threading.Lock()
+        self.clockwatch = ClockWatch(config.state_dir)
+        # GPU -> its last use, container -> its last start, on the boot's clock as first
+        # met (`clock.placed`): a clock set later moves neither.
+        self._used: dict[str, Now] = {}
+        self._starts: dict[str, Now] = {}
 
     def look(self) -> float:
         """One look now (`check`); the shim runs it from its background work."""
-        return self.check(ledger.now())
+        now = hostclock.read()
+        self.clockwatch.see(now)
+        return self.check(now)
 
-    def check(self, now: float) -> float:
+    def check(self, now: Now) -> float:
         """One look: start clocks, stop what is due; seconds until the next look."""
         rules, engine = self.gather.rules, self.engine
         leases = timelimits.live(self.ledger.read().leases.values())
@@ -91,7 +102,7 @@ class Timekeeper:
             if c.get("State") in timelimits.RUNNING_STATES
         }
         if timelimits.unstarted(leases, running):
-            self._start_clocks(timelimits.unstarted(leases, running))
+            self._start_clocks(timelimits.unstarted(leases, running), now)
             leases = timelimits.live(self.ledger.read().leases.values())
         for le in timelimits.overdue(leases, running, now):
             self._stop_later(le, TIME_LIMIT, timelimits.reason(le))
@@ -103,8 +114,8 @@ class Timekeeper:
         if after is not None:
             idle = self._idle(leases, running, now, after)
             warn, stop = checkpoint.before_reclaim(idle, now, after)
-            for le, since in checkpoint.idle_warnings(idle, now, after):
-                self.notifier.idle_warning(le, since, after)
+            for le, idled in checkpoint.idle_warnings(idle, after):
+                self.notifier.idle_warning(le, round(now.wall - idled), after)
             for le in warn:
                 self._signal(le, IDLE, "idle reclaim", now)
             for le in stop:
@@ -113,8 +124,9 @@ class Timekeeper:
         soon = checkpoint.next_signal(leases, now)
         return wait if soon is None else max(timelimits.CHECK_MIN, min(wait, soon))
 
-    def _start_clocks(self, leases: Sequence[Lease]) -> None:
-        """Each lease's clock from its container's first start, as the Engine says it."""
+    def _start_clocks(self, leases: Sequence[Lease], now: Now) -> None:
+        """Each lease's clock from its container's first start, as the Engine says it,
+        placed on the boot's clock (`clock.seen`: not before the grant)."""
         assert self.engine is not None
         found = {}
         for le in leases:
@@ -126,33 +138,40 @@ class Timekeeper:
                 log.warning("start events of %s unread: %s", le.name, e)
             known = [s for s in stamps if s is not None]
             if known:
-                found[le.id] = (str(le.container), min(known))
+                granted = clock.at(le.created, le.granted_boot)
+                found[le.id] = (str(le.container), clock.seen(min(known), now, granted))
         if found:
             with self.ledger.transaction() as state:
                 for lease_id, (cid, stamp) in found.items():
-                    state.start_clock(lease_id, cid, stamp)
+                    state.start_clock(lease_id, cid, stamp.wall, stamp.mark)
 
     def _idle(
-        self, leases: list[Lease], running: set[str], now: float, after: float
+        self, leases: list[Lease], running: set[str], now: Now, after: float
     ) -> list[tuple[Lease, float]]:
-        """(lease, idle since) of the running containers idle long enough to signal or stop,
-        their last start counted (one inspect each, of the few that look idle)."""
+        """(lease, seconds idle) of the running containers idle long enough to signal or
+        stop, their last start counted (one inspect each, of the few that look idle)."""
         try:
             use = self.gather.devices.usage()
         except InventoryError:
             return []  # no reading: nothing is known to be idle
         active = {u for u, x in use.items() if x.active}
-        seen = self.activity.observe(active, now, min(60.0, after / 4))
-        args = (usage_core.known(use), active, seen, now, self.gather.rules)
+        seen = self.activity.observe(active, now.wall, min(60.0, after / 4))
+        self._used = clock.placed(self._used, seen, now)
+        args = (usage_core.known(use), active, self._used, now, self.gather.rules)
         maybe = reclaim.idle(leases, dict.fromkeys(running), *args)
         assert self.engine is not None or not maybe
-        started: dict[str, float | None] = {}
+        walls: dict[str, float] = {}
         for le, _ in maybe:
             info = self.engine.inspect(str(le.container)) if self.engine else None
-            started[str(le.container)] = go_time(((info or {}).get("State") or {}).get("StartedAt"))
+            stamp = go_time(((info or {}).get("State") or {}).get("StartedAt"))
+            if stamp is not None:
+                walls[str(le.container)] = stamp
+        kept = {c: s for c, s in self._starts.items() if c in running}
+        self._starts = kept | clock.placed(kept, walls, now)
+        started = {str(le.container): self._starts.get(str(le.container)) for le, _ in maybe}
         return reclaim.idle([le for le, _ in maybe], started, *args)
 
-    def _signal(self, lease: Lease, kind: str, before: str, now: float) -> None:
+    def _signal(self, lease: Lease, kind: str, before: str, now: Now) -> None:
         """Send the lease's checkpoint signal, then record it in the lease as sent at the
         look's ``now``: a look after a shim restart finds it sent.  One the Engine refused
         (the container stopped since the look: a 409) is tried again at the next look
@@ -167,7 +186,7 @@ class Timekeeper:
             return
         log.info("signalled container %s (lease %s): %s", lease.name, lease.id, why)
         with self.ledger.transaction() as state:
-            state.signalled(lease.id, cid, now)
+            state.signalled(lease.id, cid, now.wall, now.mark)
         metrics.signalled(kind)
         self.recorder.record(SIGNAL, lease, reason=why)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -286,6 +287,7 @@ def test_advice_for_a_dockerd_naming_no_plugins_is_daemon_json_and_dockerd_then_
         assert "[FAIL]" not in after and "[warn]" not in after, after
     finally:
         d.stop()
+        shutil.rmtree(d.dir, ignore_errors=True)  # own_dockerd's, kept by the restart
 
 
 def test_advice_for_a_dockerd_naming_plugins_by_flag_is_a_flag_and_dockerd_then_starts(
@@ -311,4 +313,5 @@ def test_advice_for_a_dockerd_naming_plugins_by_flag_is_a_flag_and_dockerd_then_
         assert "[FAIL]" not in after and "[warn]" not in after, after
     finally:
         d.stop()
+        shutil.rmtree(d.dir, ignore_errors=True)
         proxy.close()

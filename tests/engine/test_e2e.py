@@ -335,21 +335,21 @@ def on_a_terminal(stack: engine.Stack, *args: str) -> str:
     """Run the docker CLI on a pseudo-terminal, as a person at a shell would."""
     import pty
 
-    cfg = tempfile.mkdtemp(prefix="ga-tty-")
-    pid, fd = pty.fork()
-    if pid == 0:  # pragma: no cover - the child execs
-        os.execvpe("docker", ["docker", "-H", f"unix://{stack.shim_sock}", *args],
-                   {**os.environ, "DOCKER_CONFIG": cfg})  # fmt: skip
-    out = b""
-    while True:
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.waitpid(pid, 0)
+    with tempfile.TemporaryDirectory(prefix="ga-tty-") as cfg:
+        pid, fd = pty.fork()
+        if pid == 0:  # pragma: no cover - the child execs
+            os.execvpe("docker", ["docker", "-H", f"unix://{stack.shim_sock}", *args],
+                       {**os.environ, "DOCKER_CONFIG": cfg})  # fmt: skip
+        out = b""
+        while True:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        os.waitpid(pid, 0)
     return out.decode(errors="replace")
 
 

@@ -9,6 +9,7 @@ create of bob's goes to the other GPU, or is refused naming the reservation; one
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 
@@ -29,6 +30,7 @@ def make_stack() -> engine.Stack:
 def users(stack: engine.Stack) -> Iterator[None]:
     with host_users.present(ALICE, BOB):
         host_users.open_shim(stack)
+        os.chmod(stack.state_dir, 0o700)  # root's, as installed: others ask the shim
         yield
 
 
@@ -114,3 +116,20 @@ def test_bad_reservations_are_refused_cleanly(stack, args, said) -> None:
     assert got.returncode != 0 and said in got.stderr and "Traceback" not in got.stderr
     for r in reservations(stack):
         engine.gpu_alloc(stack, "reserve", "cancel", r["id"])
+
+
+def test_a_user_who_cannot_read_the_state_dir_lists_the_reservations(stack) -> None:
+    """A refusal for a reserved GPU says "'gpu-alloc reservations' lists them": bob, who
+    may use Docker but not read the state directory, runs it and the shim answers."""
+    made = engine.gpu_alloc(stack, "reserve", "--gpu", "0", "--for", ALICE,
+                            "--from", "+1h", "--to", "+2h", "--note", "paper")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    try:
+        got = host_users.gpu_alloc_as(BOB, stack.config_path, "reservations", "--json")
+        assert got.returncode == 0, got.stderr + stack.logs()
+        assert [(r["for"], r["gpus"], r["note"]) for r in json.loads(got.stdout)] == [
+            (ALICE, [0], "paper")
+        ]
+    finally:
+        for r in reservations(stack):
+            engine.gpu_alloc(stack, "reserve", "cancel", r["id"])

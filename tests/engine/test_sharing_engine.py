@@ -229,6 +229,29 @@ def test_timeslice_shares_get_no_daemon_no_caps_and_say_so(stack):
     assert shim(stack, "rm", "-f", "t0", "t1").returncode == 0
 
 
+def test_a_reset_keeps_running_shares_and_their_daemons(stack):
+    """`gpu-alloc repair --reset` while shares run: each is its GPU's share again, and a
+    GPU's MPS daemon is told to quit only once its last share ends."""
+    for name, *user in (("kept",), ("ends", "--user", "1000")):
+        run = shim(stack, "run", "-d", "--name", name, *user, *SHARE, IMAGE, "sleep", "300")
+        assert run.returncode == 0, run.stderr
+    users = {le.gpus: le.share_user for le in Ledger(stack.state_dir).read().leases.values()}
+    assert users == {(GPU[0],): "0", (GPU[1],): "1000"}
+    before, seen = shares(stack), len(calls(stack))
+    reset = engine.gpu_alloc(stack, "repair", "--reset")
+    assert reset.returncode == 0, reset.stderr
+    assert "adopted 2 container(s)" in reset.stdout, reset.stdout
+    assert shares(stack) == before
+    after = {le.gpus: le.share_user for le in Ledger(stack.state_dir).read().leases.values()}
+    assert after == users
+    # The look that quits GPU 1's daemon, its share gone, saw GPU 0's share still out.
+    assert shim(stack, "rm", "-f", "ends").returncode == 0
+    assert wait_for(lambda: f"cmd gpu={GPU[1]} quit" in calls(stack)[seen:]), calls(stack)
+    assert f"cmd gpu={GPU[0]} quit" not in calls(stack)[seen:]
+    assert shim(stack, "rm", "-f", "kept").returncode == 0
+    assert wait_for(lambda: f"cmd gpu={GPU[0]} quit" in calls(stack)[seen:]), calls(stack)
+
+
 COMPOSE = f"""
 version: "3.8"
 services:

@@ -4,9 +4,13 @@ The other suites start the plugin and the shim by hand; here they run as the ins
 units, with every sandboxing directive applied by systemd (`ProtectSystem=strict`,
 `ProtectHome=`, `PrivateTmp=`, no capabilities beyond three), beside the root's own
 docker.service, and are driven the way users and operators drive them: the docker CLI
-through the context the installer tells users to create, the real socket, a second copy
-started by hand, and a reboot.  The machine is booted once for the module
-(tests/support/systemd_root.py); the tests run in file order and the reboot comes last.
+through the context the installer tells users to create, the real socket, `gpu-alloc
+doctor`, BuildKit's own client, a second copy started by hand, and a reboot.  The machine
+is booted once for the module (tests/support/systemd_root.py); the tests run in file order
+and the reboot comes last.
+
+The Engine is the selected one (`--engine`): 20.10, bookworm's own, or 29 (sid with 29's
+own dockerd), where the installer's builder setting alone closes BuildKit's gRPC door.
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ import re
 import subprocess
 import sys
 import tempfile
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.support import engine_root, systemd_root
+from tests.support import buildkit, cdi, engine_root, systemd_root
 from tests.support.busybox_image import BUSYBOX_TAG, busybox_rootfs_tar
 from tests.support.engine import sim_gpu_uuid, write_sim_gpus
 
@@ -34,6 +39,9 @@ CTX = "docker --context gpu-alloc"
 PLUGIN_SOCK = "/run/docker/plugins/gpu-alloc.sock"
 SHIM_SOCK = "/run/gpu-alloc/docker.sock"
 VENV = "/opt/gpu-alloc/venv"
+PROBE = f"/probe/{buildkit.PROBE}"
+ENGINE = engine_root.selected()
+DOCTOR_ROW = re.compile(r"^\[\s*(ok|warn|FAIL)\] (.*)$")
 MPS_LOG = "/run/gpu-alloc/mps-calls.log"
 # A fake `nvidia-cuda-mps-control` that records its calls in MPS_LOG (both the shim and
 # the daemon's transient unit can write /run/gpu-alloc): `-d` forks a "daemon" that
@@ -56,11 +64,14 @@ exit 0
 
 
 def _require() -> Path:
-    """The cached root; skipped locally (failed under $CI) where none can boot."""
-    why = systemd_root.missing_requirements()
+    """The Engine's cached root; skipped locally (failed under $CI) where none can boot,
+    and loudly where the archive or the Engine's own binaries cannot give one."""
+    why = systemd_root.missing_requirements(ENGINE)
     if why is None:
         try:
-            return systemd_root.ensure_root()
+            return systemd_root.ensure_root(ENGINE)
+        except engine_root.BinariesAbsent as e:
+            pytest.skip(f"{engine_root.ABSENT_BANNER} for the systemd root: {e}")
         except engine_root.ArchiveUnavailable as e:
             pytest.skip(f"{engine_root.ARCHIVE_BANNER} for the systemd root: {e}")
     if os.environ.get("CI"):
@@ -68,10 +79,19 @@ def _require() -> Path:
     pytest.skip(why)
 
 
-def _wheels(into: Path) -> None:
-    """gpu-alloc's wheel and its dependencies': the machine has no network."""
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
-                    "-w", str(into), str(REPO)], check=True, timeout=600)  # fmt: skip
+def _wheels(into: Path, root: Path) -> None:
+    """gpu-alloc's wheel and its dependencies' for the root's own python3 (sid's is not
+    this one): the machine has no network."""
+    py = subprocess.run(["chroot", str(root), "python3", "-c",
+                         "import sys; print('%d.%d' % sys.version_info[:2])"],
+                        capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(into), str(REPO)],
+                   check=True, timeout=600)  # fmt: skip
+    with open(REPO / "pyproject.toml", "rb") as f:
+        deps = tomllib.load(f)["project"]["dependencies"]
+    subprocess.run([*pip, "download", "--only-binary=:all:", f"--python-version={py}",
+                    "-d", str(into), *deps], check=True, timeout=600)  # fmt: skip
 
 
 def _configure(root: Path) -> None:
@@ -82,6 +102,10 @@ def _configure(root: Path) -> None:
     example = (REPO / "deploy/config.example.yaml").read_text()
     (etc / "config.yaml").write_text(re.sub(r"(?m)^gpus: nvml$", "gpus: gpus.yaml", example))
     (root / "root/busybox.tar").write_bytes(busybox_rootfs_tar())
+    # The simulated GPUs as CDI devices where dockerd 29 looks, for a build step to ask for.
+    (root / "etc/cdi").mkdir(parents=True, exist_ok=True)
+    uuids = [sim_gpu_uuid(k) for k in range(GPUS)]
+    (root / "etc/cdi" / cdi.SPEC).write_text(json.dumps(cdi.spec(uuids)))
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +115,14 @@ def host() -> Iterator[systemd_root.Machine]:
     base = _require()
     work = Path(tempfile.mkdtemp(prefix="ga-inst-", dir="/tmp"))
     name = f"ga-inst-{os.getpid()}"
-    machine = systemd_root.Machine(base, work / "m", name,
-                                   {"/src": REPO, "/wheels": work / "wheels"})  # fmt: skip
+    binds = {"/src": REPO, "/wheels": work / "wheels", "/probe": work / "probe"}
+    cgroup2 = systemd_root.SUITES[ENGINE.name] in systemd_root.CGROUP2_ONLY
+    machine = systemd_root.Machine(base, work / "m", name, binds, cgroup2)
     try:
-        _wheels(work / "wheels")
+        _wheels(work / "wheels", base)
+        (work / "probe").mkdir()
+        if buildkit.probe_absent() is None:
+            buildkit.probe_binary(work / "probe")
         _configure(machine.mount())
         machine.boot()
         machine.sh(f"docker import --change 'CMD [\"sh\"]' /root/busybox.tar {IMAGE}")
@@ -170,6 +198,38 @@ def test_a_gpu_run_on_the_real_socket_is_refused(host) -> None:
     assert "without a gpu-alloc lease" in done.stderr  # why, and what to use instead:
     assert f"docker context create gpu-alloc --docker host=unix://{SHIM_SOCK}" in done.stderr
     assert host.sh(f"docker run --rm {IMAGE} echo plain").stdout.strip() == "plain"
+
+
+def test_doctor_after_the_installer_finds_nothing_to_fix(host) -> None:
+    """Every row ok on 29; on 20.10 the Engine's advisories may warn (docs/install.md)."""
+    done = host.sh("gpu-alloc doctor", check=False, timeout=120)
+    rows = [m.groups() for m in map(DOCTOR_ROW.match, done.stdout.splitlines()) if m]
+    assert done.returncode == 0 and rows, done.stdout + done.stderr
+    may_warn = () if ENGINE.name == "29" else ("Engine advisories",)
+    wrong = [f"[{status}] {what}" for status, what in rows if status != "ok"
+             and not (status == "warn" and what.startswith(may_warn))]  # fmt: skip
+    assert wrong == [], done.stdout
+
+
+@pytest.mark.parametrize("way", ["unix://", "upgrade://"])
+def test_the_installers_builder_setting_keeps_gpus_out_of_build_steps(host, way: str) -> None:
+    """BuildKit's own client asks a build step for every GPU on the real socket: on 29 by
+    gRPC spoken natively, which no plugin sees, and by the `/grpc` upgrade the plugin lets
+    by; only daemon.json's setting, written by the installer, makes BuildKit refuse."""
+    if buildkit.probe_absent() is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"the BuildKit probe cannot run under CI: {buildkit.probe_absent()}")
+        pytest.skip(f"BuildKit probe not run: {buildkit.probe_absent()}")
+    if way == "unix://" and ENGINE.name != "29":
+        pytest.skip("gRPC on the Engine's socket is spoken by 29.2+ only")
+    daemon = json.loads(host.sh("cat /etc/docker/daemon.json").stdout)
+    assert daemon["builder"] == {"entitlements": {"device": False}}
+    done = host.sh(f"{PROBE} {way}/run/docker.sock {IMAGE} nvidia.com/gpu=all",
+                   check=False, timeout=180)  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and buildkit.SAW not in out, out
+    if ENGINE.name == "29":
+        assert "granting entitlement device is not allowed" in out, out
 
 
 @pytest.mark.parametrize("where", ["/tmp", "/home/alice"])

@@ -232,6 +232,25 @@ def _overlay(engine: Engine, base: Path, root: Path) -> None:
     started = time.monotonic()
     subprocess.run(["cp", "-a", "--reflink=auto", str(base), str(partial)], check=True)
     (partial / STAMP).unlink()
+    try:
+        lines = install_shared_binaries(engine, partial)
+    except RootError:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    shutil.rmtree(root, ignore_errors=True)
+    partial.rename(root)
+    base_stamp = [ln for ln in (base / STAMP).read_text().splitlines()
+                  if not ln.startswith(("dockerd:", "built:"))]  # fmt: skip
+    lines = [*lines,
+             f"built: {time.strftime('%Y-%m-%d %H:%M:%S')} in {time.monotonic() - started:.0f} s",
+             *base_stamp]  # fmt: skip
+    (root / STAMP).write_text("\n".join(lines) + "\n")
+
+
+def install_shared_binaries(engine: Engine, root: Path) -> list[str]:
+    """`engine`'s own dockerd and docker-proxy (SHARED/engines, checked against SHA256SUMS)
+    put in `root`'s usr/sbin over the suite's; the stamp lines that say so, the dockerd
+    version first.  Raises `RootError` on a digest or version that is not the expected one."""
     sums = _sha256sums(SHARED / "engines" / "SHA256SUMS")
     lines = [f"binaries: {SHARED / 'engines'}"]
     for name in SHARED_BINARIES:
@@ -239,26 +258,17 @@ def _overlay(engine: Engine, base: Path, root: Path) -> None:
         digest = subprocess.run(["sha256sum", str(packed)], capture_output=True, text=True,
                                 check=True).stdout.split()[0]  # fmt: skip
         if sums.get(packed.name) != digest:
-            shutil.rmtree(partial, ignore_errors=True)
             raise RootError(f"{packed}: sha256 {digest} is not the one SHA256SUMS lists")
-        target = partial / "usr/sbin" / name
+        target = root / "usr/sbin" / name
         with open(target.with_suffix(".new"), "wb") as out:
             subprocess.run(["xz", "-dc", str(packed)], stdout=out, check=True)
         target.with_suffix(".new").chmod(0o755)
         target.with_suffix(".new").rename(target)
         lines.append(f"usr/sbin/{name}: {packed.name} sha256 {digest}")
-    dockerd = dockerd_version(partial)
+    dockerd = dockerd_version(root)
     if not dockerd.startswith(f"Docker version {engine.version}"):
-        shutil.rmtree(partial, ignore_errors=True)
         raise RootError(f"{engine.binaries} says {dockerd!r}, not dockerd {engine.version}x")
-    shutil.rmtree(root, ignore_errors=True)
-    partial.rename(root)
-    base_stamp = [ln for ln in (base / STAMP).read_text().splitlines()
-                  if not ln.startswith(("dockerd:", "built:"))]  # fmt: skip
-    lines = [f"dockerd: {dockerd}", *lines,
-             f"built: {time.strftime('%Y-%m-%d %H:%M:%S')} in {time.monotonic() - started:.0f} s",
-             *base_stamp]  # fmt: skip
-    (root / STAMP).write_text("\n".join(lines) + "\n")
+    return [f"dockerd: {dockerd}", *lines]
 
 
 def _sha256sums(path: Path) -> dict[str, str]:

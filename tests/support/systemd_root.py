@@ -7,7 +7,11 @@ have none as PID 1.  So the install tier boots bookworm with systemd inside nspa
 docker CLI (recipe and its reasons: shared/docs/systemd-root.md).
 
 The root is built once with debootstrap and cached beside the Engine roots
-(`engine_root.debootstrap`, the same stamp file and file lock).  Each `Machine` boots it
+(`engine_root.debootstrap`, the same stamp file and file lock): bookworm with its own
+dockerd 20.10, and for Engine 29 sid with 29's own dockerd and docker-proxy in place of
+the package's (`engine_root.install_shared_binaries`, as the sid-29 Engine root).  Not
+bookworm for 29: its runc 1.1 cannot start the time namespace 29 asks every container
+for; sid's containerd 2.1 and runc 1.3 are those 29 was checked with.  Each `Machine` boots it
 through an overlay of its own, so the cached root stays clean and what a machine writes
 (the install, the ledger, Docker's data on a real directory, since overlay2 cannot sit on
 an overlay) survives a stop and the next boot: a reboot of the host as far as gpu-alloc,
@@ -28,9 +32,16 @@ from tests.support import engine_root
 from tests.support.engine import prepare_host_tools
 
 CACHE = engine_root.CACHE.parent / "systemd"
-SUITE = "bookworm"
+# The Debian suite each Engine the install tier boots comes from.
+SUITES = {"20.10": "bookworm", "29": "sid"}
+# The suites whose systemd (256+) refuses to boot on cgroup v1: booted on cgroup v2 alone,
+# which also needs BPF for the device controller (shared/docs/systemd-root.md); the host's
+# controllers stay on v1 there, so memory and CPU limits of containers are not applied.
+CGROUP2_ONLY = ("sid",)
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "docker.io", "python3", "python3-venv",
             "iproute2", "busybox-static")  # fmt: skip
+# sid ships the docker CLI apart from docker.io.
+SUITE_PACKAGES = {"sid": ("docker-cli",)}
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BOOT_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
@@ -51,35 +62,56 @@ WantedBy=sysinit.target
 """
 
 
-def missing_requirements() -> str | None:
-    """Why a systemd root cannot boot here, or None when it can."""
+def root_of(engine: engine_root.Engine) -> Path:
+    """Where `engine`'s systemd root is cached: the suite's name, -29 for 29's build."""
+    suite = SUITES[engine.name]
+    return CACHE / (f"{suite}-{engine.name}" if engine.binaries else suite)
+
+
+def missing_requirements(engine: engine_root.Engine) -> str | None:
+    """Why `engine`'s systemd root cannot boot here, or None when it can."""
+    if engine.name not in SUITES:
+        return f"the install tier boots Engines {', '.join(SUITES)}, not {engine.name}"
     if os.geteuid() != 0:
         return "booting a systemd root needs root"
     for tool in ("systemd-nspawn", "nsenter", "busybox"):
         if shutil.which(tool, path=os.environ.get("PATH", "") + ":" + PATH) is None:
             return f"'{tool}' is not installed (make deps)"
-    if not (CACHE / SUITE / engine_root.STAMP).exists() and shutil.which("debootstrap") is None:
+    if not (root_of(engine) / engine_root.STAMP).exists() and shutil.which("debootstrap") is None:
         return "'debootstrap' is not installed (make deps)"
     return None
 
 
-def ensure_root() -> Path:
-    """The cached bootable root, built first if no complete one is there."""
-    root = CACHE / SUITE
+def ensure_root(engine: engine_root.Engine) -> Path:
+    """`engine`'s cached bootable root, built first if no complete one is there.  Raises
+    `engine_root.BinariesAbsent` where the Engine's own binaries are not to be had."""
+    root = root_of(engine)
     if (root / engine_root.STAMP).exists():
         return root
-    with engine_root.locked(CACHE / f"{SUITE}.lock"):
+    why = engine_root.binaries_absent(engine)
+    if why:
+        raise engine_root.BinariesAbsent(why)
+    with engine_root.locked(root.with_name(root.name + ".lock")):
         if (root / engine_root.STAMP).exists():
             return root
+        suite = SUITES[engine.name]
         partial = root.with_name(root.name + ".partial")
         started = time.monotonic()
-        engine_root.debootstrap(SUITE, PACKAGES, partial, root.with_name(root.name + ".log"))
+        packages = (*PACKAGES, *SUITE_PACKAGES.get(suite, ()))
+        engine_root.debootstrap(suite, packages, partial, root.with_name(root.name + ".log"))
         _prepare(partial)
+        lines = [f"suite: {suite}", f"mirror: {engine_root.MIRROR}"]
+        if engine.binaries:
+            try:
+                lines += engine_root.install_shared_binaries(engine, partial)
+            except engine_root.RootError:
+                shutil.rmtree(partial, ignore_errors=True)
+                raise
         shutil.rmtree(root, ignore_errors=True)
         partial.rename(root)
-        lines = [f"suite: {SUITE}", f"mirror: {engine_root.MIRROR}",
-                 f"built: {time.strftime('%Y-%m-%d %H:%M:%S')} in "
-                 f"{time.monotonic() - started:.0f} s"]  # fmt: skip
+        took = time.monotonic() - started
+        lines += [f"built: {time.strftime('%Y-%m-%d %H:%M:%S')} in {took:.0f} s",
+                  *engine_root.package_versions(root)]  # fmt: skip
         (root / engine_root.STAMP).write_text("\n".join(lines) + "\n")
     return root
 
@@ -98,11 +130,15 @@ def _prepare(root: Path) -> None:
 class Machine:
     """One booted copy of the root: `boot`, `sh` inside, `stop` (keeps its disk), `destroy`.
 
-    `binds`: host directories seen read-only inside at the given paths.
+    `binds`: host directories seen read-only inside at the given paths; `cgroup2`: boot on
+    the cgroup v2 hierarchy alone.
     """
 
-    def __init__(self, base: Path, work: Path, name: str, binds: Mapping[str, Path]) -> None:
+    def __init__(
+        self, base: Path, work: Path, name: str, binds: Mapping[str, Path], cgroup2: bool = False
+    ) -> None:
         self.base = base
+        self.cgroup2 = cgroup2
         self.work = work
         self.name = name
         self.binds = dict(binds)
@@ -157,7 +193,9 @@ class Machine:
         argv = [
             "systemd-nspawn", "-D", str(self.root), "--boot", f"--machine={self.name}",
             "--register=no", "--keep-unit", "--private-network",
-            "--system-call-filter=@keyring", "--console=passive",
+            "--console=passive",
+            *(["--system-call-filter=@keyring bpf", "--capability=CAP_BPF,CAP_PERFMON"]
+              if self.cgroup2 else ["--system-call-filter=@keyring"]),
             f"--bind={self.work / 'docker'}:/var/lib/docker",
             f"--bind={self.work / 'containerd'}:/var/lib/containerd",
             *(f"--bind-ro={host}:{inside}" for inside, host in self.binds.items()),
@@ -166,6 +204,8 @@ class Machine:
             self.proc = subprocess.Popen(
                 ["bash", "-c", f'{join}exec "$@"', "nspawn", *argv],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"} if self.cgroup2
+                else None,
             )  # fmt: skip
         self.leader = self._find_leader()
         # systemctl needs systemd's private socket, made a moment after PID 1 starts.

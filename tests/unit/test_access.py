@@ -71,6 +71,9 @@ def test_count_zero_on_28_is_void_whatever_the_env_says():
     [
         (["CUDA_VERSION=12.2"], "all"),  # the legacy CUDA rule
         (["CUDA_VERSION=12.2", "NVIDIA_REQUIRE_CUDA=cuda>=12"], "none"),
+        (["CUDA_VERSION=12.2", "NVIDIA_REQUIRE_CUDA="], "all"),  # empty counts as unset
+        (["NVIDIA_REQUIRE_CUDA=cuda>=12", "CUDA_VERSION=12.2", "NVIDIA_REQUIRE_CUDA="], "all"),
+        (["CUDA_VERSION="], "none"),  # the toolkit wants a non-empty CUDA_VERSION
         (["NVIDIA_VISIBLE_DEVICES=all"], "all"),
         (["NVIDIA_VISIBLE_DEVICES=1,3"], "1,3"),
         (["NVIDIA_VISIBLE_DEVICES=none"], "none"),
@@ -90,8 +93,9 @@ def test_a_running_count_zero_container_holds_what_its_env_gives_the_hook(env, h
 
 
 def test_a_swarm_resource_name_without_a_value_is_no_variable_to_the_toolkit():
-    """The toolkit splits each env entry at ``=`` and skips one without it; a bare name
-    (found by the property test of mutated bodies) selects nothing and is no error."""
+    """A bare name (found by the property test of mutated bodies) selects nothing: the
+    toolkit's spec builder refuses an entry without ``=`` (builder.go ``WithEnv``), so such
+    a container does not start, and no GPU is reached either way."""
     pinned = ["NVIDIA_VISIBLE_DEVICES=void", "DOCKER_RESOURCE_GPU"]
     assert access.of_create(create(pinned), OLD, INVENTORY, TableHost()).none
     task = inspect(["DOCKER_RESOURCE_GPU", f"DOCKER_RESOURCE_GPU={INVENTORY.gpus[1].uuid}"])

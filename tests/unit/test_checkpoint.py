@@ -12,6 +12,7 @@ from allocator.core.api.signals import Signal
 from allocator.core.leases.leases import Lease, Phase, State
 from allocator.core.rules.policy import Owner, Rules
 from allocator.core.timing import checkpoint
+from allocator.core.timing.clock import Now
 from allocator.host.config import ConfigError, parse
 
 USR1, TERM, USR2 = Signal("SIGUSR1", 300), Signal("SIGTERM", 60), Signal("SIGUSR2", 600)
@@ -51,44 +52,51 @@ def lease(**changes) -> Lease:
 
 def test_the_signal_before_a_time_limit_is_due_its_lead_before_the_end_once():
     le = lease()
-    assert checkpoint.before_limit([le], {"c-a"}, 699) == []
-    assert checkpoint.before_limit([le], {"c-a"}, 700) == [le]
-    assert checkpoint.before_limit([le], set(), 700) == []  # not running
-    assert checkpoint.before_limit([lease(signalled=700.0)], {"c-a"}, 800) == []
-    assert checkpoint.before_limit([lease(signalled=10.0)], {"c-a"}, 800) != []  # an idle one's
-    assert checkpoint.before_limit([le], {"c-a"}, 1000) == []  # past the end: the stop is due
-    assert checkpoint.before_limit([lease(signal="")], {"c-a"}, 800) == []
-    assert checkpoint.before_limit([lease(started=None)], {"c-a"}, 800) == []
+    assert checkpoint.before_limit([le], {"c-a"}, Now(699)) == []
+    assert checkpoint.before_limit([le], {"c-a"}, Now(700)) == [le]
+    assert checkpoint.before_limit([le], set(), Now(700)) == []  # not running
+    assert checkpoint.before_limit([lease(signalled=700.0)], {"c-a"}, Now(800)) == []
+    assert (
+        checkpoint.before_limit([lease(signalled=10.0)], {"c-a"}, Now(800)) != []
+    )  # an idle one's
+    assert checkpoint.before_limit([le], {"c-a"}, Now(1000)) == []  # past the end: the stop is due
+    assert checkpoint.before_limit([lease(signal="")], {"c-a"}, Now(800)) == []
+    assert checkpoint.before_limit([lease(started=None)], {"c-a"}, Now(800)) == []
 
 
 def test_the_next_look_is_at_the_next_signal():
-    assert checkpoint.next_signal([lease()], 600) == 100
-    assert checkpoint.next_signal([lease()], 800) == 0
-    assert checkpoint.next_signal([lease(signalled=700.0)], 800) is None
-    assert checkpoint.next_signal([lease(signal="")], 600) is None
+    assert checkpoint.next_signal([lease()], Now(600)) == 100
+    assert checkpoint.next_signal([lease()], Now(800)) == 0
+    assert checkpoint.next_signal([lease(signalled=700.0)], Now(800)) is None
+    assert checkpoint.next_signal([lease(signal="")], Now(600)) is None
+
+
+def reclaim_at(le: Lease, now: float, since: float = 100) -> tuple[list, list]:
+    """`checkpoint.before_reclaim` for ``le`` idle since ``since`` (wall times alone)."""
+    return checkpoint.before_reclaim([(le, now - since)], Now(now), 600)
 
 
 def test_an_idle_container_is_signalled_before_reclaim_and_stopped_after_its_whole_lead():
     le = lease(time_limit=None)
-    assert checkpoint.before_reclaim([(le, 100)], 399, 600) == ([], [])
-    assert checkpoint.before_reclaim([(le, 100)], 400, 600) == ([le], [])
+    assert reclaim_at(le, 399) == ([], [])
+    assert reclaim_at(le, 400) == ([le], [])
     warned = replace(le, signalled=400.0)
-    assert checkpoint.before_reclaim([(warned, 100)], 699, 600) == ([], [])
-    assert checkpoint.before_reclaim([(warned, 100)], 700, 600) == ([], [warned])
+    assert reclaim_at(warned, 699) == ([], [])
+    assert reclaim_at(warned, 700) == ([], [warned])
     late = replace(le, signalled=900.0)  # the shim was down at the signal's time
-    assert checkpoint.before_reclaim([(late, 100)], 1199, 600) == ([], [])
-    assert checkpoint.before_reclaim([(late, 100)], 1200, 600) == ([], [late])
+    assert reclaim_at(late, 1199) == ([], [])
+    assert reclaim_at(late, 1200) == ([], [late])
 
 
 def test_a_new_stretch_of_idleness_gets_a_new_signal():
     used_since = lease(time_limit=None, signalled=400.0)
-    assert checkpoint.before_reclaim([(used_since, 450)], 750, 600) == ([used_since], [])
+    assert reclaim_at(used_since, 750, since=450) == ([used_since], [])
 
 
 def test_without_a_signal_an_idle_container_is_stopped_at_reclaim_time():
     le = lease(signal="", time_limit=None)
-    assert checkpoint.before_reclaim([(le, 100)], 699, 600) == ([], [])
-    assert checkpoint.before_reclaim([(le, 100)], 700, 600) == ([], [le])
+    assert reclaim_at(le, 699) == ([], [])
+    assert reclaim_at(le, 700) == ([], [le])
 
 
 def test_the_signal_is_recorded_in_the_lease_and_written_only_when_set():
@@ -96,9 +104,14 @@ def test_the_signal_is_recorded_in_the_lease_and_written_only_when_set():
     plain, _ = st.new_lease(("GPU-0",), 0, 60)
     assert not {"signal", "signal_lead", "signalled"} & set(st.to_json()["leases"][plain.id])
     st.leases[plain.id] = replace(plain, container="c", signal="SIGUSR1", signal_lead=300.0)
-    assert st.signalled(plain.id, "c", 42.0) and not st.signalled(plain.id, "other", 43.0)
-    again = State.from_json(st.to_json(), "f").leases[plain.id]
+    assert st.signalled(plain.id, "c", 42.0, ("b1", 7.0))
+    assert not st.signalled(plain.id, "other", 43.0, None)
+    written = st.to_json()
+    assert "signalled_boot" not in written["leases"][plain.id]  # beside, as the other marks
+    assert written["boot"][plain.id]["signalled"] == ["b1", 7.0]
+    again = State.from_json(written, "f").leases[plain.id]
     assert (again.signal, again.signal_lead, again.signalled) == ("SIGUSR1", 300.0, 42.0)
+    assert again.signalled_boot == ("b1", 7.0)
 
 
 def test_the_config_keys_are_read_as_signals():
@@ -137,17 +150,17 @@ def test_a_bad_signal_key_is_refused_naming_it(signal, key, said):
 
 def test_without_a_signal_the_owner_is_warned_at_80_and_90_percent_of_the_limit():
     plain = lease(signal="", signal_lead=0.0)
-    assert checkpoint.time_warnings([plain], {"c-a"}, 799) == []
-    assert checkpoint.time_warnings([plain], {"c-a"}, 800) == [(plain, 0.8)]
-    assert checkpoint.time_warnings([plain], {"c-a"}, 950) == [(plain, 0.9)]
-    assert checkpoint.time_warnings([plain], {"c-a"}, 1000) == []  # the stop is due
-    assert checkpoint.time_warnings([plain], set(), 900) == []  # not running
-    assert checkpoint.time_warnings([lease()], {"c-a"}, 900) == []  # its signal warns it
+    assert checkpoint.time_warnings([plain], {"c-a"}, Now(799)) == []
+    assert checkpoint.time_warnings([plain], {"c-a"}, Now(800)) == [(plain, 0.8)]
+    assert checkpoint.time_warnings([plain], {"c-a"}, Now(950)) == [(plain, 0.9)]
+    assert checkpoint.time_warnings([plain], {"c-a"}, Now(1000)) == []  # the stop is due
+    assert checkpoint.time_warnings([plain], set(), Now(900)) == []  # not running
+    assert checkpoint.time_warnings([lease()], {"c-a"}, Now(900)) == []  # its signal warns it
 
 
 def test_without_a_signal_the_owner_is_warned_at_80_percent_of_the_idle_time_once_per_stretch():
     plain = lease(signal="", signal_lead=0.0, time_limit=None)
-    assert checkpoint.idle_warnings([(plain, 100)], 579, 600) == []
-    assert checkpoint.idle_warnings([(plain, 100)], 580, 600) == [(plain, 100)]
-    assert checkpoint.idle_warnings([(plain, 100)], 700, 600) == []  # the stop is due
-    assert checkpoint.idle_warnings([(lease(), 100)], 580, 600) == []  # its signal warns it
+    assert checkpoint.idle_warnings([(plain, 479)], 600) == []
+    assert checkpoint.idle_warnings([(plain, 480)], 600) == [(plain, 480)]
+    assert checkpoint.idle_warnings([(plain, 600)], 600) == []  # the stop is due
+    assert checkpoint.idle_warnings([(lease(), 480)], 600) == []  # its signal warns it

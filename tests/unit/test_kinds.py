@@ -14,7 +14,7 @@ from tests import run_engines
 from tests.support import kinds
 
 TESTS = Path(__file__).resolve().parents[1]
-KINDS = ("unit", "root", "engine", "installed")
+KINDS = ("unit", "root", "browser", "engine", "installed")
 CORE = TESTS.parent / "allocator" / "core"
 
 

@@ -11,6 +11,7 @@ a 404 in the plugin protocol's error format; a malformed request gets a 400, not
 from __future__ import annotations
 
 import base64
+import http.client
 import http.server
 import json
 import signal
@@ -27,6 +28,7 @@ import pytest
 import yaml
 
 from allocator.core.leases.inflight import Start
+from allocator.host import unixhttp
 from allocator.host.inflight import Registry
 from tests.support import engine
 
@@ -70,7 +72,8 @@ def plugin(tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen]]:
     state.mkdir()
     sock = str(tmp_path / "plugin.sock")
     fake = _UnixServer(str(tmp_path / "engine.sock"), _Engine)
-    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    # a short poll: shutdown() waits for the loop's next look (0.5 s by default)
+    threading.Thread(target=fake.serve_forever, args=(0.05,), daemon=True).start()
     config = {
         "engine": {"socket": str(tmp_path / "engine.sock"), "timeout": 2},
         "plugin": {"socket": sock, "workers": 1},
@@ -83,7 +86,7 @@ def plugin(tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen]]:
     argv = [*engine.gpu_alloc_command(), "--config", str(tmp_path / "config.yaml"), "plugin"]
     proc = engine._spawn(argv, log)
     try:
-        engine.wait_until(lambda: engine.can_connect(sock), "plugin", proc, log, 30)
+        engine.wait_until(lambda: _serving(sock), "plugin", proc, log, 30)
         yield sock, state, proc
     finally:
         engine.stop_process(proc)
@@ -106,6 +109,16 @@ def _authz(method: str, uri: str, body: dict | None = None, headers: dict | None
 def _start() -> bytes:
     """A start: its verdict inspects the container, which this Engine answers late."""
     return _authz("POST", "/v1.41/containers/job/start")
+
+
+def _serving(sock: str) -> bool:
+    """A worker answers, not only the arbiter's socket: a worker still booting loses a
+    SIGTERM (its handlers are not set yet) and is killed only after the grace, 5 s on."""
+    try:
+        code, _ = unixhttp.request(sock, "POST", "/Plugin.Ready", b"", timeout=2)
+    except (OSError, http.client.HTTPException):
+        return False
+    return code == 404  # a call it does not serve: answered, and nothing changed
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from allocator.core.leases.leases import Claim, Lease, Phase, State
 from allocator.core.machine.inventory import GPU, Inventory
 from allocator.core.rules import policy
 from allocator.core.rules.policy import Invalid, Owner, Pool, Refusal, Rules, Ulimit, Wanted
+from allocator.core.timing.clock import Now
 from allocator.host.config import ConfigError, parse
 
 LAB = """
@@ -265,7 +266,7 @@ def test_a_shortage_says_a_holder_is_stopped_and_how_its_gpus_come_back():
         "b" * 64: {"State": "running", "Status": "Up 2 hours"},
         "c" * 64: {"State": "running", "Status": "Up 3 days"},
     }
-    report = apply(state.copy(), state, listed, {}, {}, 1000.0)
+    report = apply(state.copy(), state, listed, {}, {}, Now(1000.0))
     assert report.stopped == {"a" * 64: "Exited (0) 2 hours ago"} and not report
     held = state.holders(inventory.uuids, report.stopped)
     assert held["GPU-0"].describe(1000.0 + 7200) == (
@@ -317,8 +318,9 @@ def test_the_engines_times_read_as_go_writes_them(text, stamp):
 def test_only_leases_stopped_past_the_duration_expire():
     rules = Rules(release_stopped_after=60.0)
     leases = [("a", "c1"), ("b", "c2"), ("c", "c3")]
-    assert policy.expired(leases, {"c1": 0.0, "c2": 50.0}, 100.0, rules) == ["a"]
-    assert policy.expired(leases, {"c1": 0.0}, 100.0, Rules()) == []
+    stopped = {"c1": Now(0.0), "c2": Now(50.0)}
+    assert policy.expired(leases, stopped, Now(100.0), rules) == ["a"]
+    assert policy.expired(leases, {"c1": Now(0.0)}, Now(100.0), Rules()) == []
 
 
 def test_the_shim_asks_nss_about_a_uid_again_only_after_its_ttl(
@@ -371,7 +373,7 @@ def test_a_container_created_a_moment_ago_is_not_called_stopped_or_told_to_be_re
     state.leases["l0"] = Lease("l0", ("GPU-0",), "x", Phase.BOUND.value, "a" * 64, "job",
                                1000.0, owner="alice")  # fmt: skip
     listed = {"a" * 64: {"State": "created", "Status": "Created"}}
-    report = apply(state.copy(), state, listed, {}, {}, 1000.0)
+    report = apply(state.copy(), state, listed, {}, {}, Now(1000.0))
     held = state.holders(inventory.uuids, report.stopped)
     assert held["GPU-0"].describe(1001.0) == (
         "container aaaaaaaaaaaa 'job' of alice, held <1m "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,12 +15,18 @@ from allocator.core.placement import Shortage
 from allocator.core.rules import policy
 from allocator.core.rules.policy import Owner, Wanted
 from allocator.host import config as configmod
-from allocator.host import ledger
+from allocator.host import ledger, unixhttp
 from allocator.host.audit import AuditLog
 from allocator.ops import cli
 from allocator.service.placer import LeaseRequest
+from allocator.service.views import wire
 from allocator.service.views.explain import explain
+from allocator.service.views.gpus import LiveView
 from allocator.service.wiring import Allocator
+from shim.admin import Admin
+from shim.create import CreateInterceptor
+from shim.framing import Request, Response
+from shim.waitline import Waitline
 from tests.support import engine as sim
 from tests.support.fake_engine import FakeEngine
 
@@ -173,6 +181,51 @@ def test_the_cli_reserves_lists_and_cancels(config, capsys) -> None:
     code, out, err = run(config, "reserve", "cancel", row["id"], capsys=capsys)
     assert code == 0 and f"reservation {row['id']} cancelled" in out, err
     assert run(config, "reservations", capsys=capsys)[1].strip() == "no reservations"
+
+
+def shim_admin(config: Path) -> Admin:
+    """The shim's own endpoints (shim/serve.py wires the same) on the fake Engine."""
+    alloc = Allocator(configmod.load(str(config)), FakeEngine())  # type: ignore[arg-type]
+    line = Waitline(alloc)
+    return Admin(alloc, LiveView(alloc), line, CreateInterceptor(alloc, line))
+
+
+def test_a_user_who_cannot_read_the_state_dir_lists_the_reservations_through_the_shim(
+    config, capsys, monkeypatch
+) -> None:
+    """A refusal for a reserved GPU sends every user to 'gpu-alloc reservations'."""
+    assert run(config, "reserve", "--gpu", "1", "--for", "root", "--from", "+10s",
+               "--to", "+1h", capsys=capsys)[0] == 0  # fmt: skip
+    _, as_root, _ = run(config, "reservations", "--json", capsys=capsys)
+    admin = shim_admin(config)
+    asked: list[tuple[str, str]] = []
+
+    async def engine(request: Request) -> Response:
+        raise AssertionError(f"{request.target} went on to the Engine")
+
+    def through_the_shim(path: str, method: str, target: str, **_: object) -> tuple[int, bytes]:
+        asked.append((path, target))
+        answer = asyncio.run(admin.handle(Request(method, target, [], b""), engine))
+        return answer.status, answer.body
+
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # as a docker-group user
+    monkeypatch.setattr(unixhttp, "request", through_the_shim)
+    code, out, err = run(config, "reservations", "--json", capsys=capsys)
+    assert code == 0, err
+    assert asked == [("/run/gpu-alloc/docker.sock", wire.RESERVATIONS_PATH)]
+    assert json.loads(out) == json.loads(as_root)
+    code, out, _ = run(config, "reservations", capsys=capsys)
+    assert code == 0 and json.loads(as_root)[0]["id"] in out and "upcoming" in out
+
+
+def test_a_user_whom_the_shim_does_not_answer_is_told_why_and_where(
+    config, capsys, monkeypatch
+) -> None:
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    code, out, err = run(config, "reservations", capsys=capsys)
+    assert (code, out) == (cli.EXIT_FAIL, "")
+    assert err.startswith("gpu-alloc: cannot read the reservations in the state directory")
+    assert "the shim at /run/gpu-alloc/docker.sock did not answer" in err
 
 
 @pytest.mark.parametrize(

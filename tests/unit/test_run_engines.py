@@ -69,6 +69,15 @@ def test_29_runs_the_end_to_end_creates_again_with_gpus_through_cdi() -> None:
     assert all(p.gpu_mode == "hook" for p in parts if p.tier != "cdi")
 
 
+def test_the_install_tier_boots_29_too_and_only_beside_the_whole_suite() -> None:
+    parts = run_engines.plan(["20.10", "28", "29"], whole=True)
+    install = [(p.engine, p.paths, p.title) for p in parts if p.tier == "install"]
+    assert install == [("20.10", ("tests/installed",), "engine 20.10: install tier"),
+                       ("29", ("tests/installed",), "engine 29: install tier")]  # fmt: skip
+    assert len({p.key for p in parts}) == len(parts)
+    assert not [p for p in run_engines.plan(["20.10", "29"], whole=False) if p.tier == "install"]
+
+
 def test_make_test_runs_29_by_default() -> None:
     assert "ENGINES ?= 20.10,26,28,29" in Path("Makefile").read_text()
     assert 'default="20.10,26,28,29"' in Path(run_engines.__file__).read_text()

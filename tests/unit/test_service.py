@@ -21,8 +21,9 @@ from allocator.core.leases import outcomes
 from allocator.core.leases.leases import Phase
 from allocator.core.machine.inventory import InventoryError
 from allocator.core.placement import Shortage
+from allocator.core.timing.clock import Now
+from allocator.host import clock as hostclock
 from allocator.host import config as configmod
-from allocator.host import ledger
 from allocator.service.placer import LeaseRequest
 from allocator.service.wiring import Allocator
 from tests.support import engine as sim
@@ -240,8 +241,20 @@ def test_a_copied_label_without_the_gpus_binds_nothing(alloc, fake) -> None:
 
 def test_a_pending_lease_past_its_deadline_is_freed(alloc, fake, monkeypatch) -> None:
     lease, _ = leased(alloc)
-    monkeypatch.setattr(ledger, "now", lambda: lease.deadline + 1)
+    boot_id, granted = lease.granted_boot or ("", 0.0)
+    ttl = lease.deadline - lease.created
+    monkeypatch.setattr(
+        hostclock, "read", lambda: Now(lease.deadline + 1, boot_id, granted + ttl + 1)
+    )
     assert alloc.reconciler.reconcile().freed == [lease.id]
+
+
+def test_a_wall_clock_set_forward_frees_no_pending_lease_early(alloc, fake, monkeypatch) -> None:
+    lease, _ = leased(alloc)
+    assert lease.granted_boot is not None  # the grant read the boot's clock
+    boot_id, granted = lease.granted_boot
+    monkeypatch.setattr(hostclock, "read", lambda: Now(lease.deadline + 3600, boot_id, granted + 5))
+    assert alloc.reconciler.reconcile().freed == []
 
 
 def test_adopted_gpus_are_not_leased_again(alloc, fake) -> None:

@@ -132,6 +132,45 @@ def test_a_share_gets_its_pipe_its_shm_and_its_caps_as_environment() -> None:
     assert sharing.client_env(TIMESLICE, GPUS[0], 1) == []
 
 
+SHARE_LABELS = {labels.LEASE: "0123abcd", sharing.SHARE: "1/4"}
+SHARE_BINDS = sharing.client_binds(MPS_DIR, "GPU-0", sharing.MPS)
+
+
+@pytest.mark.parametrize(
+    ("given", "binds", "rule", "held"),
+    [
+        (SHARE_LABELS, SHARE_BINDS, QUARTERS, (1, 4)),
+        (SHARE_LABELS, [*SHARE_BINDS, "/data:/data"], QUARTERS, (1, 4)),
+        ({**SHARE_LABELS, sharing.SHARE: "2/2"}, [], TIMESLICE, (2, 2)),
+        (SHARE_LABELS, [], TIMESLICE, (1, 4)),
+        (SHARE_LABELS, SHARE_BINDS[:1], QUARTERS, None),
+        (SHARE_LABELS, [], QUARTERS, None),
+        ({sharing.SHARE: "1/4"}, SHARE_BINDS, QUARTERS, None),
+        ({**SHARE_LABELS, sharing.SHARE: "5/4"}, SHARE_BINDS, QUARTERS, None),
+        ({**SHARE_LABELS, sharing.SHARE: "half"}, SHARE_BINDS, QUARTERS, None),
+        (SHARE_LABELS, SHARE_BINDS, None, None),
+    ],
+    ids=[
+        "mps",
+        "mps-and-more",
+        "timeslice-all",
+        "timeslice",
+        "pipe-only",
+        "image-label",
+        "no-lease",
+        "too-many",
+        "unreadable",
+        "not-shared",
+    ],
+)
+def test_a_share_is_read_back_from_its_container_only_with_what_the_shim_gave_it(
+    given, binds, rule, held
+) -> None:
+    """A reset lost its lease: the share label with the lease label says which share, and
+    an MPS share must have its GPU's binds too (an image's label alone is no share)."""
+    assert sharing.held_share(given, binds, "GPU-0", rule, MPS_DIR) == held
+
+
 @pytest.mark.parametrize(
     ("env", "ipc", "why"),
     [
@@ -368,6 +407,7 @@ def test_the_mps_part_keeps_one_daemon_per_gpu_with_shares_out(tmp_path) -> None
     fake = FakeDaemons()
     alloc.mps.daemons = fake  # type: ignore[assignment]
     with alloc.ledger.transaction() as st:
+        st.adopted_at = 0.0  # as the shim's start leaves it
         lease, _ = st.new_lease(("GPU-0",), 0, 600)
         st.leases[lease.id] = lease = replace_share(lease, "al")
     assert alloc.mps.ensure(lease) is None and alloc.mps.ensure(lease) is None
@@ -379,6 +419,71 @@ def test_the_mps_part_keeps_one_daemon_per_gpu_with_shares_out(tmp_path) -> None
         st.release(lease.id)
     alloc.mps.sync()
     assert fake.calls[-1] == ("stop", "GPU-0") and fake.up == set()
+
+
+def share_container(fake, uuid: str, mps_dir: str) -> str:
+    """A share's container as the shim makes it (allocator/service/creates.py `_shared`)."""
+    gpu = GPU(uuid, 0, memory_mib=81920)
+    cid = fake.add("nb", gpus=(uuid,), lease="0123abcd",
+                   labels_={sharing.SHARE: "1/4", policy.OWNER: "1000:al"},
+                   env=tuple(sharing.client_env(QUARTERS, gpu, 1)))  # fmt: skip
+    fake.by_id[cid]["HostConfig"]["Binds"] = sharing.client_binds(mps_dir, uuid, sharing.MPS)
+    fake.by_id[cid]["Config"]["User"] = "1000"
+    return cid
+
+
+def test_a_reset_adopts_a_running_share_as_its_share_and_keeps_its_daemon(
+    tmp_path, monkeypatch
+) -> None:
+    """`gpu-alloc repair --reset` while a share runs: the share is its GPU's share again
+    (not a claim of the whole GPU), and the GPU's MPS daemon is never told to quit under
+    it, not even by the shim's look between the ledger's move and the adoption."""
+    from allocator.host.filesystem import Host
+    from allocator.ops.repair import repair
+    from allocator.service.wiring import Allocator
+    from tests.support.fake_engine import FakeEngine
+
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text("[{uuid: GPU-0, index: 0, memory_mib: 81920}, {uuid: GPU-1, index: 1}]\n")
+    cfg = config.parse(
+        f"gpus: {gpus}\nstate_dir: {tmp_path}/state\nmps: {{dir: {tmp_path}/mps}}\n"
+        "policy: {sharing: [{gpus: [0, 1], shares: 4}]}\n"
+    )
+    fake = FakeEngine()
+    alloc = Allocator(cfg, fake, Host())  # type: ignore[arg-type]  # paths as we see them
+    alloc.mps.daemons = daemons = FakeDaemons()  # type: ignore[assignment]
+    cid = share_container(fake, "GPU-0", f"{tmp_path}/mps")
+    with alloc.ledger.transaction() as st:
+        st.adopted_at = 0.0
+        lease, _ = st.new_lease(("GPU-0",), 0, 600)
+        st.leases[lease.id] = replace_share(lease, "al")
+        st.bind(lease.id, cid)
+    daemons.up.add("GPU-0")
+    adopting = alloc.reconciler.reconcile
+
+    def after_a_look(adopt: bool = False):
+        alloc.mps.sync()  # the shim's background work, on the ledger just moved aside
+        return adopting(adopt=adopt)
+
+    monkeypatch.setattr(alloc.reconciler, "reconcile", after_a_look)
+    assert "adopted 1 container(s)" in repair(alloc, reset=True)
+    state = alloc.ledger.read()
+    (share,) = state.leases.values()
+    assert state.claims == {}
+    assert (share.id, share.container, share.gpus) == ("0123abcd", cid, ("GPU-0",))
+    assert (share.share_slots, share.share_of, share.share_user, share.owner) == (
+        1,
+        4,
+        "1000",
+        "al",
+    )
+    alloc.mps.sync()
+    assert daemons.calls == [] and daemons.up == {"GPU-0"}
+    fake.remove(cid)  # its last share ends: now its daemon goes
+    monkeypatch.undo()
+    alloc.reconciler.reconcile()
+    alloc.mps.sync()
+    assert daemons.calls == [("stop", "GPU-0")]
 
 
 def test_a_daemon_runs_as_a_transient_unit_under_systemd_and_in_its_own_namespace_elsewhere():

@@ -16,8 +16,11 @@ import yaml
 from allocator.core.judging.ask import Ask
 from allocator.core.rules.policy import NOBODY, Invalid, Owner, Wanted
 from allocator.core.timing import timelimits
+from allocator.core.timing.clock import Jump, Now
+from allocator.host import clock as hostclock
 from allocator.host import config as configmod
 from allocator.host.engine import EngineError
+from allocator.ops import doctor
 from allocator.service.placer import LeaseRequest
 from allocator.service.wiring import Allocator
 from tests.support import engine as sim
@@ -117,10 +120,10 @@ def test_the_clock_starts_at_the_engines_started_at_and_the_stop_comes_at_the_en
         alloc, Wanted(time=60), config={"StopTimeout": 3},
         host_config={"RestartPolicy": {"Name": "always"}},
     )  # fmt: skip
-    assert keeper.check(T0 + 30) == timelimits.CHECK_MAX
+    assert keeper.check(Now(T0 + 30)) == timelimits.CHECK_MAX
     assert alloc.ledger.read().leases[lease_id].started == T0
-    assert keeper.check(T0 + 59) == 1 and alloc.engine.stops == []  # type: ignore[union-attr]
-    keeper.check(T0 + 60)
+    assert keeper.check(Now(T0 + 59)) == 1 and alloc.engine.stops == []  # type: ignore[union-attr]
+    keeper.check(Now(T0 + 60))
     fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
     assert fake.stopped.wait(10)
     assert fake.stops == [(cid, 3)]  # its own StopTimeout
@@ -146,9 +149,9 @@ def test_a_restart_before_the_first_look_does_not_move_the_clock(tmp_path):
     fake.starts[cid] = [first, first + 8]  # started, restarted 8 s later
     later = datetime.fromtimestamp(first + 8, UTC).isoformat().replace("+00:00", "Z")
     fake.by_id[cid]["State"]["StartedAt"] = later
-    alloc.timekeeper.check(first + 9)
+    alloc.timekeeper.check(Now(first + 9))
     assert alloc.ledger.read().leases[lease_id].started == first
-    alloc.timekeeper.check(first + 60)
+    alloc.timekeeper.check(Now(first + 60))
     assert fake.stopped.wait(10)
 
 
@@ -156,7 +159,7 @@ def test_without_limits_or_reclaim_the_timekeeper_asks_the_engine_nothing(tmp_pa
     alloc = make(tmp_path, {"exempt": []})
     running_job(alloc)
     alloc.engine.calls.clear()  # type: ignore[union-attr]
-    alloc.timekeeper.check(time.time())
+    alloc.timekeeper.check(Now(time.time()))
     assert alloc.engine.calls == []  # type: ignore[union-attr]
 
 
@@ -165,16 +168,16 @@ def test_an_idle_container_is_stopped_and_a_busy_one_is_not(tmp_path):
     keeper = alloc.timekeeper
     _, cid = running_job(alloc)
     now = time.time()
-    keeper.check(now + 1)
+    keeper.check(Now(now + 1))
     fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
     assert fake.stops == []
-    keeper.check(now + 5)
+    keeper.check(Now(now + 5))
     assert fake.stopped.wait(10) and fake.stops == [(cid, 10)]  # the Engine's default, said
 
     busy = make(tmp_path / "busy", {"exempt": [], "reclaim_idle_after": "2s"},
                 {"utilization": 0.4})  # fmt: skip
     running_job(busy)
-    busy.timekeeper.check(time.time() + 60)
+    busy.timekeeper.check(Now(time.time() + 60))
     assert busy.engine.stops == []  # type: ignore[union-attr]
 
 
@@ -182,7 +185,7 @@ def test_a_gpu_with_memory_and_power_but_no_utilisation_figure_is_never_reclaime
     unread = {"memory_used_mib": 30000, "power_w": 250}  # in use, by all appearances
     alloc = make(tmp_path, {"exempt": [], "reclaim_idle_after": "2s"}, unread)
     running_job(alloc)
-    alloc.timekeeper.check(time.time() + 3600)
+    alloc.timekeeper.check(Now(time.time() + 3600))
     time.sleep(0.2)  # a stop would run on a thread of its own
     assert alloc.engine.stops == [] and audit_lines(alloc, "idle-reclaim") == []  # type: ignore[union-attr]
 
@@ -214,9 +217,9 @@ def test_a_paused_container_is_stopped_at_its_time_limit(tmp_path):
     alloc = make(tmp_path, POLICY)
     lease_id, cid = running_job(alloc, Wanted(time=60))
     paused(alloc, cid)
-    alloc.timekeeper.check(T0 + 30)
+    alloc.timekeeper.check(Now(T0 + 30))
     assert alloc.ledger.read().leases[lease_id].started == T0  # its clock runs, paused
-    alloc.timekeeper.check(T0 + 60)
+    alloc.timekeeper.check(Now(T0 + 60))
     fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
     assert fake.stopped.wait(10) and [c for c, _ in fake.stops] == [cid]
 
@@ -225,7 +228,7 @@ def test_a_paused_idle_container_is_reclaimed(tmp_path):
     alloc = make(tmp_path, {"exempt": [], "reclaim_idle_after": "2s"}, {"utilization": 0.0})
     _, cid = running_job(alloc)
     paused(alloc, cid)
-    alloc.timekeeper.check(time.time() + 5)
+    alloc.timekeeper.check(Now(time.time() + 5))
     fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
     assert fake.stopped.wait(10) and [c for c, _ in fake.stops] == [cid]
 
@@ -240,26 +243,26 @@ def test_the_checkpoint_signal_comes_its_lead_before_the_limit_once_then_the_sto
     lease_id, cid = running_job(alloc, Wanted(time=600))
     lease = alloc.ledger.read().leases[lease_id]
     assert (lease.signal, lease.signal_lead, lease.signalled) == ("SIGUSR1", 300, None)
-    assert keeper.check(T0 + 10) == timelimits.CHECK_MAX
-    assert keeper.check(T0 + 295) == 5 and fake.kills == []  # the next look at the signal
-    keeper.check(T0 + 300)
+    assert keeper.check(Now(T0 + 10)) == timelimits.CHECK_MAX
+    assert keeper.check(Now(T0 + 295)) == 5 and fake.kills == []  # the next look at the signal
+    keeper.check(Now(T0 + 300))
     assert fake.kills == [(cid, "SIGUSR1")]
     assert alloc.ledger.read().leases[lease_id].signalled == T0 + 300
     (line,) = audit(alloc, "signal")
     assert line["container"] == cid and "SIGUSR1 5m before its time limit" in line["reason"]
-    keeper.check(T0 + 400)
+    keeper.check(Now(T0 + 400))
     assert fake.kills == [(cid, "SIGUSR1")] and fake.stops == []  # sent once
-    keeper.check(T0 + 600)
+    keeper.check(Now(T0 + 600))
     assert fake.stopped.wait(10) and fake.stops == [(cid, 10)]
 
 
 def test_a_signal_sent_before_a_shim_restart_is_not_sent_again(tmp_path):
     alloc = make(tmp_path, SIGNALLED)
     _, cid = running_job(alloc, Wanted(time=600))
-    alloc.timekeeper.check(T0 + 10)
-    alloc.timekeeper.check(T0 + 301)
+    alloc.timekeeper.check(Now(T0 + 10))
+    alloc.timekeeper.check(Now(T0 + 301))
     again = Allocator(alloc.config, alloc.engine)  # the restarted shim reads the same ledger
-    again.timekeeper.check(T0 + 302)
+    again.timekeeper.check(Now(T0 + 302))
     assert alloc.engine.kills == [(cid, "SIGUSR1")]  # type: ignore[union-attr]
 
 
@@ -276,10 +279,10 @@ def test_a_signal_the_engine_refused_is_tried_again_at_the_next_look(tmp_path, m
         kill(container, signal)
 
     monkeypatch.setattr(fake, "kill", refusing)
-    alloc.timekeeper.check(T0 + 10)
-    alloc.timekeeper.check(T0 + 301)
+    alloc.timekeeper.check(Now(T0 + 10))
+    alloc.timekeeper.check(Now(T0 + 301))
     assert alloc.ledger.read().leases[lease_id].signalled is None and fake.kills == []
-    alloc.timekeeper.check(T0 + 302)
+    alloc.timekeeper.check(Now(T0 + 302))
     assert fake.kills == [(cid, "SIGUSR1")]
 
 
@@ -299,13 +302,13 @@ def test_an_idle_container_is_signalled_its_lead_before_reclaim_and_stopped_afte
     fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
     lease_id, cid = running_job(alloc)
     since = alloc.ledger.read().leases[lease_id].created
-    keeper.check(since + 39)
+    keeper.check(Now(since + 39))
     assert fake.kills == []
-    keeper.check(since + 41)
+    keeper.check(Now(since + 41))
     assert fake.kills == [(cid, "SIGUSR2")] and fake.stops == []
-    keeper.check(since + 50)
+    keeper.check(Now(since + 50))
     assert fake.kills == [(cid, "SIGUSR2")] and fake.stops == []  # once, and its lead runs
-    keeper.check(since + 61)
+    keeper.check(Now(since + 61))
     assert fake.stopped.wait(10) and fake.stops == [(cid, 10)]
 
 
@@ -323,7 +326,7 @@ def test_status_and_gpus_show_when_the_signal_was_sent(tmp_path):
     )  # fmt: skip
     assert "signalled" not in render_table(snapshot(alloc))
     with alloc.ledger.transaction() as state:
-        state.signalled(lease_id, cid, T0 + 3300)
+        state.signalled(lease_id, cid, T0 + 3300, None)
     (holder,) = snapshot(alloc)["holders"]
     assert holder["signalled_at"] == "2026-01-01T00:55:00Z"
     assert "signalled: job was sent SIGUSR1 at 2026-01-01T00:55:00Z, 5m before its stop" in (
@@ -339,9 +342,9 @@ def test_the_signal_and_the_stop_are_each_a_notice_to_the_owner_in_the_outbox(tm
     hook = {"webhooks": [{"url": "http://127.0.0.1:9/none", "format": "json"}]}
     alloc = make(tmp_path, SIGNALLED, notify=hook)
     _, cid = running_job(alloc, Wanted(time=600))
-    alloc.timekeeper.check(T0 + 10)
-    alloc.timekeeper.check(T0 + 300)
-    alloc.timekeeper.check(T0 + 600)
+    alloc.timekeeper.check(Now(T0 + 10))
+    alloc.timekeeper.check(Now(T0 + 300))
+    alloc.timekeeper.check(Now(T0 + 600))
     fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
     assert fake.stopped.wait(10)
     deadline = time.monotonic() + 10
@@ -359,7 +362,7 @@ def test_without_a_signal_the_owner_is_told_at_80_and_90_percent_once_each(tmp_p
     alloc = make(tmp_path, POLICY, notify=hook)
     running_job(alloc, Wanted(time=100))
     for at in (10, 79, 80, 85, 90, 95):
-        alloc.timekeeper.check(T0 + at)
+        alloc.timekeeper.check(Now(T0 + at))
     told = sorted(e.notice.text.partition(":")[0] for e in alloc.notifier.outbox.entries())
     assert told == [
         "container job has run 80% of its time limit of 1m",
@@ -373,10 +376,50 @@ def test_without_a_signal_an_idle_containers_owner_is_told_before_reclaim(tmp_pa
     alloc = make(tmp_path, policy, {"utilization": 0.0}, notify=hook)
     running_job(alloc)
     since = max(le.created for le in alloc.ledger.read().leases.values())
-    alloc.timekeeper.check(since + 79)
+    alloc.timekeeper.check(Now(since + 79))
     assert alloc.notifier.outbox.entries() == []
-    alloc.timekeeper.check(since + 81)
-    alloc.timekeeper.check(since + 90)
+    alloc.timekeeper.check(Now(since + 81))
+    alloc.timekeeper.check(Now(since + 90))
     [entry] = alloc.notifier.outbox.entries()
     assert entry.notice.subject == "gpu-alloc: container job is idle"
     assert alloc.engine.stops == []  # type: ignore[union-attr]
+
+
+def test_a_jump_of_the_wall_clock_is_kept_for_reservations_and_doctor_until_undone(tmp_path):
+    alloc = make(tmp_path, POLICY)
+    state_dir = Path(alloc.config.state_dir)
+    alloc.timekeeper.clockwatch.see(Now(T0, "boot", 100.0))  # the shim's first look: trusted
+    alloc.timekeeper.clockwatch.see(Now(T0 + 10 + 1.5, "boot", 110.0))
+    assert hostclock.jumped(state_dir) is None
+    alloc.timekeeper.clockwatch.see(Now(T0 + 20 + 3600, "boot", 120.0))
+    assert hostclock.jumped(state_dir) == Jump(3600, T0 + 3620, "boot", T0 - 100)
+    line = doctor.check_clock(alloc.config)
+    assert line.status == doctor.OK  # that jump was on another boot than this host's
+    alloc.timekeeper.clockwatch.see(Now(T0 + 30, "boot", 130.0))  # set back where it was
+    assert hostclock.jumped(state_dir) is None
+
+
+def test_doctor_says_the_wall_clock_moved_and_reservations_are_held(tmp_path):
+    alloc = make(tmp_path, POLICY)
+    now = hostclock.read()
+    assert doctor.check_clock(alloc.config).status == doctor.OK
+    hostclock.keep(
+        Path(alloc.config.state_dir),
+        Jump(3 * 3600, now.wall, now.boot_id, (now.offset or 0) - 3 * 3600),
+    )
+    line = doctor.check_clock(alloc.config)
+    assert line.status == doctor.WARN and line.what.startswith(
+        "clock: the wall clock moved by +3h at "
+    )
+    assert "(3h behind the wall clock) until the shim restarts" in line.what
+    assert "systemctl restart gpu-alloc-shim" in line.fix
+
+
+def test_after_a_jump_grants_go_by_the_clock_from_before_it(tmp_path):
+    alloc = make(tmp_path, POLICY)
+    now = hostclock.read()
+    moved = Jump(3 * 3600, now.wall, now.boot_id, (now.offset or 0) - 3 * 3600)
+    hostclock.keep(Path(alloc.config.state_dir), moved)
+    assert abs(alloc.placer.seen(False).now - (time.time() - 3 * 3600)) < 60
+    hostclock.keep(Path(alloc.config.state_dir), None)
+    assert abs(alloc.placer.seen(False).now - time.time()) < 60

@@ -11,6 +11,7 @@ from allocator.core.leases.leases import Lease, Phase, State, lease_from_json
 from allocator.core.rules import policy
 from allocator.core.rules.policy import Invalid, Owner, Rules
 from allocator.core.timing import timelimits
+from allocator.core.timing.clock import Now
 from allocator.host.config import ConfigError, parse
 
 LAB = """
@@ -133,9 +134,9 @@ def lease(lid: str, limit: float | None, started: float | None, cid: str = "") -
 def test_a_running_container_is_overdue_once_its_limit_from_its_first_start_passed():
     leases = [lease("a", 60, 1000), lease("b", 60, None), lease("c", None, 1000)]
     running = {"c-a", "c-b", "c-c"}
-    assert timelimits.overdue(leases, running, 1059.9) == []
-    assert timelimits.overdue(leases, running, 1060) == [leases[0]]
-    assert timelimits.overdue(leases, set(), 5000) == []  # stopped: nothing to stop
+    assert timelimits.overdue(leases, running, Now(1059.9)) == []
+    assert timelimits.overdue(leases, running, Now(1060)) == [leases[0]]
+    assert timelimits.overdue(leases, set(), Now(5000)) == []  # stopped: nothing to stop
     assert timelimits.unstarted(leases, running) == [leases[1]]
     assert timelimits.unstarted(leases, {"c-a"}) == []  # not running: no clock yet
 
@@ -143,30 +144,30 @@ def test_a_running_container_is_overdue_once_its_limit_from_its_first_start_pass
 def test_a_pending_or_handed_over_lease_is_not_watched():
     pending = Lease("p", ("GPU-0",), "", Phase.PENDING.value, None, time_limit=1, started=0)
     lent = Lease("h", ("GPU-0",), "", Phase.HANDED_OVER.value, "c-h", time_limit=1, started=0)
-    assert timelimits.overdue([pending, lent], {"c-h"}, 100) == []
+    assert timelimits.overdue([pending, lent], {"c-h"}, Now(100)) == []
 
 
 def test_time_left_counts_from_the_first_start_and_stops_at_zero():
-    assert timelimits.left(lease("a", 60, None), 5000) == 60
-    assert timelimits.left(lease("a", 60, 1000), 1045) == 15
-    assert timelimits.left(lease("a", 60, 1000), 2000) == 0
-    assert timelimits.left(lease("a", None, 1000), 2000) is None
+    assert timelimits.left(lease("a", 60, None), Now(5000)) == 60
+    assert timelimits.left(lease("a", 60, 1000), Now(1045)) == 15
+    assert timelimits.left(lease("a", 60, 1000), Now(2000)) == 0
+    assert timelimits.left(lease("a", None, 1000), Now(2000)) is None
 
 
 def test_the_next_look_is_at_the_next_end_within_bounds():
-    assert timelimits.next_check([], 0, None) == timelimits.CHECK_MAX
-    assert timelimits.next_check([lease("a", 60, 1000)], 1057, None) == 3
-    assert timelimits.next_check([lease("a", 60, 1000)], 1059.9, None) == timelimits.CHECK_MIN
-    assert timelimits.next_check([lease("a", 60, 1000)], 1070, None) == timelimits.CHECK_MAX
-    assert timelimits.next_check([lease("a", 3, None)], 0, None) == 0.75
-    assert timelimits.next_check([], 0, 8) == 2
+    assert timelimits.next_check([], Now(0), None) == timelimits.CHECK_MAX
+    assert timelimits.next_check([lease("a", 60, 1000)], Now(1057), None) == 3
+    assert timelimits.next_check([lease("a", 60, 1000)], Now(1059.9), None) == timelimits.CHECK_MIN
+    assert timelimits.next_check([lease("a", 60, 1000)], Now(1070), None) == timelimits.CHECK_MAX
+    assert timelimits.next_check([lease("a", 3, None)], Now(0), None) == 0.75
+    assert timelimits.next_check([], Now(0), 8) == 2
 
 
 def test_a_start_after_the_time_is_up_is_refused_saying_to_create_it_again():
-    assert timelimits.start_refusal("job", lease("a", 60, 1000), 1059) is None
-    assert timelimits.start_refusal("job", lease("a", 60, None), 9999) is None  # never ran
-    assert timelimits.start_refusal("job", None, 9999) is None
-    why = timelimits.start_refusal("job", lease("a", 60, 1000), 1060)
+    assert timelimits.start_refusal("job", lease("a", 60, 1000), Now(1059)) is None
+    assert timelimits.start_refusal("job", lease("a", 60, None), Now(9999)) is None  # never ran
+    assert timelimits.start_refusal("job", None, Now(9999)) is None
+    why = timelimits.start_refusal("job", lease("a", 60, 1000), Now(1060))
     assert why is not None and "refused to start job" in why and "time limit of 1m" in why
     assert "docker rm" in why
 

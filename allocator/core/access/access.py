@@ -265,9 +265,12 @@ def _runtime_env(ctx: Ctx) -> None:
 
 
 def _legacy_cuda_image(env: Iterable[str]) -> bool:
-    """The toolkit's legacy mode: CUDA_VERSION without NVIDIA_REQUIRE_CUDA means all GPUs."""
-    names = {e.split("=", 1)[0] for e in env}
-    return "CUDA_VERSION" in names and "NVIDIA_REQUIRE_CUDA" not in names
+    """The toolkit's legacy mode (cuda_image.go ``IsLegacy``): a non-empty CUDA_VERSION with
+    NVIDIA_REQUIRE_CUDA unset or empty, each read as its last value, means all GPUs."""
+    env = list(env)
+    cuda = env_values(env, "CUDA_VERSION")
+    require = env_values(env, "NVIDIA_REQUIRE_CUDA")
+    return bool(cuda and cuda[-1]) and not (require and require[-1])
 
 
 def _privileged(ctx: Ctx) -> None:

@@ -37,7 +37,10 @@ from dataclasses import dataclass, field, replace
 from enum import Enum, StrEnum
 from typing import Any
 
+from allocator.core.leases.claims import Claim as Claim  # re-exported: State holds them
+from allocator.core.leases.claims import claim_from_json, claim_json
 from allocator.core.leases.holders import Holder
+from allocator.core.timing.clock import Mark
 
 # 2: a file may have grants recorded beside it (its ``generation``), which 1 never read;
 # 1's files read as 2's with none.
@@ -106,11 +109,17 @@ class Lease:
     share_slots: int = 0
     share_of: int = 0
     share_user: str = ""
+    # The boot's clock at the grant and at the first start (allocator/core/timing/clock.py),
+    # which the durations from them are measured on (None: the wall clock).  Kept beside
+    # the leases in the file ("boot"): a reader that knows no such fields reads it as ever.
+    granted_boot: Mark | None = None
+    started_boot: Mark | None = None
     # The checkpoint signal sent ``signal_lead`` seconds before a stop, last at ``signalled``
     # (allocator/core/timing/checkpoint.py).  Written only when set, as the shares are.
     signal: str = ""
     signal_lead: float = 0.0
     signalled: float | None = None
+    signalled_boot: Mark | None = None
 
     @property
     def gpus_held(self) -> float:
@@ -133,37 +142,6 @@ def fire(lease: Lease, event: Event, **changes: Any) -> Lease:
     return replace(lease, state=to.value, **changes)
 
 
-@dataclass(frozen=True)
-class Claim:
-    """A container gpu-alloc did not lease but that holds GPUs (adopted)."""
-
-    container: str
-    name: str
-    gpus: tuple[str, ...] | None  # None: unpinned, holds every GPU
-    why: str
-    # The cores and memory gpu-alloc had leased it, as its labels say (`labels.PLACED`):
-    # a container whose lease a ``repair --reset`` lost keeps them from the next lease.
-    cpus: tuple[int, ...] = ()
-    mems: tuple[int, ...] = ()
-    memory: int = 0
-    # Whose it was, by the same labels: their limit counts it as before the reset.
-    owner: str = "unknown"
-    owner_uid: int | None = None
-    since: float | None = None  # the container's creation: how long it has held them
-    pool: str | None = None  # the pool its lease was placed in, by the pool label
-
-
-_CLAIM_DEFAULTS = {
-    "cpus": (),
-    "mems": (),
-    "memory": 0,
-    "owner": "unknown",
-    "owner_uid": None,
-    "since": None,
-    "pool": None,
-}
-
-
 @dataclass
 class State:
     leases: dict[str, Lease] = field(default_factory=dict)
@@ -175,6 +153,9 @@ class State:
     # Which write of the file this is: a grant recorded beside the file (the ledger's
     # grant journal) belongs to the file of its generation, and dies with it.
     generation: str = ""
+    # container -> (its FinishedAt, and the boot's clock then, `clock.seen`): when it
+    # stopped, as release_stopped_after measures it; kept until it runs again.
+    stopped: dict[str, tuple[float, str, float]] = field(default_factory=dict)
 
     def copy(self) -> State:
         """A state to change without changing this one (leases and claims are frozen)."""
@@ -184,15 +165,17 @@ class State:
             self.adopted_at,
             dict(self.expired),
             self.generation,
+            dict(self.stopped),
         )
 
     def added_since(self, base: State) -> list[Lease] | None:
         """The leases this state has that ``base`` lacks, when that is all that differs."""
-        if (self.claims, self.expired, self.adopted_at, self.generation) != (
+        if (self.claims, self.expired, self.adopted_at, self.generation, self.stopped) != (
             base.claims,
             base.expired,
             base.adopted_at,
             base.generation,
+            base.stopped,
         ):
             return None
         new = []
@@ -279,7 +262,10 @@ class State:
         named = {u for le in self.leases.values() for u in le.gpus}
         return named | {u for c in self.claims.values() for u in c.gpus or ()}
 
-    def new_lease(self, gpus: tuple[str, ...], now: float, ttl: float) -> tuple[Lease, str]:
+    def new_lease(
+        self, gpus: tuple[str, ...], now: float, ttl: float, mark: Mark | None = None
+    ) -> tuple[Lease, str]:
+        """A pending lease granted at ``now`` (``mark``: the boot's clock then)."""
         token = secrets.token_urlsafe(24)
         lease = Lease(
             id=secrets.token_hex(8),
@@ -287,6 +273,7 @@ class State:
             token_sha256=_hash(token),
             created=now,
             deadline=now + ttl,
+            granted_boot=mark,
         )
         self.leases[lease.id] = lease
         return lease, token
@@ -327,21 +314,25 @@ class State:
             self.expired[lease.container] = now
         return lease
 
-    def start_clock(self, lease_id: str, container: str, started: float) -> bool:
-        """Record when the lease's container first ran (its time limit counts from then);
-        False when the lease is gone, names another container, or its clock runs already."""
+    def start_clock(
+        self, lease_id: str, container: str, started: float, mark: Mark | None = None
+    ) -> bool:
+        """Record when the lease's container first ran (its time limit counts from then;
+        ``mark``: the boot's clock then); False when the lease is gone, names another
+        container, or its clock runs already."""
         lease = self.leases.get(lease_id)
         if lease is None or lease.container != container or lease.started is not None:
             return False
-        self.leases[lease_id] = replace(lease, started=started)
+        self.leases[lease_id] = replace(lease, started=started, started_boot=mark)
         return True
 
-    def signalled(self, lease_id: str, container: str, at: float) -> bool:
-        """Record the lease's checkpoint signal sent at ``at``; False as `start_clock`."""
+    def signalled(self, lease_id: str, container: str, at: float, mark: Mark | None) -> bool:
+        """Record the lease's checkpoint signal sent at ``at`` (``mark``: the boot's clock
+        then); False when the lease is gone or names another container."""
         lease = self.leases.get(lease_id)
         if lease is None or lease.container != container:
             return False
-        self.leases[lease_id] = replace(lease, signalled=at)
+        self.leases[lease_id] = replace(lease, signalled=at, signalled_boot=mark)
         return True
 
     def lease_of(self, container: str) -> Lease | None:
@@ -359,8 +350,10 @@ class State:
             "version": SCHEMA_VERSION,
             # vars(), not asdict(): the fields are plain values and tuples of them, which
             # json writes as they are; asdict's deep copy would be most of a write's encoding.
-            "leases": {k: _lease_json(v) for k, v in sorted(self.leases.items())},
-            "claims": {k: _claim_json(v) for k, v in sorted(self.claims.items())},
+            "leases": {k: lease_json(v) for k, v in sorted(self.leases.items())},
+            "boot": {k: b for k, v in sorted(self.leases.items()) if (b := boot_json(v))},
+            "stopped": {k: list(v) for k, v in sorted(self.stopped.items())},
+            "claims": {k: claim_json(v) for k, v in sorted(self.claims.items())},
             "adopted_at": self.adopted_at,
             "expired": dict(sorted(self.expired.items())),
             "generation": self.generation,
@@ -381,14 +374,16 @@ class State:
                 )
             )
         try:
-            leases = {k: lease_from_json(v) for k, v in data["leases"].items()}
-            claims = {k: _claim(v) for k, v in data["claims"].items()}
+            boot = data.get("boot") or {}
+            leases = {k: lease_from_json(v, boot.get(k)) for k, v in data["leases"].items()}
+            claims = {k: claim_from_json(v) for k, v in data["claims"].items()}
             adopted_at = data.get("adopted_at")
             expired = {str(k): float(v) for k, v in (data.get("expired") or {}).items()}
             generation = str(data.get("generation") or "")
+            stopped = {str(k): _stop(v) for k, v in (data.get("stopped") or {}).items()}
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise StateError(f"{path}: malformed entry ({e!r}); {REPAIR_HINT}") from None
-        return cls(leases, claims, adopted_at, expired, generation)
+        return cls(leases, claims, adopted_at, expired, generation, stopped)
 
 
 def admission(lease: Lease | None, lease_id: str, token: str, gpus: frozenset[str]) -> str | None:
@@ -408,9 +403,9 @@ def admission(lease: Lease | None, lease_id: str, token: str, gpus: frozenset[st
     return None
 
 
-def lease_from_json(v: dict[str, Any]) -> Lease:
-    """A lease as `State.to_json` writes one; a malformed one raises (KeyError, TypeError,
-    ValueError)."""
+def lease_from_json(v: dict[str, Any], boot: Any = None) -> Lease:
+    """A lease as `State.to_json` writes one, with its `boot_json` (None: none); a
+    malformed one raises (KeyError, TypeError, ValueError)."""
     if v.get("state") == "authorized":
         # Written by 0.1, whose plugin consumed a token in the ledger: such a lease's create
         # was admitted already, and its token is readable on the container (0.1 labelled
@@ -422,39 +417,50 @@ def lease_from_json(v: dict[str, Any]) -> Lease:
             "gpus": tuple(v["gpus"]),
             "cpus": tuple(v.get("cpus", ())),
             "mems": tuple(v.get("mems", ())),
+            "granted_boot": _mark((boot or {}).get("granted")),
+            "started_boot": _mark((boot or {}).get("started")),
+            "signalled_boot": _mark((boot or {}).get("signalled")),
         }
     )
     lease.phase  # noqa: B018  # an unknown phase is a malformed entry (ValueError)
     return lease
 
 
-def _lease_json(le: Lease) -> dict[str, Any]:
-    """Without a share's or a signal's fields when it has none, so an older gpu-alloc reads it."""
-    unset = (_NONE if le.share_of else _SHARE) | (_NONE if le.signal else _SIGNAL)
-    return {k: v for k, v in vars(le).items() if k not in unset}
+def lease_json(le: Lease) -> dict[str, Any]:
+    """A lease as the file keeps it: what every gpu-alloc reads (`Lease(**v)` refuses an
+    unknown key), its shares and its signal only when it has one, its boot clock apart
+    (`boot_json`)."""
+    left_out = _BOOT | (_NONE if le.share_of else _SHARE) | (_NONE if le.signal else _SIGNAL)
+    return {k: v for k, v in vars(le).items() if k not in left_out}
+
+
+def boot_json(le: Lease) -> dict[str, list[Any]]:
+    """The lease's stamps on the boot's clock, as ``{"granted": [boot id, seconds], ...}``
+    (empty when it has none)."""
+    stamps = {
+        "granted": le.granted_boot,
+        "started": le.started_boot,
+        "signalled": le.signalled_boot,
+    }
+    return {k: list(v) for k, v in stamps.items() if v is not None}
+
+
+def _mark(v: Any) -> Mark | None:
+    if v is None:
+        return None
+    boot_id, seconds = v  # anything but a pair is a malformed entry (ValueError, TypeError)
+    return str(boot_id), float(seconds)
+
+
+def _stop(v: Any) -> tuple[float, str, float]:
+    wall, boot_id, seconds = v
+    return float(wall), str(boot_id), float(seconds)
 
 
 _SHARE = frozenset({"share_slots", "share_of", "share_user"})
 _SIGNAL = frozenset({"signal", "signal_lead", "signalled"})
+_BOOT = frozenset({"granted_boot", "started_boot", "signalled_boot"})
 _NONE: frozenset[str] = frozenset()
-
-
-def _claim_json(c: Claim) -> dict[str, Any]:
-    """Only what differs from the defaults beside the four first keys, so an older
-    gpu-alloc still reads the ledger unless a reset adopted one of gpu-alloc's containers."""
-    return {k: v for k, v in vars(c).items() if k not in _CLAIM_DEFAULTS or v != _CLAIM_DEFAULTS[k]}
-
-
-def _claim(v: dict[str, Any]) -> Claim:
-    gpus = v["gpus"]
-    return Claim(
-        **{
-            **v,
-            "gpus": None if gpus is None else tuple(gpus),
-            "cpus": tuple(v.get("cpus", ())),
-            "mems": tuple(v.get("mems", ())),
-        }
-    )
 
 
 def _hash(token: str) -> str:

@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocator.core.leases.leases import Claim, State
+from allocator.core.leases.leases import Claim, Lease, Phase, State
+from allocator.core.timing import clock
+from allocator.core.timing.clock import Now
 
 # The listing's states of a container that runs nothing but still holds what it was given.
 STOPPED = frozenset({"exited", "created", "dead"})
@@ -40,12 +42,15 @@ def apply(
     snapshot: State,
     exists: Mapping[str, Mapping[str, Any]],
     by_label: dict[str, str],
-    found: dict[str, Claim],
-    now: float,
+    found: Mapping[str, Claim | Lease],
+    now: Now,
 ) -> Report:
     """Apply what the Engine proved; leases and claims newer than the listing are kept.
 
-    ``exists``: container id -> its entry in the Engine's listing ("State", "Status").
+    ``exists``: container id -> its entry in the Engine's listing ("State", "Status");
+    ``found``: what each GPU holder the ledger does not know is adopted as: a claim, or
+    a share's lease (`share_lease`).  A pending lease's wait (its deadline less its
+    grant) is measured on the boot's clock from its grant (`clock.elapsed`).
     """
     report = Report(stopped=_stopped(exists))
     for lease in list(state.leases.values()):
@@ -57,19 +62,65 @@ def apply(
         elif lease.id in by_label:
             state.bind(lease.id, by_label[lease.id])
             report.bound.append(lease.id)
-        elif now > lease.deadline:
+        elif clock.elapsed(clock.at(lease.created, lease.granted_boot), now) > (
+            lease.deadline - lease.created
+        ):
             state.release(lease.id)
             report.freed.append(lease.id)
     for cid in list(state.claims):
         if cid not in exists and cid in snapshot.claims:
             del state.claims[cid]
             report.dropped.append(cid)
-    for cid, claim in found.items():
-        if state.lease_of(cid) is None:
-            state.claims[cid] = claim
-            report.adopted.append(cid)
-    state.adopted_at = now
+    for cid, held in found.items():
+        if state.lease_of(cid) is not None:
+            continue
+        if isinstance(held, Lease):
+            if held.id in state.leases:
+                continue  # its id was given again meanwhile: adopted at the next run
+            state.leases[held.id] = held
+        else:
+            state.claims[cid] = held
+        report.adopted.append(cid)
+    state.adopted_at = now.wall
     return report
+
+
+def stopped_since(
+    kept: Mapping[str, tuple[float, str, float]], finished: Mapping[str, float], now: Now
+) -> dict[str, tuple[float, str, float]]:
+    """When each stopped container stopped, for ``release_stopped_after``: ``finished``
+    (container -> the Engine's FinishedAt) placed on the boot's clock when first seen
+    and kept (``kept``, `State.stopped`) while its FinishedAt stays the same
+    (`clock.placed`); a container that ran again, or went, is dropped."""
+    since = clock.placed({cid: Now(*stamp) for cid, stamp in kept.items()}, finished, now)
+    return {cid: (n.wall, n.boot_id, n.boot or 0.0) for cid, n in since.items()}
+
+
+def share_lease(claim: Claim, lease_id: str, slots: int, of: int, user: str) -> Lease:
+    """The lease of a share whose lease the ledger lost (``repair --reset``), rebuilt from
+    its container (`sharing.held_share`, the claim it would otherwise be): bound to it
+    under the id its lease label names, as a share of its one GPU, so the GPU's MPS daemon
+    is kept and the share counts as its fraction again.  It has no token: it admits no
+    create, and its container exists already."""
+    assert claim.gpus is not None and len(claim.gpus) == 1
+    return Lease(
+        id=lease_id,
+        gpus=claim.gpus,
+        token_sha256="",
+        state=Phase.BOUND.value,
+        container=claim.container,
+        name=claim.name,
+        created=claim.since or 0.0,
+        owner_uid=claim.owner_uid,
+        owner="" if claim.owner == "unknown" else claim.owner,
+        pool=claim.pool,
+        cpus=claim.cpus,
+        mems=claim.mems,
+        memory=claim.memory,
+        share_slots=slots,
+        share_of=of,
+        share_user=user,
+    )
 
 
 def _stopped(listed: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:

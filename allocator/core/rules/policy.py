@@ -17,6 +17,8 @@ from allocator.core.api import labels, numbers, signals
 from allocator.core.judging.socket_binds import NOBODY_BINDS, Binders
 from allocator.core.machine.inventory import GPU, Inventory
 from allocator.core.rules.sharing import Sharing
+from allocator.core.timing import clock
+from allocator.core.timing.clock import Now
 
 # adopted containers, creates with no peer or none to name (core/judging/owners.py)
 UNKNOWN = "unknown"
@@ -374,16 +376,17 @@ def with_defaults(spec: dict[str, Any], rules: Rules) -> dict[str, Any]:
 
 
 def expired(
-    leases: Sequence[tuple[str, str]], stopped_since: Mapping[str, float], now: float, rules: Rules
+    leases: Sequence[tuple[str, str]], stopped_since: Mapping[str, Now], now: Now, rules: Rules
 ) -> list[str]:
-    """Lease ids (of ``(lease id, container)``) stopped longer than release_stopped_after."""
+    """Lease ids (of ``(lease id, container)``) stopped longer than release_stopped_after,
+    measured on the boot's clock (`clock.elapsed`)."""
     after = rules.release_stopped_after
     if after is None:
         return []
     return [
         lease_id
         for lease_id, cid in leases
-        if cid in stopped_since and now - stopped_since[cid] >= after
+        if cid in stopped_since and clock.elapsed(stopped_since[cid], now) >= after
     ]
 
 

@@ -195,6 +195,25 @@ def client_binds(mps_dir: str, uuid: str, mode: str) -> list[str]:
     return [f"{top}/{PIPE}:{CLIENT_PIPE}", f"{top}/{SHM}:/dev/shm"]
 
 
+def held_share(
+    given: Mapping[str, object], binds: Sequence[str], uuid: str, rule: Sharing | None, mps_dir: str
+) -> tuple[int, int] | None:
+    """The share (slots, of how many) that a container the shim made for a share lease of
+    ``uuid`` holds, read back from it when its lease is gone from the ledger (``gpu-alloc
+    repair --reset``); None: no share of a GPU ``rule`` shares now.  The share label alone
+    could be an image's (dockerd merges an image's labels into its containers), so an MPS
+    share must also have the binds of its GPU's pipe and /dev/shm that the shim gives a
+    share."""
+    if rule is None or not labels.lease_of(given):
+        return None
+    slots, slash, of = str(given.get(SHARE) or "").partition("/")
+    if not (slash and slots.isdigit() and of.isdigit() and 0 < int(slots) <= int(of)):
+        return None
+    if not set(client_binds(mps_dir, uuid, rule.mode)) <= set(binds):
+        return None
+    return int(slots), int(of)
+
+
 def daemon_commands(rule: Sharing, gpu: GPU) -> list[str]:
     """What the GPU's control daemon is told once it runs: one share's caps by index 0,
     its only device (MPS names devices by index, never by UUID)."""

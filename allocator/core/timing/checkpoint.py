@@ -32,8 +32,9 @@ from allocator.core.api.signals import Signal
 from allocator.core.leases.holders import ago
 from allocator.core.leases.leases import Lease
 from allocator.core.rules.policy import Owner, Rules
-from allocator.core.timing import reclaim
-from allocator.core.timing.timelimits import ends, live
+from allocator.core.timing import clock, reclaim
+from allocator.core.timing.clock import Now
+from allocator.core.timing.timelimits import left, live, ran
 
 WARN_AT = (0.8, 0.9)  # shares of a time limit run, told without a signal
 
@@ -70,79 +71,80 @@ def signal_for(rules: Rules, owner: Owner, pool: str | None, asked: Signal | Non
     return None if chosen is None else chosen.signal
 
 
-def before_limit(leases: Iterable[Lease], running: Collection[str], now: float) -> list[Lease]:
+def _sent(lease: Lease) -> Now | None:
+    """When the lease's signal was last sent, on the boot's clock where known."""
+    return None if lease.signalled is None else clock.at(lease.signalled, lease.signalled_boot)
+
+
+def _warn_due(lease: Lease, now: Now) -> float | None:
+    """Seconds until the signal before the lease's time limit is due (0: now); None: no
+    signal, no clock, past the end (the stop is due instead), or sent already."""
+    rest = left(lease, now)
+    if not lease.signal or lease.started is None or not rest:
+        return None
+    sent, started = _sent(lease), clock.at(lease.started, lease.started_boot)
+    limit = lease.time_limit or 0.0
+    if sent is not None and clock.elapsed(started, sent) >= limit - lease.signal_lead:
+        return None  # sent once the container had run its limit less the lead
+    return max(0.0, rest - lease.signal_lead)
+
+
+def before_limit(leases: Iterable[Lease], running: Collection[str], now: Now) -> list[Lease]:
     """The running leases whose signal is due now, before their time limit's end."""
-    due = []
-    for le in live(leases):
-        end = ends(le)
-        if not le.signal or end is None or le.container not in running or now >= end:
-            continue  # past the end, the stop is due instead
-        warn = end - le.signal_lead
-        if now >= warn and (le.signalled is None or le.signalled < warn):
-            due.append(le)
-    return due
-
-
-def before_reclaim(
-    idle: Iterable[tuple[Lease, float]], now: float, after: float
-) -> tuple[list[Lease], list[Lease]]:
-    """(to signal, to stop) among ``idle``: (lease, since when its GPUs sat unused), the
-    running leases reclaim may stop (allocator/core/timing/reclaim.py), at ``now`` with
-    ``policy.reclaim_idle_after`` of ``after`` seconds."""
-    signal, stop = [], []
-    for le, since in idle:
-        reclaim_at = since + after
-        if not le.signal:
-            if now >= reclaim_at:
-                stop.append(le)
-            continue
-        warned = le.signalled is not None and le.signalled >= since
-        if not warned and now >= reclaim_at - le.signal_lead:
-            signal.append(le)
-        elif warned and now >= max(reclaim_at, (le.signalled or 0.0) + le.signal_lead):
-            stop.append(le)
-    return signal, stop
+    return [le for le in live(leases) if le.container in running and _warn_due(le, now) == 0]
 
 
 def time_warnings(
-    leases: Iterable[Lease], running: Collection[str], now: float
+    leases: Iterable[Lease], running: Collection[str], now: Now
 ) -> list[tuple[Lease, float]]:
     """(lease, the share of its limit run: the last of `WARN_AT` passed) for each running
     lease with a time limit and no signal, before the limit's end."""
     found = []
     for le in live(leases):
-        end = ends(le)
-        if le.signal or end is None or le.container not in running or now >= end:
+        run, rest = ran(le, now), left(le, now)
+        if le.signal or run is None or not rest or le.container not in running:
             continue
-        run = (now - (le.started or 0.0)) / (le.time_limit or 1.0)
-        passed = [share for share in WARN_AT if run >= share]
+        passed = [share for share in WARN_AT if run >= share * (le.time_limit or 0.0)]
         if passed:
             found.append((le, passed[-1]))
     return found
 
 
-def idle_warnings(
-    idle: Iterable[tuple[Lease, float]], now: float, after: float
-) -> list[tuple[Lease, float]]:
-    """(lease, idle since) among ``idle`` (as for `before_reclaim`) for each lease without a
-    signal idle for `reclaim.WARN_AT` of ``after``, and not yet for all of it."""
+def before_reclaim(
+    idle: Iterable[tuple[Lease, float]], now: Now, after: float
+) -> tuple[list[Lease], list[Lease]]:
+    """(to signal, to stop) among ``idle``: (lease, seconds its GPUs have gone unused), the
+    running leases reclaim may stop (allocator/core/timing/reclaim.py), at ``now`` with
+    ``policy.reclaim_idle_after`` of ``after`` seconds."""
+    signal, stop = [], []
+    for le, idled in idle:
+        if not le.signal:
+            if idled >= after:
+                stop.append(le)
+            continue
+        sent = _sent(le)
+        since = None if sent is None else clock.elapsed(sent, now)
+        warned = since is not None and since <= idled  # sent in this stretch of idleness
+        if not warned and idled >= after - le.signal_lead:
+            signal.append(le)
+        elif warned and idled >= after and (since or 0.0) >= le.signal_lead:
+            stop.append(le)
+    return signal, stop
+
+
+def idle_warnings(idle: Iterable[tuple[Lease, float]], after: float) -> list[tuple[Lease, float]]:
+    """(lease, seconds idle) among ``idle`` (as for `before_reclaim`) for each lease
+    without a signal idle for `reclaim.WARN_AT` of ``after``, and not yet for all of it."""
     return [
-        (le, since)
-        for le, since in idle
-        if not le.signal and since + reclaim.WARN_AT * after <= now < since + after
+        (le, idled)
+        for le, idled in idle
+        if not le.signal and reclaim.WARN_AT * after <= idled < after
     ]
 
 
-def next_signal(leases: Iterable[Lease], now: float) -> float | None:
+def next_signal(leases: Iterable[Lease], now: Now) -> float | None:
     """Seconds until the next signal before a time limit is due; None: none to come."""
-    waits = []
-    for le in live(leases):
-        end = ends(le)
-        if not le.signal or end is None or now >= end:
-            continue
-        warn = end - le.signal_lead
-        if le.signalled is None or le.signalled < warn:
-            waits.append(max(0.0, warn - now))
+    waits = [w for le in live(leases) if (w := _warn_due(le, now)) is not None]
     return min(waits, default=None)
 
 

@@ -8,7 +8,9 @@ of them), else the pool the request is placed in, else the default.  The exempt
 the rule.  The limit is fixed at the grant and kept in the lease (`Lease.time_limit`),
 so a later policy edit changes no running container's.  The clock starts when the
 container first ran (`Lease.started`, the Engine's StartedAt as the timekeeper first
-saw it): a stop and a start, or a restart, do not reset it.
+saw it): a stop and a start, or a restart, do not reset it.  Time run is measured on
+the boot's clock from that start (`allocator/core/timing/clock.py`), so setting the wall
+clock neither lengthens nor shortens a limit.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any, TypeVar
 from allocator.core.leases.holders import ago
 from allocator.core.leases.leases import Lease, Phase
 from allocator.core.rules.policy import TIME, Invalid, Owner, Rules, parse_duration
+from allocator.core.timing import clock
+from allocator.core.timing.clock import Now
 
 CHECK_MIN, CHECK_MAX = 0.5, 10.0  # seconds between the timekeeper's looks
 ENGINE_GRACE = 10  # seconds dockerd waits after the stop signal when a container sets none
@@ -117,20 +121,26 @@ def limit_for(
     return effective(rules, owner, pool, asked_of(given))
 
 
-def ends(lease: Lease) -> float | None:
-    """When the lease's container must stop; None: no limit, or it has not run yet."""
-    if lease.time_limit is None or lease.started is None:
+def ran(lease: Lease, now: Now) -> float | None:
+    """Seconds the lease's container has had since its first start (`clock.elapsed`);
+    None: it has not run yet."""
+    if lease.started is None:
         return None
-    return lease.started + lease.time_limit
+    return clock.elapsed(clock.at(lease.started, lease.started_boot), now)
 
 
-def left(lease: Lease, now: float) -> float | None:
+def left(lease: Lease, now: Now) -> float | None:
     """Seconds the lease's container may still run (the whole limit before it first
     ran, 0 once past it); None: no limit."""
     if lease.time_limit is None:
         return None
-    end = ends(lease)
-    return lease.time_limit if end is None else max(0.0, end - now)
+    run = ran(lease, now)
+    return lease.time_limit if run is None else max(0.0, lease.time_limit - run)
+
+
+def _over(lease: Lease, now: Now) -> bool:
+    """Has the lease's container run its whole limit?"""
+    return lease.started is not None and left(lease, now) == 0
 
 
 def live(leases: Iterable[Lease]) -> list[Lease]:
@@ -148,21 +158,16 @@ def unstarted(leases: Iterable[Lease], running: Collection[str]) -> list[Lease]:
     ]
 
 
-def overdue(leases: Iterable[Lease], running: Collection[str], now: float) -> list[Lease]:
+def overdue(leases: Iterable[Lease], running: Collection[str], now: Now) -> list[Lease]:
     """Leases whose container runs past its time limit at ``now``: to be stopped."""
-    return [
-        le
-        for le in live(leases)
-        if le.container in running and (end := ends(le)) is not None and now >= end
-    ]
+    return [le for le in live(leases) if le.container in running and _over(le, now)]
 
 
-def start_refusal(ref: str, lease: Lease | None, now: float) -> str | None:
+def start_refusal(ref: str, lease: Lease | None, now: Now) -> str | None:
     """Why a start of ``ref`` (whose lease is ``lease``) is refused: its time is up.  The
     clock runs from its first start, stopped or not, so a start would only be stopped
     again."""
-    end = None if lease is None else ends(lease)
-    if lease is None or end is None or now < end:
+    if lease is None or not _over(lease, now):
         return None
     return (
         f"gpu-alloc refused to start {ref}: it ran its time limit of "
@@ -191,7 +196,7 @@ def reason(lease: Lease) -> str:
     )
 
 
-def next_check(leases: Iterable[Lease], now: float, reclaim_after: float | None) -> float:
+def next_check(leases: Iterable[Lease], now: Now, reclaim_after: float | None) -> float:
     """Seconds until the timekeeper should look again: at the next limit's end, at most
     `CHECK_MAX` apart (a quarter of a limit whose clock has not started, or of
     ``reclaim_after``, when shorter), never more often than every `CHECK_MIN`."""
@@ -201,7 +206,9 @@ def next_check(leases: Iterable[Lease], now: float, reclaim_after: float | None)
     for le in live(leases):
         if le.time_limit is None:
             continue
-        end = ends(le)
-        if end is None or end > now:  # an ended one is stopped, and its start refused
-            waits.append(le.time_limit / 4 if end is None else end - now)
+        rest = left(le, now)
+        if le.started is None:
+            waits.append(le.time_limit / 4)
+        elif rest:  # an ended one is stopped, and its start refused
+            waits.append(rest)
     return max(CHECK_MIN, min(waits))

@@ -24,6 +24,7 @@ from allocator.core.machine.inventory import Inventory, InventoryError
 from allocator.core.rules import policy
 from allocator.core.timing import timelimits
 from allocator.core.timing.usage import Usage, known
+from allocator.host import clock as hostclock
 from allocator.host import ledger, usage
 from allocator.host.engine import EngineError
 from allocator.service.views import shares as shared_view
@@ -112,7 +113,7 @@ class LiveView:
             **self._who(holder.container if holder else None, lease, holder.name if holder else ""),
             "lease_age_s": None if lease is None else max(0.0, got.now - lease.created),
             # policy.time_limit: what is left of the lease's (None: no limit)
-            "time_left_s": None if lease is None else timelimits.left(lease, got.now),
+            "time_left_s": None if lease is None else timelimits.left(lease, hostclock.read()),
             # the checkpoint signal sent before a stop, and when (None: none yet)
             "signal": (lease.signal or None) if lease else None,
             "signalled_at": lease.signalled if lease else None,

@@ -1,4 +1,5 @@
-"""``gpu-alloc reservations``: every reservation not over yet, as rows for the CLI."""
+"""``gpu-alloc reservations``: every reservation not over yet, as rows for the CLI and
+for the shim's socket (a refusal for a reserved GPU points every user at them)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,13 @@ from typing import Any
 
 from allocator.core.leases.events import rfc3339
 from allocator.core.timing.reservations import Reservation
+from allocator.service.wiring import Allocator
+
+
+def listing(alloc: Allocator, now: float) -> list[dict[str, Any]]:
+    """The rows of the reservations not over at ``now``, their GPUs by this host's index."""
+    index = {g.uuid: g.index for g in alloc.gather.inventory().gpus}
+    return rows(alloc.reservations.current(now), index, now)
 
 
 def rows(

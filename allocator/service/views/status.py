@@ -3,7 +3,6 @@ container's name and state as the Engine lists them now."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -14,7 +13,9 @@ from allocator.core.machine.health import GpuHealth
 from allocator.core.machine.inventory import GPU
 from allocator.core.rules import policy
 from allocator.core.timing import timelimits
+from allocator.core.timing.clock import Now
 from allocator.core.timing.usage import ACTIVE, UNKNOWN, UNUSED
+from allocator.host import clock as hostclock
 from allocator.service import fair_share
 from allocator.service.views import shares as shared_view
 from allocator.service.views.gpus import LiveView
@@ -37,7 +38,8 @@ def _state(c: dict[str, Any] | None) -> str:
 def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
     got = (live or LiveView(alloc)).read()
     inventory, state, engine = got.inventory, got.ledger, got.containers
-    now = time.time()
+    clocks = hostclock.read()
+    now = clocks.wall
     read = {s.uuid: s for s in got.gpus}
     held = {s.uuid: s.holder for s in got.gpus if s.holder is not None}
     holder_of = {u: h.to_dict() | {"since": rfc3339(h.since)} for u, h in held.items()}
@@ -66,7 +68,7 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
                 "use": UNUSED,  # the lease's: unknown if any GPU's is, else active if any is
                 # policy.time_limit: the lease's limit and what is left of it (None: none)
                 "time_limit_s": lease.time_limit if lease else None,
-                "time_left_s": None if lease is None else _left(lease, now),
+                "time_left_s": None if lease is None else _left(lease, clocks),
                 # the checkpoint signal (core/timing/checkpoint.py): which, its lead, and
                 # when it was last sent (None: none, or not yet)
                 "signal": (lease.signal or None) if lease else None,
@@ -140,7 +142,7 @@ def _names(engine: dict[str, Any]) -> dict[str, str]:
     return {cid: c["Names"][0].lstrip("/") for cid, c in engine.items() if c.get("Names")}
 
 
-def _left(lease: Lease, now: float) -> int | None:
+def _left(lease: Lease, now: Now) -> int | None:
     left = timelimits.left(lease, now)
     return None if left is None else round(left)
 

@@ -25,7 +25,8 @@ QUEUE_PATH = "/gpu-alloc/v1/queue"  # the creates waiting in the shim's memory
 GPUS_PATH = "/gpu-alloc/v1/gpus"
 EXPLAIN_PATH = "/gpu-alloc/v1/explain"  # the asker is the peer
 REPORT_PATH = "/gpu-alloc/v1/report"  # the asker's own rows
-PATHS = frozenset((STATUS_PATH, QUEUE_PATH, GPUS_PATH))
+RESERVATIONS_PATH = "/gpu-alloc/v1/reservations"
+PATHS = frozenset((STATUS_PATH, QUEUE_PATH, GPUS_PATH, RESERVATIONS_PATH))
 
 
 def encode(view: Any) -> str:
@@ -93,6 +94,12 @@ def report(socket_path: str, since: float, until: float | None, by: str) -> dict
     """The shim's ``gpu-alloc report``: the asker's own rows."""
     why = "cannot read the audit trail in the state directory (it is root's)"
     return _ask(socket_path, report_target(since, until, by), why, timeout=60)
+
+
+def reservations(socket_path: str) -> list[dict[str, Any]]:
+    """The shim's ``gpu-alloc reservations``: their rows, as ``--json`` prints them."""
+    why = "cannot read the reservations in the state directory (it is root's)"
+    return list(_ask(socket_path, RESERVATIONS_PATH, why, timeout=30)["reservations"])
 
 
 def queue(socket_path: str) -> list[dict[str, Any]] | None:
