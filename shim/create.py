@@ -273,13 +273,18 @@ class CreateInterceptor:
         return response
 
     async def _socket_binder(self, request: Request) -> str:
-        """The asker, when ``policy.engine_socket_binds`` names them (`socket_binds`);
-        empty, without a lookup, when it names nobody."""
-        binders = self.alloc.gather.rules.engine_socket_binds
-        if not binders:
+        """The asker, when ``policy.engine_socket_binds`` or ``policy.powers`` names them
+        (`socket_binds`, `power_grants`): the plugin judges their create as theirs; empty,
+        without a lookup, when the policy names nobody."""
+        rules = self.alloc.gather.rules
+        if not rules.grants_owners:
             return ""
         owner = await asyncio.to_thread(self.alloc.lookups.owner_of, request.peer)
-        return owner.user if binders.allow(owner.user, owner.groups) else ""
+        user, groups = owner.user, owner.groups
+        trusted = rules.engine_socket_binds.allow(user, groups) or rules.powers.any_for(
+            user, groups
+        )
+        return user if trusted else ""
 
     def _with_body(self, request: Request, spec: dict, lease: str | None) -> Request:
         """`_with_body`, marked for the plugin when the create is labelled as one whose

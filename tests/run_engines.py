@@ -53,6 +53,7 @@ ENGINE_SUITES = (
     "tests/engine/test_bypass_engine.py",  # plugin mounts, root powers, sockets, pause
     "tests/engine/test_go_reading.py",  # what each Engine's Go reader stores of a spelling
     "tests/engine/test_protected_links_engine.py",  # links resolved in each dockerd's root
+    "tests/engine/test_powers_engine.py",  # the allow-list of powers as each Engine stores them
 )
 # The end-to-end GPU creates again with --gpus through CDI (tests/support/cdi.py), on the
 # Engines that turn an nvidia request into CDI devices themselves.

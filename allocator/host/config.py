@@ -25,6 +25,7 @@ from allocator.core.rules.policy import Pool, Rules, Ulimit, parse_size
 from allocator.host import (
     config_keys,
     config_notify,
+    config_powers,
     config_sharing,
     config_socket_binds,
     config_times,
@@ -142,6 +143,7 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "signal": dict,  # host/config_times.py
         "sharing": (list, dict, type(None)),  # core/rules/sharing.py, host/config_sharing.py
         "engine_socket_binds": (dict, type(None)),  # host/config_socket_binds.py
+        "powers": (dict, type(None)),  # host/config_powers.py
     },
     "metrics": {"listen": (str, type(None))},
     "health": {
@@ -385,6 +387,7 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
         times = config_times.time_rules(policy)
         sharing = config_sharing.sharing_rules(policy)
         binders = config_socket_binds.binders(policy)
+        granted = config_powers.power_grants(policy)
     except config_times.KeyProblem as e:
         raise _fail(path, e.key, e.why) from None
     return Rules(
@@ -414,6 +417,7 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
         **times,
         sharing=sharing,
         engine_socket_binds=binders,
+        powers=granted,
     )
 
 

@@ -19,7 +19,9 @@ from allocator.core.access import inroot
 from allocator.core.access.access_devices import DRM_MAJOR
 from allocator.core.access.facts import Node, Unresolvable
 from allocator.core.access.mounts import Mount
+from allocator.core.access.power_grants import NO_GRANTS, PowerGrants
 from allocator.core.judging.socket_binds import NOBODY_BINDS, Binders
+from allocator.host import apparmor
 from allocator.host.engineroot import EngineRoot
 from allocator.host.owners import groups_of
 
@@ -55,6 +57,8 @@ class Host:
     # (allocator/core/judging/socket_binds.py).
     engine_sockets: tuple[str, ...] = ()
     binders: Binders = NOBODY_BINDS
+    # policy.powers: who holds which power outside the allow-list (core/access/powers.py)
+    power_grants: PowerGrants = NO_GRANTS
 
     def may_bind_engine(self, user: str) -> bool:
         """``user`` is one ``policy.engine_socket_binds`` names, by name or by a group NSS
@@ -62,6 +66,16 @@ class Host:
         if not self.binders or not user:
             return False
         return self.binders.allow(user, () if user in self.binders.users else groups_of(user))
+
+    def may_use_power(self, user: str, power: str) -> bool:
+        """``policy.powers`` grants ``power`` to ``user``, by name or by a group NSS puts
+        them in now."""
+        if not self.power_grants or not user:
+            return False
+        return self.power_grants.allow(power, user, groups_of(user))
+
+    def apparmor_loaded(self) -> bool:
+        return apparmor.loaded(self.sysfs)
 
     def resolve(self, path: str) -> str:
         if self.engine:

@@ -196,9 +196,13 @@ class Gatherer:
         inventory = None if isinstance(found, InventoryError) else found
         lookups = self.engine is not None
         unasked = host if isinstance(host, NotAsked) else None
-        if self._policy.rules.engine_socket_binds and unasked is None:
-            # who may bind the Engine's socket, as the policy was last reloaded
-            host = replace(host, binders=self._policy.rules.engine_socket_binds)  # type: ignore[type-var]
+        rules = self._policy.rules
+        if rules.grants_owners and unasked is None:
+            # who may bind the Engine's socket, and who holds which power, as the policy
+            # was last reloaded
+            host = replace(  # type: ignore[type-var]
+                host, binders=rules.engine_socket_binds, power_grants=rules.powers
+            )
         return Facts(
             inventory,
             view,

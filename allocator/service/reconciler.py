@@ -281,10 +281,11 @@ class Reconciler:
 
     def recorded_owner(self, cid: str, state: State | None = None) -> str:
         """Whose gpu-alloc recorded ``cid`` to be (its lease's in ``state``, else the
-        creator the shim recorded): the owner a bind of the Engine's socket in it is
-        judged for (`core.judging.socket_binds`).  Read only while the policy names anyone who
-        may make one; never taken from the container's labels, which an image sets."""
-        if not cid or not self.gather.rules.engine_socket_binds:
+        creator the shim recorded): the owner a bind of the Engine's socket in it
+        (`core.judging.socket_binds`) and its powers (`core.access.power_grants`) are
+        judged for.  Read only while the policy names anyone who may hold either; never
+        taken from the container's labels, which an image sets."""
+        if not cid or not self.gather.rules.grants_owners:
             return ""
         lease = state.lease_of(cid) if state is not None else None
         if lease is not None and lease.owner:
@@ -298,7 +299,7 @@ class Reconciler:
         while the policy names anyone, and only where services can be read (a manager)."""
         given = (info.get("Config") or {}).get("Labels") or {}
         sid = str(given.get("com.docker.swarm.service.id") or "")
-        if not sid or not self.gather.rules.engine_socket_binds or self.engine is None:
+        if not sid or not self.gather.rules.grants_owners or self.engine is None:
             return ""
         try:
             found = self.engine.service(sid)
@@ -312,7 +313,7 @@ class Reconciler:
         if info is None:
             return False
         inventory = facts.require_inventory()
-        owner = lease.owner if self.gather.rules.engine_socket_binds else ""
+        owner = lease.owner if self.gather.rules.grants_owners else ""
         grants = access.of_container(
             info, facts.engine, inventory, facts.host, facts.volume_of, owner
         )

@@ -108,6 +108,8 @@ FORBIDDEN = {
     "every GPU by env": ["--env", "NVIDIA_VISIBLE_DEVICES=all"],
     "MIG control devices": ["--env", "NVIDIA_MIG_CONFIG_DEVICES=all"],
     "SYS_ADMIN": ["--cap-add", "SYS_ADMIN"],
+    "SYS_TIME (outside the allow-list of powers)": ["--cap-add", "SYS_TIME"],
+    "a sysctl of the host's": ["--sysctl", "vm.swappiness=1"],
     "the device directory": ["--mount", "type=bind,source=/dev,target=/hostdev"],
     "the Engine's state": ["--mount", "type=bind,source=/var/lib/docker,target=/d"],
 }  # fmt: skip

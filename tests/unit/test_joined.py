@@ -50,9 +50,15 @@ def test_a_namespace_joined_through_a_joiner_reaches_the_first_containers_gpu() 
     assert grant.gpus == frozenset({"GPU-1"})
 
 
-@pytest.mark.parametrize("mode", ["container:plain", "container:gone", "host", "private", ""])
+@pytest.mark.parametrize("mode", ["container:plain", "container:gone", ""])
 def test_joining_what_reaches_no_gpu_reaches_none(mode) -> None:
     assert create(PidMode=mode, IpcMode=mode, NetworkMode=mode).none
+
+
+@pytest.mark.parametrize("mode", ["host", "private"])
+def test_a_namespace_of_no_container_reaches_no_gpu(mode) -> None:
+    """(``--pid host`` is a power over the host, refused as one: core/access/powers.py.)"""
+    assert create(IpcMode=mode, NetworkMode=mode).none
 
 
 def test_a_create_whose_joined_container_cannot_be_looked_up_is_refused() -> None:

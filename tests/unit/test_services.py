@@ -133,10 +133,34 @@ def test_toolkit_variables_that_add_devices_are_refused(name: str) -> None:
 # ------------------------------------------------------------------ capabilities, plugins
 
 
-@pytest.mark.parametrize("cap", ["SYS_ADMIN", "CAP_SYS_RAWIO", "ALL", "sys_module"])
-def test_capabilities_that_reach_devices_are_refused(cap: str) -> None:
+@pytest.mark.parametrize(
+    ("cap", "named"),
+    [
+        ("SYS_ADMIN", "SYS_ADMIN"),
+        ("CAP_SYS_RAWIO", "SYS_RAWIO"),
+        ("ALL", "ALL"),
+        ("sys_time", "SYS_TIME"),
+    ],
+)
+def test_capabilities_outside_the_allow_list_are_refused_with_their_grant(
+    cap: str, named: str
+) -> None:
     why = judge(spec(CapabilityAdd=["NET_ADMIN", cap]))
-    assert why is not None and f"adds {cap}" in why
+    assert why is not None and why.startswith(f"{services.SPEC}.CapabilityAdd: --cap-add {named} ")
+    assert f"policy.powers: {{{named}:" in why
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"Privileges": {"Seccomp": {"Mode": "unconfined"}}}, "Privileges: --security-opt seccomp"),
+        ({"Sysctls": {"kernel.core_pattern": "|/x"}}, "Sysctls[kernel.core_pattern]"),
+        ({"OomScoreAdj": -1000}, "OomScoreAdj: --oom-score-adj -1000"),
+    ],
+)
+def test_other_powers_of_a_task_are_refused_by_the_same_allow_list(fields, said) -> None:
+    why = judge(spec(**fields))
+    assert why is not None and why.startswith(f"{services.SPEC}.{said}"), why
 
 
 def test_harmless_capabilities_are_allowed() -> None:

@@ -33,15 +33,22 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import Any
 
-from allocator.core.access import joined, privileged
+from allocator.core.access import joined, power_grants, powers
 from allocator.core.access.access_ctx import VISIBLE as VISIBLE
 from allocator.core.access.access_ctx import ContainerOf, Ctx, View, VolumeOf, resolve_ids
 from allocator.core.access.access_ctx import env_values as env_values
-from allocator.core.access.access_devices import cdi_names, cgroup_rules, devices
+from allocator.core.access.access_devices import (
+    DRM_MAJOR,
+    NVIDIA_MAJOR,
+    cdi_names,
+    cgroup_rules,
+    devices,
+)
 from allocator.core.access.access_mounts import binds
-from allocator.core.access.facts import EngineView, HostFacts
+from allocator.core.access.facts import EngineView, HostFacts, Node, Unresolvable
 from allocator.core.access.grants import Access, Demand, Refusal
 from allocator.core.access.mounts import go_clean
 from allocator.core.judging import socket_binds
@@ -278,11 +285,29 @@ def _privileged(ctx: Ctx) -> None:
         ctx.add("HostConfig.Privileged", "privileged mode opens every device", None)
 
 
-def _root_powers(ctx: Ctx) -> None:
-    """Powers over the host's processes and files that make a container root on the host
-    (`privileged.root_powers`): it reaches every GPU, and every file gpu-alloc keeps."""
-    for fld, why in privileged.root_powers(ctx.view.host_config):
-        ctx.add(fld, why, None)
+def _powers(ctx: Ctx) -> None:
+    """Powers over the host outside the allow-list (`powers`) that no grant of the policy
+    covers for the container's owner: such a container may be root on the host, where it
+    reaches every GPU and every file gpu-alloc keeps."""
+    hc = ctx.view.host_config
+    granted = partial(power_grants.may_use, ctx.host, ctx.socket_owner)
+    found = powers.refused(
+        hc, powers.Ask(granted, partial(power_grants.apparmor, ctx.host), ctx.strict)
+    )
+    if hc.get("Devices") or hc.get("DeviceCgroupRules"):
+        majors = frozenset({NVIDIA_MAJOR, DRM_MAJOR}) | ctx.dynamic_majors()
+        found += powers.devices_refused(hc, partial(_node, ctx), ctx.host.walk, majors, granted)
+    for f in found:
+        ctx.add(f.field, f.text(), None, power=True)
+
+
+def _node(ctx: Ctx, path: str) -> Node | None:
+    """The node ``path`` resolves to as dockerd resolves it; None where it cannot be
+    resolved (the device row refuses that)."""
+    try:
+        return ctx.host.node(ctx.host.resolve(path))
+    except Unresolvable:
+        return None
 
 
 def _links(ctx: Ctx) -> None:
@@ -327,7 +352,7 @@ SOURCES: tuple[Callable[[Ctx], None], ...] = (
     _device_requests,
     _runtime_env,
     _privileged,
-    _root_powers,
+    _powers,
     devices,
     cgroup_rules,
     binds,

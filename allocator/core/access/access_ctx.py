@@ -65,9 +65,10 @@ class Ctx:
         gpus: Iterable[str] | None,
         demand: Demand | None = None,
         guarded: bool = False,
+        power: bool = False,
     ) -> None:
         pinned = None if gpus is None else frozenset(gpus)
-        self.grants.append(Grant(fld, detail, pinned, demand, guarded))
+        self.grants.append(Grant(fld, detail, pinned, demand, guarded, power))
 
     def refuse(self, fld: str, why: str) -> None:
         if self.strict:

@@ -154,6 +154,7 @@ class HostFacts(Protocol):
 HOST_FILES = "the host's filesystem"
 OTHER_CONTAINER = "another container"
 VOLUME_OPTIONS = "a volume's options"
+HOST_POLICY = "the policy's grants and the host's AppArmor"
 
 
 class NotAsked:
@@ -196,6 +197,15 @@ class NotAsked:
     def mounts(self) -> Iterable[Mount]:
         self._ask(HOST_FILES)
         return ()
+
+    def may_use_power(self, user: str, power: str) -> bool:
+        """`power_grants.may_use`, not asked (the groups are NSS's)."""
+        self._ask(HOST_POLICY)
+        return False
+
+    def apparmor_loaded(self) -> bool:
+        self._ask(HOST_POLICY)
+        return False
 
     def container_of(self, container: str) -> Mapping[str, Any] | None:
         """`access_ctx.ContainerOf`, not asked."""

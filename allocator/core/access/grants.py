@@ -36,6 +36,9 @@ class Grant:
     # True when only the toolkit's reading of NVIDIA_VISIBLE_DEVICES grants it, so the
     # shim's NVIDIA_VISIBLE_DEVICES=void guard (appended last, it wins) takes it away.
     guarded: bool = False
+    # True for a power over the host outside the allow-list (core/access/powers.py): its
+    # detail is the whole refusal, what to do included.
+    power: bool = False
 
     @property
     def leasable(self) -> bool:

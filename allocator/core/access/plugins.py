@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from allocator.core.access import privileged
+from allocator.core.access import powers
 from allocator.core.api.routes import Check, Route
 
 AUTHZ_TYPE = "docker.authz/1.0"
@@ -64,11 +64,12 @@ def verdict(
     set); ``chain``: the configured authorization plugins; ``exposes(path)``: what a bind
     of ``path`` would expose, in words (empty: nothing)."""
     if route.check in (Check.PLUGIN_INSTALL, Check.PLUGIN_UPGRADE):
-        root = root_powers(body)
-        if root:
+        held = outside_allow_list(body)
+        if held:
             return (
-                f"gpu-alloc refused the plugin install: by the privileges it asks for, "
-                f"{root}; install plugins that do without them"
+                f"gpu-alloc refused the plugin install: by its privileges it asks for "
+                f"{held}; a plugin serves every user, so {powers.KEY} grants it nothing: "
+                "install plugins that do without them"
             )
         for p in body or ():
             name = str((p or {}).get("Name") or "")
@@ -104,9 +105,10 @@ def verdict(
     return PluginCheck(route.name, action, chain)
 
 
-def root_powers(privileges: Any) -> str:
-    """What makes a plugin root on the host, by its privileges (``host pid namespace``,
-    ``capabilities``) read as a container's `privileged.root_powers`; empty: nothing."""
+def outside_allow_list(privileges: Any) -> str:
+    """A power over the host a plugin's privileges (``host pid namespace``,
+    ``capabilities``) hold outside the allow-list (`powers`), in words; empty: none.  A
+    plugin serves every user, so no owner's grant covers it."""
     named = {
         str((p or {}).get("Name") or ""): (p or {}).get("Value") or () for p in privileges or ()
     }
@@ -114,8 +116,8 @@ def root_powers(privileges: Any) -> str:
         "PidMode": "host" if "host pid namespace" in named else "",
         "CapAdd": [str(c) for c in named.get("capabilities") or ()],
     }
-    found = privileged.root_powers(config)
-    return found[0][1] if found else ""
+    found = powers.refused(config)
+    return f"{found[0].value}, which {found[0].why}" if found else ""
 
 
 def mount_exposure(source: str, exposes: Callable[[str], str]) -> str:

@@ -19,17 +19,19 @@ spec is all a task will be.  So the spec is judged here, once, for every node:
    toolkit, reading the env as a map, takes.
 3. The task's mounts are judged by the create catalogue (`access.of_create`), as a
    create with those mounts on this host would be, and its secrets' and configs' files
-   (bind mounts too) by where they go; capabilities that open devices,
-   plugin tasks, and keys a newer Engine may read are refused.
+   (bind mounts too) by where they go; its capabilities, sysctls and security options
+   by the allow-list of powers (`powers`) as its owner's create's; plugin tasks, and
+   keys a newer Engine may read are refused.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
-from allocator.core.access import access, privileged
+from allocator.core.access import access, power_grants, powers
 from allocator.core.access.access_ctx import VolumeOf
 from allocator.core.access.access_mounts import SENTINEL_MOUNT_DIR
 from allocator.core.access.facts import EngineView, HostFacts
@@ -132,7 +134,7 @@ def refusal(
     env = [str(e) for e in cs.get("Env") or ()]
     return (
         _variables(env, kind)
-        or _capabilities(cs.get("CapabilityAdd") or ())
+        or _powers(cs, socket_owner, host)
         or _labels(cs.get("Labels") or {})
         or _file_targets(cs)
         or _catalogue(cs, engine, inventory, host, volume_of, socket_owner)
@@ -181,20 +183,36 @@ def _pinned(env: Sequence[str], name: str, kind: str) -> str | None:
     )
 
 
-def _capabilities(added: Sequence[str]) -> str | None:
-    for cap in added:
-        name = str(cap).upper().removeprefix("CAP_")
-        if name in privileged.DEVICE_CAPABILITIES:
-            return (
-                f"{SPEC}.CapabilityAdd adds {cap}, which can open or make device nodes, GPUs "
-                "included; drop it"
-            )
-        if name in privileged.ANYWHERE_ROOT:
-            return (
-                f"{SPEC}.CapabilityAdd adds {cap}, which {privileged.ANYWHERE_ROOT[name]}: "
-                "root on the host; drop it"
-            )
-    return None
+def _powers(cs: Mapping[str, Any], socket_owner: str, host: HostFacts) -> str | None:
+    """The spec's powers over its tasks' hosts, judged by the allow-list (`powers`) as a
+    create's of its owner's: a task reaches every node's GPUs by them."""
+    config = {
+        "CapAdd": cs.get("CapabilityAdd"),
+        "Sysctls": cs.get("Sysctls"),
+        "OomScoreAdj": cs.get("OomScoreAdj"),
+        "SecurityOpt": _security_opts(cs.get("Privileges") or {}),
+    }
+    granted = partial(power_grants.may_use, host, socket_owner)
+    found = powers.refused(config, powers.Ask(granted, partial(power_grants.apparmor, host)))
+    if not found:
+        return None
+    first = found[0]
+    fld = {"HostConfig.CapAdd": "CapabilityAdd", "HostConfig.SecurityOpt": "Privileges"}.get(
+        first.field, first.field.removeprefix("HostConfig.")
+    )
+    return f"{SPEC}.{fld}: {first.text()}"
+
+
+def _security_opts(privileges: Mapping[str, Any]) -> list[str]:
+    """A spec's ``Privileges`` as the security options swarm gives its tasks."""
+    opts = []
+    if (privileges.get("Seccomp") or {}).get("Mode") == "unconfined":
+        opts.append("seccomp=unconfined")
+    if (privileges.get("AppArmor") or {}).get("Mode") == "disabled":
+        opts.append("apparmor=unconfined")
+    if (privileges.get("SELinuxContext") or {}).get("Disable"):
+        opts.append("label=disable")
+    return opts
 
 
 # Where a secret's or config's file goes when its name is relative (moby's

@@ -35,7 +35,9 @@ from typing import Any
 from allocator.core.access.mounts import Mount, MountFacts, exposure
 from allocator.core.api.labels import ENGINE_SOCKET
 
-LABEL = ENGINE_SOCKET  # set by the shim only: the owner let bind the socket
+# set by the shim only: the asker, when the policy trusts them with the socket or with a
+# power outside the allow-list (core/access/power_grants.py), which the same label carries
+LABEL = ENGINE_SOCKET
 HEADER = "X-Gpu-Alloc-Create"  # the shim's mark on a create it labelled so
 TODO = (
     "ask your operator to add you to policy.engine_socket_binds, and create through the "

@@ -86,15 +86,6 @@ PLAIN = {
         "it is not allowed here",
         "remove --privileged, and add with --cap-add only what the container really needs",
     ),
-    "HostConfig.PidMode": (
-        "a container that can trace the host's processes is root on the host, so it is "
-        "not allowed here",
-        "drop --cap-add SYS_PTRACE (or ALL), or do not share the host's PID namespace (--pid host)",
-    ),
-    "HostConfig.CapAdd": (
-        "a container with that capability is root on the host, so it is not allowed here",
-        "drop --cap-add DAC_READ_SEARCH, SYS_MODULE, SYS_RAWIO and ALL",
-    ),
 }
 SHIM_INSTEAD = "ask for GPUs with --gpus N (or a Compose device reservation) instead"
 
@@ -271,7 +262,11 @@ def grants_of_create(spec: Mapping[str, Any], facts: Facts) -> Access | Deny:
 
 
 def _refusal_text(refused: Sequence[Grant], instead: str) -> str:
-    """Plain words first (`PLAIN`), then the field and its detail, then what to do."""
+    """Plain words first (`PLAIN`), then the field and its detail, then what to do.  A
+    power outside the allow-list says all that itself (`powers`), and comes first."""
+    powers = [g for g in refused if g.power]
+    if powers:
+        return "gpu-alloc refused the container create: " + "; ".join(g.describe() for g in powers)
     plain = [PLAIN[g.field] for g in refused if g.field in PLAIN]
     what = "; ".join(g.describe() for g in refused)
     if plain:

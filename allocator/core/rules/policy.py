@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from allocator.core.access.power_grants import NO_GRANTS, PowerGrants
 from allocator.core.api import labels, numbers, signals
 from allocator.core.judging.socket_binds import NOBODY_BINDS, Binders
 from allocator.core.machine.inventory import GPU, Inventory
@@ -90,6 +91,14 @@ class Rules:
     sharing: tuple[Sharing, ...] = ()
     # policy.engine_socket_binds: who may bind the Engine's socket (core/judging/socket_binds.py)
     engine_socket_binds: Binders = NOBODY_BINDS
+    # policy.powers: who holds which power outside the allow-list (core/access/powers.py)
+    powers: PowerGrants = NO_GRANTS
+
+    @property
+    def grants_owners(self) -> bool:
+        """The policy trusts some owner with more than others (the Engine's socket, a
+        power): creates then carry their owner, and starts are judged by it."""
+        return bool(self.engine_socket_binds or self.powers)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,50 @@
+"""``policy.powers`` as the config file writes it: the powers outside the allow-list
+(allocator/core/access/powers.py) the operator grants to named users and groups::
+
+    powers:
+      SYS_ADMIN: {users: [alice], groups: [fuse-users]}
+      pid-host: {groups: [profilers]}
+
+A power is a capability's name (as dockerd normalises it: upper case, no ``CAP_``) or
+one of the keys a refusal names (``pid-host``, ``sysctls``, ``devices``, ...); an unknown
+one is an error, so a typo grants nothing silently.  Without the key, nobody holds any.
+Errors are `config_times.KeyProblem`s: the dotted key, and why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from allocator.core.access import powers
+from allocator.core.access.power_grants import NO_GRANTS, PowerGrants
+from allocator.core.judging.socket_binds import Binders
+from allocator.host.config_times import KeyProblem
+
+KEY = powers.KEY
+
+
+def power_grants(policy: dict[str, Any]) -> PowerGrants:
+    """Who the key names for each power (empty: the allow-list alone)."""
+    raw = policy.get("powers")
+    if raw is None:
+        return NO_GRANTS
+    if not isinstance(raw, dict):
+        raise KeyProblem(KEY, "must be a mapping of powers to {users: [...], groups: [...]}")
+    found = {}
+    for power, holders in raw.items():
+        key = f"{KEY}.{power}"
+        if str(power) not in powers.GRANTABLE:
+            raise KeyProblem(key, f"unknown power (known: {', '.join(sorted(powers.GRANTABLE))})")
+        if not isinstance(holders, dict):
+            raise KeyProblem(key, "must be a mapping with users and/or groups (lists of names)")
+        unknown = sorted(set(map(str, holders)) - {"users", "groups"})
+        if unknown:
+            raise KeyProblem(f"{key}.{unknown[0]}", "unknown key (users and groups are known)")
+        lists: dict[str, tuple[str, ...]] = {}
+        for name in ("users", "groups"):
+            value = holders.get(name) or []
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise KeyProblem(f"{key}.{name}", "must be a list of names")
+            lists[name] = tuple(value)
+        found[str(power)] = Binders(lists["users"], lists["groups"])
+    return PowerGrants(found)

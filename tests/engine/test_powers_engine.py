@@ -1,0 +1,151 @@
+"""The allow-list of container powers on a real dockerd (allocator/core/access/powers.py):
+each power that once let a container be root on the host (or stop the daemons that keep
+GPUs exclusive) refused on dockerd's own socket and the shim's, ordinary use beside it
+created as before, and a power ``policy.powers`` grants let through for its owner alone,
+through the shim.  Each refusal is checked with the Engine's own answer: nothing created.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+from collections.abc import Iterator
+
+import pytest
+
+from allocator.host import apparmor
+from tests.support import clients, engine, engine_root, host_users
+from tests.support.faults import IMAGE, real
+
+SOCKETS = ["engine_sock", "shim_sock"]
+# NGC's --ulimit memlock=-1 is more than this host lets runc set: its own limit starts.
+MEMLOCK = f"memlock={resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]}"
+GRANTED, NOT_NAMED = engine_root.host_user("ga41p-ann"), engine_root.host_user("ga41p-bob")
+
+
+def make_stack() -> engine.Stack:
+    grants = {name: {"users": [GRANTED]} for name in ("SYS_TIME", "SYS_ADMIN", "pid-host")}
+    return engine.Stack(gpus=2, policy={"exempt": [], "powers": grants})
+
+
+def create(stack, sock: str, *args: str, user: str | None = None):
+    return clients.docker_cli(getattr(stack, sock), "create", *args, IMAGE, "true", user=user)
+
+
+# The issue's attacks, admitted before the allow-list, and the old root powers.
+REFUSED = {
+    "SYS_TIME (the host's clock)": (["--cap-add", "SYS_TIME"], "policy.powers: {SYS_TIME:"),
+    "pid host alone (stop the daemons)": (["--pid", "host"], "policy.powers: {pid-host:"),
+    "systempaths=unconfined (core_pattern)": (
+        ["--security-opt", "systempaths=unconfined"],
+        "policy.powers: {systempaths-unconfined:",
+    ),
+    "SYS_ADMIN (devices cgroup)": (["--cap-add", "SYS_ADMIN"], "policy.powers: {SYS_ADMIN:"),
+    "seccomp=unconfined": (["--security-opt", "seccomp=unconfined"], "seccomp-unconfined"),
+    "apparmor=unconfined": (["--security-opt", "apparmor=unconfined"], "apparmor-unconfined"),
+    "userns host": (["--userns", "host"], "userns-host"),
+    "uts host": (["--uts", "host"], "uts-host"),
+    "unsafe sysctl": (["--sysctl", "kernel.msgmax=1", "--ipc", "host"], "sysctls"),
+    "oom score below 0": (["--oom-score-adj", "-500"], "oom-score-adj"),
+    "block device rule": (["--device-cgroup-rule", "b 7:* rwm"], "policy.powers: {devices:"),
+    "pid host + SYS_PTRACE": (["--pid", "host", "--cap-add", "sys_ptrace"], "SYS_PTRACE"),
+    "DAC_READ_SEARCH": (["--cap-add", "CAP_DAC_READ_SEARCH"], "DAC_READ_SEARCH"),
+    "ALL, one dropped": (["--cap-add", "ALL", "--cap-drop", "SYS_ADMIN"], "{ALL:"),
+}
+
+
+@pytest.mark.parametrize("sock", SOCKETS)
+@pytest.mark.parametrize(("args", "said"), REFUSED.values(), ids=REFUSED.keys())
+def test_a_power_outside_the_allow_list_is_refused_naming_its_grant(stack, sock, args, said):
+    out = create(stack, sock, *args)
+    assert out.returncode != 0, out.stdout
+    assert "gpu-alloc refused the container create" in out.stderr and said in out.stderr, out.stderr
+    assert not engine.engine_api(stack.engine_sock).containers(all=True)
+
+
+ORDINARY = {
+    "plain": [],
+    "ipc host, NGC's ulimits and shm": ["--ipc", "host", "--ulimit", MEMLOCK,
+                                        "--ulimit", "stack=67108864", "--shm-size", "1g"],
+    "network host": ["--network", "host"],
+    "ML capabilities": ["--cap-add", "SYS_NICE", "--cap-add", "IPC_LOCK",
+                        "--cap-add", "SYS_PTRACE", "--cap-add", "NET_ADMIN"],
+    "drops": ["--cap-drop", "ALL", "--cap-add", "CHOWN"],
+    "no-new-privileges": ["--security-opt", "no-new-privileges"],
+    "safe sysctls": ["--sysctl", "net.ipv4.ip_local_port_range=1024 65000",
+                     "--sysctl", "kernel.shmmax=68719476736"],
+    "init, read-only root, tmpfs": ["--init", "--read-only", "--tmpfs", "/scratch"],
+    "fuse device": ["--device", "/dev/fuse"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("sock", SOCKETS)
+@pytest.mark.parametrize("args", ORDINARY.values(), ids=ORDINARY.keys())
+def test_ordinary_containers_are_created_and_started_as_before(stack, sock, args):
+    out = create(stack, sock, *args)
+    assert out.returncode == 0, out.stderr
+    started = clients.docker_cli(getattr(stack, sock), "start", "-a", out.stdout.strip())
+    assert started.returncode == 0, started.stderr
+
+
+@pytest.mark.parametrize("sock", SOCKETS)
+def test_ngcs_unlimited_memlock_is_created_as_before(stack, sock):
+    out = create(stack, sock, "--ulimit", "memlock=-1", "--ulimit", "stack=67108864")
+    assert out.returncode == 0, out.stderr
+
+
+def test_ipc_host_beside_whole_gpus_through_the_shim(stack):
+    out = clients.docker_cli(stack.shim_sock, "run", "--rm", "--gpus", "1", "--ipc", "host",
+                             "--ulimit", MEMLOCK, IMAGE, "true")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.fixture(scope="module")
+def owners(stack) -> Iterator[None]:
+    with host_users.present(GRANTED, NOT_NAMED):
+        host_users.open_shim(stack)
+        yield
+
+
+def test_a_granted_power_is_its_owners_through_the_shim_and_started_by_them(stack, owners):
+    out = create(stack, "shim_sock", "--cap-add", "SYS_TIME", user=GRANTED)
+    assert out.returncode == 0, out.stderr
+    cid = out.stdout.strip()
+    started = clients.docker_cli(stack.shim_sock, "start", "-a", cid, user=GRANTED)
+    assert started.returncode == 0, started.stderr
+    again = clients.docker_cli(stack.engine_sock, "start", "-a", cid)  # the recorded owner's
+    assert again.returncode == 0, again.stderr
+
+
+def test_a_granted_power_is_nobody_elses_and_not_on_dockerds_socket(stack, owners):
+    other = create(stack, "shim_sock", "--cap-add", "SYS_TIME", user=NOT_NAMED)
+    assert other.returncode != 0 and "policy.powers: {SYS_TIME:" in other.stderr, other.stderr
+    api = engine.engine_api(stack.engine_sock)
+    body = {"Image": IMAGE, "Cmd": ["true"], "Labels": {"io.gpu-alloc.engine-socket": GRANTED},
+            "HostConfig": {"CapAdd": ["SYS_TIME"]}}  # fmt: skip
+    answer = api.post(api._url("/containers/create"), data=json.dumps(body),
+                      headers={"Content-Type": "application/json"})  # fmt: skip
+    assert answer.status_code == 403, answer.text  # the owner's label, copied: forged
+    assert not api.containers(all=True)
+
+
+@pytest.mark.parametrize("sock", SOCKETS)
+def test_joining_the_pid_namespace_of_a_container_in_the_hosts_is_refused(stack, owners, sock):
+    """``--pid container:X``: what X holds, the joiner holds (core/access/joined.py), X's
+    power over the host included, whoever was granted it for X."""
+    hop = create(stack, "shim_sock", "--pid", "host", user=GRANTED)
+    assert hop.returncode == 0, hop.stderr
+    out = create(stack, sock, "--pid", f"container:{hop.stdout.strip()}")
+    assert out.returncode != 0 and "--pid host sees and signals" in out.stderr, out.stderr
+    plain = real(stack, "create", IMAGE, "true")
+    joined = create(stack, sock, "--pid", f"container:{plain.stdout.strip()}")
+    assert joined.returncode == 0, joined.stderr
+
+
+def test_a_granted_sys_admin_needs_apparmor_on_the_host(stack, owners):
+    """This host runs no AppArmor: nothing would keep SYS_ADMIN's mounts from the devices
+    cgroup, so even its owner is refused it."""
+    if apparmor.loaded():
+        pytest.skip("AppArmor is loaded here: the grant would hold")
+    out = create(stack, "shim_sock", "--cap-add", "SYS_ADMIN", user=GRANTED)
+    assert out.returncode != 0 and "AppArmor" in out.stderr, out.stderr
