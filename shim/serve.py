@@ -77,6 +77,7 @@ def background(
     mps           the MPS daemons of shared GPUs, level-triggered (`Mps.keep_level`)
     sampler       GPU use, for the idle mark, the samples and the counters
     metrics       the metrics and dashboard listener (with ``metrics.listen``)
+    notify        the notices' outbox, sent to webhooks and mail (with ``notify:``)
     health        the GPU health watcher (added by `allocator.host.watcher.watch`)
     ============  ==============================================================
     """
@@ -95,6 +96,8 @@ def background(
     work.add("sampler", lambda stop: metrics_server.sample_forever(live, every, stop, samples))
     if metrics is not None:
         work.add("metrics", lambda stop: _serve_metrics(metrics, stop))
+    if config.notify.on:
+        work.add("notify", allocator.notifier.run, allocator.notifier.wake.set)
     return work
 
 

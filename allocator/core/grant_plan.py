@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from allocator.core.api.signals import Signal
 from allocator.core.judging.ask import Ask
 from allocator.core.leases.clock import Mark
 from allocator.core.leases.holders import Holder
@@ -43,8 +44,8 @@ from allocator.core.placement import POLICIES, Policy, Shortage, place, shares, 
 from allocator.core.rules import policy, sharing
 from allocator.core.rules.policy import NOBODY, Invalid, Owner, Refusal, Rules, Wanted
 from allocator.core.rules.sharing import ShareAsk, fraction
+from allocator.core.timing import checkpoint, timelimits
 from allocator.core.timing import reservations as rsv
-from allocator.core.timing import timelimits
 
 _ELSEWHERE = Holder(None, "", "left free: the holder's own reserved GPUs answer it")
 
@@ -98,7 +99,7 @@ class Plan:
     """A grant decided: what the lease records.  ``share_*``: ``share_slots`` of the GPU's
     ``share_of`` shares, run as ``share_user`` (0 of 0: the GPUs whole);
     ``predecessor``: (lease id, current name) of the Compose predecessor whose GPUs this
-    lease takes over."""
+    lease takes over; ``signal``: its checkpoint signal (allocator/core/timing/checkpoint.py)."""
 
     gpus: tuple[str, ...]
     pool: str | None
@@ -110,6 +111,7 @@ class Plan:
     share_of: int = 0
     share_user: str = ""
     predecessor: tuple[str, str] | None = None
+    signal: Signal | None = None
 
 
 Scope = tuple[Inventory, str | None]
@@ -156,6 +158,8 @@ def plan(
     if isinstance(got, Shortage):
         reserved = _reserved(held, owner, limit, host)
         return replace(got, usable=usable(req.ask, inventory, reserved, host.unhealthy, host.mig))
+    if isinstance(got, Plan):
+        return replace(got, signal=checkpoint.signal_for(host.rules, owner, pool, req.want.signal))
     return got
 
 
@@ -240,6 +244,8 @@ def record(
         share_of=planned.share_of,
         share_user=planned.share_user,
     )
+    if planned.signal is not None:
+        lease = replace(lease, signal=planned.signal.name, signal_lead=planned.signal.lead)
     state.leases[lease.id] = lease
     old = None
     if planned.predecessor is not None:

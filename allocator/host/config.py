@@ -24,6 +24,7 @@ from allocator.core.machine.inventory import MigPolicy
 from allocator.core.rules.policy import Pool, Rules, Ulimit, parse_size
 from allocator.host import (
     config_keys,
+    config_notify,
     config_powers,
     config_sharing,
     config_socket_binds,
@@ -103,6 +104,7 @@ class Config:
     health: HealthConfig = field(default_factory=HealthConfig)
     swarm: SwarmConfig = field(default_factory=SwarmConfig)
     mps: config_sharing.MpsConfig = field(default_factory=config_sharing.MpsConfig)
+    notify: config_notify.NotifyConfig = field(default_factory=config_notify.NotifyConfig)
     state_dir: str = "/var/lib/gpu-alloc"
     gpus: str = "nvml"
     sysfs: str = "/sys"  # where the CPU topology is read; tests point it at a fake tree
@@ -138,6 +140,7 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "fair_share": dict,
         "time_limit": dict,
         "reclaim_idle_after": (int, float, str, type(None)),
+        "signal": dict,  # host/config_times.py
         "sharing": (list, dict, type(None)),  # core/rules/sharing.py, host/config_sharing.py
         "engine_socket_binds": (dict, type(None)),  # host/config_socket_binds.py
         "powers": (dict, type(None)),  # host/config_powers.py
@@ -151,6 +154,7 @@ _SECTIONS: dict[str, dict[str, type | tuple[type, ...]]] = {
     },
     "swarm": swarm_config.KEYS,
     "mps": config_sharing.MPS_KEYS,
+    "notify": config_notify.KEYS,
 }
 # The policy keys that make its `Rules`: every one but `PolicyConfig`'s own fields.
 _RULE_KEYS = tuple(k for k in _SECTIONS["policy"] if k not in PolicyConfig.__dataclass_fields__)
@@ -281,6 +285,9 @@ def _build(data: dict[str, Any], path: str) -> Config:
     swarm = swarm_config.parse(sections["swarm"])
     if isinstance(swarm, tuple):
         raise _fail(path, *swarm)
+    notify = config_notify.parse(sections["notify"])
+    if isinstance(notify, tuple):
+        raise _fail(path, *notify)
     gpus = data.get("gpus", "nvml")
     if gpus != "nvml" and not gpus.startswith("/"):
         gpus = str((Path(path).parent / gpus).resolve())
@@ -296,6 +303,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
         health=HealthConfig(**health),
         swarm=swarm,
         mps=config_sharing.MpsConfig(**sections["mps"]),
+        notify=notify,
         state_dir=data.get("state_dir", Config.state_dir),
         gpus=gpus,
         sysfs=data.get("sysfs", Config.sysfs),

@@ -1,13 +1,14 @@
 """The policy's durations as the config file writes them, and its time keys:
-``policy.time_limit`` and ``policy.reclaim_idle_after`` (allocator/core/timing/timelimits.py,
-allocator/core/timing/reclaim.py)."""
+``policy.time_limit``, ``policy.reclaim_idle_after`` and ``policy.signal``
+(allocator/core/timing/timelimits.py, allocator/core/timing/reclaim.py,
+allocator/core/timing/checkpoint.py)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from allocator.core.api import numbers
+from allocator.core.api import numbers, signals
 from allocator.host import config_keys
 
 TIME_LIMIT_KEYS = ("default", "pools", "users", "groups")
@@ -41,7 +42,8 @@ def duration(key: str, value: Any) -> float | None:
 
 
 def time_rules(policy: dict[str, Any]) -> dict[str, Any]:
-    """The `Rules` fields of ``policy.time_limit`` and ``policy.reclaim_idle_after``."""
+    """The `Rules` fields of ``policy.time_limit``, ``policy.reclaim_idle_after`` and
+    ``policy.signal``."""
     limits = _mapping("policy.time_limit", policy.get("time_limit"), TIME_LIMIT_KEYS)
     named = {
         kind: {
@@ -50,11 +52,9 @@ def time_rules(policy: dict[str, Any]) -> dict[str, Any]:
         }
         for kind in ("pools", "users", "groups")
     }
-    pools = policy.get("pools") or {}
-    for name in named["pools"]:
-        if name not in pools:
-            raise KeyProblem(f"policy.time_limit.pools.{name}", f"no pool '{name}' in policy.pools")
+    _known_pools("policy.time_limit", named["pools"], policy)
     return {
+        **_signal_rules(policy),
         "time_default": duration("policy.time_limit.default", limits.get("default")),
         "time_pools": named["pools"],
         "time_users": named["users"],
@@ -63,6 +63,43 @@ def time_rules(policy: dict[str, Any]) -> dict[str, Any]:
             "policy.reclaim_idle_after", policy.get("reclaim_idle_after")
         ),
     }
+
+
+def _signal_rules(policy: dict[str, Any]) -> dict[str, Any]:
+    """``policy.signal``, keyed as ``policy.time_limit``: each value a signal and its lead,
+    such as ``USR1@5m`` (allocator/core/api/signals.py)."""
+    rules = _mapping("policy.signal", policy.get("signal"), TIME_LIMIT_KEYS)
+    named = {
+        kind: {
+            str(name): _signal(f"policy.signal.{kind}.{name}", value)
+            for name, value in _mapping(f"policy.signal.{kind}", rules.get(kind)).items()
+        }
+        for kind in ("pools", "users", "groups")
+    }
+    _known_pools("policy.signal", named["pools"], policy)
+    default = rules.get("default")
+    return {
+        "signal_default": None if default is None else _signal("policy.signal.default", default),
+        "signal_pools": named["pools"],
+        "signal_users": named["users"],
+        "signal_groups": named["groups"],
+    }
+
+
+def _signal(key: str, value: Any) -> signals.Signal:
+    if not isinstance(value, str | int) or isinstance(value, bool):
+        raise KeyProblem(key, f"expected {signals.EXPECTED}, got {value!r}")
+    try:
+        return signals.parse(value)
+    except ValueError as e:
+        raise KeyProblem(key, str(e)) from None
+
+
+def _known_pools(key: str, named: dict[str, Any], policy: dict[str, Any]) -> None:
+    pools = policy.get("pools") or {}
+    for name in named:
+        if name not in pools:
+            raise KeyProblem(f"{key}.pools.{name}", f"no pool '{name}' in policy.pools")
 
 
 def _required(key: str, value: Any) -> float:

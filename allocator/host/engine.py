@@ -85,6 +85,12 @@ class Engine:
             f"stop {container}", target, None, self.timeout + (10 if grace is None else grace)
         )
 
+    def kill(self, container: str, signal: str) -> None:
+        """POST /containers/ID/kill?signal=..., as ``docker kill --signal``: the signal to
+        its main process, without waiting; an error (409) when it is not running."""
+        target = f"/containers/{quote(container, safe='')}/kill?signal={quote(signal, safe='')}"
+        self._post(f"kill {container}", target, None, self.timeout)
+
     def image(self, name: str) -> dict[str, Any] | None:
         return self._get(f"inspect image {name}", f"/images/{quote(name, safe='/:@')}/json")
 

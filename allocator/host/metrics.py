@@ -75,9 +75,23 @@ def enable(state_dir: str) -> str:
             stops=Counter(
                 "gpu_alloc_stops", "GPU containers gpu-alloc stopped, by why", ["reason"]
             ),
+            outbox=Gauge(
+                "gpu_alloc_notices_outbox",
+                "Notices waiting in the outbox to be sent",
+                multiprocess_mode="livemax",
+            ),
+            notice_failures=Counter(
+                "gpu_alloc_notice_failures", "Notice sends that failed, by sink", ["sink"]
+            ),
+            signals=Counter(
+                "gpu_alloc_signals",
+                "Checkpoint signals gpu-alloc sent GPU containers, by the stop to come",
+                ["reason"],
+            ),
         )
         for reason in STOPS:
             _instruments["stops"].labels(reason)
+            _instruments["signals"].labels(reason)
         for outcome in OUTCOMES:  # every outcome is scraped, 0 until it happens
             _instruments["requests"].labels(outcome)
     return path
@@ -129,3 +143,18 @@ def gpu_seconds(owner: str, pool: str, held: float, used: float | None) -> None:
 def stopped(reason: str) -> None:
     if _instruments:
         _instruments["stops"].labels(reason).inc()
+
+
+def signalled(reason: str) -> None:
+    """A checkpoint signal sent before a stop for ``reason`` (one of `STOPS`)."""
+    if _instruments:
+        _instruments["signals"].labels(reason).inc()
+
+
+def outbox(waiting: int, failed: dict[str, int]) -> None:
+    """The notices' outbox after a round of sends: how many wait, and the sends that
+    failed in it, by sink."""
+    if _instruments:
+        _instruments["outbox"].set(waiting)
+        for sink, n in failed.items():
+            _instruments["notice_failures"].labels(sink).inc(n)

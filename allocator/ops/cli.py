@@ -22,7 +22,7 @@ from allocator.host import config as configmod
 from allocator.host.config import Config, ConfigError
 from allocator.host.devices import source_for
 from allocator.host.engine import EngineError
-from allocator.ops import report, reserve
+from allocator.ops import notify, report, reserve
 from allocator.service import gather
 from allocator.service.wiring import Allocator, connect
 
@@ -158,6 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("gpu")
     hl.set_defaults(func=cmd_health)
     reserve.register(add)
+    notify.register(add)
     add("doctor", "check the host end to end and say what to fix").set_defaults(func=cmd_doctor)
     sw = add("swarm", "give this node's swarm.gpus to Docker Swarm").add_subparsers(
         dest="action", required=True

@@ -31,7 +31,7 @@ from allocator.host.devices import source_for
 from allocator.host.engine import Engine, EngineError
 from allocator.host.health import HealthFile
 from allocator.host.ledger import Ledger
-from allocator.ops import authz_doctor, engine_doctor, sharing_doctor, swarm_doctor
+from allocator.ops import authz_doctor, engine_doctor, notify, sharing_doctor, swarm_doctor
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -338,6 +338,10 @@ def check_sharing(cfg: Config) -> Line:
     return Line(*sharing_doctor.check(cfg))
 
 
+def check_notify(cfg: Config) -> Line:
+    return Line(*notify.check(cfg))
+
+
 CHECKS: tuple[Callable[[Config], Line], ...] = (
     check_inventory,
     check_pools,
@@ -354,6 +358,7 @@ CHECKS: tuple[Callable[[Config], Line], ...] = (
     check_health,
     check_swarm,
     check_sharing,
+    check_notify,
     check_clock,
     check_context,
 )

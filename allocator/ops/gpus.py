@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from allocator.service.views.wire import encode as render_json
@@ -17,8 +18,14 @@ def _gib(v: int | None) -> str:
     return "-" if v is None else f"{v / 2**30:.1f}"
 
 
+def _clock(stamp: float) -> str:
+    """A time of day, UTC, as a signal's is shown: it is hours before the stop at most."""
+    return datetime.fromtimestamp(stamp, UTC).strftime("%H:%M:%SZ")
+
+
 def describe(g: dict[str, Any]) -> str:
-    """The STATE column: the state, then whether it is still held, idle or stopped."""
+    """The STATE column: the state, then whether it is still held, idle, stopped or sent
+    its checkpoint signal."""
     extra = []
     if g["state"] in ("unhealthy", "departed") and g["holder"]:
         extra.append("held")
@@ -28,6 +35,8 @@ def describe(g: dict[str, Any]) -> str:
         extra.append("idle")
     elif g["holder"] and g.get("use") == "unknown":
         extra.append("use unknown")  # never idle, never reclaimed
+    if g.get("signalled_at"):
+        extra.append(f"signalled at {_clock(g['signalled_at'])}")
     return g["state"] + (f" ({', '.join(extra)})" if extra else "")
 
 

@@ -16,7 +16,8 @@ __all__ = ["render_json", "render_table"]
 
 def render_table(snap: dict[str, Any]) -> str:
     """One line per holder, then the free GPUs; fits in `WIDTH` columns.  STATE says the
-    time left of a lease with a time limit (policy.time_limit)."""
+    time left of a lease with a time limit (policy.time_limit); a line below says when a
+    container was sent its checkpoint signal."""
     rows = [("GPUS", "OWNER", "CONTAINER", "STATE", "AGE", "POOL")]
     for h in snap.get("holders") or ():
         gpus = ",".join([*map(str, sorted(h["gpus"])), *h.get("slices", ())]) or "-"
@@ -42,6 +43,12 @@ def render_table(snap: dict[str, Any]) -> str:
     )
     if busy:
         lines.append(f"busy with host processes: GPU {','.join(busy)}")
+    for h in snap.get("holders") or ():
+        if h.get("signalled_at"):
+            lines.append(
+                f"signalled: {h['name'] or h['container'][:12]} was sent {h['signal']} at "
+                f"{h['signalled_at']}, {ago(h['signal_lead_s'])} before its stop"
+            )
     unread = [str(g["index"]) for g in snap["gpus"] if g["holder"] and g.get("use") == "unknown"]
     if unread:
         lines.append(

@@ -10,7 +10,7 @@ its audit line, then the ``listeners`` (the shim's waiting line wakes up).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypedDict, Unpack
+from typing import Any, TypedDict, Unpack
 
 from allocator.core.leases import clock, events
 from allocator.core.leases.leases import Lease
@@ -49,6 +49,8 @@ class Recorder:
         self.held = held
         # Called (from any thread) after a lease ends here: the shim's queue wakes up.
         self.listeners: list[Callable[[], None]] = []
+        # Called with each audit record once written: the notifier (service/notifier.py).
+        self.heard: list[Callable[[dict[str, Any]], None]] = []
 
     def record(self, kind: str, lease: Lease | None = None, **fields: Unpack[AuditFields]) -> None:
         """One audit line for a decision already applied (never under the ledger lock)."""
@@ -70,9 +72,10 @@ class Recorder:
             except InventoryError:  # the record matters more than the index
                 indices = {}
         lease_id = lease.id if lease is not None else None
-        self.audit.write(
-            events.record(kind, ledger.now(), indices=indices, lease=lease_id, **fields)
-        )
+        record = events.record(kind, ledger.now(), indices=indices, lease=lease_id, **fields)
+        self.audit.write(record)
+        for hear in self.heard:
+            hear(record)
 
     def refused(
         self,

@@ -1,6 +1,8 @@
 """The timekeeper: the shim's thread that stops GPU containers past their time limit
 (allocator/core/timing/timelimits.py) and, with ``policy.reclaim_idle_after``, idle ones
-(allocator/core/timing/reclaim.py).
+(allocator/core/timing/reclaim.py), each sent its checkpoint signal first when its lease
+has one (allocator/core/timing/checkpoint.py); without one its owner is told at 80 % and
+90 % of the limit, and at 80 % of the idle time (allocator/service/notifier.py).
 
 Each look reads the ledger; only while a lease has a time limit, or idle reclaim is
 on, does it list gpu-alloc's containers (one Engine call); a paused one counts as
@@ -13,7 +15,9 @@ to stop has its restart policy turned off first (dockerd would start it again by
 itself at its next start), then gets the Engine's own stop: its stop signal, then
 SIGKILL after its ``StopTimeout`` (10 s by default, at most 30 s: `timelimits.grace`).
 Each stop is audited (``time-limit``, ``idle-reclaim``) and counted
-(``gpu_alloc_stops_total``); the container keeps its lease, which then ends by
+(``gpu_alloc_stops_total``), each signal too (``signal``, ``gpu_alloc_signals_total``),
+and recorded in the lease once sent (`Lease.signalled`), so none is sent twice; the
+container keeps its lease, which then ends by
 ``policy.release_stopped_after`` or its removal, as any stopped container's.  Stops
 run on threads of their own, so a long grace period holds up no other container's.
 Each look's clock reading also goes to the clock watch (allocator/service/clockwatch.py).
@@ -31,7 +35,7 @@ from allocator.core.leases.clock import Now
 from allocator.core.leases.leases import Lease
 from allocator.core.machine import usage as usage_core
 from allocator.core.machine.inventory import InventoryError
-from allocator.core.timing import reclaim, timelimits
+from allocator.core.timing import checkpoint, reclaim, timelimits
 from allocator.host import clock as hostclock
 from allocator.host import metrics, usage
 from allocator.host.config import Config
@@ -40,10 +44,12 @@ from allocator.host.ledger import Ledger
 from allocator.service.background import Background
 from allocator.service.clockwatch import ClockWatch
 from allocator.service.gather import Gatherer
+from allocator.service.notifier import Notifier
 from allocator.service.recorder import Recorder
 
 log = logging.getLogger("gpu-alloc.timekeeper")
 TIME_LIMIT, IDLE = "time-limit", "idle-reclaim"  # audit kinds, and the metric's reasons
+SIGNAL = "signal"  # the audit kind of a checkpoint signal
 
 
 class Timekeeper:
@@ -59,8 +65,10 @@ class Timekeeper:
         gather: Gatherer,
         recorder: Recorder,
         background: Background,
+        notifier: Notifier,
     ) -> None:
         self.config = config
+        self.notifier = notifier
         self.background = background
         self.engine = engine
         self.ledger = ledger
@@ -98,11 +106,23 @@ class Timekeeper:
             leases = timelimits.live(self.ledger.read().leases.values())
         for le in timelimits.overdue(leases, running, now):
             self._stop_later(le, TIME_LIMIT, timelimits.reason(le))
+        for le in checkpoint.before_limit(leases, running, now):
+            self._signal(le, TIME_LIMIT, "time limit", now)
+        for le, share in checkpoint.time_warnings(leases, running, now):
+            self.notifier.time_warning(le, share)
         after = rules.reclaim_idle_after
         if after is not None:
-            for le in self._idle(leases, running, now, after):
+            idle = self._idle(leases, running, now, after)
+            warn, stop = checkpoint.before_reclaim(idle, now, after)
+            for le, idled in checkpoint.idle_warnings(idle, after):
+                self.notifier.idle_warning(le, round(now.wall - idled), after)
+            for le in warn:
+                self._signal(le, IDLE, "idle reclaim", now)
+            for le in stop:
                 self._stop_later(le, IDLE, reclaim.reason(after))
-        return timelimits.next_check(leases, now, after)
+        wait = timelimits.next_check(leases, now, after)
+        soon = checkpoint.next_signal(leases, now)
+        return wait if soon is None else max(timelimits.CHECK_MIN, min(wait, soon))
 
     def _start_clocks(self, leases: Sequence[Lease], now: Now) -> None:
         """Each lease's clock from its container's first start, as the Engine says it,
@@ -125,9 +145,11 @@ class Timekeeper:
                 for lease_id, (cid, stamp) in found.items():
                     state.start_clock(lease_id, cid, stamp.wall, stamp.mark)
 
-    def _idle(self, leases: list[Lease], running: set[str], now: Now, after: float) -> list[Lease]:
-        """The running containers idle for ``after``, their last start counted (one
-        inspect each, of the few that look idle)."""
+    def _idle(
+        self, leases: list[Lease], running: set[str], now: Now, after: float
+    ) -> list[tuple[Lease, float]]:
+        """(lease, seconds idle) of the running containers idle long enough to signal or
+        stop, their last start counted (one inspect each, of the few that look idle)."""
         try:
             use = self.gather.devices.usage()
         except InventoryError:
@@ -139,15 +161,34 @@ class Timekeeper:
         maybe = reclaim.idle(leases, dict.fromkeys(running), *args)
         assert self.engine is not None or not maybe
         walls: dict[str, float] = {}
-        for le in maybe:
+        for le, _ in maybe:
             info = self.engine.inspect(str(le.container)) if self.engine else None
             stamp = go_time(((info or {}).get("State") or {}).get("StartedAt"))
             if stamp is not None:
                 walls[str(le.container)] = stamp
         kept = {c: s for c, s in self._starts.items() if c in running}
         self._starts = kept | clock.placed(kept, walls, now)
-        started = {str(le.container): self._starts.get(str(le.container)) for le in maybe}
-        return reclaim.idle(maybe, started, *args)
+        started = {str(le.container): self._starts.get(str(le.container)) for le, _ in maybe}
+        return reclaim.idle([le for le, _ in maybe], started, *args)
+
+    def _signal(self, lease: Lease, kind: str, before: str, now: Now) -> None:
+        """Send the lease's checkpoint signal, then record it in the lease as sent at the
+        look's ``now``: a look after a shim restart finds it sent.  One the Engine refused
+        (the container stopped since the look: a 409) is tried again at the next look
+        that finds it running."""
+        cid = str(lease.container)
+        assert self.engine is not None
+        why = checkpoint.reason(lease, before)
+        try:
+            self.engine.kill(cid, lease.signal)
+        except EngineError as e:
+            log.warning("could not signal container %s (%s): %s", lease.name, kind, e)
+            return
+        log.info("signalled container %s (lease %s): %s", lease.name, lease.id, why)
+        with self.ledger.transaction() as state:
+            state.signalled(lease.id, cid, now.wall, now.mark)
+        metrics.signalled(kind)
+        self.recorder.record(SIGNAL, lease, reason=why)
 
     def _stop_later(self, lease: Lease, kind: str, why: str) -> None:
         cid = str(lease.container)

@@ -29,6 +29,8 @@ Theory of operation
   too long (the shim runs it).
 - ``mps`` (`Mps`): the MPS control daemon of each shared GPU with shares out (the shim
   runs it).
+- ``notifier`` (`Notifier`): the notices the audit records make, kept in an outbox and
+  sent to the configured webhooks and mail (the shim runs its worker).
 - ``background`` (`Background`, allocator/service/background.py): every thread and pool the
   parts run, started, stopped and watched in one place (the shim starts it).
 
@@ -55,6 +57,7 @@ from allocator.service.leasebook import LeaseBook
 from allocator.service.lineup import Lineup
 from allocator.service.lookups import Lookups
 from allocator.service.mps import Mps
+from allocator.service.notifier import Notifier
 from allocator.service.placer import Placer
 from allocator.service.reconciler import Reconciler
 from allocator.service.recorder import Recorder
@@ -82,6 +85,10 @@ class Allocator:
         self.recorder = Recorder(self.audit, self.gather, self.held)
         self.health.listeners.append(self.recorder.health_turned)
         self.reservations = Reservations(config, self.ledger, self.gather, self.recorder)
+        self.notifier = Notifier(
+            config.notify, config.state_dir, self.ledger, self.gather, self.reservations
+        )
+        self.recorder.heard.append(self.notifier.heard)
         self.placer = Placer(config, self.gather, self.reservations)
         self.fair_share = FairShare(self.audit, self.held, self.background)
         self.line = Lineup(self.ledger, self.gather, self.placer, self.recorder, self.fair_share)
@@ -107,7 +114,7 @@ class Allocator:
             self.gather, self.recorder, self.book, self.lookups, self.background, config.mps.dir
         )
         self.timekeeper = Timekeeper(
-            config, engine, self.ledger, self.gather, self.recorder, self.background
+            config, engine, self.ledger, self.gather, self.recorder, self.background, self.notifier
         )
         self.mps = Mps(config, self.ledger, self.gather)
         self.intake = Intake(

@@ -1,4 +1,5 @@
-"""Time limits and idle reclaim on a real dockerd, with simulated GPU use.
+"""Time limits, idle reclaim and the checkpoint signal before either on a real dockerd, with
+simulated GPU use.
 
 One stack: root is not exempt, a GPU container may run an hour, one whose GPUs sit
 unused for 2 s is stopped, and a stopped one loses its lease after 3 s.  Every GPU
@@ -248,3 +249,78 @@ def test_a_busy_container_and_an_exempt_owners_idle_one_keep_running(stack):
         e["container"] != busy for e in audited(stack, "idle-reclaim")
     )
     assert shim(stack, "rm", "-f", "busy").returncode == 0
+
+
+# PID 1 traps the checkpoint signal (USR1) and its own stop signal (USR2), saying each in
+# its log; it exits on USR2, so an exit code 0 says the stop was its own, not a SIGKILL.
+TRAPPING = (
+    'trap "echo got USR1" USR1; trap "echo got USR2; exit 0" USR2; echo ready; '
+    "while :; do sleep 0.1; done"
+)
+
+
+def run_trapping(stack: engine.Stack, name: str, *labels: str) -> str:
+    args = [a for label in labels for a in ("--label", label)]
+    out = shim(stack, "run", "-d", "--name", name, "--stop-signal", "USR2", "--stop-timeout",
+               "5", "--gpus", "1", *args, IMAGE, "sh", "-c", TRAPPING)  # fmt: skip
+    assert out.returncode == 0, out.stderr + stack.logs()
+    return out.stdout.strip()
+
+
+def said(stack: engine.Stack, cid: str) -> list[str]:
+    """What the trapping container's shell said, in order (its log)."""
+    out = engine.docker_cli(stack.engine_sock, "logs", cid)
+    return [line for line in out.stdout.splitlines() if line]
+
+
+def said_within(stack: engine.Stack, cid: str, line: str, seconds: float) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while line not in (lines := said(stack, cid)):
+        assert time.monotonic() < deadline, (lines, stack.logs())
+        time.sleep(0.2)
+    return lines
+
+
+def test_the_checkpoint_signal_comes_before_the_time_limit_then_its_own_stop_signal(stack):
+    cid = run_trapping(stack, "checkpointed", "io.gpu-alloc.time=10s",
+                       "io.gpu-alloc.signal=USR1@3s")  # fmt: skip
+    assert stopped_within(stack, cid, 60) is not None, stack.logs()
+    assert said(stack, cid) == ["ready", "got USR1", "got USR2"]
+    ran = engine.engine_api(stack.engine_sock).inspect_container(cid)["State"]
+    assert ran["ExitCode"] == 0  # its own stop signal ended it, within its stop timeout
+    assert ran_for(ran) >= 10 - 0.1  # the signal did not stop it early, by dockerd's clock
+    signal = audited_once(stack, "signal", cid)
+    assert "sent SIGUSR1 3s before its time limit" in signal["reason"]
+    stop = audited_once(stack, "time-limit", cid)
+    assert events.parse_time(signal["time"]) < events.parse_time(stop["time"])
+    assert shim(stack, "rm", "checkpointed").returncode == 0
+
+
+def test_an_idle_container_is_signalled_before_reclaim_and_again_for_each_idle_stretch(stack):
+    """A lead longer than reclaim_idle_after (2 s): the signal comes as soon as it is idle,
+    and the stop only once its whole lead has passed, time enough to look and to use the
+    GPU again."""
+    cid = run_trapping(stack, "idler", "io.gpu-alloc.signal=USR1@8s")
+    uuid = visible_devices(stack, cid)
+    set_usage(stack, IDLE, only=uuid)
+    said_within(stack, cid, "got USR1", 30)
+    deadline = time.monotonic() + 30
+    while not (holder := lease_holder(stack, cid))["signalled_at"]:
+        assert time.monotonic() < deadline, stack.logs()
+        time.sleep(0.3)
+    assert (holder["signal"], holder["signal_lead_s"]) == ("SIGUSR1", 8)
+    assert "signalled: idler was sent SIGUSR1 at" in gpu_alloc(stack, "status").stdout
+    set_usage(stack, BUSY, only=uuid)  # it saved its work and goes on: not reclaimed
+    assert stopped_within(stack, cid, 12) is None, stack.logs()
+    set_usage(stack, IDLE, only=uuid)  # idle again: a new signal, then the stop
+    assert stopped_within(stack, cid, 60) is not None, stack.logs()
+    assert said(stack, cid) == ["ready", "got USR1", "got USR1", "got USR2"]
+    assert [e["container"] for e in audited(stack, "signal")].count(cid) == 2
+    assert "before its idle reclaim" in audited(stack, "signal")[-1]["reason"]
+    assert audited_once(stack, "idle-reclaim", cid)
+    assert shim(stack, "rm", "idler").returncode == 0
+
+
+def lease_holder(stack: engine.Stack, cid: str) -> dict[str, Any]:
+    [holder] = [h for h in status(stack, reconcile=False)["holders"] if h["container"] == cid]
+    return holder

@@ -34,6 +34,7 @@ class FakeEngine:
         self.by_id: dict[str, dict[str, Any]] = {}
         self.images: dict[str, dict[str, Any]] = {}
         self.updates: list[tuple[str, dict[str, Any]]] = []
+        self.kills: list[tuple[str, str]] = []  # (container, signal)
         self.calls: list[str] = []
         self.inspected: list[str] = []  # every reference `inspect` was asked, in order
         self.down = False
@@ -181,6 +182,10 @@ class FakeEngine:
     def update(self, container: str, config: dict[str, Any]) -> None:
         self._call("update")
         self.updates.append((container, config))
+
+    def kill(self, container: str, signal: str) -> None:
+        self._call("kill")
+        self.kills.append((container, signal))
 
     def image(self, name: str) -> dict[str, Any] | None:
         self._call("image")

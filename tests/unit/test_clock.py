@@ -12,7 +12,7 @@ from allocator.core.leases.leases import Lease, Phase, State, lease_json
 from allocator.core.leases.reconcile import apply, stopped_since
 from allocator.core.rules import policy
 from allocator.core.rules.policy import Rules
-from allocator.core.timing import reclaim, timelimits
+from allocator.core.timing import checkpoint, reclaim, timelimits
 
 HOUR = 3600.0
 BOOT = "5e1f-boot"
@@ -92,7 +92,9 @@ def test_idle_reclaim_counts_unused_time_on_the_boots_clock_from_the_last_use():
     assert clock.placed(used, {"GPU-0": T0 + 600}, later(900, wall_moved=HOUR)) == used
 
     def idle(now: Now) -> list[Lease]:
-        return reclaim.idle([lease], {"c-a": None}, {"GPU-0"}, set(), used, now, rules)
+        """The leases reclaim stops at ``now`` (found, then `checkpoint.before_reclaim`)."""
+        found = reclaim.idle([lease], {"c-a": None}, {"GPU-0"}, set(), used, now, rules)
+        return checkpoint.before_reclaim(found, now, HOUR)[1]
 
     assert idle(later(600 + HOUR - 1, wall_moved=2 * HOUR)) == []  # forward: not early
     assert idle(later(600 + HOUR, wall_moved=-2 * HOUR)) == [lease]  # back: not evaded

@@ -1,6 +1,6 @@
 """The Engine client's own HTTP: the event stream (taken only when the Engine answers 200,
 read line by line), the words of a call the Engine refused, and the POSTs (an update's
-JSON body, a stop already done)."""
+JSON body, a stop already done, a kill's signal)."""
 
 from __future__ import annotations
 
@@ -151,3 +151,15 @@ def test_a_refused_stop_is_an_error_with_the_engines_words(tmp_path):
     sock, _ = serve_recording(tmp_path, head + body)
     with pytest.raises(EngineError, match=r"stop abc failed: 500 cannot stop container"):
         Engine(sock).stop("abc")
+
+
+def test_a_kill_names_its_signal_quoted_and_one_to_a_stopped_container_is_an_error(tmp_path):
+    sock, got = serve_recording(tmp_path, b"HTTP/1.1 204 No Content\r\n\r\n")
+    Engine(sock).kill("abc", "SIGRTMIN+3")
+    assert got[0].startswith(b"POST /containers/abc/kill?signal=SIGRTMIN%2B3 HTTP/1.1")
+    body = b'{"message":"Container abc is not running"}'
+    head = b"HTTP/1.1 409 Conflict\r\nContent-Length: %d\r\n\r\n" % len(body)
+    (tmp_path / "again").mkdir()
+    sock, _ = serve_recording(tmp_path / "again", head + body)
+    with pytest.raises(EngineError, match=r"kill abc failed: 409 Container abc is not running"):
+        Engine(sock).kill("abc", "SIGUSR1")

@@ -19,6 +19,7 @@ from allocator.core.rules.policy import NOBODY, Invalid, Owner, Wanted
 from allocator.core.timing import timelimits
 from allocator.host import clock as hostclock
 from allocator.host import config as configmod
+from allocator.host.engine import EngineError
 from allocator.ops import doctor
 from allocator.service.placer import LeaseRequest
 from allocator.service.wiring import Allocator
@@ -46,7 +47,9 @@ class StoppingEngine(FakeEngine):
         self.stopped.set()
 
 
-def make(tmp_path: Path, policy: dict[str, Any], usage: dict | None = None) -> Allocator:
+def make(
+    tmp_path: Path, policy: dict[str, Any], usage: dict | None = None, **sections: Any
+) -> Allocator:
     tmp_path.mkdir(parents=True, exist_ok=True)
     gpus = sim.write_sim_gpus(tmp_path / "gpus.yaml", 2)
     if usage is not None:
@@ -55,7 +58,8 @@ def make(tmp_path: Path, policy: dict[str, Any], usage: dict | None = None) -> A
             e["usage"] = usage
         gpus.write_text(yaml.safe_dump(entries))
     cfg = {"state_dir": str(tmp_path / "state"), "gpus": str(gpus),
-           "engine": {"socket": str(tmp_path / "none.sock")}, "policy": policy}  # fmt: skip
+           "engine": {"socket": str(tmp_path / "none.sock")}, "policy": policy,
+           **sections}  # fmt: skip
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     alloc = Allocator(configmod.load(str(tmp_path / "config.yaml")), StoppingEngine())  # type: ignore[arg-type]
     alloc.ledger.ensure_dir()
@@ -227,6 +231,158 @@ def test_a_paused_idle_container_is_reclaimed(tmp_path):
     alloc.timekeeper.check(Now(time.time() + 5))
     fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
     assert fake.stopped.wait(10) and [c for c, _ in fake.stops] == [cid]
+
+
+SIGNALLED = {**POLICY, "signal": {"default": "USR1@5m"}}
+
+
+def test_the_checkpoint_signal_comes_its_lead_before_the_limit_once_then_the_stop(tmp_path):
+    alloc = make(tmp_path, SIGNALLED)
+    keeper = alloc.timekeeper
+    fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
+    lease_id, cid = running_job(alloc, Wanted(time=600))
+    lease = alloc.ledger.read().leases[lease_id]
+    assert (lease.signal, lease.signal_lead, lease.signalled) == ("SIGUSR1", 300, None)
+    assert keeper.check(Now(T0 + 10)) == timelimits.CHECK_MAX
+    assert keeper.check(Now(T0 + 295)) == 5 and fake.kills == []  # the next look at the signal
+    keeper.check(Now(T0 + 300))
+    assert fake.kills == [(cid, "SIGUSR1")]
+    assert alloc.ledger.read().leases[lease_id].signalled == T0 + 300
+    (line,) = audit(alloc, "signal")
+    assert line["container"] == cid and "SIGUSR1 5m before its time limit" in line["reason"]
+    keeper.check(Now(T0 + 400))
+    assert fake.kills == [(cid, "SIGUSR1")] and fake.stops == []  # sent once
+    keeper.check(Now(T0 + 600))
+    assert fake.stopped.wait(10) and fake.stops == [(cid, 10)]
+
+
+def test_a_signal_sent_before_a_shim_restart_is_not_sent_again(tmp_path):
+    alloc = make(tmp_path, SIGNALLED)
+    _, cid = running_job(alloc, Wanted(time=600))
+    alloc.timekeeper.check(Now(T0 + 10))
+    alloc.timekeeper.check(Now(T0 + 301))
+    again = Allocator(alloc.config, alloc.engine)  # the restarted shim reads the same ledger
+    again.timekeeper.check(Now(T0 + 302))
+    assert alloc.engine.kills == [(cid, "SIGUSR1")]  # type: ignore[union-attr]
+
+
+def test_a_signal_the_engine_refused_is_tried_again_at_the_next_look(tmp_path, monkeypatch):
+    alloc = make(tmp_path, SIGNALLED)
+    lease_id, cid = running_job(alloc, Wanted(time=600))
+    fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
+    refusals = [EngineError("Engine at fake.sock: kill failed: 500 Server Error")]
+    kill = fake.kill
+
+    def refusing(container: str, signal: str) -> None:
+        if refusals:
+            raise refusals.pop()
+        kill(container, signal)
+
+    monkeypatch.setattr(fake, "kill", refusing)
+    alloc.timekeeper.check(Now(T0 + 10))
+    alloc.timekeeper.check(Now(T0 + 301))
+    assert alloc.ledger.read().leases[lease_id].signalled is None and fake.kills == []
+    alloc.timekeeper.check(Now(T0 + 302))
+    assert fake.kills == [(cid, "SIGUSR1")]
+
+
+def test_the_label_chooses_the_signal_over_the_policy(tmp_path):
+    from allocator.core.api import signals
+
+    alloc = make(tmp_path, SIGNALLED)
+    lease_id, _ = running_job(alloc, Wanted(signal=signals.parse("TERM@30s")))
+    lease = alloc.ledger.read().leases[lease_id]
+    assert (lease.signal, lease.signal_lead) == ("SIGTERM", 30)
+
+
+def test_an_idle_container_is_signalled_its_lead_before_reclaim_and_stopped_after_it(tmp_path):
+    policy = {"exempt": [], "reclaim_idle_after": "60s", "signal": {"default": "USR2@20s"}}
+    alloc = make(tmp_path, policy, {"utilization": 0.0})
+    keeper = alloc.timekeeper
+    fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
+    lease_id, cid = running_job(alloc)
+    since = alloc.ledger.read().leases[lease_id].created
+    keeper.check(Now(since + 39))
+    assert fake.kills == []
+    keeper.check(Now(since + 41))
+    assert fake.kills == [(cid, "SIGUSR2")] and fake.stops == []
+    keeper.check(Now(since + 50))
+    assert fake.kills == [(cid, "SIGUSR2")] and fake.stops == []  # once, and its lead runs
+    keeper.check(Now(since + 61))
+    assert fake.stopped.wait(10) and fake.stops == [(cid, 10)]
+
+
+def test_status_and_gpus_show_when_the_signal_was_sent(tmp_path):
+    from allocator.ops import gpus as gpus_table
+    from allocator.ops.status import render_table
+    from allocator.service.views import gpus
+    from allocator.service.views.status import snapshot
+
+    alloc = make(tmp_path, SIGNALLED)
+    lease_id, cid = running_job(alloc)
+    (holder,) = snapshot(alloc)["holders"]
+    assert (holder["signal"], holder["signal_lead_s"], holder["signalled_at"]) == (
+        "SIGUSR1", 300, None
+    )  # fmt: skip
+    assert "signalled" not in render_table(snapshot(alloc))
+    with alloc.ledger.transaction() as state:
+        state.signalled(lease_id, cid, T0 + 3300, None)
+    (holder,) = snapshot(alloc)["holders"]
+    assert holder["signalled_at"] == "2026-01-01T00:55:00Z"
+    assert "signalled: job was sent SIGUSR1 at 2026-01-01T00:55:00Z, 5m before its stop" in (
+        render_table(snapshot(alloc))
+    )
+    [row] = [r for r in gpus.LiveView(alloc).snapshot()["gpus"] if r["holder"]]
+    assert (row["signal"], row["signalled_at"]) == ("SIGUSR1", T0 + 3300)
+    assert "signalled at 00:55:00Z" in gpus_table.render_table(gpus.LiveView(alloc).snapshot())
+
+
+def test_the_signal_and_the_stop_are_each_a_notice_to_the_owner_in_the_outbox(tmp_path):
+    """The notifier hears the timekeeper's audit records; its worker sends them later."""
+    hook = {"webhooks": [{"url": "http://127.0.0.1:9/none", "format": "json"}]}
+    alloc = make(tmp_path, SIGNALLED, notify=hook)
+    _, cid = running_job(alloc, Wanted(time=600))
+    alloc.timekeeper.check(Now(T0 + 10))
+    alloc.timekeeper.check(Now(T0 + 300))
+    alloc.timekeeper.check(Now(T0 + 600))
+    fake: StoppingEngine = alloc.engine  # type: ignore[assignment]
+    assert fake.stopped.wait(10)
+    deadline = time.monotonic() + 10
+    while len(alloc.notifier.outbox.entries()) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    told = [
+        (e.notice.kind, e.notice.user, e.notice.container) for e in alloc.notifier.outbox.entries()
+    ]
+    assert sorted(told) == [("stopped", "carol", cid), ("warning", "carol", cid)]
+
+
+def test_without_a_signal_the_owner_is_told_at_80_and_90_percent_once_each(tmp_path):
+    hook = {"webhooks": [{"url": "http://127.0.0.1:9/none", "format": "json"}]}
+    alloc = make(tmp_path, POLICY, notify=hook)
+    running_job(alloc, Wanted(time=100))
+    for at in (10, 79, 80, 85, 90, 95):
+        alloc.timekeeper.check(Now(T0 + at))
+    told = sorted(e.notice.text.partition(":")[0] for e in alloc.notifier.outbox.entries())
+    assert told == [
+        "container job has run 80% of its time limit of 1m",
+        "container job has run 90% of its time limit of 1m",
+    ]
+
+
+def test_without_a_signal_an_idle_containers_owner_is_told_before_reclaim(tmp_path):
+    hook = {"webhooks": [{"url": "http://127.0.0.1:9/none", "format": "json"}]}
+    policy = {"exempt": [], "reclaim_idle_after": "100s"}
+    alloc = make(tmp_path, policy, {"utilization": 0.0}, notify=hook)
+    running_job(alloc)
+    since = max(le.created for le in alloc.ledger.read().leases.values())
+    alloc.timekeeper.check(Now(since + 79))
+    assert alloc.notifier.outbox.entries() == []
+    alloc.timekeeper.check(Now(since + 81))
+    alloc.timekeeper.check(Now(since + 90))
+    [entry] = alloc.notifier.outbox.entries()
+    assert entry.notice.subject == "gpu-alloc: container job is idle"
+    assert alloc.engine.stops == []  # type: ignore[union-attr]
 
 
 def test_a_jump_of_the_wall_clock_is_kept_for_reservations_and_doctor_until_undone(tmp_path):

@@ -33,6 +33,7 @@ ENGINE_SOCKET = PREFIX + "engine-socket"  # set by the shim only (core/access/so
 DEFAULTS = PREFIX + "defaults"  # set by gpu-alloc only: what policy.gpu_defaults added
 WAIT = PREFIX + "wait"  # a client's ask: wait this long for GPUs instead of a 409
 TIME = PREFIX + "time"  # a client's ask: a time limit shorter than the policy's
+SIGNAL = PREFIX + "signal"  # a client's ask: a checkpoint signal before a stop (api/signals.py)
 SHARE = PREFIX + "share"  # a client's ask: a fraction of a shared GPU (core/rules/sharing.py)
 SHARE_MEMORY = PREFIX + "memory"  # a client's ask: a share with this much GPU memory
 # The labels a client may set to ask gpu-alloc for something, and the ones gpu-alloc sets
@@ -44,6 +45,7 @@ REQUESTS = (
     MIN_MEMORY,
     WAIT,
     TIME,
+    SIGNAL,
     REQUEST_CPUS,
     REQUEST_MEMORY,
     REQUEST_TOPOLOGY,

@@ -1,6 +1,7 @@
 """Audit records as data: one dict per grant, release, refusal, denial, hand-over, adoption,
 a GPU's health turning, a restart policy gpu-alloc turned off, a reservation made or
-cancelled, and a container it stopped (past its time limit, or idle).
+cancelled, a container it stopped (past its time limit, or idle) and one it sent its
+checkpoint signal before such a stop.
 
 The record is built here from plain values (no clock, no file): the service passes
 the time in, the host's `audit` module writes the line.  Keys are fixed, so
@@ -29,6 +30,7 @@ KINDS = (
     "reserve-cancel",
     "time-limit",
     "idle-reclaim",
+    "signal",
 )
 _INDEX = re.compile(r"\[\d+\]")
 

@@ -114,6 +114,12 @@ class Lease:
     # the leases in the file ("boot"): a reader that knows no such fields reads it as ever.
     granted_boot: Mark | None = None
     started_boot: Mark | None = None
+    # The checkpoint signal sent ``signal_lead`` seconds before a stop, last at ``signalled``
+    # (allocator/core/timing/checkpoint.py).  Written only when set, as the shares are.
+    signal: str = ""
+    signal_lead: float = 0.0
+    signalled: float | None = None
+    signalled_boot: Mark | None = None
 
     @property
     def gpus_held(self) -> float:
@@ -320,6 +326,15 @@ class State:
         self.leases[lease_id] = replace(lease, started=started, started_boot=mark)
         return True
 
+    def signalled(self, lease_id: str, container: str, at: float, mark: Mark | None) -> bool:
+        """Record the lease's checkpoint signal sent at ``at`` (``mark``: the boot's clock
+        then); False when the lease is gone or names another container."""
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.container != container:
+            return False
+        self.leases[lease_id] = replace(lease, signalled=at, signalled_boot=mark)
+        return True
+
     def lease_of(self, container: str) -> Lease | None:
         return next((le for le in self.leases.values() if le.container == container), None)
 
@@ -404,6 +419,7 @@ def lease_from_json(v: dict[str, Any], boot: Any = None) -> Lease:
             "mems": tuple(v.get("mems", ())),
             "granted_boot": _mark((boot or {}).get("granted")),
             "started_boot": _mark((boot or {}).get("started")),
+            "signalled_boot": _mark((boot or {}).get("signalled")),
         }
     )
     lease.phase  # noqa: B018  # an unknown phase is a malformed entry (ValueError)
@@ -412,15 +428,20 @@ def lease_from_json(v: dict[str, Any], boot: Any = None) -> Lease:
 
 def lease_json(le: Lease) -> dict[str, Any]:
     """A lease as the file keeps it: what every gpu-alloc reads (`Lease(**v)` refuses an
-    unknown key), its shares only when it has one, its boot clock apart (`boot_json`)."""
-    left_out = _BOOT if le.share_of else _BOOT | _SHARE
+    unknown key), its shares and its signal only when it has one, its boot clock apart
+    (`boot_json`)."""
+    left_out = _BOOT | (_NONE if le.share_of else _SHARE) | (_NONE if le.signal else _SIGNAL)
     return {k: v for k, v in vars(le).items() if k not in left_out}
 
 
 def boot_json(le: Lease) -> dict[str, list[Any]]:
     """The lease's stamps on the boot's clock, as ``{"granted": [boot id, seconds], ...}``
     (empty when it has none)."""
-    stamps = {"granted": le.granted_boot, "started": le.started_boot}
+    stamps = {
+        "granted": le.granted_boot,
+        "started": le.started_boot,
+        "signalled": le.signalled_boot,
+    }
     return {k: list(v) for k, v in stamps.items() if v is not None}
 
 
@@ -437,7 +458,9 @@ def _stop(v: Any) -> tuple[float, str, float]:
 
 
 _SHARE = frozenset({"share_slots", "share_of", "share_user"})
-_BOOT = frozenset({"granted_boot", "started_boot"})
+_SIGNAL = frozenset({"signal", "signal_lead", "signalled"})
+_BOOT = frozenset({"granted_boot", "started_boot", "signalled_boot"})
+_NONE: frozenset[str] = frozenset()
 
 
 def _hash(token: str) -> str:

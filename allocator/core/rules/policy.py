@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocator.core.api import labels, numbers
+from allocator.core.api import labels, numbers, signals
 from allocator.core.leases import clock
 from allocator.core.leases.clock import Now
 from allocator.core.machine.inventory import GPU, Inventory
@@ -80,6 +80,11 @@ class Rules:
     time_users: Mapping[str, float] = field(default_factory=dict)
     time_groups: Mapping[str, float] = field(default_factory=dict)
     reclaim_idle_after: float | None = None  # seconds; None: idle containers are left alone
+    # policy.signal, the checkpoint signal before a stop (allocator/core/timing/checkpoint.py)
+    signal_default: signals.Signal | None = None
+    signal_pools: Mapping[str, signals.Signal] = field(default_factory=dict)
+    signal_users: Mapping[str, signals.Signal] = field(default_factory=dict)
+    signal_groups: Mapping[str, signals.Signal] = field(default_factory=dict)
     withheld: frozenset[str] = frozenset()  # swarm.gpus: scheduled by swarm, never leased here
     # policy.sharing: GPUs leased as shares (core/rules/sharing.py)
     sharing: tuple[Sharing, ...] = ()
@@ -123,6 +128,8 @@ class Wanted:
     min_memory: int | None = None  # bytes
     # seconds, the `TIME` label's ask (allocator/core/timing/timelimits.py)
     time: float | None = None
+    # the `SIGNAL` label's checkpoint signal (allocator/core/timing/checkpoint.py)
+    signal: signals.Signal | None = None
 
     def where(self, pool: str | None) -> str:
         """The set a request is placed in, for the shortage text ("" for the whole host)."""
@@ -134,13 +141,14 @@ class Wanted:
         return ", ".join(parts) if not parts or pool else "the GPUs with " + ", ".join(parts)
 
 
-POOL, MODEL, MIN_MEMORY, OWNER, WAIT, TIME = (
+POOL, MODEL, MIN_MEMORY, OWNER, WAIT, TIME, SIGNAL = (
     labels.POOL,
     labels.MODEL,
     labels.MIN_MEMORY,
     labels.OWNER,
     labels.WAIT,
     labels.TIME,
+    labels.SIGNAL,
 )
 
 
@@ -167,11 +175,16 @@ def wanted(given: Mapping[str, Any] | None) -> Wanted | Invalid:
             f"gpu-alloc refused the container create: label {TIME}: '{raw}' is not a time "
             "limit; ask for more than zero, such as 30m or 6h"
         )
+    try:
+        signal = None if given.get(SIGNAL) in (None, "") else signals.parse(given[SIGNAL])
+    except ValueError as e:
+        return Invalid(f"gpu-alloc refused the container create: label {SIGNAL}: {e}")
     return Wanted(
         str(given[POOL]) if given.get(POOL) else None,
         str(given[MODEL]) if given.get(MODEL) else None,
         memory,
         seconds,
+        signal,
     )
 
 

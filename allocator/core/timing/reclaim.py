@@ -24,6 +24,8 @@ from allocator.core.leases.leases import Lease
 from allocator.core.rules.policy import Rules
 from allocator.core.timing.timelimits import GRACE_MAX, live
 
+WARN_AT = 0.8  # of reclaim_idle_after: the owner of a container without a signal is told
+
 
 def idle_for(
     lease: Lease,
@@ -55,8 +57,11 @@ def idle(
     last_active: Mapping[str, Now],
     now: Now,
     rules: Rules,
-) -> list[Lease]:
-    """The leases whose running container is to be stopped as idle at ``now``.
+) -> list[tuple[Lease, float]]:
+    """(lease, seconds its GPUs have gone unused) for each running container idle long
+    enough at ``now`` to be stopped, or to be sent its checkpoint signal first (its lead
+    before that), or, without a signal, for its owner to be warned (at `WARN_AT` of it):
+    allocator/core/timing/checkpoint.py decides which.
 
     ``running``: container -> when it last started (None: not known yet); ``read``: the
     GPUs whose use was read now, ``active`` those in use; ``last_active``: GPU -> the
@@ -70,8 +75,9 @@ def idle(
         if cid not in running or (le.owner or "unknown") in rules.exempt:
             continue
         idled = idle_for(le, read, active, last_active, running[cid], now)
-        if idled is not None and idled >= after:
-            found.append(le)
+        lead = le.signal_lead if le.signal else (1 - WARN_AT) * after
+        if idled is not None and idled >= after - lead:
+            found.append((le, idled))
     return found
 
 

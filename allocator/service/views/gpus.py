@@ -114,6 +114,9 @@ class LiveView:
             "lease_age_s": None if lease is None else max(0.0, got.now - lease.created),
             # policy.time_limit: what is left of the lease's (None: no limit)
             "time_left_s": None if lease is None else timelimits.left(lease, hostclock.read()),
+            # the checkpoint signal sent before a stop, and when (None: none yet)
+            "signal": (lease.signal or None) if lease else None,
+            "signalled_at": lease.signalled if lease else None,
             "idle": s.idle_since is not None,
             "idle_since": s.idle_since,
             "use": s.use,  # active, unused or unknown: never idle on unknown use

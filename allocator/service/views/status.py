@@ -69,6 +69,11 @@ def snapshot(alloc: Allocator, live: LiveView | None = None) -> dict[str, Any]:
                 # policy.time_limit: the lease's limit and what is left of it (None: none)
                 "time_limit_s": lease.time_limit if lease else None,
                 "time_left_s": None if lease is None else _left(lease, clocks),
+                # the checkpoint signal (core/timing/checkpoint.py): which, its lead, and
+                # when it was last sent (None: none, or not yet)
+                "signal": (lease.signal or None) if lease else None,
+                "signal_lead_s": lease.signal_lead if lease and lease.signal else None,
+                "signalled_at": rfc3339(lease.signalled) if lease else None,
             },
         )
         entry["uuids"].append(uuid)
