@@ -1,4 +1,4 @@
-"""The ``notify:`` section of the config: where notices go (allocator/core/notices.py).
+"""The ``notify:`` section of the config: where notices go (allocator/core/timing/notices.py).
 
 ::
 
@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocator.core import notices
 from allocator.core.api import numbers
+from allocator.core.timing import notices
 from allocator.host import config_keys
 
 KEYS: dict[str, type | tuple[type, ...]] = {

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from allocator.core import notices
-from allocator.core.notices import Notice
+from allocator.core.timing import notices
+from allocator.core.timing.notices import Notice
 from allocator.host import store
 
 KEEP_SENT = 30 * 86400.0

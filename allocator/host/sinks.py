@@ -16,8 +16,8 @@ import urllib.request
 from email.message import EmailMessage
 from pathlib import Path
 
-from allocator.core import notices
-from allocator.core.notices import Notice
+from allocator.core.timing import notices
+from allocator.core.timing.notices import Notice
 from allocator.host.config_notify import Smtp, Webhook
 
 TIMEOUT = 10.0  # seconds for one webhook POST

@@ -1,4 +1,4 @@
-"""The notifier: turns audit records into notices (allocator/core/notices.py), keeps them
+"""The notifier: turns audit records into notices (allocator/core/timing/notices.py), keeps them
 in the outbox (allocator/host/outbox.py) and sends them from a background worker.
 
 `heard` is the recorder's listener: it runs where the record was written (a grant from
@@ -19,11 +19,11 @@ import logging
 import threading
 from collections.abc import Callable
 
-from allocator.core import notices
 from allocator.core.leases.events import rfc3339
 from allocator.core.leases.leases import Lease
 from allocator.core.machine.inventory import InventoryError
-from allocator.core.notices import Notice
+from allocator.core.timing import notices
+from allocator.core.timing.notices import Notice
 from allocator.host import ledger, metrics, sinks
 from allocator.host.config_notify import NotifyConfig
 from allocator.host.ledger import Ledger

@@ -1,4 +1,4 @@
-"""allocator.core.notices: which audit records make notices, to whom, saying what; the
+"""allocator.core.timing.notices: which audit records make notices, to whom, saying what; the
 webhook bodies and the backoff; and the notify: keys of the config."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from allocator.core import notices
 from allocator.core.leases import events
-from allocator.core.notices import Choices
+from allocator.core.timing import notices
+from allocator.core.timing.notices import Choices
 from allocator.host.config import ConfigError, parse
 
 CHOICES = Choices(addresses={"alice": "alice.smith@lab.example"}, template="{user}@lab.example")

@@ -18,7 +18,7 @@ sends none twice):
   moved: the stop comes at the limit, however late the signal.
 
 A lease with no signal gets none; its owner is warned by a notice instead
-(allocator/core/notices.py) when its container has run 80 % and 90 % of its time limit
+(allocator/core/timing/notices.py) when its container has run 80 % and 90 % of its time limit
 (`time_warnings`), and when it has been idle 80 % of ``reclaim_idle_after``
 (`idle_warnings`).
 """
