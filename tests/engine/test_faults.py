@@ -343,8 +343,9 @@ def test_read_only_state_dir_refuses_gpu_creates_with_a_message(stack, keeper):
 @pytest.fixture
 def short_ttl_stack() -> Iterator[FaultStack]:
     require_engine()
-    # A deadline the checks before it can meet on a loaded machine (a CLI call can take 5 s).
-    s = FaultStack(gpus=2, pending_ttl=12.0, create_timeout=2.0).start()
+    # A deadline the checks before it can meet on a loaded machine (a CLI call can take 5 s,
+    # and two of them come before the deadline).
+    s = FaultStack(gpus=2, pending_ttl=20.0, create_timeout=2.0).start()
     try:
         yield s
     finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -87,10 +88,25 @@ def test_an_expired_containers_policy_is_off_so_a_dockerd_restart_runs_one_per_g
 UPDATES = [("--restart", "always"), ("--restart", "unless-stopped"), ("--restart", "on-failure:3")]
 
 
-def test_a_compose_predecessor_may_not_get_a_restart_policy_back(stack):
+@pytest.fixture
+def unhurried_stack() -> Iterator[FaultStack]:
+    """A stack whose stopped (or created, never started) containers keep their GPUs for an
+    hour: a test whose checks between a create and its start take longer than
+    ``make_stack``'s 2 s on a loaded machine."""
+    stack = FaultStack(gpus=1)
+    stack.policy = {"release_stopped_after": "1h"}
+    stack.start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def test_a_compose_predecessor_may_not_get_a_restart_policy_back(unhurried_stack):
     """Compose v2's order on a full host (the replacement is made while the old one runs,
     and takes its GPU): the old one's ``restart: always`` goes off as it lends its GPU,
     and no update on either socket turns it back on."""
+    stack = unhurried_stack
     api = engine.engine_api(stack.shim_sock)
     labels = {"com.docker.compose.project": "v2", "com.docker.compose.service": "trainer",
               "com.docker.compose.container-number": "1"}  # fmt: skip

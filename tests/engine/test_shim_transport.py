@@ -79,11 +79,12 @@ def test_docker_run_through_the_proxy_and_the_rewrite_reaches_the_engine(
 
 def test_logs_follow_exec_and_events_stream(shim: tuple[str, Recorder]) -> None:
     sock, _ = shim
-    events = subprocess.Popen(
-        ["docker", "-H", f"unix://{sock}", "events", "--format", "{{.Action}}"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    # From a moment before the run: dockerd replays what it logged since, so a create the
+    # stream was not yet subscribed for still shows.
+    since = str(int(time.time()) - 1)
+    argv = ["docker", "-H", f"unix://{sock}", "events", "--since", since,
+            "--filter", "container=proxy-logs", "--format", "{{.Action}}"]  # fmt: skip
+    events = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
         script = "for i in 1 2 3; do echo line$i; sleep 0.2; done; sleep 30"
         out = cli(sock, "run", "-d", "--name", "proxy-logs", engine.BUSYBOX_TAG, "sh", "-c", script)
