@@ -378,6 +378,10 @@ class Dockerd:
             forget_dead_specs(self.spec_path.parent)
             self.spec_path.write_text(f"unix://{self.authz_plugin_socket}\n")
         env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+        # What dockerd and its containerd write to their temporary directory (containerd's
+        # stack dumps, named containerd.<pid>.stacks.log) goes with the state directory.
+        (self.dir / "tmp").mkdir(exist_ok=True)
+        env["TMPDIR"] = str(self.dir / "tmp")
         if root is None:
             env["PATH"] = os.pathsep.join([str(bin_dir), env.get("PATH", ""), "/usr/sbin:/sbin"])
             argv = self.argv()
