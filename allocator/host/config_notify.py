@@ -9,6 +9,7 @@
         host: smtp.lab.example
         port: 587                     # default 25
         starttls: true                # default false (a local relay)
+        ca_file: /etc/gpu-alloc/smtp-ca.pem  # trust this CA for the relay (default: the system's)
         username: gpu-alloc           # with password_file: login after STARTTLS
         password_file: /etc/gpu-alloc/smtp-password
         from: gpu-alloc@lab.example
@@ -20,7 +21,8 @@
         users: {bob: [stopped]}
       operators: [gpu-admins@lab.example]  # told of every GPU turning unhealthy
 
-A password is read from its file when a mail is sent, never kept in the config.  The
+A password is read from its file when a mail is sent, never kept in the config; so is
+``ca_file``, for a relay whose certificate no CA in the system's trust store signed.  The
 section is read at the shim's start (a change waits for a restart, as the log says).
 """
 
@@ -40,7 +42,7 @@ KEYS: dict[str, type | tuple[type, ...]] = {
     "events": (dict, type(None)),
     "operators": (list, type(None)),
 }
-_SMTP = ("host", "port", "starttls", "username", "password_file", "from", "timeout")
+_SMTP = ("host", "port", "starttls", "ca_file", "username", "password_file", "from", "timeout")
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Smtp:
     username: str | None = None
     password_file: str | None = None
     timeout: float = 10.0
+    ca_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,11 @@ def _smtp(value: dict[str, Any]) -> Smtp:
         raise _Bad("notify.smtp.password_file", "username and password_file go together")
     if password_file is not None and not str(password_file).startswith("/"):
         raise _Bad("notify.smtp.password_file", f"must be an absolute path, got '{password_file}'")
+    ca_file = value.get("ca_file")
+    if ca_file is not None and not str(ca_file).startswith("/"):
+        raise _Bad("notify.smtp.ca_file", f"must be an absolute path, got '{ca_file}'")
+    if ca_file is not None and value.get("starttls") is not True:
+        raise _Bad("notify.smtp.ca_file", "is the CA for STARTTLS: set starttls: true as well")
     timeout = value.get("timeout", 10.0)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         raise _Bad("notify.smtp.timeout", "must be a number of seconds greater than zero")
@@ -135,6 +143,7 @@ def _smtp(value: dict[str, Any]) -> Smtp:
         value["host"], value["from"], port, value.get("starttls", False),
         None if username is None else str(username),
         None if password_file is None else str(password_file), float(timeout),
+        None if ca_file is None else str(ca_file),
     )  # fmt: skip
 
 

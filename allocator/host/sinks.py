@@ -46,21 +46,54 @@ def post(hook: Webhook, notice: Notice) -> None:
 
 
 def mail(smtp: Smtp, notice: Notice) -> None:
-    """Mail the notice to its addresses through ``smtp``: STARTTLS and login when set."""
+    """Mail the notice to its addresses through ``smtp``: STARTTLS and login when set.
+
+    With ``starttls`` the login and the mail go only over TLS to a server whose certificate
+    ``ca_file`` (else the system's trust store) vouches for, so a server that offers no
+    STARTTLS, or an impostor's certificate, never sees the password."""
     msg = EmailMessage()
     msg["From"], msg["To"], msg["Subject"] = smtp.sender, ", ".join(notice.to), notice.subject
     msg["Message-ID"] = f"<{notice.id}@gpu-alloc>"
     msg.set_content(notice.text + "\n")
+    where = f"mail through {smtp.host}:{smtp.port}"
     try:
         with smtplib.SMTP(smtp.host, smtp.port, timeout=smtp.timeout) as client:
             if smtp.starttls:
-                client.starttls(context=ssl.create_default_context())
+                client.ehlo()
+                if not client.has_extn("starttls"):
+                    raise SinkError(
+                        f"{where}: the server offers no STARTTLS, which notify.smtp.starttls "
+                        "asks for; nothing was sent, the login neither"
+                    )
+                client.starttls(context=ssl.create_default_context(cafile=smtp.ca_file))
             if smtp.username is not None and smtp.password_file is not None:
                 password = Path(smtp.password_file).read_text().strip()
-                client.login(smtp.username, password)
+                try:
+                    client.login(smtp.username, password)
+                except smtplib.SMTPAuthenticationError as e:
+                    raise SinkError(
+                        f"{where}: login as {smtp.username} refused: {_said(e)}"
+                    ) from None
             client.send_message(msg)
+    except ssl.SSLCertVerificationError as e:
+        raise SinkError(
+            f"{where}: its certificate is not trusted ({e.verify_message}); "
+            "name the CA that signed it in notify.smtp.ca_file"
+        ) from None
     except (smtplib.SMTPException, OSError) as e:
-        raise SinkError(f"mail through {smtp.host}:{smtp.port}: {e}") from None
+        raise SinkError(f"{where}: {_said(e)}") from None
+
+
+def _said(e: Exception) -> str:
+    """An SMTP answer as the server put it (``535 5.7.8 ...``), else the error's text."""
+    if isinstance(e, smtplib.SMTPResponseException):
+        text = (
+            e.smtp_error.decode(errors="replace")
+            if isinstance(e.smtp_error, bytes)
+            else e.smtp_error
+        )
+        return f"{e.smtp_code} {text}"
+    return str(e)
 
 
 def _host(url: str) -> str:

@@ -1,7 +1,9 @@
 """Notices end to end on this host: audit records into the outbox, sent by the notifier to
 a local webhook receiver and a local SMTP server (aiosmtpd), each once, with the right
 owner and text; with a sink down nothing is lost, and the outbox drains once it is back,
-also after a restart.  `gpu-alloc notify test` and doctor's row."""
+also after a restart; mail over STARTTLS with a login to a relay with a throwaway
+self-signed certificate, and never the login in clear.  `gpu-alloc notify test` and
+doctor's row."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import argparse
 import email.policy
 import json
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -59,20 +63,25 @@ class Webhook(ThreadingHTTPServer):
 
 
 class Inbox:
-    """aiosmtpd's handler: keeps each mail, (recipients, message)."""
+    """aiosmtpd's handler: keeps each mail, (recipients, message), and each login tried,
+    (user, password, over TLS); `login` is its authenticator, for user g with password pw."""
 
     def __init__(self) -> None:
         self.mails: list[tuple[list[str], Any]] = []
+        self.logins: list[tuple[bytes, bytes, bool]] = []
+
+    def login(
+        self, server: Any, session: Any, envelope: Any, mechanism: str, data: Any
+    ) -> AuthResult:
+        assert isinstance(data, LoginPassword)
+        self.logins.append((data.login, data.password, session.ssl is not None))
+        ok = (data.login, data.password) == (b"g", b"pw")
+        return AuthResult(success=ok, handled=False)  # not handled: aiosmtpd answers 535
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         mail = message_from_bytes(envelope.content, policy=email.policy.default)
         self.mails.append((envelope.rcpt_tos, mail))
         return "250 OK"
-
-
-def login(server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> AuthResult:
-    ok = isinstance(data, LoginPassword) and (data.login, data.password) == (b"g", b"pw")
-    return AuthResult(success=ok)
 
 
 @pytest.fixture
@@ -88,24 +97,59 @@ def hook() -> Iterator[Webhook]:
 
 @pytest.fixture
 def inbox() -> Iterator[tuple[Inbox, int]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    handler = Inbox()
-    server = Controller(handler, hostname="127.0.0.1", port=port, authenticator=login,
+    """A plain SMTP server that takes a login in clear: no STARTTLS."""
+    handler, port = Inbox(), free_port()
+    server = Controller(handler, hostname="127.0.0.1", port=port, authenticator=handler.login,
                         auth_require_tls=False)  # fmt: skip
     server.start()
     yield handler, port
     server.stop()
 
 
-def config(tmp_path: Path, hook: Webhook, port: int, **extra: Any) -> Config:
+@pytest.fixture
+def relay(tmp_path: Path) -> Iterator[tuple[Inbox, int, Path]]:
+    """An SMTP relay as a lab's: STARTTLS before anything, then a login; its certificate
+    (the third item) is self-signed, so only a client told to trust it does."""
+    cert, key = tmp_path / "relay.pem", tmp_path / "relay.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    handler, port = Inbox(), free_port()
+    server = Controller(handler, hostname="127.0.0.1", port=port, authenticator=handler.login,
+                        tls_context=tls, require_starttls=True, auth_require_tls=True)  # fmt: skip
+    server.start()
+    yield handler, port, cert
+    server.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def config(
+    tmp_path: Path,
+    hook: Webhook | None,
+    port: int,
+    smtp: dict[str, Any] | None = None,
+    **extra: Any,
+) -> Config:
+    """Notices to ``hook`` (None: no webhook) and mail on ``port``, logging in as g with pw;
+    ``smtp``: more of notify.smtp's keys."""
     (tmp_path / "smtp-password").write_text("pw\n")
     gpus = sim.write_sim_gpus(tmp_path / "gpus.yaml", 2)
     notify = {
-        "webhooks": [{"url": hook.url, "format": "slack"}],
+        "webhooks": [] if hook is None else [{"url": hook.url, "format": "slack"}],
         "smtp": {"host": "127.0.0.1", "port": port, "from": "gpu-alloc@lab.example",
-                 "username": "g", "password_file": str(tmp_path / "smtp-password")},
+                 "username": "g", "password_file": str(tmp_path / "smtp-password"),
+                 **(smtp or {})},
         "addresses": {"template": "{user}@lab.example"},
         "operators": ["ops@lab.example"],
         **extra,
@@ -200,6 +244,66 @@ def test_with_a_sink_down_nothing_is_lost_and_it_drains_once_back_even_after_a_r
     again.heard(EVERY[2])  # told again after it was sent: not sent twice
     again.drain(T0 + 7)
     assert len(hook.got) == 2
+
+
+def test_a_notice_is_mailed_over_starttls_after_a_login_to_a_relay_trusted_by_ca_file(
+    tmp_path, relay
+):
+    mails, port, cert = relay
+    n = notifier(config(tmp_path, None, port, smtp={"starttls": True, "ca_file": str(cert)}))
+    n.heard(EVERY[2])
+    n.drain(T0)
+    assert mails.logins == [(b"g", b"pw", True)]  # over TLS
+    [(to, mail)] = mails.mails  # the relay answered the mail only once it was kept
+    assert to == ["bob@lab.example"] and mail["Subject"] == "gpu-alloc: container train was stopped"
+    assert n.outbox.entries() == []
+
+
+def test_a_wrong_password_is_kept_for_retry_and_its_error_names_the_refusal_not_the_password(
+    tmp_path, relay
+):
+    mails, port, cert = relay
+    n = notifier(config(tmp_path, None, port, smtp={"starttls": True, "ca_file": str(cert)}))
+    (tmp_path / "smtp-password").write_text("hunter2-wrong\n")
+    n.heard(EVERY[2])
+    n.drain(T0)
+    [entry] = n.outbox.entries()
+    error = entry.sinks["mail"].error
+    assert entry.sinks["mail"].failures == 1 and mails.mails == []
+    assert error.startswith(f"mail through 127.0.0.1:{port}: login as g refused: 535 ")
+    assert "hunter2" not in error
+    (tmp_path / "smtp-password").write_text("pw\n")  # the operator fixes it
+    n.drain(T0 + 6)  # after the first backoff
+    assert [to for to, _ in mails.mails] == [["bob@lab.example"]]
+    assert n.outbox.entries() == []
+
+
+def test_without_ca_file_the_relays_self_signed_certificate_is_refused_before_the_login(
+    tmp_path, relay
+):
+    mails, port, _ = relay
+    n = notifier(config(tmp_path, None, port, smtp={"starttls": True}))
+    n.heard(EVERY[2])
+    n.drain(T0)
+    [entry] = n.outbox.entries()
+    error = entry.sinks["mail"].error
+    assert "certificate is not trusted (self-signed certificate)" in error
+    assert "notify.smtp.ca_file" in error
+    assert mails.logins == [] and mails.mails == []
+
+
+def test_a_server_without_starttls_is_refused_when_asked_for_and_never_sees_the_login(
+    tmp_path, inbox
+):
+    mails, port = inbox  # it would take a login in clear
+    n = notifier(config(tmp_path, None, port, smtp={"starttls": True}))
+    n.heard(EVERY[2])
+    n.drain(T0)
+    [entry] = n.outbox.entries()
+    assert "the server offers no STARTTLS, which notify.smtp.starttls asks for" in (
+        entry.sinks["mail"].error
+    )
+    assert mails.logins == [] and mails.mails == []
 
 
 def test_a_user_without_an_address_is_told_on_the_webhook_alone(tmp_path, hook, inbox):
