@@ -106,7 +106,8 @@ def test_the_test_notice_goes_to_the_users_address_or_the_operators():
 NOTIFY = {
     "webhooks": [{"url": "https://hooks.example/T/1", "format": "slack"}],
     "smtp": {"host": "smtp.lab.example", "port": 587, "starttls": True, "username": "g",
-             "password_file": "/etc/gpu-alloc/smtp", "from": "gpu-alloc@lab.example"},
+             "password_file": "/etc/gpu-alloc/smtp", "from": "gpu-alloc@lab.example",
+             "ca_file": "/etc/gpu-alloc/smtp-ca.pem"},
     "addresses": {"template": "{user}@lab.example", "users": {"alice": "a@x.example"}},
     "events": {"default": ["stopped", "warning"], "users": {"bob": ["granted"]}},
     "operators": ["ops@lab.example"],
@@ -117,6 +118,7 @@ def test_the_config_section_is_read():
     cfg = parse(yaml.safe_dump({"notify": NOTIFY})).notify
     assert cfg.on and cfg.webhooks[0].format == "slack"
     assert cfg.smtp is not None and (cfg.smtp.port, cfg.smtp.starttls) == (587, True)
+    assert cfg.smtp.ca_file == "/etc/gpu-alloc/smtp-ca.pem"
     assert cfg.choices.address("alice") == "a@x.example"
     assert cfg.choices.address("carol") == "carol@lab.example"
     assert cfg.choices.wants("bob", "granted") and not cfg.choices.wants("bob", "stopped")
@@ -134,6 +136,10 @@ def test_the_config_section_is_read():
         ({"smtp": {"host": "h", "from": "f", "port": "x"}}, "notify.smtp.port", "TCP port"),
         ({"smtp": {"host": "h", "from": "f", "username": "u"}}, "notify.smtp.password_file",
          "go together"),
+        ({"smtp": {"host": "h", "from": "f", "starttls": True, "ca_file": "ca.pem"}},
+         "notify.smtp.ca_file", "absolute path"),
+        ({"smtp": {"host": "h", "from": "f", "ca_file": "/ca.pem"}}, "notify.smtp.ca_file",
+         "set starttls: true"),
         ({"addresses": {"template": "lab.example"}}, "notify.addresses.template", "{user}"),
         ({"events": {"default": ["everything"]}}, "notify.events.default", "a list of"),
         ({"operators": [""]}, "notify.operators", "a list of addresses"),
