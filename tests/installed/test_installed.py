@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -79,6 +80,9 @@ def _require() -> Path:
     pytest.skip(why)
 
 
+_NOT_SOURCE = (".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", "bench-results")
+
+
 def _wheels(into: Path, root: Path) -> None:
     """gpu-alloc's wheel and its dependencies' for the root's own python3 (sid's is not
     this one): the machine has no network."""
@@ -86,7 +90,11 @@ def _wheels(into: Path, root: Path) -> None:
                          "import sys; print('%d.%d' % sys.version_info[:2])"],
                         capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(into), str(REPO)],
+    # Built from a copy: pip builds in the source tree (build/, *.egg-info), and the other
+    # Engine's install tier builds the same checkout at the same time.
+    source = into.parent / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(*_NOT_SOURCE))
+    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(into), str(source)],
                    check=True, timeout=600)  # fmt: skip
     with open(REPO / "pyproject.toml", "rb") as f:
         deps = tomllib.load(f)["project"]["dependencies"]
