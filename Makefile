@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # The real-Engine tests need Debian's dockerd 20.10, docker-compose 1.29 and a static busybox;
-# the deploy tests lint the shell scripts with shellcheck; the dashboard test runs headless
+# the deploy tests lint the shell scripts with shellcheck; the notices' tests make a
+# throwaway certificate with openssl; the dashboard test runs headless
 # chromium; debootstrap builds the roots of the newer Engines (26, 28:
 # tests/support/engine_root.py) and the install tier's bookworm root, which
 # systemd-container's systemd-nspawn boots (tests/support/systemd_root.py).
@@ -31,6 +32,7 @@ deps:
 	command -v dockerd >/dev/null || need="$$need docker.io"; \
 	command -v docker-compose >/dev/null || need="$$need docker-compose"; \
 	command -v shellcheck >/dev/null || need="$$need shellcheck"; \
+	command -v openssl >/dev/null || need="$$need openssl"; \
 	command -v chromium >/dev/null || need="$$need chromium"; \
 	command -v debootstrap >/dev/null || need="$$need debootstrap"; \
 	command -v systemd-nspawn >/dev/null || need="$$need systemd-container"; \
