@@ -26,6 +26,7 @@ from allocator.service.views.gpus import LiveView
 from allocator.service.wiring import Allocator
 from shim import metrics_server
 from shim import serve as shim_serve
+from tests.support.engine import can_connect
 from tests.support.fake_engine import FakeEngine
 from tests.unit.test_observe import free_port, scrape, write_gpus
 
@@ -266,7 +267,8 @@ def test_the_shim_serves_on_the_ledger_pool_and_stops_every_thread_it_started(
 
     def client() -> None:
         try:
-            until(lambda: (tmp_path / "shim.sock").exists())
+            # Accepting, not only there: the file is made at bind, before the listen.
+            until(lambda: can_connect(config.shim.socket), 30)
             answers.append(unixhttp.request(config.shim.socket, "GET", wire.GPUS_PATH)[0])
         finally:
             os.kill(os.getpid(), signal.SIGTERM)  # the shim's own stop
