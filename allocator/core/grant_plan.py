@@ -15,8 +15,10 @@ Stages
 2. The time limit the lease gets (`timelimits.effective`): reservations read it.
 3. What holds GPUs: the ledger's leases and claims (a stopped holder said so), and the
    GPUs ``kept`` for waiters ahead in the line, held by them.
-4. A share (``req.share``) is placed on a shared GPU first (`placement.shares`), then its
-   fraction counted against the owner's limit; the rest of these stages are a whole GPU's.
+4. A share (``req.share``) is placed first, as share slots of one shared GPU, by the
+   path whole GPUs and MIG slices take (`placement.place`, the share rules of
+   `placement.shares` picking the GPU), then its fraction counted against the owner's
+   limit; the rest of these stages are a whole GPU's.
 5. A Compose predecessor lends its GPUs only when it is this owner's bound lease.
 6. The owner's limit (`policy.over_limit`), the predecessor's GPUs not counted.
 7. The GPUs reservations keep from this request (`reservations.blocked`, and `prefer` for
@@ -314,28 +316,28 @@ def _share(
     held: Mapping[str, Holder],
     limit: float | None,
 ) -> Plan | Shortage | Refusal:
-    """Stage 4: a share's GPU placed first (its fraction depends on the GPU's shares)
-    among those listed as share slots (`sharing.listed`), around what holds GPUs whole,
-    reservations keep and the unhealthy; then the owner's limit counting it."""
-    inventory = sharing.listed(scoped[0], host.rules.sharing)
-    pool = scoped[1]
-    reserved = _reserved(held, req.owner, limit, host)
+    """Stage 4: a share placed first (its fraction depends on its GPU's shares), by the
+    path GPUs and MIG slices take (`placement.place`): among the share slots of the GPUs
+    in scope (`sharing.listed`), around what holds GPUs whole, reservations keep and the
+    unhealthy, with the share rules picking the GPU; then the owner's limit counting it."""
+    inventory, pool = sharing.listed(scoped[0], host.rules.sharing), scoped[1]
     out = shares.out_of(state.leases.values())
-    blocked = {u for u in reserved if u not in out}
-    slotted = [g for g in inventory.gpus if inventory.slots_of(g.uuid)]
-    healthy = [g for g in slotted if g.uuid not in host.unhealthy]
-    picked = shares.place(ask, healthy, host.rules.sharing, out, blocked)
+    placing = shares.held_slots(_reserved(held, req.owner, limit, host), out)
+    rules = shares.policy(ask, host.rules.sharing, out)
+    picked = place(
+        req.ask, inventory, placing, host.placement, unhealthy=host.unhealthy, share=rules
+    )
     if isinstance(picked, Shortage):
         return picked
-    asking = fraction(picked.slots, picked.of)
+    asking = fraction(len(picked), picked[0].of)
     refused = policy.over_limit(req.owner, state.held_by(req.owner.user), asking, host.rules)
     if refused is not None:
         return refused
     return Plan(
-        (picked.gpu.uuid,),
+        (picked[0].gpu.uuid,),
         pool,
         limit,
-        share_slots=picked.slots,
-        share_of=picked.of,
+        share_slots=len(picked),
+        share_of=picked[0].of,
         share_user=ask.user,
     )

@@ -268,3 +268,11 @@ def test_the_policy_lists_the_gpus_it_shares_as_that_many_slots() -> None:
 
     inv = listed(Inventory((GPU(UUID_A, 0), GPU(UUID_B, 1))), [Sharing(gpus=(1,), shares=4)])
     assert {s.gpu.uuid for s in inv.slots} == {UUID_B} and len(inv.slots) == 4
+
+
+def test_a_gpu_and_its_share_slots_exclude_each_other_as_a_gpu_and_its_slices_do() -> None:
+    inv = Inventory((GPU(UUID_A, 0), GPU(UUID_B, 1))).shared({UUID_B: 2})
+    slots = {f"{UUID_B}::0", f"{UUID_B}::1"}
+    assert inv.family(UUID_B) == {UUID_B, *slots}
+    assert inv.family(f"{UUID_B}::1") == {f"{UUID_B}::1", UUID_B}  # not its sibling slot
+    assert inv.family(UUID_A) == {UUID_A}

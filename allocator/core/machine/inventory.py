@@ -21,7 +21,8 @@ Shares
 A GPU that ``policy.sharing`` shares is listed as its share slots too (`Inventory.slots`,
 set by `Inventory.shared`), as the Kubernetes device plugin lists a shared GPU's
 replicas: each slot a unit named ``<uuid>::<n>``.  A share lease takes slots of one GPU
-(docs/sharing.md); the GPU's UUID is what its container is given.
+(docs/sharing.md); the GPU's UUID is what its container is given.  A GPU and its slots
+exclude each other (`Inventory.family`), as a GPU and its MIG slices do.
 """
 
 from __future__ import annotations
@@ -111,7 +112,13 @@ class Slot:
 
     @property
     def uuid(self) -> str:
-        return f"{self.gpu.uuid}::{self.index}"
+        return slot_uuid(self.gpu.uuid, self.index)
+
+
+def slot_uuid(gpu: str, index: int) -> str:
+    """The unit name of share ``index`` of the GPU ``gpu``: leases record the GPU and a
+    count, so a share's slots are derived from them by this name."""
+    return f"{gpu}::{index}"
 
 
 # NVML's PCIe topology levels, closest first, named as the simulated-GPU file names them.
@@ -173,15 +180,20 @@ class Inventory:
 
     @functools.cached_property
     def _families(self) -> dict[str, frozenset[str]]:
+        parts = [
+            *((m.parent, m.uuid) for m in self.migs),
+            *((s.gpu.uuid, s.uuid) for s in self.slots),
+        ]
         fam = {
-            g.uuid: frozenset({g.uuid, *(m.uuid for m in self.slices_of(g.uuid))})
+            g.uuid: frozenset({g.uuid, *(part for whole, part in parts if whole == g.uuid)})
             for g in self.gpus
         }
-        fam.update({m.uuid: frozenset({m.uuid, m.parent}) for m in self.migs})
+        fam.update({part: frozenset({part, whole}) for whole, part in parts})
         return fam
 
     def family(self, uuid: str) -> frozenset[str]:
-        """What a grant of ``uuid`` excludes: a GPU and its slices exclude each other."""
+        """What a grant of ``uuid`` excludes: a GPU excludes its MIG slices and share slots,
+        each of them its GPU (slots of one GPU do not exclude each other)."""
         return self._families.get(uuid, frozenset({uuid}))
 
     def units(self, mig: MigPolicy) -> tuple[GPU, ...]:

@@ -1,19 +1,25 @@
-"""Placement policies: ``allocate(available, required, size)``, one policy a file.
+"""Placement: the units a grant takes, one path for whole GPUs, MIG slices and share slots.
 
-The interface follows NVIDIA's go-gpuallocator: ``available`` are the free GPUs,
-``required`` must be part of the answer, and the answer has ``size`` GPUs or is
-``None`` (all-or-nothing: never a partial grant).  Policies are pure functions
-of their arguments, so they are tested without any I/O.
+`place` lists the units an ask may take (`Inventory.units`, or a shared GPU's slots,
+`Inventory.slots`), drops the unhealthy and those held with their families (a held GPU
+holds its slices and slots, a held slice or slot its GPU), and hands what is left to a
+unit policy.  Whole GPUs and slices go to a count policy, ``allocate(available,
+required, size)``, one a file: its interface follows NVIDIA's go-gpuallocator
+(``available`` are the free GPUs, ``required`` must be part of the answer, and the answer
+has ``size`` GPUs or is ``None``: never a partial grant).  A share goes to the share
+rules (`placement.shares`), which pick its GPU; it takes that many of the GPU's free
+slots.  Policies are pure functions of their arguments, so they are tested without I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, overload
 
 from allocator.core.judging.ask import Ask
 from allocator.core.leases.holders import Holder
-from allocator.core.machine.inventory import GPU, Inventory, MigPolicy
+from allocator.core.machine.inventory import GPU, Inventory, MigPolicy, Slot
 from allocator.core.placement import best_effort, first_fit, numa
 from allocator.core.rules.queue import Kept
 from allocator.core.timing.reservations import Reserved
@@ -39,6 +45,22 @@ class Shortage:
     usable: frozenset[str] = field(default=frozenset(), compare=False)
 
 
+class Taken(Protocol):
+    """A share policy's answer: the GPU a share goes on and how many of its slots."""
+
+    @property
+    def gpu(self) -> GPU: ...
+
+    @property
+    def slots(self) -> int: ...
+
+
+# The share rules as a unit policy: the shared GPUs a share may go on (healthy ones with
+# slots) and the held units, in; the GPU and how many slots, or why none, out.
+SharePolicy = Callable[[Sequence[GPU], Collection[str]], Taken | Shortage]
+
+
+@overload
 def place(
     ask: Ask,
     inventory: Inventory,
@@ -49,8 +71,39 @@ def place(
     unhealthy: Mapping[str, str] | None = None,
     mig: MigPolicy = MigPolicy.NONE,
     host_units: int | None = None,
-) -> list[GPU] | Shortage:
-    """Pick GPUs for `ask` among those not in ``held`` (UUID -> `Holder`); all or nothing.
+    share: None = None,
+) -> list[GPU] | Shortage: ...
+
+
+@overload
+def place(
+    ask: Ask,
+    inventory: Inventory,
+    held: Mapping[str, Holder],
+    policy: Policy,
+    now: float | None = None,
+    where: str = "",
+    unhealthy: Mapping[str, str] | None = None,
+    mig: MigPolicy = MigPolicy.NONE,
+    host_units: int | None = None,
+    *,
+    share: SharePolicy,
+) -> list[Slot] | Shortage: ...
+
+
+def place(
+    ask: Ask,
+    inventory: Inventory,
+    held: Mapping[str, Holder],
+    policy: Policy,
+    now: float | None = None,
+    where: str = "",
+    unhealthy: Mapping[str, str] | None = None,
+    mig: MigPolicy = MigPolicy.NONE,
+    host_units: int | None = None,
+    share: SharePolicy | None = None,
+) -> list[GPU] | list[Slot] | Shortage:
+    """Pick units for `ask` among those not in ``held`` (UUID -> `Holder`); all or nothing.
 
     ``where`` names the set ``inventory`` is (a pool, say) in the shortage text; ``now``
     lets it say how long each holder has held its GPUs.  ``unhealthy`` (UUID -> the
@@ -59,10 +112,14 @@ def place(
     which of GPUs and MIG slices are units (`Inventory.units`); a held GPU blocks its
     slices and a held slice its GPU, whoever holds them.  ``host_units``: how many units
     the whole host has, when ``inventory`` is a part of it (a pool), so a request larger
-    than the host says so rather than naming the part.
+    than the host says so rather than naming the part.  ``share``: the share rules
+    (`placement.shares`) for a share's ask, which takes slots of one GPU ``inventory``
+    lists with slots (`sharing.listed`); ``held`` then names the slots shares hold.
     """
-    sick = dict(unhealthy or {})
-    sick.update({m.uuid: sick[m.parent] for m in inventory.migs if m.parent in sick})
+    sick = _sick(inventory, unhealthy)
+    blocked = _blocked(held, inventory)
+    if share is not None:
+        return _slots(inventory, blocked, sick, share)
     units = inventory.units(mig)
     known = {g.uuid: g for g in (*inventory.gpus, *inventory.migs)}
     required = [known[u] for u in ask.required if u in known]
@@ -79,7 +136,6 @@ def place(
             "the operator set policy.mig",
             waitable=False,
         )
-    blocked = _blocked(held, inventory)
     if ask.every and not units:  # all of none would be a lease of no GPU
         text = _shortage_text(ask, 0, [], [], units, blocked, sick, now, where)
         return Shortage(text, waitable=False)
@@ -107,8 +163,7 @@ def usable(
     mig: MigPolicy = MigPolicy.NONE,
 ) -> frozenset[str]:
     """The free units `place` could draw for `ask` (what a waiter short of GPUs blocks)."""
-    sick = dict(unhealthy or {})
-    sick.update({m.uuid: sick[m.parent] for m in inventory.migs if m.parent in sick})
+    sick = _sick(inventory, unhealthy)
     blocked = _blocked(held, inventory)
     units = inventory.units(mig)
     if ask.every:
@@ -122,6 +177,27 @@ def usable(
     )
 
 
+def _slots(
+    inventory: Inventory, blocked: Collection[str], sick: Mapping[str, str], share: SharePolicy
+) -> list[Slot] | Shortage:
+    """A share: the GPU the share rules pick among the healthy shared ones, then that
+    many of its slots nothing holds."""
+    gpus = [g for g in inventory.gpus if inventory.slots_of(g.uuid) and g.uuid not in sick]
+    taken = share(gpus, blocked)
+    if isinstance(taken, Shortage):
+        return taken
+    free = [s for s in inventory.slots_of(taken.gpu.uuid) if s.uuid not in blocked]
+    return free[: taken.slots]
+
+
+def _sick(inventory: Inventory, unhealthy: Mapping[str, str] | None) -> dict[str, str]:
+    """The unhealthy units: a GPU's event stands for its slices and slots too."""
+    sick = dict(unhealthy or {})
+    sick.update({m.uuid: sick[m.parent] for m in inventory.migs if m.parent in sick})
+    sick.update({s.uuid: sick[s.gpu.uuid] for s in inventory.slots if s.gpu.uuid in sick})
+    return sick
+
+
 def _fits(unit: GPU, profile: str, mig: MigPolicy) -> bool:
     """May a count request draw this unit?  ``mixed`` hands slices out by profile only."""
     if profile:
@@ -130,7 +206,7 @@ def _fits(unit: GPU, profile: str, mig: MigPolicy) -> bool:
 
 
 def _blocked(held: Mapping[str, Holder], inventory: Inventory) -> dict[str, Holder]:
-    """Held UUIDs and their families: a GPU's slices, a slice's GPU."""
+    """Held UUIDs and their families: a GPU's slices and slots, a slice's or slot's GPU."""
     blocked: dict[str, Holder] = {}
     for uuid, who in held.items():
         for u in sorted(inventory.family(uuid)):

@@ -1,7 +1,11 @@
-"""Placing a share: which shared GPU a share ask goes on (allocator/core/rules/sharing.py).
+"""The share rules as a unit policy: which shared GPU a share goes on (core/rules/sharing.py).
 
-Pure, like the other placement policies: the GPUs the policy lets a create have, the
-shares out on each and the GPUs held otherwise come in; a GPU, or why none, goes out.
+`placement.place` places a share as it places GPUs and MIG slices: it lists the share
+slots (`Inventory.slots`), drops the unhealthy and the held, and calls `policy`, which
+picks the GPU by the rules of docs/sharing.md (how many of its shares the ask is, one
+MPS user a GPU, packing or ``spread``); the share takes that many of its free slots.
+Pure, like the other placement policies: the GPUs a share may go on, the shares out on
+each and the units held come in; a GPU, or why none, goes out.
 """
 
 from __future__ import annotations
@@ -9,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from allocator.core.leases.holders import Holder
 from allocator.core.leases.leases import Lease, Phase
-from allocator.core.machine.inventory import GPU
-from allocator.core.placement import Shortage
+from allocator.core.machine.inventory import GPU, slot_uuid
+from allocator.core.placement import SharePolicy, Shortage
 from allocator.core.rules.sharing import ANY_USER, MPS, ShareAsk, Sharing, rule_for
 
 
@@ -85,6 +90,22 @@ def place(
             waitable=busy,
         )
     return min(fits, key=lambda f: f[0])[1]
+
+
+def policy(ask: ShareAsk, rules: Sequence[Sharing], out: Mapping[str, Out]) -> SharePolicy:
+    """`place` for ``ask``, as the unit policy `placement.place` calls for a share."""
+    return lambda gpus, blocked: place(ask, gpus, rules, out, blocked)
+
+
+def held_slots(held: Mapping[str, Holder], out: Mapping[str, Out]) -> dict[str, Holder]:
+    """``held`` as a share's placement reads it: a GPU with shares out is held as that
+    many of its slots (a lease records its GPU and share count, so its slots are derived),
+    and not whole, so the other shares of a GPU never keep a share off it."""
+    placing = {uuid: who for uuid, who in held.items() if uuid not in out}
+    for uuid, have in out.items():
+        if uuid in held:
+            placing.update({slot_uuid(uuid, n): held[uuid] for n in range(have.slots)})
+    return placing
 
 
 def out_of(leases: Iterable[Lease]) -> dict[str, Out]:
