@@ -56,9 +56,10 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# The unit tier alone (tests/unit: no root, no dockerd): the quick check while working.
+# The unit tier alone (tests/unit: no root, no dockerd): the quick check while working, its
+# tests spread over every core (pytest-xdist).
 unit: venv
-	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/unit -q -n auto $(PYTEST_ARGS)
 
 # The whole suite on the host's dockerd 20.10 and, in parallel, the Engine-facing suites on
 # dockerd 26, 28 and 29 (Debian roots built on first use under /var/cache/gpu-alloc-tests;
