@@ -470,23 +470,3 @@ def _duration(path: str, key: str, value: Any) -> float | None:
         return config_times.duration(key, value)
     except config_times.KeyProblem as e:
         raise _fail(path, e.key, e.why) from None
-
-
-# ------------------------------------------------------------------ reloads
-
-
-def policy_changes(old: PolicyConfig, new: PolicyConfig) -> list[str]:
-    """The ``policy.`` keys a reload changes, for its log line (the rules' many keys as
-    one entry: limits, pools, defaults, waits, times, sharing)."""
-    fields = (f for f in PolicyConfig.__dataclass_fields__ if f != "rules")
-    changed = [f"policy.{f}" for f in fields if getattr(old, f) != getattr(new, f)]
-    if old.rules != new.rules:
-        changed.append("the policy's rules")
-    return changed
-
-
-def restart_changes(old: Config, new: Config) -> list[str]:
-    """The sections outside ``policy:`` that differ: a running service reads them only at
-    its start (its sockets, state directory, listeners), so they wait for a restart."""
-    names = [*_SECTIONS, *_SCALARS]
-    return [n for n in names if n != "policy" and getattr(old, n) != getattr(new, n)]

@@ -27,8 +27,8 @@ from allocator.core.machine import cpus
 from allocator.core.machine.inventory import Inventory, InventoryError
 from allocator.core.rules.policy import Rules, missing_pool_gpus
 from allocator.host import config as configmod
+from allocator.host import config_reload, dockerd
 from allocator.host import cpus as host_cpus
-from allocator.host import dockerd
 from allocator.host.config import Config, ConfigError, PolicyConfig
 from allocator.host.devices import DeviceSource, source_for
 from allocator.host.engine import Engine
@@ -325,11 +325,11 @@ class Gatherer:
             except ConfigError as e:
                 log.error("policy not reloaded, the one in force stays: %s", e)
                 return
-            later = configmod.restart_changes(self.config, read)
+            later = config_reload.restart_changes(self.config, read)
             if later:
                 log.warning("%s changed in %s: needs a restart", ", ".join(later), read.source)
             if new != self._policy:
-                changed = configmod.policy_changes(self._policy, new)
+                changed = config_reload.policy_changes(self._policy, new)
                 log.info("policy reloaded from %s: %s", self.config.source, ", ".join(changed))
                 self._policy = new
                 for tell in self.policy_listeners:
