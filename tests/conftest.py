@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.support import cdi, engine, engine_root
+from tests.support import cdi, clients, engine, engine_root
 
 # A verdict that reads a fact it does not declare (allocator/core/judging/route_checks.py's READS)
 # fails the test, here and in every plugin or shim a test starts, instead of being judged
@@ -103,6 +103,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if archive:
         lines.append(f"!!! {archive.splitlines()[0]}")
     return lines
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Nothing left in /tmp: the client configs of CLIs a test left running."""
+    clients.remove_client_configs()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

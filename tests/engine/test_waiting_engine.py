@@ -35,15 +35,7 @@ def make_stack() -> engine.Stack:
 def users(stack: engine.Stack) -> Iterator[None]:
     with host_users.present(LOW, MID, HIGH):
         host_users.open_shim(stack)
-        try:
-            yield
-        finally:
-            while CLIENT_CONFIGS:
-                shutil.rmtree(CLIENT_CONFIGS.pop(), ignore_errors=True)
-
-
-# The client configs of the CLIs `waiting_create` leaves running, removed with the users.
-CLIENT_CONFIGS: list[str] = []
+        yield
 
 
 def docker(stack: engine.Stack, *args: str, user: str | None = None):
@@ -53,7 +45,6 @@ def docker(stack: engine.Stack, *args: str, user: str | None = None):
 def waiting_create(stack: engine.Stack, user: str, name: str, wait: str = "2m", gpus: str = "1"):
     """``docker create`` in the background, as ``user``; the CLI waits as long as it takes."""
     env = clients._client_env(stack.shim_sock, None)
-    CLIENT_CONFIGS.append(env["DOCKER_CONFIG"])
     shutil.chown(env["DOCKER_CONFIG"], user)
     env["HOME"] = env["DOCKER_CONFIG"]
     argv = [clients.docker_bin(), "-H", env["DOCKER_HOST"], "create", "--name", name,

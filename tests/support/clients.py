@@ -40,11 +40,23 @@ def docker_bin(engine: Engine | None = None) -> str:
     return _which("docker") or "docker"
 
 
+# Every client config `_client_env` made: each caller removes its own when its client is
+# done, and the session's end (tests/conftest.py) whatever a client left running kept.
+_configs: list[str] = []
+
+
+def remove_client_configs() -> None:
+    """Remove every client config `_client_env` made that is still there."""
+    while _configs:
+        shutil.rmtree(_configs.pop(), ignore_errors=True)
+
+
 def _client_env(sock: str | os.PathLike[str], env: Mapping[str, str] | None) -> dict[str, str]:
     """The caller's env minus any DOCKER_*, pointed at `sock`, with a throwaway client config."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "COMPOSE_"))}
     base["DOCKER_HOST"] = "unix://" + os.fspath(sock)
     base["DOCKER_CONFIG"] = tempfile.mkdtemp(prefix="ga-cfg-", dir="/tmp")
+    _configs.append(base["DOCKER_CONFIG"])
     base.update(env or {})
     return base
 
