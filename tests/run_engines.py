@@ -54,6 +54,7 @@ ENGINE_SUITES = (
     "tests/engine/test_go_reading.py",  # what each Engine's Go reader stores of a spelling
     "tests/engine/test_protected_links_engine.py",  # links resolved in each dockerd's root
     "tests/engine/test_powers_engine.py",  # the allow-list of powers as each Engine stores them
+    "tests/engine/test_sharing_engine.py",  # MPS shares, and the namespaces that reach them
 )
 # The end-to-end GPU creates again with --gpus through CDI (tests/support/cdi.py), on the
 # Engines that turn an nvidia request into CDI devices themselves.
@@ -78,7 +79,6 @@ ENGINE_REST_SECOND = (
     "tests/engine/test_soak.py",
     "tests/engine/test_name_race.py",
     "tests/engine/test_plugin_chain_engine.py",
-    "tests/engine/test_sharing_engine.py",
     "tests/engine/test_report_engine.py",
     "tests/engine/test_restarts_engine.py",
     "tests/engine/test_doctor.py",
