@@ -82,16 +82,16 @@ def pipe_dir() -> str:
     return os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE
 
 
-def record(line: str) -> None:
+def record(what: str) -> None:
+    """``<kind> gpu=<CUDA_VISIBLE_DEVICES> <what>``: a line the tests assert on."""
     if CALLS:
-        gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        kind, _, rest = what.partition(" ")
         with open(CALLS, "a") as f:
-            f.write(line.replace("{gpu}", gpu) + "\n")
+            f.write(f"{kind} gpu={os.environ.get('CUDA_VISIBLE_DEVICES', '')} {rest}\n")
 
 
 def main(argv: list[str]) -> int:
-    record(f"call gpu={{gpu}} pipe={os.environ.get('CUDA_MPS_PIPE_DIRECTORY', '')} "
-           f"args={' '.join(argv)}")  # fmt: skip
+    record(f"call pipe={os.environ.get('CUDA_MPS_PIPE_DIRECTORY', '')} args={' '.join(argv)}")
     if argv == ["-d"]:
         return start_daemon(pipe_dir(), os.environ.get("CUDA_MPS_LOG_DIRECTORY") or DEFAULT_LOG)
     if argv:
@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
     for line in sys.stdin:
         command = line.strip()
         if command:
-            record(f"cmd gpu={{gpu}} {command}")
+            record(f"cmd {command}")
             status = max(status, send(pipe_dir(), command))
     return status
 
@@ -129,6 +129,7 @@ def start_daemon(pipe: str, logs: str) -> int:
         if probe.connect_ex(path) == 0:
             print(RUNNING, file=sys.stderr)
             return 1
+    # gpu-alloc and the device plugin create both first; the stand-in does not insist
     os.makedirs(pipe, exist_ok=True)
     os.makedirs(logs, exist_ok=True)
     ready_r, ready_w = os.pipe()
