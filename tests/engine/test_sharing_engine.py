@@ -2,8 +2,9 @@
 
 Simulated GPUs 0 and 1 are four MPS shares each (policy.sharing), GPU 2 (pool ``ts``)
 two timeslice shares; GPU 3 is whole only.
-A fake ``nvidia-cuda-mps-control`` records every call it is given (the GPU it was run
-for, its arguments, and the commands read on stdin) in ``mps-calls.log``.
+The ``nvidia-cuda-mps-control`` stand-in (tests/support/mps_control.py: a daemon that
+takes the commands NVIDIA documents and refuses others) records every call it is given
+(the GPU it was run for, its arguments, and the commands read on stdin) in ``mps-calls.log``.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import yaml
 
 from allocator.core.rules.sharing import CLIENT_PIPE
 from allocator.host.ledger import Ledger
-from tests.support import engine
+from tests.support import engine, mps_control
 
 IMAGE = engine.BUSYBOX_TAG
 GPU = [engine.sim_gpu_uuid(k) for k in range(4)]
@@ -24,22 +26,20 @@ POLICY = {
     "sharing": [{"gpus": [0, 1], "shares": 4}, {"pool": "ts", "shares": 2, "mode": "timeslice"}],
 }
 SHARE = ("--gpus", "1", "--label", "io.gpu-alloc.share=1/4")
-FAKE = """#!/bin/sh
-log="$(dirname "$0")/mps-calls.log"
-pipe="$CUDA_MPS_PIPE_DIRECTORY"
-printf 'call gpu=%s pipe=%s args=%s\\n' "$CUDA_VISIBLE_DEVICES" "$pipe" "$*" >> "$log"
-[ "$1" = "-d" ] && exit 0
-while read -r line; do printf 'cmd gpu=%s %s\\n' "$CUDA_VISIBLE_DEVICES" "$line" >> "$log"; done
-"""
 
 
 def make_stack() -> engine.Stack:
     stack = engine.Stack(gpus=4, policy=POLICY)
-    fake = stack.dir / "nvidia-cuda-mps-control"
-    fake.write_text(FAKE)
-    fake.chmod(0o755)
+    fake = mps_control.install(stack.dir / "nvidia-cuda-mps-control", stack.dir / "mps-calls.log")
     stack.extra = {"mps": {"dir": str(stack.dir / "mps"), "control": str(fake)}}
     return stack
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _daemons_quit(stack):
+    """The stand-in's daemons are processes: none outlives the module's stack."""
+    yield
+    mps_control.quit_all(stack.dir / "mps")
 
 
 def shim(stack: engine.Stack, *args: str):

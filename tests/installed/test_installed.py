@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import buildkit, cdi, engine_root, systemd_root
+from tests.support import buildkit, cdi, engine_root, mps_control, systemd_root
 from tests.support.busybox_image import BUSYBOX_TAG, busybox_rootfs_tar
 from tests.support.engine import sim_gpu_uuid, write_sim_gpus
 
@@ -44,24 +44,9 @@ PROBE = f"/probe/{buildkit.PROBE}"
 ENGINE = engine_root.selected()
 DOCTOR_ROW = re.compile(r"^\[\s*(ok|warn|FAIL)\] (.*)$")
 MPS_LOG = "/run/gpu-alloc/mps-calls.log"
-# A fake `nvidia-cuda-mps-control` that records its calls in MPS_LOG (both the shim and
-# the daemon's transient unit can write /run/gpu-alloc): `-d` forks a "daemon" that
-# leaves a mark on the /dev/shm it sees and runs until a client reads `quit`.
-MPS_FAKE = f"""#!/bin/sh
-pipe="$CUDA_MPS_PIPE_DIRECTORY"
-printf 'call gpu=%s pipe=%s args=%s\\n' "$CUDA_VISIBLE_DEVICES" "$pipe" "$*" >> {MPS_LOG}
-if [ "$1" = "-d" ]; then
-    rm -f "$pipe/quit" && touch /dev/shm/daemon-was-here
-    setsid sh -c 'while [ ! -e "$1/quit" ]; do sleep 0.2; done' sh "$pipe" \\
-        </dev/null >/dev/null 2>&1 &
-    exit 0
-fi
-while read -r line; do
-    printf 'cmd gpu=%s %s\\n' "$CUDA_VISIBLE_DEVICES" "$line" >> {MPS_LOG}
-    [ "$line" = quit ] && touch "$pipe/quit"
-done
-exit 0
-"""
+# The `nvidia-cuda-mps-control` stand-in (tests/support/mps_control.py) records its calls
+# in MPS_LOG (both the shim and the daemon's transient unit can write /run/gpu-alloc); its
+# daemon leaves a mark on the /dev/shm it sees and runs until told `quit`.
 
 
 def _require() -> Path:
@@ -274,8 +259,7 @@ def test_a_shared_gpu_gets_one_mps_daemon_as_a_transient_unit_while_shares_are_o
     config["policy"]["sharing"] = {"gpus": [0], "shares": 4}
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     fake = host.root / "usr/local/bin/nvidia-cuda-mps-control"  # mps.control, on PATH
-    fake.write_text(MPS_FAKE)
-    fake.chmod(0o755)
+    mps_control.install(fake, Path(MPS_LOG), shm_mark=True)
     gpu = sim_gpu_uuid(0)
     unit = f"gpu-alloc-mps-{gpu}.service"
     units = "systemctl list-units --all --plain --no-legend 'gpu-alloc-mps-*'"
