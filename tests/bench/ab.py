@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -135,6 +136,7 @@ def main(rev: str, rounds: int, what: str = "create") -> None:
             bare.stop()
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)],
                        check=False, capture_output=True)  # fmt: skip
+        shutil.rmtree(tmp, ignore_errors=True)  # the stacks' state directories
     base = median(ms["bare"])
     title = {"run": "docker run --rm", "burst": f"API create, {BURST} in a row (ms each)"}.get(
         what, "API create"
