@@ -31,15 +31,13 @@ from allocator.host import (
     config_times,
     swarm_config,
 )
+from allocator.host import config_values as values
+from allocator.host.config_values import ConfigError as ConfigError
 from allocator.host.swarm_config import SwarmConfig
 
 DEFAULT_PATH = "/etc/gpu-alloc/config.yaml"
 ENV_VAR = "GPU_ALLOC_CONFIG"
 PLACEMENT_POLICIES = ("best-effort", "numa", "first-fit")
-
-
-class ConfigError(Exception):
-    """A bad configuration; the message names the file and the key."""
 
 
 @dataclass(frozen=True)
@@ -191,58 +189,46 @@ def parse(text: str, path: str = "<string>") -> Config:
     return _build(data, path)
 
 
-def _fail(path: str, key: str, why: str) -> ConfigError:
-    return ConfigError(f"{path}: key '{key}': {why}")
-
-
-def _check_type(path: str, key: str, value: Any, want: type | tuple[type, ...]) -> None:
-    wants = want if isinstance(want, tuple) else (want,)
-    if isinstance(value, bool) and bool not in wants:
-        raise _fail(path, key, f"expected {_names(wants)}, got a boolean")
-    if not isinstance(value, wants):
-        raise _fail(path, key, f"expected {_names(wants)}, got {type(value).__name__}")
-
-
-def _names(types: tuple[type, ...]) -> str:
-    return " or ".join("null" if t is type(None) else t.__name__ for t in types)
-
-
 def _build(data: dict[str, Any], path: str) -> Config:
     known = set(_SECTIONS) | set(_SCALARS)
     for key in data:
         if key not in known:
-            raise _fail(path, str(key), config_keys.unknown(str(key), known))
+            raise values.fail(path, str(key), config_keys.unknown(str(key), known))
     sections: dict[str, Any] = {}
     for name, schema in _SECTIONS.items():
         raw = {} if data.get(name) is None else data[name]
         if not isinstance(raw, dict):
-            raise _fail(path, name, "must be a mapping")
+            raise values.fail(path, name, "must be a mapping")
         for key, value in raw.items():
             dotted = f"{name}.{key}"
             if key not in schema:
-                raise _fail(path, dotted, config_keys.unknown(dotted, schema))
-            _check_type(path, dotted, value, schema[key])
+                raise values.fail(path, dotted, config_keys.unknown(dotted, schema))
+            values.check_type(path, dotted, value, schema[key])
         sections[name] = dict(raw)
     for key, want in _SCALARS.items():
         if key in data:
-            _check_type(path, key, data[key], want)
+            values.check_type(path, key, data[key], want)
 
     shim = sections["shim"]
     if "mode" in shim:
         shim["mode"] = _mode(path, shim["mode"])
     policy = sections["policy"]
     if policy.get("placement", "best-effort") not in PLACEMENT_POLICIES:
-        raise _fail(path, "policy.placement", f"must be one of {', '.join(PLACEMENT_POLICIES)}")
+        raise values.fail(
+            path, "policy.placement", f"must be one of {', '.join(PLACEMENT_POLICIES)}"
+        )
     if "mig" in policy:
         policy["mig"] = _mig(path, policy["mig"])
     health = sections["health"]
     if "ignored_xids" in health:
         xids = health["ignored_xids"]
         if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in xids):
-            raise _fail(path, "health.ignored_xids", "must be a list of Xid numbers, e.g. [13, 43]")
+            raise values.fail(
+                path, "health.ignored_xids", "must be a list of Xid numbers, e.g. [13, 43]"
+            )
         health["ignored_xids"] = tuple(xids)
     if health.get("recheck_after", 0) < 0:
-        raise _fail(path, "health.recheck_after", "must be 0 (never) or a number of seconds")
+        raise values.fail(path, "health.recheck_after", "must be 0 (never) or a number of seconds")
     for dotted, value in (
         ("policy.lock_timeout", policy.get("lock_timeout", 1)),
         ("policy.pending_ttl", policy.get("pending_ttl", 1)),
@@ -253,7 +239,7 @@ def _build(data: dict[str, Any], path: str) -> Config:
         ("health.period", health.get("period", 1)),
     ):
         if value <= 0:
-            raise _fail(path, dotted, "must be greater than zero")
+            raise values.fail(path, dotted, "must be greater than zero")
     for dotted, value in (
         ("engine.socket", sections["engine"].get("socket", "/")),
         ("shim.socket", shim.get("socket", "/")),
@@ -263,15 +249,15 @@ def _build(data: dict[str, Any], path: str) -> Config:
         ("mps.dir", sections["mps"].get("dir", "/")),
     ):
         if not value.startswith("/"):
-            raise _fail(path, dotted, f"must be an absolute path, got '{value}'") from None
+            raise values.fail(path, dotted, f"must be an absolute path, got '{value}'") from None
     try:
         parse_list(policy.get("reserved_cpus", ""))
     except ValueError as e:
-        raise _fail(path, "policy.reserved_cpus", str(e)) from None
+        raise values.fail(path, "policy.reserved_cpus", str(e)) from None
     ttl = policy.get("pending_ttl", PolicyConfig.pending_ttl)
     create_timeout = shim.get("create_timeout", ShimConfig.create_timeout)
     if ttl <= create_timeout:
-        raise _fail(
+        raise values.fail(
             path,
             "policy.pending_ttl",
             f"must be longer than shim.create_timeout "
@@ -281,13 +267,13 @@ def _build(data: dict[str, Any], path: str) -> Config:
     if listen is not None:
         host, colon, port = listen.rpartition(":")
         if not (colon and host and numbers.maybe(port, numbers.PORT)):
-            raise _fail(path, "metrics.listen", f"expected host:port, got '{listen}'")
+            raise values.fail(path, "metrics.listen", f"expected host:port, got '{listen}'")
     swarm = swarm_config.parse(sections["swarm"])
     if isinstance(swarm, tuple):
-        raise _fail(path, *swarm)
+        raise values.fail(path, *swarm)
     notify = config_notify.parse(sections["notify"])
     if isinstance(notify, tuple):
-        raise _fail(path, *notify)
+        raise values.fail(path, *notify)
     gpus = data.get("gpus", "nvml")
     if gpus != "nvml" and not gpus.startswith("/"):
         gpus = str((Path(path).parent / gpus).resolve())
@@ -316,7 +302,7 @@ def _mig(path: str, value: object) -> MigPolicy:
     try:
         return MigPolicy(str(value))
     except ValueError:
-        raise _fail(path, "policy.mig", f"must be one of {', '.join(MigPolicy)}") from None
+        raise values.fail(path, "policy.mig", f"must be one of {', '.join(MigPolicy)}") from None
 
 
 def _mode(path: str, value: int | str) -> int:
@@ -326,7 +312,7 @@ def _mode(path: str, value: int | str) -> int:
         return int(value, 8)
     except ValueError:
         why = f"expected an octal mode such as '0660', got '{value}'"
-        raise _fail(path, "shim.mode", why) from None
+        raise values.fail(path, "shim.mode", why) from None
 
 
 # ------------------------------------------------------------------ policy rules
@@ -334,71 +320,83 @@ def _mode(path: str, value: int | str) -> int:
 
 def _rules(path: str, policy: dict[str, Any]) -> Rules:
     """The policy's limits, pools and defaults, each key checked (docs/policy.md)."""
-    limits = _mapping(path, "policy.limits", policy.get("limits"), ("default", "users", "groups"))
+    limits = values.mapping(
+        path, "policy.limits", policy.get("limits"), ("default", "users", "groups")
+    )
     default = limits.get("default")
     exempt = policy.get("exempt", ["root"])
     for i, name in enumerate(exempt):
-        _check_type(path, f"policy.exempt[{i}]", name, str)
+        values.check_type(path, f"policy.exempt[{i}]", name, str)
     pools = {}
-    for name, raw in _mapping(path, "policy.pools", policy.get("pools"), None).items():
+    for name, raw in values.mapping(path, "policy.pools", policy.get("pools"), None).items():
         key = f"policy.pools.{name}"
-        pool = _mapping(path, key, raw, ("gpus", "users", "groups"))
+        pool = values.mapping(path, key, raw, ("gpus", "users", "groups"))
         if "gpus" not in pool:
-            raise _fail(path, f"{key}.gpus", "a pool must list its GPU indices")
+            raise values.fail(path, f"{key}.gpus", "a pool must list its GPU indices")
         pools[str(name)] = Pool(
-            tuple(_ints(path, f"{key}.gpus", pool["gpus"])),
-            tuple(_strs(path, f"{key}.users", pool.get("users") or [])),
-            tuple(_strs(path, f"{key}.groups", pool.get("groups") or [])),
+            tuple(values.ints(path, f"{key}.gpus", pool["gpus"])),
+            tuple(values.strs(path, f"{key}.users", pool.get("users") or [])),
+            tuple(values.strs(path, f"{key}.groups", pool.get("groups") or [])),
         )
     default_pool = policy.get("default_pool")
     if default_pool is not None and default_pool not in pools:
-        raise _fail(path, "policy.default_pool", f"no pool '{default_pool}' in policy.pools")
-    gd = _mapping(path, "policy.gpu_defaults", policy.get("gpu_defaults"), ("shm_size", "ulimits"))
+        raise values.fail(path, "policy.default_pool", f"no pool '{default_pool}' in policy.pools")
+    gd = values.mapping(
+        path, "policy.gpu_defaults", policy.get("gpu_defaults"), ("shm_size", "ulimits")
+    )
     shm = None
     if gd.get("shm_size") is not None:
         try:
             shm = parse_size(str(gd["shm_size"]))
         except ValueError as e:
-            raise _fail(path, "policy.gpu_defaults.shm_size", str(e)) from None
+            raise values.fail(path, "policy.gpu_defaults.shm_size", str(e)) from None
     ulimits = []
-    for name, value in _mapping(
+    for name, value in values.mapping(
         path, "policy.gpu_defaults.ulimits", gd.get("ulimits"), None
     ).items():
         key = f"policy.gpu_defaults.ulimits.{name}"
         soft: Any  # YAML values, checked below
         hard: Any
         if isinstance(value, dict):
-            v = _mapping(path, key, value, ("soft", "hard"))
+            v = values.mapping(path, key, value, ("soft", "hard"))
             soft, hard = v.get("soft", v.get("hard")), v.get("hard", v.get("soft"))
         else:
             soft = hard = value
         for k, n in (("soft", soft), ("hard", hard)):
-            _check_type(path, f"{key}.{k}" if isinstance(value, dict) else key, n, int)
+            values.check_type(path, f"{key}.{k}" if isinstance(value, dict) else key, n, int)
         ulimits.append(Ulimit(str(name), soft, hard))
     privileged = policy.get("privileged", REFUSE)
     if privileged not in PRIVILEGED_MODES:
-        raise _fail(path, "policy.privileged", f"must be one of {', '.join(PRIVILEGED_MODES)}")
-    priority = _mapping(path, "policy.priority", policy.get("priority"), ("users", "groups"))
-    wait = _mapping(path, "policy.wait", policy.get("wait"), ("default", "max"))
-    share = _mapping(path, "policy.fair_share", policy.get("fair_share"), ("half_life",))
+        raise values.fail(
+            path, "policy.privileged", f"must be one of {', '.join(PRIVILEGED_MODES)}"
+        )
+    priority = values.mapping(path, "policy.priority", policy.get("priority"), ("users", "groups"))
+    wait = values.mapping(path, "policy.wait", policy.get("wait"), ("default", "max"))
+    share = values.mapping(path, "policy.fair_share", policy.get("fair_share"), ("half_life",))
     if policy.get("fair_share") is not None and share.get("half_life") is None:
-        raise _fail(path, "policy.fair_share.half_life", "required, a duration such as 7d")
+        raise values.fail(path, "policy.fair_share.half_life", "required, a duration such as 7d")
     try:
         times = config_times.time_rules(policy)
         sharing = config_sharing.sharing_rules(policy)
         binders = config_socket_binds.binders(policy)
         granted = config_powers.power_grants(policy)
     except config_times.KeyProblem as e:
-        raise _fail(path, e.key, e.why) from None
+        raise values.fail(path, e.key, e.why) from None
     return Rules(
-        default_limit=None if default is None else _gpus(path, "policy.limits.default", default),
+        default_limit=None
+        if default is None
+        else values.gpus(path, "policy.limits.default", default),
         user_limits={
-            str(u): _gpus(path, f"policy.limits.users.{u}", v)
-            for u, v in _mapping(path, "policy.limits.users", limits.get("users"), None).items()
+            str(u): values.gpus(path, f"policy.limits.users.{u}", v)
+            for u, v in values.mapping(
+                path, "policy.limits.users", limits.get("users"), None
+            ).items()
         },
         group_limits={
-            str(g): _gpus(path, f"policy.limits.groups.{g}", v)
-            for g, v in _mapping(path, "policy.limits.groups", limits.get("groups"), None).items()
+            str(g): values.gpus(path, f"policy.limits.groups.{g}", v)
+            for g, v in values.mapping(
+                path, "policy.limits.groups", limits.get("groups"), None
+            ).items()
         },
         exempt=tuple(exempt),
         pools=pools,
@@ -408,8 +406,8 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
         release_stopped_after=_duration(
             path, "policy.release_stopped_after", policy.get("release_stopped_after")
         ),
-        user_priorities=_priorities(path, "policy.priority.users", priority.get("users")),
-        group_priorities=_priorities(path, "policy.priority.groups", priority.get("groups")),
+        user_priorities=values.priorities(path, "policy.priority.users", priority.get("users")),
+        group_priorities=values.priorities(path, "policy.priority.groups", priority.get("groups")),
         wait_default=_duration(path, "policy.wait.default", wait.get("default")),
         wait_max=_duration(path, "policy.wait.max", wait.get("max")),
         privileged=privileged,
@@ -421,52 +419,9 @@ def _rules(path: str, policy: dict[str, Any]) -> Rules:
     )
 
 
-def _priorities(path: str, key: str, value: Any) -> dict[str, int]:
-    """Name -> priority (any whole number; higher is served first)."""
-    found = {}
-    for name, n in _mapping(path, key, value, None).items():
-        _check_type(path, f"{key}.{name}", n, int)
-        found[str(name)] = n
-    return found
-
-
-def _mapping(path: str, key: str, value: Any, known: tuple[str, ...] | None) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise _fail(path, key, "must be a mapping")
-    for k in value:
-        if known is not None and k not in known:
-            raise _fail(path, f"{key}.{k}", config_keys.unknown(f"{key}.{k}", known))
-    return value
-
-
-def _gpus(path: str, key: str, value: Any) -> int:
-    """A limit is written ``{gpus: N}``, to leave room for more kinds of limit."""
-    gpus: Any = _mapping(path, key, value, ("gpus",)).get("gpus")  # YAML, checked next
-    _check_type(path, f"{key}.gpus", gpus, int)
-    if gpus < 0:
-        raise _fail(path, f"{key}.gpus", "must be zero or more")
-    return gpus
-
-
-def _ints(path: str, key: str, value: Any) -> list[int]:
-    _check_type(path, key, value, list)
-    for i, v in enumerate(value):
-        _check_type(path, f"{key}[{i}]", v, int)
-    return value
-
-
-def _strs(path: str, key: str, value: Any) -> list[str]:
-    _check_type(path, key, value, list)
-    for i, v in enumerate(value):
-        _check_type(path, f"{key}[{i}]", v, str)
-    return value
-
-
 def _duration(path: str, key: str, value: Any) -> float | None:
     """Seconds in ``90``, ``30s``, ``15m``, ``24h`` or ``7d``; None when unset."""
     try:
         return config_times.duration(key, value)
     except config_times.KeyProblem as e:
-        raise _fail(path, e.key, e.why) from None
+        raise values.fail(path, e.key, e.why) from None
