@@ -34,13 +34,18 @@ import hmac
 import secrets
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from enum import Enum, StrEnum
 from typing import Any
 
 from allocator.core.leases.claims import Claim as Claim  # re-exported: State holds them
 from allocator.core.leases.claims import claim_from_json, claim_json
 from allocator.core.leases.clock import Mark
 from allocator.core.leases.holders import Holder
+
+# re-exported: the lease's phases are read with it everywhere
+from allocator.core.leases.phases import TRANSITIONS as TRANSITIONS
+from allocator.core.leases.phases import Event as Event
+from allocator.core.leases.phases import LeaseError as LeaseError
+from allocator.core.leases.phases import Phase as Phase
 
 # 2: a file may have grants recorded beside it (its ``generation``), which 1 never read;
 # 1's files read as 2's with none.
@@ -54,30 +59,6 @@ REPAIR_HINT = (
 
 class StateError(Exception):
     """The ledger cannot be trusted or reached; allocation must stop."""
-
-
-class LeaseError(ValueError):
-    """An event that the lease's phase has no transition for."""
-
-
-class Phase(StrEnum):
-    PENDING = "pending"
-    BOUND = "bound"
-    HANDED_OVER = "handed-over"
-
-
-class Event(Enum):
-    BIND = "bind"  # the Engine named the container
-    HAND_OVER = "hand-over"  # a Compose replacement takes the GPUs
-    TAKE_BACK = "take-back"  # the replacement's lease ended first
-
-
-TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
-    (Phase.PENDING, Event.BIND): Phase.BOUND,
-    (Phase.BOUND, Event.BIND): Phase.BOUND,  # the same answer from plugin and shim
-    (Phase.BOUND, Event.HAND_OVER): Phase.HANDED_OVER,
-    (Phase.HANDED_OVER, Event.TAKE_BACK): Phase.BOUND,
-}
 
 
 @dataclass(frozen=True)
