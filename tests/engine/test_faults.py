@@ -119,16 +119,21 @@ def granted(stack: FaultStack) -> list[str]:
 # ----------------------------------------------------------------- process faults
 
 
+def wait_for_a_run(stack: FaultStack) -> None:
+    """Until some container is running: on a loaded machine the first `docker run` may
+    take longer than a fault's first second, and a fault before any create got through
+    would show nothing."""
+    api = engine.engine_api(stack.engine_sock)
+    deadline = time.monotonic() + 60
+    while not api.containers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def test_shim_killed_while_creates_are_in_flight(stack):
     rng = random.Random()
 
     def fault() -> None:
-        # Some creates get through, some are cut: on a loaded machine the first `docker
-        # run` may take longer than the first kill's 1-2 s, so wait for one to run first.
-        api = engine.engine_api(stack.engine_sock)
-        deadline = time.monotonic() + 60
-        while not api.containers() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for_a_run(stack)  # some creates get through, some are cut
         for _ in range(3):
             time.sleep(rng.uniform(1.0, 2.0))
             stack.kill_shim()
@@ -148,6 +153,7 @@ def test_plugin_workers_killed_during_creates(stack):
     victims = []
 
     def fault() -> None:
+        wait_for_a_run(stack)
         for _ in range(3):
             time.sleep(rng.uniform(0.1, 1.0))
             victims.append(stack.kill_plugin_worker(rng.choice(stack.plugin_workers())))
@@ -162,6 +168,7 @@ def test_plugin_workers_killed_during_creates(stack):
 
 def test_dockerd_restarted_mid_run(stack):
     def fault() -> None:
+        wait_for_a_run(stack)
         time.sleep(1.0)
         stack.restart_dockerd()
 
