@@ -90,7 +90,7 @@ def engine_state() -> tuple[str, str | None, str | None]:
         root = f"{eng.name} (Debian {eng.suite} root): {said}; Compose v2 {compose}{mode}"
         return root, None, None
     try:
-        argv = [engine._which("dockerd") or "dockerd", "--version"]
+        argv = [engine.which("dockerd") or "dockerd", "--version"]
         said = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()
     except OSError as e:
         said = f"not runnable ({e})"

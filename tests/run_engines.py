@@ -55,6 +55,7 @@ ENGINE_SUITES = (
     "tests/engine/test_protected_links_engine.py",  # links resolved in each dockerd's root
     "tests/engine/test_powers_engine.py",  # the allow-list of powers as each Engine stores them
     "tests/engine/test_sharing_engine.py",  # MPS shares, and the namespaces that reach them
+    "tests/engine/test_dind_engine.py",  # a granted owner's dockerd in a privileged container
 )
 # The end-to-end GPU creates again with --gpus through CDI (tests/support/cdi.py), on the
 # Engines that turn an nvidia request into CDI devices themselves.

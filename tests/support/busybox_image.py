@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import tarfile
 
 import docker
+
+from tests.support.clients import which
 
 BUSYBOX_TAG = "gpu-alloc-test/busybox:latest"
 
@@ -36,14 +37,9 @@ exit $rc
 """
 
 
-def _which(tool: str) -> str | None:
-    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin:/usr/bin:/sbin:/bin"])
-    return shutil.which(tool, path=path)
-
-
 def busybox_rootfs_tar(busybox: str | None = None) -> bytes:
     """A minimal root filesystem: static busybox plus applet links, as an uncompressed tar."""
-    busybox = busybox or _which("busybox")
+    busybox = busybox or which("busybox")
     if busybox is None:
         raise RuntimeError("busybox not found; install busybox-static (make deps)")
     buf = io.BytesIO()

@@ -21,7 +21,9 @@ from tests.support.engine_root import Engine
 _counter = itertools.count()
 
 
-def _which(tool: str) -> str | None:
+def which(tool: str) -> str | None:
+    """``tool`` on PATH or in the system's sbin and bin directories (root's PATH may lack
+    /usr/sbin, where Debian keeps dockerd and runc)."""
     path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin:/usr/bin:/sbin:/bin"])
     return shutil.which(tool, path=path)
 
@@ -37,7 +39,7 @@ def docker_bin(engine: Engine | None = None) -> str:
         cli = engine_root.ensure_root(engine) / "usr/bin/docker"
         if cli.exists():
             return str(cli)
-    return _which("docker") or "docker"
+    return which("docker") or "docker"
 
 
 # Every client config `_client_env` made: each caller removes its own when its client is
@@ -113,7 +115,7 @@ def compose_name(project: str, service: str, number: int, engine: Engine | None 
 
 def _compose_argv(engine: Engine, config_dir: str, version: int) -> list[str]:
     if version == 1:
-        compose = _which("docker-compose")
+        compose = which("docker-compose")
         if compose is None:
             raise RuntimeError("docker-compose not found; install it (make deps)")
         return [compose, "--no-ansi"]

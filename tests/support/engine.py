@@ -52,6 +52,7 @@ from tests.support.clients import (  # noqa: F401
     compose_version,
     docker_cli,
     docker_compose,
+    which,
 )
 from tests.support.engine_root import Engine
 
@@ -83,24 +84,18 @@ def missing_requirements(engine: Engine | None = None) -> str | None:
         tools = ("unshare", "chroot", "busybox", "docker")
         if not (engine.root / engine_root.STAMP).exists():
             tools += ("debootstrap",)
-        return next((f"'{t}' is not installed (make deps)" for t in tools if not _which(t)), None)
+        return next((f"'{t}' is not installed (make deps)" for t in tools if not which(t)), None)
     for tool in tools:
-        if _which(tool) is None:
+        if which(tool) is None:
             return f"'{tool}' is not installed (make deps)"
     if find_runc() is None:
         return "'runc' is not installed (make deps)"
     return None
 
 
-def _which(tool: str) -> str | None:
-    # Tests may run with a PATH that lacks the sbin directories where dockerd and runc live.
-    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin:/usr/bin:/sbin:/bin"])
-    return shutil.which(tool, path=path)
-
-
 def find_runc() -> str | None:
     """Debian ships runc as /usr/sbin/runc (with a /usr/bin/runc link)."""
-    return _which("runc")
+    return which("runc")
 
 
 # The fake hook: at prestart, copy the bundle's config.json to <dir>/toolkit/<id>.json when
@@ -298,7 +293,7 @@ class Dockerd:
 
     def argv(self) -> list[str]:
         """dockerd's own command line (inside the root for a root Engine)."""
-        dockerd = "dockerd" if self.engine.root else (_which("dockerd") or "dockerd")
+        dockerd = "dockerd" if self.engine.root else (which("dockerd") or "dockerd")
         d = self.dir
         argv = [
             dockerd,

@@ -92,7 +92,7 @@ def missing_requirements() -> str | None:
     if why:
         return why
     for tool in ("ip", "unshare", "nsenter"):
-        if engine._which(tool) is None:
+        if engine.which(tool) is None:
             return f"'{tool}' is not installed"
     return None
 

@@ -12,7 +12,9 @@ import pytest
 from allocator.core.access import socket_binds as binds
 from allocator.core.access.facts import HOST_POLICY, EngineView, NotAsked
 from allocator.core.judging import verdicts as decide
+from allocator.core.judging.ask import Ask
 from allocator.core.judging.service_marks import Signing
+from allocator.core.machine.inventory import GPU, Inventory
 from allocator.core.rules import power_grants
 from allocator.core.rules.power_grants import Binders, PowerGrants
 from allocator.host import apparmor, config
@@ -21,7 +23,7 @@ from tests.support.table_host import TableHost
 
 KEY = b"k" * 32
 URI = "/v1.41/containers/create?name=clock"
-TIME = PowerGrants({"SYS_TIME": Binders(users=("alice",))})
+TIME = PowerGrants({"SYS_TIME": Binders(users=("alice",)), "privileged": Binders(("dee",))})
 
 
 def test_binders_are_named_users_and_members_of_named_groups():
@@ -33,7 +35,7 @@ def test_binders_are_named_users_and_members_of_named_groups():
 
 @dataclass
 class GrantingHost(TableHost):
-    """A table host whose policy grants alice SYS_TIME."""
+    """A table host whose policy grants alice SYS_TIME, and dee privileged mode."""
 
     def may_use_power(self, user: str, power: str) -> bool:
         return TIME.allow(power, user, ())
@@ -75,6 +77,19 @@ def test_the_same_create_on_dockerds_own_socket_or_for_another_owner_is_refused(
     assert isinstance(judge(bob, marked(bob)), decide.Deny)
     forged = judge(clock(owner="alice"))  # the label without the shim's mark
     assert isinstance(forged, decide.Deny) and binds.LABEL in forged.msg
+
+
+def test_a_privileged_grant_leases_every_gpu_to_its_owners_create_through_the_shim():
+    """Docker-in-Docker for one owner: ``policy.powers.privileged`` is ``policy.privileged:
+    lease-all`` for them alone, so their container still holds the whole host."""
+    gpus = Inventory((GPU("GPU-a", 0), GPU("GPU-b", 1)))
+    facts = decide.Facts(gpus, EngineView(), GrantingHost())
+    dind = {"Image": "docker:dind", "HostConfig": {"Privileged": True}}
+    every = decide.shim_ask(binds.labelled_as(dind, "dee"), facts)
+    assert isinstance(every, Ask) and every.every
+    for owner in ("alice", ""):  # another power's holder; nobody by name
+        got = decide.shim_ask(binds.labelled_as(dind, owner) if owner else dind, facts)
+        assert isinstance(got, decide.Deny) and "policy.powers: {privileged:" in got.msg
 
 
 def test_a_judgement_without_the_hosts_facts_asks_for_them_before_granting():

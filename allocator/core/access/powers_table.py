@@ -167,6 +167,12 @@ OTHER_POWERS: dict[str, tuple[str, str]] = {
         "makes the kernel's OOM killer kill the host's processes (dockerd, gpu-alloc) "
         "before the container",
     ),
+    "privileged": (
+        "Privileged",
+        "holds every capability and device node with no seccomp or AppArmor profile: root "
+        "on the host; granted (Docker-in-Docker), its create through the shim leases every "
+        "GPU, as under policy.privileged: lease-all",
+    ),
 }
 
 # --- sysctls --------------------------------------------------------------------------------

@@ -2,9 +2,9 @@
 
 A privileged container reaches every device: under `LEASE_ALL` it holds every GPU.
 
-``policy.privileged: lease-all`` lets a privileged create through the shim lease every
-GPU unit of the host (whole GPUs, and under ``policy.mig`` every MIG slice), all or
-nothing, like ``--gpus all``.  The plugin admits such a create by that lease alone, and
+``policy.privileged: lease-all`` (for the owners it names, ``policy.powers.privileged``)
+lets a privileged create through the shim lease every GPU unit of the host (whole GPUs,
+and under ``policy.mig`` every MIG slice), all or nothing, like ``--gpus all``.  The plugin admits such a create by that lease alone, and
 at start the lease must still hold the whole host: privileged is never pinned to GPUs,
 so anything less would leave GPUs reachable that another lease could be granted.
 
@@ -25,6 +25,7 @@ from allocator.core.machine.inventory import Inventory
 FIELD = "HostConfig.Privileged"  # the grant `access` makes for privileged mode
 REFUSE, LEASE_ALL = "refuse", "lease-all"
 MODES = (REFUSE, LEASE_ALL)
+POWER = "privileged"  # policy.powers.privileged: lease-all, for the owners it names
 
 
 def asked(grants: Access) -> bool:
@@ -57,7 +58,8 @@ def leased(spec: Mapping[str, Any], grants: Access, inventory: Inventory) -> fro
         return (
             "gpu-alloc refused the container create: a privileged container reaches every "
             f"GPU, and its lease must hold every one, named once in {VISIBLE}; "
-            "create it through the gpu-alloc socket under policy.privileged: lease-all"
+            "create it through the gpu-alloc socket under policy.privileged: lease-all "
+            "or a policy.powers.privileged grant"
         )
     return named
 

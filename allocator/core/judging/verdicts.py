@@ -53,7 +53,7 @@ from allocator.core.judging.decisions import (
 )
 from allocator.core.judging.route_checks import CHECKS, READS, needs_body, service
 from allocator.core.judging.service_marks import Signing
-from allocator.core.rules import sharing
+from allocator.core.rules import power_grants, sharing
 
 # The decisions are this module's answers: callers read them from here.
 __all__ = [
@@ -84,7 +84,9 @@ PLAIN = {
     "HostConfig.Privileged": (
         "a privileged container sees every device on the host, every GPU included, so "
         "it is not allowed here",
-        "remove --privileged, and add with --cap-add only what the container really needs",
+        "remove --privileged, and add with --cap-add only what the container really needs; "
+        "for Docker-in-Docker ask your operator for policy.powers: {privileged: {users: "
+        "[you]}} (a privileged container holds every GPU while it exists)",
     ),
 }
 SHIM_INSTEAD = "ask for GPUs with --gpus N (or a Compose device reservation) instead"
@@ -112,7 +114,7 @@ def reads_facts(route: Route) -> frozenset[Fact]:
     return NO_FACT if cleared(route) else READS[route.check]
 
 
-# What `shim_ask` reads: a create's grants, and policy.privileged.
+# What `shim_ask` reads: a create's grants, policy.privileged, and its owner's grants.
 SHIM_ASK_READS = READS[Check.CREATE] - {Fact.SHIM_SOCKET} | {Fact.PRIVILEGED_MODE}
 # The checks whose verdict reads the shim's marks on a request (`authz_request`'s signing).
 SIGNED = frozenset({Check.CREATE, Check.SERVICE})
@@ -288,7 +290,10 @@ def shim_ask(spec: Mapping[str, Any], facts: Facts) -> Ask | Deny:
     grants = grants_of_create(spec, facts)
     if isinstance(grants, Deny):
         return grants
-    lease_all = facts.privileged_mode == privileged.LEASE_ALL and privileged.asked(grants)
+    lease_all = privileged.asked(grants) and (
+        facts.privileged_mode == privileged.LEASE_ALL
+        or power_grants.may_use(facts.host, socket_binds.labelled(spec), privileged.POWER)
+    )
     refused = tuple(g for g in grants.refused() if not g.guarded and not lease_all)
     if refused:
         return Deny(_refusal_text(refused, SHIM_INSTEAD), refused[0].field)
