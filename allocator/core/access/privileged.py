@@ -4,9 +4,10 @@ A privileged container reaches every device: under `LEASE_ALL` it holds every GP
 
 ``policy.privileged: lease-all`` (for the owners it names, ``policy.powers.privileged``)
 lets a privileged create through the shim lease every GPU unit of the host (whole GPUs,
-and under ``policy.mig`` every MIG slice), all or nothing, like ``--gpus all``.  The plugin admits such a create by that lease alone, and
-at start the lease must still hold the whole host: privileged is never pinned to GPUs,
-so anything less would leave GPUs reachable that another lease could be granted.
+and under ``policy.mig`` every MIG slice), all or nothing, like ``--gpus all``.  The
+plugin admits such a create by that lease alone, and at start the lease must still hold
+the whole host: privileged is never pinned to GPUs, so anything less would leave GPUs
+reachable that another lease could be granted.
 
 Short of privileged mode, a container holds only the powers the allow-list lets
 through (`powers`); the rest are refused on every socket and counted as holding every GPU
