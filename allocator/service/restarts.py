@@ -18,7 +18,7 @@ from typing import Any
 
 from allocator.core.access import access
 from allocator.core.judging import starts
-from allocator.core.judging.verdicts import ACCESS_READS, Facts
+from allocator.core.judging.verdicts import ACCESS_READS, START_READS, Facts
 from allocator.core.leases import clock, restarts
 from allocator.core.leases.clock import Now
 from allocator.core.leases.leases import Lease, State, StateError
@@ -101,10 +101,10 @@ class Restarts:
         def refusal(facts: Facts) -> str | None:
             return starts.refusal(
                 ref, info, ledger, facts.engine, facts.known_gpus, facts.host, old_info,
-                facts.volume_of, owner,
+                facts.volume_of, owner, facts.privileged_mode,
             )  # fmt: skip
 
-        return self.gather.decide(refusal, ACCESS_READS)
+        return self.gather.decide(refusal, START_READS)
 
     def _reserved(self, ref: str, lease: Lease | None) -> str | None:
         """A start on a GPU another holder's reservation keeps, inside its window

@@ -1,7 +1,8 @@
 """Docker-in-Docker for the owner the policy grants it (``policy.powers.privileged``), on a
 real dockerd: their privileged container, made through the shim, leases every GPU and runs
 a dockerd of its own that runs a container; anyone else's is refused naming the key, and
-so is the same create on dockerd's own socket.
+so is the same create on dockerd's own socket; the grant taken away, the container's
+next start is refused.
 
 The container runs it all itself (tests/support/dind_image.py): `docker exec` into a
 container of a dockerd run from a chroot on this machine does not enter the container.
@@ -17,15 +18,18 @@ import pytest
 from tests.support import clients, engine, engine_root, host_users
 from tests.support.dind_image import DIND_TAG, import_dind
 from tests.support.faults import status
+from tests.support.policy_edits import log_sizes, set_policy, wait_for_log
 
 GPUS = 2
 CI_RUNNER, OTHER = engine_root.host_user("ga41d-ci"), engine_root.host_user("ga41d-eve")
 KEY = "policy.powers: {privileged:"
 
 
+GRANT = {"privileged": {"users": [CI_RUNNER]}}
+
+
 def make_stack() -> engine.Stack:
-    grant = {"privileged": {"users": [CI_RUNNER]}}
-    return engine.Stack(gpus=GPUS, policy={"exempt": [], "powers": grant})
+    return engine.Stack(gpus=GPUS, policy={"exempt": [], "powers": GRANT})
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +71,27 @@ def test_privileged_stays_refused_for_others_and_on_dockerds_socket(stack, owner
     real = clients.docker_cli(stack.engine_sock, "create", "--privileged", DIND_TAG)
     assert real.returncode != 0 and "gpu-alloc refused" in real.stderr, real.stderr
     assert not engine.engine_api(stack.engine_sock).containers(all=True)
+
+
+@pytest.fixture
+def revoked(stack: engine.Stack) -> Iterator[None]:
+    """The grant moved to someone else while the test runs, then given back."""
+    since = log_sizes(stack)
+    set_policy(stack, powers={"privileged": {"users": [OTHER]}})
+    wait_for_log(stack, "policy reloaded", since)
+    yield
+    since = log_sizes(stack)
+    set_policy(stack, powers=GRANT)
+    wait_for_log(stack, "policy reloaded", since)
+
+
+def test_a_privileged_container_whose_owner_lost_the_grant_does_not_start_again(
+    stack, owners, request
+):
+    made = shim(stack, "create", "--privileged", "--name", "kept", DIND_TAG)
+    assert made.returncode == 0, made.stderr
+    request.getfixturevalue("revoked")
+    for sock in (stack.shim_sock, stack.engine_sock):
+        start = clients.docker_cli(sock, "start", "kept")
+        assert start.returncode != 0, start.stdout
+        assert f"no longer lets {CI_RUNNER} run privileged" in start.stderr, start.stderr

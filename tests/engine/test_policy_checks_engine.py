@@ -20,10 +20,10 @@ import yaml
 from allocator.service.gather import POLICY_CHECK_EVERY
 from tests.support import engine
 from tests.support.engine import gpu_alloc
+from tests.support.policy_edits import log_sizes, set_policy, wait_for_log
 
 IMAGE = engine.BUSYBOX_TAG
 POLICY = {"privileged": "lease-all", "pools": {"a": {"gpus": [0, 1]}}}
-RELOADED_WITHIN = 10.0  # seconds: the watcher looks every 2 s
 
 
 def make_stack() -> engine.Stack:
@@ -51,28 +51,6 @@ def policy_file(stack: engine.Stack) -> Iterator[Path]:
     yield stack.config_path
     stack.config_path.write_text(original)
     time.sleep(POLICY_CHECK_EVERY + 1)
-
-
-def set_policy(path: Path, **policy: object) -> None:
-    data = yaml.safe_load(path.read_text())
-    data["policy"].update(policy)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-
-
-def len_of_logs(stack: engine.Stack) -> dict[str, int]:
-    return {role: len((stack.dir / f"{role}.log").read_text()) for role in ("shim", "plugin")}
-
-
-def wait_for_log(stack: engine.Stack, text: str, since: dict[str, int]) -> dict[str, str]:
-    """What each of the shim's and the plugin's logs said since ``since``, once both say
-    ``text``; no request is made meanwhile."""
-    deadline = time.monotonic() + RELOADED_WITHIN
-    while True:
-        new = {r: (stack.dir / f"{r}.log").read_text()[n:] for r, n in since.items()}
-        if all(text in said for said in new.values()):
-            return new
-        assert time.monotonic() < deadline, f"no {text!r} in {RELOADED_WITHIN}s: {new}"
-        time.sleep(0.2)
 
 
 # ------------------------------------------------------------------ labels
@@ -114,16 +92,16 @@ def test_known_labels_still_pick_gpus(stack):
 
 
 def test_an_edit_is_reloaded_within_seconds_without_a_create(stack, policy_file):
-    since = len_of_logs(stack)
-    set_policy(policy_file, limits={"default": {"gpus": 3}})
+    since = log_sizes(stack)
+    set_policy(stack, limits={"default": {"gpus": 3}})
     wait_for_log(stack, f"policy reloaded from {policy_file}", since)
 
 
 def test_a_pool_naming_a_missing_gpu_is_refused_at_reload_and_the_old_policy_stays(
     stack, policy_file
 ):
-    since = len_of_logs(stack)
-    set_policy(policy_file, pools={"a": {"gpus": [0, 1]}, "b": {"gpus": [3, 12]}})
+    since = log_sizes(stack)
+    set_policy(stack, pools={"a": {"gpus": [0, 1]}, "b": {"gpus": [3, 12]}})
     said = wait_for_log(stack, "policy not reloaded, the one in force stays", since)
     assert all("key 'policy.pools.b.gpus': GPU 12 is not on this host" in s for s in said.values())
     out = shim(stack, "create", "--gpus", "1", "--label", "io.gpu-alloc.pool=b", IMAGE, "true")

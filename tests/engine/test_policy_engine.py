@@ -12,9 +12,8 @@ import signal
 import subprocess
 import time
 
-import yaml
-
 from tests.support import engine
+from tests.support.policy_edits import set_policy
 
 IMAGE = engine.BUSYBOX_TAG
 POLICY = {"limits": {"default": {"gpus": 1}}, "exempt": [], "release_stopped_after": "3s"}
@@ -30,12 +29,6 @@ def shim(stack: engine.Stack, *args: str) -> subprocess.CompletedProcess:
 
 def run_gpu(stack: engine.Stack, name: str) -> subprocess.CompletedProcess:
     return shim(stack, "run", "-d", "--name", name, "--gpus", "1", IMAGE, "sleep", "60")
-
-
-def set_policy(stack: engine.Stack, **changes: object) -> None:
-    config = yaml.safe_load(stack.config_path.read_text())
-    config["policy"].update(changes)
-    stack.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
 def status(stack: engine.Stack) -> dict:

@@ -13,11 +13,11 @@ import json
 import time
 
 import pytest
-import yaml
 
 from allocator.core.rules.sharing import CLIENT_PIPE
 from allocator.host.ledger import Ledger
 from tests.support import engine, mps_control
+from tests.support.policy_edits import set_policy
 
 IMAGE = engine.BUSYBOX_TAG
 GPU = [engine.sim_gpu_uuid(k) for k in range(4)]
@@ -68,12 +68,6 @@ def wait_for(what, timeout: float = 15.0):
             return got
         time.sleep(0.2)
     return what()
-
-
-def set_policy(stack: engine.Stack, **changes: object) -> None:
-    config = yaml.safe_load(stack.config_path.read_text())
-    config["policy"].update(changes)
-    stack.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
 def test_four_quarters_share_one_gpu_and_its_one_daemon_until_the_last_ends(stack):

@@ -22,6 +22,7 @@ import yaml
 from allocator.core.leases import events
 from tests.support import engine
 from tests.support.faults import IMAGE, gpu_alloc, shim, status, visible_devices
+from tests.support.policy_edits import set_policy
 
 POLICY = {
     "exempt": [],
@@ -44,12 +45,6 @@ def set_usage(stack: engine.Stack, usage: dict[str, Any], only: str | None = Non
         if only in (None, e["uuid"]):
             e["usage"] = usage
     stack.gpus_file.write_text(yaml.safe_dump(entries))
-
-
-def set_policy(stack: engine.Stack, **changes: object) -> None:
-    config = yaml.safe_load(stack.config_path.read_text())
-    config["policy"].update(changes)
-    stack.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
 @pytest.fixture(autouse=True)

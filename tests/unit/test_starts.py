@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from allocator.core.access import privileged
 from allocator.core.access.facts import EngineView, Node
 from allocator.core.access.mounts import Mount
 from allocator.core.judging import verdicts as decide
@@ -50,6 +51,9 @@ class Table:
     def mounts(self) -> Iterable[Mount]:
         return (Mount("/", "ext4"), Mount("/dev", "devtmpfs"), Mount("/proc", "proc"))
 
+    def may_use_power(self, user: str, power: str) -> bool:
+        return (user, power) == ("ci", "privileged")  # policy.powers: {privileged: [ci]}
+
 
 def inspect(cid: str = OWN, name: str = "job", running: bool = False, **host_config) -> dict:
     return {"Id": cid, "Name": "/" + name, "State": {"Running": running},
@@ -69,8 +73,10 @@ def pinned(*uuids: str) -> dict:
                                 "Capabilities": [["gpu"]]}]}  # fmt: skip
 
 
-def judge(info, state, host=None, old=None) -> str | None:
-    return refusal("job", info, state, EngineView(), INVENTORY, host or Table(), old)
+def judge(info, state, host=None, old=None, owner="", mode=privileged.LEASE_ALL) -> str | None:
+    return refusal(
+        "job", info, state, EngineView(), INVENTORY, host or Table(), old, None, owner, mode
+    )
 
 
 DEVICE_DIR = {"Devices": [{"PathOnHost": "/dev/ga-devs", "PathInContainer": "/dev/x"}]}
@@ -120,6 +126,16 @@ def test_a_privileged_container_starts_while_its_lease_holds_every_gpu():
     assert judge(inspect(Privileged=True), state_of(leased(*UUIDS))) is None
     both = inspect(Privileged=True, DeviceCgroupRules=["c 195:* rwm"])
     assert "every GPU" in judge(both, state_of(leased(*UUIDS)))  # other unpinned access: no
+
+
+def test_a_privileged_container_starts_only_while_the_policy_still_lets_its_owner():
+    """policy.powers.privileged taken away (or policy.privileged turned back to refuse):
+    the container keeps its lease, and its next start is refused saying why."""
+    whole, dind = state_of(leased(*UUIDS)), inspect(Privileged=True)
+    assert judge(dind, whole, owner="ci", mode=privileged.REFUSE) is None
+    revoked = judge(dind, whole, owner="eve", mode=privileged.REFUSE)
+    assert revoked is not None and "no longer lets eve run privileged" in revoked
+    assert "policy.powers.privileged" in revoked
 
 
 def test_no_gpu_starts_even_when_the_ledger_is_unreadable():

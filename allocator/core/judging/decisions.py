@@ -58,6 +58,8 @@ EVERY_FACT = frozenset(Fact)
 NO_FACT: frozenset[Fact] = frozenset()
 # What judging a spec's or a container's access reads (`access`, `starts`, `services`).
 ACCESS_READS = frozenset({Fact.INVENTORY, Fact.ENGINE, Fact.HOST, Fact.VOLUME_OF})
+# What `starts.refusal` reads: a container's access, and policy.privileged.
+START_READS = ACCESS_READS | {Fact.PRIVILEGED_MODE}
 
 
 class Unread(Exception):

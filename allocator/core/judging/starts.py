@@ -10,7 +10,8 @@ Rules
    `access.of_container` that adoption and reconcile use.
 2. A start is allowed when the container then reaches no GPU at all, or when
    everything it reaches is pinned to GPUs of its own live lease (bound to this
-   container id).  Everything else is refused: unpinned access, GPUs outside the
+   container id), or it runs privileged with a lease of the whole host and the policy
+   still lets its owner do that.  Everything else is refused: unpinned access, GPUs outside the
    lease, GPU access with no lease, a lease that lent its GPUs away.
 3. A Compose hand-over adds the rule of `compose.replacement_refusal`.
 
@@ -28,6 +29,7 @@ from allocator.core.access.facts import EngineView, HostFacts
 from allocator.core.judging import compose
 from allocator.core.leases.leases import Phase, State
 from allocator.core.machine.inventory import Inventory
+from allocator.core.rules import power_grants
 
 Inspect = Mapping[str, Any]
 
@@ -42,6 +44,7 @@ def refusal(
     predecessor: Inspect | None = None,
     volume_of: VolumeOf | None = None,
     owner: str = "",
+    privileged_mode: str = privileged.REFUSE,
 ) -> str | None:
     """Why starting ``ref`` must be refused, or None.
 
@@ -50,7 +53,9 @@ def refusal(
     ``predecessor``: the inspect now of the container whose GPUs this one's lease
     took over (None: it is gone), when the ledger records one.  ``volume_of``: a
     named volume's driver and options, looked up now.  ``owner``: whose gpu-alloc
-    recorded the container to be (`access.of_container`).
+    recorded the container to be (`access.of_container`).  ``privileged_mode``:
+    ``policy.privileged`` now, which with the owner's ``policy.powers.privileged`` grant
+    says whether a privileged container may still start.
     """
     if info is None:
         return None
@@ -79,6 +84,15 @@ def refusal(
     outside = sorted(grants.gpus(inventory) - set(lease.gpus))
     # policy.privileged: lease-all: a privileged container whose lease holds every GPU.
     whole = privileged.admitted(grants, inventory, lease.gpus)
+    if whole and not (
+        privileged_mode == privileged.LEASE_ALL
+        or power_grants.may_use(host, owner, privileged.POWER)
+    ):
+        return (
+            f"{what}: it runs privileged, and the policy no longer lets {owner or 'its owner'} "
+            "run privileged containers (policy.privileged is not lease-all, and "
+            "policy.powers.privileged does not name them); remove it, or ask your operator"
+        )
     if (not grants.pinned or outside) and not whole:
         extra = ", ".join(outside) if grants.pinned else "every GPU"
         return (
