@@ -69,20 +69,22 @@ def background(
 ) -> Background:
     """The shim's long-lived work, each worker on the service's one owner (not started):
 
-    ============  ==============================================================
-    policy-watch  the config file, every few seconds (`Gatherer.watch_policy`)
-    expire        reconcile, for ``release_stopped_after``
-    departures    the Engine's destroy events end their containers' leases
-    timekeeper    time limits and idle reclaim
-    mps           the MPS daemons of shared GPUs, level-triggered (`Mps.keep_level`)
-    sampler       GPU use, for the idle mark, the samples and the counters
-    metrics       the metrics and dashboard listener (with ``metrics.listen``)
-    notify        the notices' outbox, sent to webhooks and mail (with ``notify:``)
-    health        the GPU health watcher (added by `allocator.host.watcher.watch`)
-    ============  ==============================================================
+    =============  =============================================================
+    policy-watch   the config file, every few seconds (`Gatherer.watch_policy`)
+    restart-check  restart policies, after a reload (`Restarts.follow_policy`)
+    expire         reconcile, for ``release_stopped_after``
+    departures     the Engine's destroy events end their containers' leases
+    timekeeper     time limits and idle reclaim
+    mps            the MPS daemons of shared GPUs, level-triggered (`Mps.keep_level`)
+    sampler        GPU use, for the idle mark, the samples and the counters
+    metrics        the metrics and dashboard listener (with ``metrics.listen``)
+    notify         the notices' outbox, sent to webhooks and mail (with ``notify:``)
+    health         the GPU health watcher (added by `allocator.host.watcher.watch`)
+    =============  =============================================================
     """
     work = allocator.background
     allocator.gather.watch_policy(work)
+    allocator.restarts.follow_policy(work)
     work.every("expire", lambda: _expire_wait(allocator), lambda: _expire(allocator))
     departures = Departures(allocator)
     work.add("departures", departures.run, departures.wake)

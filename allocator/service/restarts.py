@@ -5,13 +5,15 @@ starts containers by itself, as their restart policy says, at its own start and 
 they exit, asking nobody; so a restart policy is allowed only on a container a start
 of which would be allowed (`allocator.core.leases.restarts`): an update that sets one on any
 other container is refused (`restart_refusal`), a Compose predecessor's policy is
-turned off before it lends its GPUs (`hold_down`), and at shim start every policy a
-start of whose container would be refused is turned off (`check_restarts`).
+turned off before it lends its GPUs (`hold_down`), and at shim start, and after each
+policy reload, every policy a start of whose container would be refused is turned off
+(`check_restarts`, `follow_policy`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,8 @@ from allocator.core.timing import timelimits
 from allocator.host import clock as hostclock
 from allocator.host.engine import Engine, EngineError, go_time
 from allocator.host.ledger import Ledger
-from allocator.service.gather import Gatherer
+from allocator.service.background import Background
+from allocator.service.gather import POLICY_CHECK_EVERY, Gatherer
 from allocator.service.reconciler import Reconciler
 from allocator.service.recorder import Recorder
 from allocator.service.reserving import Reservations
@@ -198,6 +201,20 @@ class Restarts:
             self.engine.update(container, {"RestartPolicy": was})
         except EngineError as e:
             log.warning("restart policy of %s left off: %s", container[:12], e)
+
+    def follow_policy(self, background: Background) -> None:
+        """After each policy reload, `check_restarts` again from a worker of
+        ``background``: a grant taken away (``policy.powers``, ``policy.privileged``,
+        ``policy.engine_socket_binds``) leaves no container dockerd would start by itself."""
+        reloaded = threading.Event()
+        self.gather.policy_listeners.append(lambda _policy: reloaded.set())
+
+        def step() -> None:
+            if reloaded.is_set():
+                reloaded.clear()
+                self.check_restarts()
+
+        background.every("restart-check", POLICY_CHECK_EVERY, step)
 
     def check_restarts(self, state: State | None = None) -> list[str]:
         """Turn off every restart policy dockerd must not act on; the containers turned off.

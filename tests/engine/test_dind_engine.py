@@ -10,6 +10,7 @@ container of a dockerd run from a chroot on this machine does not enter the cont
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 from tests.support import clients, engine, engine_root, host_users
 from tests.support.dind_image import DIND_TAG, import_dind
 from tests.support.faults import status
-from tests.support.policy_edits import log_sizes, set_policy, wait_for_log
+from tests.support.policy_edits import RELOADED_WITHIN, log_sizes, set_policy, wait_for_log
 
 GPUS = 2
 CI_RUNNER, OTHER = engine_root.host_user("ga41d-ci"), engine_root.host_user("ga41d-eve")
@@ -88,10 +89,16 @@ def revoked(stack: engine.Stack) -> Iterator[None]:
 def test_a_privileged_container_whose_owner_lost_the_grant_does_not_start_again(
     stack, owners, request
 ):
-    made = shim(stack, "create", "--privileged", "--name", "kept", DIND_TAG)
+    """Nor does dockerd start it by itself: its restart policy is turned off."""
+    made = shim(stack, "create", "--privileged", "--restart", "always", "--name", "kept", DIND_TAG)
     assert made.returncode == 0, made.stderr
     request.getfixturevalue("revoked")
     for sock in (stack.shim_sock, stack.engine_sock):
         start = clients.docker_cli(sock, "start", "kept")
         assert start.returncode != 0, start.stdout
         assert f"no longer lets {CI_RUNNER} run privileged" in start.stderr, start.stderr
+    api = engine.engine_api(stack.engine_sock)
+    deadline = time.monotonic() + RELOADED_WITHIN
+    while (policy := api.inspect_container("kept")["HostConfig"]["RestartPolicy"]["Name"]) != "no":
+        assert time.monotonic() < deadline, f"restart policy still {policy!r}"
+        time.sleep(0.2)

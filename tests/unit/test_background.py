@@ -233,7 +233,7 @@ def test_starting_and_stopping_the_shims_work_leaves_no_gpu_alloc_thread(tmp_pat
         alloc.lookups.image_config("busybox")  # the image event stream, started on demand
         work.ledger_pool.submit(alloc.ledger.read).result(5)
         names = {
-            "policy-watch", "expire", "departures", "timekeeper", "mps", "sampler",
+            "policy-watch", "restart-check", "expire", "departures", "timekeeper", "mps", "sampler",
             "metrics", "health", "image-events",
         }  # fmt: skip
         until(lambda: {f"{PREFIX}{n}" for n in names} <= ours())
