@@ -33,6 +33,7 @@ from allocator.core.leases import clock
 from allocator.core.leases.clock import Now
 from allocator.core.leases.holders import ago
 from allocator.core.leases.leases import Lease
+from allocator.core.rules.by_owner import ByOwner
 from allocator.core.rules.policy import Owner, Rules
 from allocator.core.timing import reclaim
 from allocator.core.timing.timelimits import left, live, ran
@@ -48,20 +49,12 @@ class Chosen:
 
 def policy_signal(rules: Rules, owner: Owner, pool: str | None) -> Chosen | None:
     """``policy.signal``'s rule for ``owner``'s request placed in ``pool``; None: none."""
-    if owner.user in rules.signal_users:
-        return Chosen(rules.signal_users[owner.user], f"policy.signal.users.{owner.user}")
-    groups = [
-        Chosen(rules.signal_groups[g], f"policy.signal.groups.{g}")
-        for g in sorted(owner.groups)
-        if g in rules.signal_groups
-    ]
-    if groups:
-        return max(groups, key=lambda c: c.signal.lead)
-    if pool is not None and pool in rules.signal_pools:
-        return Chosen(rules.signal_pools[pool], f"policy.signal.pools.{pool}")
-    if rules.signal_default is not None:
-        return Chosen(rules.signal_default, "policy.signal.default")
-    return None
+    signals = ByOwner(
+        "policy.signal", rules.signal_users, rules.signal_groups, rules.signal_pools,
+        rules.signal_default,
+    )  # fmt: skip
+    found = signals.pick(owner, pool, lambda signal: signal.lead)
+    return None if found is None else Chosen(*found)
 
 
 def signal_for(rules: Rules, owner: Owner, pool: str | None, asked: Signal | None) -> Signal | None:

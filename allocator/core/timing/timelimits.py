@@ -23,6 +23,7 @@ from allocator.core.leases import clock
 from allocator.core.leases.clock import Now
 from allocator.core.leases.holders import ago
 from allocator.core.leases.leases import Lease, Phase
+from allocator.core.rules.by_owner import ByOwner
 from allocator.core.rules.policy import TIME, Invalid, Owner, Rules, parse_duration
 
 CHECK_MIN, CHECK_MAX = 0.5, 10.0  # seconds between the timekeeper's looks
@@ -46,20 +47,12 @@ def policy_limit(rules: Rules, owner: Owner, pool: str | None) -> Limit | None:
     """The policy's limit for ``owner``'s request placed in ``pool``; None: unlimited."""
     if owner.user in rules.exempt:
         return None
-    if owner.user in rules.time_users:
-        return Limit(rules.time_users[owner.user], f"policy.time_limit.users.{owner.user}")
-    groups = [
-        Limit(rules.time_groups[g], f"policy.time_limit.groups.{g}")
-        for g in sorted(owner.groups)
-        if g in rules.time_groups
-    ]
-    if groups:
-        return max(groups, key=lambda limit: limit.seconds)
-    if pool is not None and pool in rules.time_pools:
-        return Limit(rules.time_pools[pool], f"policy.time_limit.pools.{pool}")
-    if rules.time_default is not None:
-        return Limit(rules.time_default, "policy.time_limit.default")
-    return None
+    limits = ByOwner(
+        "policy.time_limit", rules.time_users, rules.time_groups, rules.time_pools,
+        rules.time_default,
+    )  # fmt: skip
+    found = limits.pick(owner, pool, lambda seconds: seconds)
+    return None if found is None else Limit(*found)
 
 
 def effective(rules: Rules, owner: Owner, pool: str | None, asked: float | None) -> float | None:
