@@ -11,8 +11,8 @@ Rules
 2. A start is allowed when the container then reaches no GPU at all, or when
    everything it reaches is pinned to GPUs of its own live lease (bound to this
    container id), or it runs privileged with a lease of the whole host and the policy
-   still lets its owner do that.  Everything else is refused: unpinned access, GPUs outside the
-   lease, GPU access with no lease, a lease that lent its GPUs away.
+   still lets its owner do that.  Everything else is refused: unpinned access, GPUs
+   outside the lease, GPU access with no lease, a lease that lent its GPUs away.
 3. A Compose hand-over adds the rule of `compose.replacement_refusal`.
 
 The service gathers (ledger, inspects, host facts); this module only decides.
