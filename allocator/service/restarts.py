@@ -210,9 +210,14 @@ class Restarts:
         self.gather.policy_listeners.append(lambda _policy: reloaded.set())
 
         def step() -> None:
-            if reloaded.is_set():
-                reloaded.clear()
+            if not reloaded.is_set():
+                return
+            reloaded.clear()
+            try:
                 self.check_restarts()
+            except Exception:
+                reloaded.set()  # the Engine did not answer: the next step tries again
+                raise
 
         background.every("restart-check", POLICY_CHECK_EVERY, step)
 

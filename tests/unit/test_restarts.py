@@ -198,6 +198,37 @@ def test_the_start_up_check_turns_off_only_what_a_start_would_refuse(alloc, fake
     assert line["container"] == unleased and "without a gpu-alloc lease" in line["reason"]
 
 
+class Steps:
+    """A background owner that keeps the step it is given, for the test to run."""
+
+    def every(self, name: str, period: float, step, first: float | None = None) -> None:
+        self.step = step
+
+
+def test_after_a_policy_reload_the_check_runs_again_until_the_engine_answers(
+    alloc, fake, monkeypatch
+) -> None:
+    unleased = fake.add("unleased", gpus=(alloc.gather.inventory().gpus[1].uuid,))
+    fake.by_id[unleased]["HostConfig"]["RestartPolicy"] = dict(ALWAYS)
+    steps = Steps()
+    alloc.restarts.follow_policy(steps)  # type: ignore[arg-type]
+    steps.step()  # no reload yet: nothing looked at
+    assert fake.by_id[unleased]["HostConfig"]["RestartPolicy"] == ALWAYS
+    for tell in alloc.gather.policy_listeners:
+        tell(alloc.gather.policy)
+    listing = fake.containers
+
+    def down(**_: object) -> list:
+        raise EngineError("Engine at fake.sock: not answering")
+
+    monkeypatch.setattr(fake, "containers", down)
+    with pytest.raises(EngineError):
+        steps.step()
+    monkeypatch.setattr(fake, "containers", listing)
+    steps.step()  # the reload is still owed a check
+    assert fake.by_id[unleased]["HostConfig"]["RestartPolicy"]["Name"] == "no"
+
+
 def test_a_reset_turns_policies_off_before_it_drops_the_leases(alloc, fake) -> None:
     cid, _ = bound(alloc, fake)
     seen_file = []
