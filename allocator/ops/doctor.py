@@ -31,7 +31,14 @@ from allocator.host.devices import source_for
 from allocator.host.engine import Engine, EngineError
 from allocator.host.health import HealthFile
 from allocator.host.ledger import Ledger
-from allocator.ops import authz_doctor, engine_doctor, notify, sharing_doctor, swarm_doctor
+from allocator.ops import (
+    authz_doctor,
+    engine_doctor,
+    notify,
+    powers_doctor,
+    sharing_doctor,
+    swarm_doctor,
+)
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -342,6 +349,10 @@ def check_notify(cfg: Config) -> Line:
     return Line(*notify.check(cfg))
 
 
+def check_powers(cfg: Config) -> Line:
+    return Line(*powers_doctor.check(cfg))
+
+
 CHECKS: tuple[Callable[[Config], Line], ...] = (
     check_inventory,
     check_pools,
@@ -358,6 +369,7 @@ CHECKS: tuple[Callable[[Config], Line], ...] = (
     check_health,
     check_swarm,
     check_sharing,
+    check_powers,
     check_notify,
     check_clock,
     check_context,
