@@ -85,6 +85,8 @@ class CreateInterceptor:
                 if isinstance(owned, Response):
                     return owned
                 request = owned
+            if route.check in decide.DOORS and not self.alloc.doors.open_to_all():
+                request = await asyncio.to_thread(self._asker_marked, request)
             if route.check is not Check.CREATE:
                 if self._plugin_judges():
                     # by the same verdict, on every socket
@@ -139,6 +141,14 @@ class CreateInterceptor:
         if key:
             headers.append((service_marks.HEADER, service_marks.mark(key, body)))
         return replace(request, headers=headers, body=body)
+
+    def _asker_marked(self, request: Request) -> Request:
+        """An exec or a copy into a container as forwarded: any gpu-alloc header the
+        client sent dropped, and marked with who asks where a container can be owned
+        (`allocator.service.doors.Doors.mark`)."""
+        own = [(k, v) for k, v in request.headers if not k.lower().startswith(labels.HEADER_PREFIX)]
+        mark = self.alloc.doors.mark(request.method, request.target, request.peer)
+        return replace(request, headers=[*own, mark] if mark else own)
 
     def _judge(self, route: Route, request: Request) -> decide.Decision:
         """The plugin's verdict, with facts read only where the check needs them."""

@@ -2,7 +2,7 @@
 
 One part of the composed service (allocator/service/wiring.py).  The pure core
 (`allocator.core.judging.verdicts`) returns `NeedsLease`, `StartCheck`, `UpdateCheck`,
-`PluginCheck` or `ChargeCheck` when a verdict depends on what the ledger or the Engine
+`PluginCheck`, `ChargeCheck` or `DoorCheck` when a verdict depends on what the ledger or the Engine
 says now; the plugin and the shim both hand that to `Admission.resolve`, which reads it
 and answers.
 """
@@ -20,6 +20,7 @@ from allocator.core.judging.verdicts import (
     AllowStart,
     Decision,
     Deny,
+    DoorCheck,
     NeedsLease,
     StartCheck,
     UpdateCheck,
@@ -30,6 +31,7 @@ from allocator.core.machine import cpus
 from allocator.core.rules.policy import Refusal
 from allocator.host.engine import Engine
 from allocator.host.ledger import Ledger
+from allocator.service.doors import Doors
 from allocator.service.restarts import Restarts
 
 log = logging.getLogger("gpu-alloc")
@@ -43,11 +45,13 @@ class Admission:
         engine: Engine | None,
         ledger: Ledger,
         restarts: Restarts,
+        doors: Doors | None = None,
         charged: Callable[[ChargeCheck], Refusal | None] | None = None,
     ):
         self.engine = engine
         self.ledger = ledger
         self.restarts = restarts
+        self.doors = doors  # exec and copies into owned containers (None: open to all)
         self.charged = charged  # a charged service's limit (`Lookups.charged_over_limit`)
 
     def resolve(self, decision: Decision) -> Decision:
@@ -70,6 +74,9 @@ class Admission:
             why = why or (
                 self.update_refusal(decision.ref, decision.fields) if decision.fields else None
             )
+            return ALLOW if why is None else Deny(why)
+        if isinstance(decision, DoorCheck):
+            why = self.doors.refusal(decision) if self.doors is not None else None
             return ALLOW if why is None else Deny(why)
         if isinstance(decision, ChargeCheck):  # swarm.engine_socket_services: {charge: ...}
             if self.charged is None:  # nothing here counts a swarm's services

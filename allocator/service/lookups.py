@@ -102,6 +102,11 @@ class Lookups:
                 return lease.owner_uid, lease.owner
         return self.creators.of(container)
 
+    def recorded_owner_of(self, container: str) -> str:
+        """Whose gpu-alloc recorded ``container`` (a full id) to be: its lease's, else its
+        creator's; empty when neither is known."""
+        return (self._lease_owner(container) or (None, ""))[1]
+
     @cached_property
     def creators(self) -> Creators:
         return Creators(self.config.state_dir, self.gather.policy_in_force.lock_timeout)

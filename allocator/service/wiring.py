@@ -50,6 +50,7 @@ from allocator.host.ledger import Ledger
 from allocator.service.admission import Admission
 from allocator.service.background import Background
 from allocator.service.creates import Creates
+from allocator.service.doors import Doors
 from allocator.service.fair_share import FairShare
 from allocator.service.gather import Gatherer
 from allocator.service.intake import Intake
@@ -109,7 +110,8 @@ class Allocator:
         )
         self.lookups = Lookups(config, engine, self.ledger, self.gather, self.background)
         charged = self.lookups.charged_over_limit
-        self.admission = Admission(engine, self.ledger, self.restarts, charged)
+        self.doors = Doors(engine, self.gather, self.lookups)
+        self.admission = Admission(engine, self.ledger, self.restarts, self.doors, charged)
         self.creates = Creates(
             self.gather, self.recorder, self.book, self.lookups, self.background, config.mps.dir
         )

@@ -7,8 +7,10 @@ through the shim.  Each refusal is checked with the Engine's own answer: nothing
 
 from __future__ import annotations
 
+import io
 import json
 import resource
+import tarfile
 from collections.abc import Iterator
 
 import pytest
@@ -149,3 +151,48 @@ def test_a_granted_sys_admin_needs_apparmor_on_the_host(stack, owners):
         pytest.skip("AppArmor is loaded here: the grant would hold")
     out = create(stack, "shim_sock", "--cap-add", "SYS_ADMIN", user=GRANTED)
     assert out.returncode != 0 and "AppArmor" in out.stderr, out.stderr
+
+
+def payload_tar() -> bytes:
+    """A tar of one script, as `docker cp - CONTAINER:DIR` reads it from stdin."""
+    data = b"echo from someone else\n"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("payload")
+        info.size, info.mode = len(data), 0o755
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_a_granted_containers_exec_is_its_owners_and_roots_alone_and_copies_nobodys(stack, owners):
+    """A power granted to one owner is not everyone's by `docker exec` or `docker cp`."""
+    made = clients.docker_cli(stack.shim_sock, "run", "-d", "--cap-add", "SYS_TIME", IMAGE,
+                              "sleep", "300", user=GRANTED)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    cid = made.stdout.strip()
+    for user in (GRANTED, None):  # the owner, and root, through the shim
+        ran = clients.docker_cli(stack.shim_sock, "exec", cid, "true", user=user)
+        assert ran.returncode == 0, ran.stderr
+    other = clients.docker_cli(stack.shim_sock, "exec", cid, "true", user=NOT_NAMED)
+    assert other.returncode != 0 and "gpu-alloc refused to exec into" in other.stderr, other.stderr
+    assert f"grants {GRANTED} alone (HostConfig.CapAdd)" in other.stderr
+    for user in (GRANTED, NOT_NAMED):  # a copy's stream says nobody's name
+        copied = clients.docker_cli(stack.shim_sock, "cp", "-", f"{cid}:/tmp/",
+                                    input=payload_tar(), user=user)  # fmt: skip
+        # dockerd may answer the refusal before it has read the tar: the CLI then says
+        # the connection was reset instead of the refusal, and nothing was copied.
+        assert copied.returncode != 0, copied.stderr
+    there = clients.docker_cli(stack.engine_sock, "cp", f"{cid}:/tmp/payload", "-")
+    assert there.returncode != 0 and "payload" in there.stderr, there.stderr
+    said = stack.logs()
+    assert f"gpu-alloc refused to copy files into {cid}" in said and "cat > PATH" in said
+    real = clients.docker_cli(stack.engine_sock, "exec", cid, "true")  # nobody by name
+    assert real.returncode != 0 and "gpu-alloc refused to exec into" in real.stderr, real.stderr
+
+
+def test_a_plain_containers_doors_stay_open_to_everyone(stack, owners):
+    made = clients.docker_cli(stack.shim_sock, "run", "-d", IMAGE, "sleep", "300", user=GRANTED)
+    assert made.returncode == 0, made.stderr
+    for sock, user in ((stack.shim_sock, NOT_NAMED), (stack.engine_sock, None)):
+        ran = clients.docker_cli(sock, "exec", made.stdout.strip(), "true", user=user)
+        assert ran.returncode == 0, ran.stderr

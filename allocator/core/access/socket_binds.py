@@ -84,10 +84,13 @@ def forged(spec: Mapping[str, Any], is_marked: bool) -> str | None:
     )
 
 
+SOCKET_WORDS = "the Engine's API socket"  # in every refusal of such a bind (`owned`)
+
+
 def bind_refusal(path: str, real: str) -> str:
     """The words for a bind of the Engine's socket nobody let through."""
     return (
-        f"bind mount of {path} exposes {real}, the Engine's API socket, where gpu-alloc "
+        f"bind mount of {path} exposes {real}, {SOCKET_WORDS}, where gpu-alloc "
         f"cannot tell who asks; {TODO}"
     )
 

@@ -2,7 +2,7 @@
 
 The plugin and the shim both act on these: `verdicts` and `route_checks` return
 them, and a verdict that needs the ledger or the Engine (`NeedsLease`,
-`StartCheck`, `UpdateCheck`, `PluginCheck`) names what the caller must read before
+`StartCheck`, `UpdateCheck`, `PluginCheck`, `DoorCheck`) names what the caller must read before
 it answers.  The hint on the gpu-alloc socket is here because every refusal of a
 GPU on the real socket ends with it.
 """
@@ -15,6 +15,7 @@ from enum import StrEnum
 from allocator.core.access import privileged
 from allocator.core.access.access_ctx import ContainerOf, VolumeOf
 from allocator.core.access.facts import EngineView, HostFacts, NotAsked
+from allocator.core.access.owned import DoorCheck
 from allocator.core.access.plugins import PluginCheck
 from allocator.core.judging import services
 from allocator.core.judging.service_marks import ChargeCheck
@@ -241,6 +242,14 @@ class UpdateCheck:
 
 
 Decision = (
-    Allow | Deny | NeedsLease | StartCheck | AllowStart | UpdateCheck | PluginCheck | ChargeCheck
+    Allow
+    | Deny
+    | NeedsLease
+    | StartCheck
+    | AllowStart
+    | UpdateCheck
+    | PluginCheck
+    | ChargeCheck
+    | DoorCheck
 )
 ALLOW = Allow()

@@ -25,9 +25,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from allocator.core.access import access, privileged, socket_binds
+from allocator.core.access import access, owned, privileged, socket_binds
 from allocator.core.access.facts import EngineView, NotAsked
 from allocator.core.access.grants import Access, Grant, Refusal
+from allocator.core.access.owned import DoorCheck
 from allocator.core.api import gojson, labels
 from allocator.core.api.createbody import decode_create
 from allocator.core.api.gojson import AnyBody, Body
@@ -60,6 +61,7 @@ from allocator.core.rules import power_grants, sharing
 __all__ = [
     "ACCESS_READS",
     "ALLOW",
+    "DOORS",
     "HINT",
     "SIGNED",
     "START_READS",
@@ -67,6 +69,7 @@ __all__ = [
     "AllowStart",
     "Decision",
     "Deny",
+    "DoorCheck",
     "Fact",
     "Facts",
     "NeedsLease",
@@ -118,8 +121,10 @@ def reads_facts(route: Route) -> frozenset[Fact]:
 
 # What `shim_ask` reads: a create's grants, policy.privileged, and its owner's grants.
 SHIM_ASK_READS = READS[Check.CREATE] - {Fact.SHIM_SOCKET} | {Fact.PRIVILEGED_MODE}
+# The routes into a running container that an owned one keeps to its owner (`owned`).
+DOORS = {Check.EXEC: owned.EXEC, Check.ARCHIVE: owned.COPY}
 # The checks whose verdict reads the shim's marks on a request (`authz_request`'s signing).
-SIGNED = frozenset({Check.CREATE, Check.SERVICE})
+SIGNED = frozenset({Check.CREATE, Check.SERVICE, *DOORS})
 
 
 def unread() -> Facts:
@@ -156,7 +161,12 @@ def authz_request(
         sign = signing or Signing()
         marked = service_marks.marked(headers, sign.key, kept.raw)
         return service(route, method, uri, kept, facts, marked, sign.engine_socket, sign.charge)
-    return CHECKS[route.check](route, method, uri, kept, facts)
+    decision = CHECKS[route.check](route, method, uri, kept, facts)
+    door = DOORS.get(route.check)
+    if door is None or decision is not ALLOW:
+        return decision
+    asker = owned.asker(headers, (signing or Signing()).key, method, uri)
+    return DoorCheck(route.name, door, asker)  # settled on the container (`owned`)
 
 
 def _create(

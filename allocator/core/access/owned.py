@@ -1,0 +1,100 @@
+"""The doors into a running container that hand what it holds to whoever uses them, kept
+to its owner where it holds what only its owner was granted.
+
+Rules
+-----
+1. A container is *owned* when, judged with nobody named, it runs privileged, holds a
+   power outside the allow-list (`powers`) or binds the Engine's socket (`socket_binds`):
+   what ``policy.privileged``, ``policy.powers`` and ``policy.engine_socket_binds`` let
+   through for a named owner alone.
+2. ``docker exec`` into a container runs a new process with all of that: on an owned
+   container it is its owner's and root's alone (`refusal`).  Only the shim knows who
+   asks: it marks an exec with the asker (`mark`: an HMAC under the state directory's
+   key, of the method, the URI and the name), and the plugin believes the name only with
+   a good mark.  On dockerd's own socket nobody asks by name, so the exec is refused.
+3. ``docker cp`` into a container (``PUT /containers/{id}/archive``) can replace what it
+   runs.  The shim passes a copy's tar stream on unread (it may be of any size), so it
+   cannot say who asks: into an owned container every copy is refused, and its owner
+   writes files by an exec instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from allocator.core.access import privileged, socket_binds
+from allocator.core.access.grants import Access
+from allocator.core.rules.policy import UNKNOWN
+
+HEADER = "X-Gpu-Alloc-Asker"  # the shim's mark: "<user> <hmac>"
+ROOT = "root"  # root on the host: every door is theirs anyway
+EXEC, COPY = "exec", "copy"
+WHAT = {EXEC: ("exec into", "an exec"), COPY: ("copy files into", "a copy")}
+
+
+@dataclass(frozen=True)
+class DoorCheck:
+    """An exec or a copy into container ``ref`` (as the request names it), asked by
+    ``asker`` (the name the shim's mark vouches for; empty: nobody by name)."""
+
+    ref: str
+    door: str
+    asker: str = ""
+
+
+def held(anyone: Access) -> tuple[str, ...]:
+    """The fields of what ``anyone`` (a container's access judged with no owner named)
+    holds only by an owner's grant; empty: the container is nobody's in particular."""
+    fields = (
+        g.field
+        for g in anyone.grants
+        if g.power or g.field == privileged.FIELD or socket_binds.SOCKET_WORDS in g.detail
+    )
+    return tuple(dict.fromkeys(fields))
+
+
+def refusal(check: DoorCheck, fields: tuple[str, ...], owner: str) -> str | None:
+    """Why ``check`` is refused on a container holding ``fields`` by ``owner``'s grant, or
+    None."""
+    if not fields:
+        return None
+    verb, noun = WHAT[check.door]
+    held = (
+        f"gpu-alloc refused to {verb} {check.ref}: it holds what the policy grants "
+        f"{owner or 'its owner'} alone ({', '.join(fields)}), and {noun} would hand that "
+        "to whoever asks"
+    )
+    if check.door == COPY:
+        return (
+            f"{held}; no copy into it is allowed, since gpu-alloc cannot tell who sends one. "
+            f"Its owner can write a file with an exec: docker exec -i {check.ref} "
+            "sh -c 'cat > PATH' < FILE"
+        )
+    named = check.asker not in ("", UNKNOWN)  # the shim could not tell who: nobody
+    if check.asker == ROOT or (named and check.asker == owner):
+        return None
+    whose = f"{owner}'s" if owner else "its owner's"
+    return (
+        f"{held}; only {whose} own requests through the gpu-alloc context "
+        "(docker --context gpu-alloc ...), or root's, may"
+    )
+
+
+def mark(key: bytes, method: str, uri: str, user: str) -> str:
+    """The header's value for ``user`` asking ``method`` ``uri``."""
+    message = b"\0".join((method.upper().encode(), uri.encode(), user.encode()))
+    return f"{user} {hmac.new(key, message, hashlib.sha256).hexdigest()}"
+
+
+def asker(headers: Mapping[str, Any] | None, key: bytes, method: str, uri: str) -> str:
+    """The name a good mark on this request vouches for; empty without one."""
+    want = HEADER.lower()
+    given = next((str(v) for k, v in (headers or {}).items() if str(k).lower() == want), "")
+    user = given.rpartition(" ")[0]
+    if not (key and user) or not hmac.compare_digest(given, mark(key, method, uri, user)):
+        return ""
+    return user

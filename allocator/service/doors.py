@@ -1,0 +1,64 @@
+"""Exec and copies into a container, kept to its owner where it is owned
+(`allocator.core.access.owned`): settled on the container as it is now, and marked with
+who asks where the shim forwards them.
+
+While the policy grants nobody anything (no ``policy.powers``, no
+``policy.engine_socket_binds``, ``policy.privileged: refuse``) no container is owned,
+and both are answered without a look at the Engine, a file or the peer.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from allocator.core.access import access, owned, privileged
+from allocator.core.judging.verdicts import ACCESS_READS, DoorCheck, Facts
+from allocator.host.engine import Engine
+from allocator.host.peers import Peer
+from allocator.service.gather import Gatherer
+from allocator.service.lookups import Lookups
+
+
+class Doors:
+    """``refusal`` of an exec or a copy into a container; `mark` of one the shim forwards."""
+
+    def __init__(self, engine: Engine | None, gather: Gatherer, lookups: Lookups):
+        self.engine = engine
+        self.gather = gather
+        self.lookups = lookups
+
+    def open_to_all(self) -> bool:
+        """The policy grants nobody anything, so no container holds what its owner alone
+        was granted (as last read: no look at the file)."""
+        rules = self.gather.rules_in_force
+        return not (rules.grants_owners or rules.privileged == privileged.LEASE_ALL)
+
+    def mark(self, method: str, target: str, peer: Peer | None) -> tuple[str, str] | None:
+        """The header that tells the plugin who asks ``method`` ``target`` (`owned.mark`);
+        None while no container is owned, or without the state directory's key."""
+        if self.open_to_all():
+            return None
+        key = self.lookups.service_signing().key
+        if not key:
+            return None
+        return owned.HEADER, owned.mark(key, method, target, self.lookups.owner_of(peer).user)
+
+    def refusal(self, check: DoorCheck) -> str | None:
+        """Why ``check`` is refused on its container as it is now, or None."""
+        if self.open_to_all() or self.engine is None:
+            return None
+        info = self.engine.inspect(check.ref)
+        if info is None:
+            return None  # dockerd answers that there is no such container
+        fields = self.gather.decide(partial(_held, info), ACCESS_READS)
+        if not fields:
+            return None
+        return owned.refusal(check, fields, self.lookups.recorded_owner_of(str(info["Id"])))
+
+
+def _held(info: dict[str, Any], facts: Facts) -> tuple[str, ...]:
+    anyone = access.of_container(
+        info, facts.engine, facts.known_gpus, facts.host, facts.volume_of
+    )  # nobody named: what only a grant lets through is there to see
+    return owned.held(anyone)

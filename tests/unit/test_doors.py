@@ -1,0 +1,54 @@
+"""Exec and copies into a container, settled by the service (allocator/service/doors.py):
+no look at anything while the policy grants nobody anything; else the container as it
+is now, and whose gpu-alloc recorded it to be."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from allocator.core.access import owned
+from allocator.core.judging import verdicts as decide
+from allocator.host import config as configmod
+from allocator.service.wiring import Allocator
+from tests.support import engine as sim
+from tests.support.fake_engine import FakeEngine
+
+GRANT = {"powers": {"SYS_TIME": {"users": ["ann"]}}}
+
+
+def make(tmp_path: Path, policy: dict) -> tuple[Allocator, FakeEngine]:
+    fake = FakeEngine()
+    gpus = sim.write_sim_gpus(tmp_path / "gpus.yaml", 2)
+    cfg = {"state_dir": str(tmp_path / "state"), "gpus": str(gpus),
+           "engine": {"socket": str(tmp_path / "none.sock")}, "policy": policy}  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return Allocator(configmod.load(str(tmp_path / "config.yaml")), fake), fake  # type: ignore[arg-type]
+
+
+def clock(fake: FakeEngine) -> str:
+    cid = fake.add("clock")
+    fake.by_id[cid]["HostConfig"]["CapAdd"] = ["SYS_TIME"]
+    return cid
+
+
+def test_while_nobody_is_granted_anything_no_container_is_looked_at(tmp_path):
+    alloc, fake = make(tmp_path, {})
+    cid = clock(fake)  # made before any rule: nobody's in particular
+    assert alloc.doors.refusal(owned.DoorCheck(cid, owned.EXEC, "eve")) is None
+    assert fake.inspected == []
+    assert alloc.doors.mark("POST", f"/containers/{cid}/exec", None) is None
+
+
+@pytest.mark.parametrize("asker", ["eve", ""])
+def test_an_owned_containers_exec_is_refused_to_others(tmp_path, asker):
+    alloc, fake = make(tmp_path, GRANT)
+    cid = clock(fake)
+    alloc.lookups.creators.record(cid, 1000, "ann")
+    why = alloc.admission.resolve(owned.DoorCheck(cid, owned.EXEC, asker))
+    assert isinstance(why, decide.Deny) and "grants ann alone (HostConfig.CapAdd)" in why.msg
+    assert alloc.admission.resolve(owned.DoorCheck(cid, owned.EXEC, "ann")) == decide.ALLOW
+    plain = fake.add("plain")
+    assert alloc.admission.resolve(owned.DoorCheck(plain, owned.EXEC, asker)) == decide.ALLOW
