@@ -86,7 +86,7 @@ class CreateInterceptor:
                     return owned
                 request = owned
             if route.check in decide.DOORS and not self.alloc.doors.open_to_all():
-                request = await asyncio.to_thread(self._asker_marked, request)
+                request = await asyncio.to_thread(self._asker_marked, route, request)
             if route.check is not Check.CREATE:
                 if self._plugin_judges():
                     # by the same verdict, on every socket
@@ -142,13 +142,15 @@ class CreateInterceptor:
             headers.append((service_marks.HEADER, service_marks.mark(key, body)))
         return replace(request, headers=headers, body=body)
 
-    def _asker_marked(self, request: Request) -> Request:
-        """An exec or a copy into a container as forwarded: any gpu-alloc header the
-        client sent dropped, and marked with who asks where a container can be owned
-        (`allocator.service.doors.Doors.mark`)."""
+    def _asker_marked(self, route: Route, request: Request) -> Request:
+        """An exec into a container as forwarded where a container can be owned: by the
+        full id of the container its reference names now, any gpu-alloc header the
+        client sent dropped, and marked with who asks (`allocator.service.doors.Doors`)."""
+        doors = self.alloc.doors
         own = [(k, v) for k, v in request.headers if not k.lower().startswith(labels.HEADER_PREFIX)]
-        mark = self.alloc.doors.mark(request.method, request.target, request.peer)
-        return replace(request, headers=[*own, mark] if mark else own)
+        target = doors.pinned(route, request.target)
+        mark = doors.mark(request.method, target, request.peer)
+        return replace(request, target=target, headers=[*own, mark] if mark else own)
 
     def _judge(self, route: Route, request: Request) -> decide.Decision:
         """The plugin's verdict, with facts read only where the check needs them."""

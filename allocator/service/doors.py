@@ -1,6 +1,6 @@
 """Exec and copies into a container, kept to its owner where it is owned
-(`allocator.core.access.owned`): settled on the container as it is now, and marked with
-who asks where the shim forwards them.
+(`allocator.core.access.owned`): settled on the container as it is now, and, where the
+shim forwards an exec, pinned to that container's full id and marked with who asks.
 
 While the policy grants nobody anything (no ``policy.powers``, no
 ``policy.engine_socket_binds``, ``policy.privileged: refuse``) no container is owned,
@@ -9,10 +9,12 @@ and both are answered without a look at the Engine, a file or the peer.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 from allocator.core.access import access, owned, privileged
+from allocator.core.api.routes import Route, by_id
 from allocator.core.judging.verdicts import ACCESS_READS, DoorCheck, Facts
 from allocator.host.engine import Engine
 from allocator.host.peers import Peer
@@ -34,6 +36,16 @@ class Doors:
         rules = self.gather.rules_in_force
         return not (rules.grants_owners or rules.privileged == privileged.LEASE_ALL)
 
+    def pinned(self, route: Route, target: str) -> str:
+        """``target`` naming the container its reference names now by that container's
+        full id, so no rename or removal before dockerd looks it up moves the call into
+        another container (as the shim forwards a start it judged); as sent when no
+        container is owned, or the reference names none (dockerd says so)."""
+        if self.open_to_all() or self.engine is None:
+            return target
+        found = self.lookups.target_of(route.name)
+        return target if found is None else by_id(target, route, found.id)
+
     def mark(self, method: str, target: str, peer: Peer | None) -> tuple[str, str] | None:
         """The header that tells the plugin who asks ``method`` ``target`` (`owned.mark`);
         None while no container is owned, or without the state directory's key."""
@@ -54,7 +66,9 @@ class Doors:
         fields = self.gather.decide(partial(_held, info), ACCESS_READS)
         if not fields:
             return None
-        return owned.refusal(check, fields, self.lookups.recorded_owner_of(str(info["Id"])))
+        name = str(info.get("Name") or "").lstrip("/")  # the shim forwards by full id
+        said = replace(check, ref=name) if name and check.ref == info["Id"] else check
+        return owned.refusal(said, fields, self.lookups.recorded_owner_of(str(info["Id"])))
 
 
 def _held(info: dict[str, Any], facts: Facts) -> tuple[str, ...]:

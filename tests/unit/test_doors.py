@@ -52,3 +52,23 @@ def test_an_owned_containers_exec_is_refused_to_others(tmp_path, asker):
     assert alloc.admission.resolve(owned.DoorCheck(cid, owned.EXEC, "ann")) == decide.ALLOW
     plain = fake.add("plain")
     assert alloc.admission.resolve(owned.DoorCheck(plain, owned.EXEC, asker)) == decide.ALLOW
+
+
+def test_the_shim_forwards_an_exec_by_the_full_id_its_reference_names_now(tmp_path):
+    """No rename or removal before dockerd looks the reference up moves the exec."""
+    alloc, fake = make(tmp_path, GRANT)
+    cid = clock(fake)
+    assert pinned(alloc, "/v1.41/containers/clock/exec") == f"/v1.41/containers/{cid}/exec"
+    gone = "/v1.41/containers/gone/exec?x=1"
+    assert pinned(alloc, gone) == gone  # it names nothing: dockerd says so
+    why = alloc.doors.refusal(owned.DoorCheck(cid, owned.EXEC, "eve"))
+    assert why is not None and why.startswith("gpu-alloc refused to exec into clock:")
+    (tmp_path / "open").mkdir()
+    nobody, _ = make(tmp_path / "open", {})
+    assert pinned(nobody, "/v1.41/containers/clock/exec") == "/v1.41/containers/clock/exec"
+
+
+def pinned(alloc: Allocator, target: str) -> str:
+    route = decide.route_of("POST", target)
+    assert not isinstance(route, decide.Deny)
+    return alloc.doors.pinned(route, target)
