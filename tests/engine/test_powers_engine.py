@@ -185,7 +185,7 @@ def test_a_granted_containers_exec_is_its_owners_and_roots_alone_and_copies_nobo
     there = clients.docker_cli(stack.engine_sock, "cp", f"{cid}:/tmp/payload", "-")
     assert there.returncode != 0 and "payload" in there.stderr, there.stderr
     said = stack.logs()
-    assert f"gpu-alloc refused to copy files into {cid}" in said and "cat > PATH" in said
+    assert "gpu-alloc refused to copy files into" in said and "cat > PATH" in said
     real = clients.docker_cli(stack.engine_sock, "exec", cid, "true")  # nobody by name
     assert real.returncode != 0 and "gpu-alloc refused to exec into" in real.stderr, real.stderr
 
