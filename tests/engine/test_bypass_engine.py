@@ -362,8 +362,7 @@ def reserve(stack, gpu: int, lead: float) -> tuple[str, float]:
 def test_a_start_that_would_run_into_another_holders_window_is_refused(stack, users):
     """Granted as ending by the window's start, a container's clock starts at its first
     run: a start that would then run into the window is refused on both sockets."""
-    began = time.monotonic()  # the window begins 45 s after this, or later
-    rid, begun = reserve(stack, 1, 45)
+    rid, begun = reserve(stack, 1, 45)  # begun: when the window begins (monotonic)
     try:
         fits = as_user(stack, BOB, "create", "--name", "fits", "--gpus", "device=1",
                        "--label", "io.gpu-alloc.time=3s", IMAGE, "true")  # fmt: skip
@@ -371,11 +370,14 @@ def test_a_start_that_would_run_into_another_holders_window_is_refused(stack, us
         assert as_user(stack, BOB, "start", "fits").returncode == 0  # ends before the window
         engine.engine_api(stack.engine_sock).wait("fits", timeout=30)
         assert clients.docker_cli(stack.engine_sock, "rm", "fits").returncode == 0
+        # A time limit that fits now with 5 s to spare, however long the above took, and
+        # a wait until it no longer does, 10 s or more before the window.
+        span = int(begun - time.monotonic()) - 5
+        assert span >= 15, "too slow to tell: the window is upon us"
         late = as_user(stack, BOB, "create", "--name", "late", "--gpus", "device=1",
-                       "--label", "io.gpu-alloc.time=30s", IMAGE, "sleep", "300")  # fmt: skip
-        assert time.monotonic() < began + 15, "too slow to tell: 30 s no longer fit"
+                       "--label", f"io.gpu-alloc.time={span}s", IMAGE, "sleep", "300")  # fmt: skip
         assert late.returncode == 0, late.stderr
-        time.sleep(max(0.0, begun - 25 - time.monotonic()))  # now 30 s run into the window
+        time.sleep(max(0.0, begun - span + 5 - time.monotonic()))  # now `span` runs into it
         for sock in (stack.shim_sock, stack.engine_sock):
             out = clients.docker_cli(sock, "start", "late", user=BOB if "shim" in sock else None)
             assert out.returncode != 0, out.stdout
