@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from allocator.core.access import powers
-from allocator.core.rules.power_grants import NO_GRANTS, Binders, PowerGrants
+from allocator.core.rules.power_grants import NO_GRANTS, PowerGrants
+from allocator.host import config_socket_binds
 from allocator.host.config_times import KeyProblem
 
 KEY = powers.KEY
@@ -34,16 +35,5 @@ def power_grants(policy: dict[str, Any]) -> PowerGrants:
         key = f"{KEY}.{power}"
         if str(power) not in powers.GRANTABLE:
             raise KeyProblem(key, f"unknown power (known: {', '.join(sorted(powers.GRANTABLE))})")
-        if not isinstance(holders, dict):
-            raise KeyProblem(key, "must be a mapping with users and/or groups (lists of names)")
-        unknown = sorted(set(map(str, holders)) - {"users", "groups"})
-        if unknown:
-            raise KeyProblem(f"{key}.{unknown[0]}", "unknown key (users and groups are known)")
-        lists: dict[str, tuple[str, ...]] = {}
-        for name in ("users", "groups"):
-            value = holders.get(name) or []
-            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-                raise KeyProblem(f"{key}.{name}", "must be a list of names")
-            lists[name] = tuple(value)
-        found[str(power)] = Binders(lists["users"], lists["groups"])
+        found[str(power)] = config_socket_binds.holders(holders, key)
     return PowerGrants(found)

@@ -22,17 +22,21 @@ KEY = "policy.engine_socket_binds"
 def binders(policy: dict[str, Any]) -> Binders:
     """Who the key names (empty: nobody)."""
     raw = policy.get("engine_socket_binds")
-    if raw is None:
-        return NOBODY_BINDS
+    return NOBODY_BINDS if raw is None else holders(raw, KEY)
+
+
+def holders(raw: object, key: str) -> Binders:
+    """``{users: [...], groups: [...]}`` at ``key`` (this one, or a power's in
+    ``policy.powers``): both lists optional, anything else a `KeyProblem`."""
     if not isinstance(raw, dict):
-        raise KeyProblem(KEY, "must be a mapping with users and/or groups (lists of names)")
+        raise KeyProblem(key, "must be a mapping with users and/or groups (lists of names)")
     unknown = sorted(set(map(str, raw)) - {"users", "groups"})
     if unknown:
-        raise KeyProblem(f"{KEY}.{unknown[0]}", "unknown key (users and groups are known)")
+        raise KeyProblem(f"{key}.{unknown[0]}", "unknown key (users and groups are known)")
     found: dict[str, tuple[str, ...]] = {}
     for name in ("users", "groups"):
         value = raw.get(name) or []
         if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise KeyProblem(f"{KEY}.{name}", "must be a list of names")
+            raise KeyProblem(f"{key}.{name}", "must be a list of names")
         found[name] = tuple(value)
     return Binders(found["users"], found["groups"])
