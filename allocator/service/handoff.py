@@ -80,10 +80,12 @@ class Handoff:
             try:
                 result = work()
             except BaseException as e:  # the future carries it to the loop
-                _back(loop, _fail, future, e)
+                outcome: tuple[Callable[..., None], Any] = (_fail, e)
             else:
-                _back(loop, _settle, future, result)
+                outcome = (_settle, result)
+            # idle before the loop hears back, so work it submits next finds this thread
             self._idle.release()
+            _back(loop, outcome[0], future, outcome[1])
 
     @property
     def threads(self) -> list[threading.Thread]:

@@ -43,11 +43,15 @@ def test_the_sampler_keeps_each_gpus_utilisation(world: tuple[Allocator, Path]) 
         target=metrics_server.sample_forever, args=(live, lambda: 0.05, stop, samples)
     )
     sampler.start()
-    time.sleep(0.5)
-    stop.set()
-    sampler.join()
-    now = time.time()
-    [*_, last] = samples.read(now - 120, now)[UUIDS[0]]
+    try:
+        deadline = time.monotonic() + 30
+        while not (kept := samples.read(time.time() - 120, time.time()).get(UUIDS[0])):
+            assert time.monotonic() < deadline, "no sample kept"
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        sampler.join()
+    [*_, last] = kept
     assert (last.utilization, last.active) == (0.75, 1.0)
 
 

@@ -49,7 +49,6 @@ def test_an_idle_thread_takes_the_next_work_rather_than_a_new_thread_starting() 
         try:
             for _ in range(5):
                 names.append(await pool.submit(lambda: threading.current_thread().name))
-                await asyncio.sleep(0.01)  # the thread is back waiting for work
             return names
         finally:
             pool.stop()
