@@ -152,11 +152,10 @@ def test_a_start_by_full_id_holds_off_only_its_own_removal(stack, plugin, pair):
     api.rename(bad, good)  # a container named like good's full id
     with plugin.allowed("POST", f"/v1.41/containers/{good}/start"):
         refused(api.remove_container, good, match=f"a start of {good}")
-        began = time.monotonic()
+        # each of these would be refused after its wait, were it held to the start
         api.rename(bad, "swap-c")
         other = api.create_container(IMAGE, ["true"], name="bystander")["Id"]
         api.remove_container(other)
-        assert time.monotonic() - began < inflight.WAIT / 2  # no waiting on the bystanders
 
 
 def test_a_start_waits_for_a_rename_in_flight_then_is_refused(stack, plugin, pair):

@@ -200,7 +200,7 @@ def test_the_loop_never_waits_for_an_inventory_being_read(
         assert reading.wait(10)
         began = time.monotonic()
         answer = Dispatcher(world.alloc).answer(REQ, envelope(PLAIN_CREATE))
-        assert time.monotonic() - began < 1.0
+        assert time.monotonic() - began < 5  # not the 10 s the loader is held
         assert not release.is_set()
         assert not isinstance(answer, bytes)  # it is decided on the pool, once read
     finally:
@@ -239,7 +239,7 @@ def test_a_busy_board_ends_the_start_on_the_pool_before_answering(
     try:
         began = time.monotonic()
         answer = plugin.answer("/AuthZPlugin.AuthZRes", res)
-        assert time.monotonic() - began < 1.0  # the loop tried the lock once, never waited
+        assert time.monotonic() - began < 2.5  # tried the lock once, not its 5 s wait
         assert not isinstance(answer, bytes)
         assert len(plugin.inflight.registry.read().entries) == 1
     finally:
