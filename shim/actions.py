@@ -17,7 +17,7 @@ class Do(enum.Enum):
     TO_ENGINE = "to engine"  # write these bytes upstream
     TO_CLIENT = "to client"  # write these bytes to the client
     CONNECT = "connect"  # open an upstream connection: then engine_opened (or engine_failed)
-    INTERCEPT = "intercept"  # hand this `Intercepted` to the interceptor: then answered
+    INTERCEPT = "intercept"  # hand this `Intercepted` over: then answered, or passed_on
     SETTLE = "settle"  # `forward`'s answer: a Response, or the exception why there is none
     EOF_TO_ENGINE = "eof to engine"  # half-close upstream (write-EOF)
     EOF_TO_CLIENT = "eof to client"  # half-close the client (write-EOF)

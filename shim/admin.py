@@ -15,7 +15,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from allocator.core.api.routes import needs_check
+from allocator.core.api.routes import needs_check, spliced_door
 from allocator.core.leases.leases import StateError
 from allocator.core.machine.inventory import InventoryError
 from allocator.host.cpus import TopologyError
@@ -24,7 +24,7 @@ from allocator.service.views import explain, report, reservations, status, wire
 from allocator.service.views.gpus import LiveView
 from allocator.service.wiring import Allocator
 from shim.create import CreateInterceptor, Forward, error
-from shim.framing import Request, Response
+from shim.framing import PassOn, Request, Response
 from shim.waitline import Waitline
 
 _FAILURES = (StateError, EngineError, InventoryError, TopologyError)
@@ -37,18 +37,23 @@ class Admin:
         self, allocator: Allocator, live: LiveView, waitline: Waitline, creates: CreateInterceptor
     ):
         self.alloc = allocator
+        self.doors = allocator.doors
         self.live = live
         self.waitline = waitline
         self.creates = creates
 
     def wants(self, method: str, target: str) -> bool:
         # Called on every request head: the creates' own test inlined, as cheap as before.
-        return needs_check(method, target) or (method == "GET" and _serves(target))
+        return (
+            needs_check(method, target)
+            or (method == "GET" and _serves(target))
+            or (not self.doors.open_to_all() and spliced_door(method, target))
+        )
 
     def stop(self) -> None:
         self.creates.stop()
 
-    def handle(self, request: Request, forward: Forward) -> Coroutine[Any, Any, Response]:
+    def handle(self, request: Request, forward: Forward) -> Coroutine[Any, Any, Response | PassOn]:
         """The creates' own coroutine for theirs (no extra frame on their path)."""
         if request.method != "GET" or not _serves(request.target):
             return self.creates.handle(request, forward)

@@ -132,6 +132,16 @@ class Connection:
         self._advance(out)
         return out
 
+    def passed_on(self, request: bytes, head_req: bool, keep: bool) -> list[Action]:
+        """The interceptor's request (its wire bytes) goes up on the open upstream
+        connection as a spliced one: its answer streams, a hijack included; `keep`: the
+        client keeps the connection alive after it."""
+        if self.closed:
+            return []
+        self.exchange = Exchange(head_req, keep)
+        self.talk.fire(SEND)
+        return [(TO_ENGINE, request)]
+
     def _advance(self, out: list[Action]) -> None:
         """Make progress on the client's held bytes; what is not HTTP ends the connection."""
         try:

@@ -40,7 +40,7 @@ from functools import partial
 from allocator.core.api import errors, gojson, labels
 from allocator.core.api.createbody import decode_create
 from allocator.core.api.gojson import Body
-from allocator.core.api.routes import Check, Route, by_id, needs_check
+from allocator.core.api.routes import SPLICED_DOORS, Check, Route, by_id, needs_check, spliced_door
 from allocator.core.judging import service_limits, service_marks, services
 from allocator.core.judging import verdicts as decide
 from allocator.core.leases.leases import StateError
@@ -49,7 +49,7 @@ from allocator.host.cpus import TopologyError
 from allocator.host.engine import EngineError
 from allocator.service.intake import Refused
 from allocator.service.wiring import Allocator
-from shim.framing import Request, Response, UpstreamError
+from shim.framing import PassOn, Request, Response, UpstreamError
 from shim.waitline import Waitline
 
 log = logging.getLogger("gpu-alloc.shim")
@@ -69,17 +69,22 @@ class CreateInterceptor:
         self.waitline = waitline or Waitline(allocator)
 
     def wants(self, method: str, target: str) -> bool:
-        return needs_check(method, target)
+        if needs_check(method, target):
+            return True
+        # an attach, an exec's start: spliced unread while no container can be owned
+        return not self.alloc.doors.open_to_all() and spliced_door(method, target)
 
     def stop(self) -> None:
         """The shim is stopping: waiting creates are answered, not left hanging."""
         self.waitline.stop()
 
-    async def handle(self, request: Request, forward: Forward) -> Response:
+    async def handle(self, request: Request, forward: Forward) -> Response | PassOn:
         route = decide.route_of(request.method, request.target)
         if isinstance(route, decide.Deny):
             return error(400, route.msg)
         try:
+            if route.check in SPLICED_DOORS:
+                return await self._door(route, request)
             if route.check is Check.SERVICE:
                 owned = await asyncio.to_thread(self._service, route, request)
                 if isinstance(owned, Response):
@@ -142,8 +147,19 @@ class CreateInterceptor:
             headers.append((service_marks.HEADER, service_marks.mark(key, body)))
         return replace(request, headers=headers, body=body)
 
+    async def _door(self, route: Route, request: Request) -> Response | PassOn:
+        """An attach or an exec's start, read whole because a container can be owned:
+        marked with who asks, judged (unless the plugin judges every socket's), and passed
+        on to stream, a hijack and all."""
+        marked = await asyncio.to_thread(self._asker_marked, route, request)
+        if not self._plugin_judges():
+            decision = await asyncio.to_thread(self._judge, route, marked)
+            if isinstance(decision, decide.Deny):
+                return error(403, decision.msg)
+        return PassOn(marked)
+
     def _asker_marked(self, route: Route, request: Request) -> Request:
-        """An exec into a container as forwarded where a container can be owned: by the
+        """A way into a container as forwarded where a container can be owned: by the
         full id of the container its reference names now, any gpu-alloc header the
         client sent dropped, and marked with who asks (`allocator.service.doors.Doors`)."""
         doors = self.alloc.doors
@@ -155,7 +171,7 @@ class CreateInterceptor:
     def _judge(self, route: Route, request: Request) -> decide.Decision:
         """The plugin's verdict, with facts read only where the check needs them."""
         signing = self.alloc.lookups.service_signing() if route.check in decide.SIGNED else None
-        headers = dict(request.headers)
+        headers = dict(reversed(request.headers))  # a name sent twice: the first, as Go reads
         asked = partial(
             decide.authz_request, route, request.method, request.target, Body(request.body),
             headers=headers, signing=signing,

@@ -39,6 +39,7 @@ _HOP = frozenset(
         "upgrade",
     }
 )
+_UPGRADE = frozenset({"connection", "upgrade"})
 HIJACK_TYPES = (b"application/vnd.docker.raw-stream", b"application/vnd.docker.multiplexed-stream")
 NO_BODY_STATUS = frozenset({204, 304})
 
@@ -70,6 +71,15 @@ class Response:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class PassOn:
+    """The interceptor's answer that is no answer: ``request`` (rewritten) goes upstream,
+    and the Engine's answer streams back as a spliced request's would, a hijack included
+    (an attach, an exec's start)."""
+
+    request: Request
+
+
 Forward = Callable[[Request], Awaitable[Response]]
 
 
@@ -78,8 +88,9 @@ class Interceptor(Protocol):
         """Cheap and synchronous: called on every request head."""
         ...
 
-    async def handle(self, request: Request, forward: Forward) -> Response:
-        """Answer `request`; `forward` sends a (rewritten) request to the Engine."""
+    async def handle(self, request: Request, forward: Forward) -> Response | PassOn:
+        """Answer `request`, or pass it on; `forward` sends a (rewritten) request to the
+        Engine and reads its answer whole."""
         ...
 
 
@@ -167,11 +178,14 @@ def _check_value(text: str, what: str) -> str:
     return text
 
 
-def encode_request(req: Request) -> bytes:
-    """The wire form of a rewritten request: fresh Content-Length, no hop-by-hop headers."""
+def encode_request(req: Request, *, upgrade: bool = False) -> bytes:
+    """The wire form of a rewritten request: fresh Content-Length, no hop-by-hop headers
+    (but for ``upgrade``: the client's Connection and Upgrade, on a request passed on to
+    be hijacked as it asked)."""
+    drop = _HOP - _UPGRADE if upgrade else _HOP
     lines = [f"{_check_token(req.method, 'method')} {_check_token(req.target, 'target')} HTTP/1.1"]
     for name, value in req.headers:
-        if name.lower() not in _HOP:
+        if name.lower() not in drop:
             lines.append(f"{_check_token(name, 'header name')}: {_check_value(value, 'header')}")
     if req.body or req.method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
         lines.append(f"Content-Length: {len(req.body)}")

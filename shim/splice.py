@@ -209,7 +209,28 @@ class Splice(asyncio.Protocol):
             except Exception:
                 self._failed()
 
-        await intercept.answer(self.proxy.interceptor, request, self.forward, send, keep=keep)
+        async def pass_on(passed: Request) -> None:
+            await self._pass_on(passed, keep)
+
+        await intercept.answer(
+            self.proxy.interceptor, request, self.forward, send, keep=keep, pass_on=pass_on
+        )
+
+    async def _pass_on(self, request: Request, keep: bool) -> None:
+        """Send `request` on this connection's upstream, its answer to stream back as a
+        spliced request's; UpstreamError (nothing sent) when no upstream can be had."""
+        raw = encode_request(request, upgrade=True)
+        try:
+            async with asyncio.timeout(self.proxy.forward_timeout):
+                if self.closed:
+                    raise Closed("client went away")
+                await self.link.ensure()
+        except (TimeoutError, OSError, Closed) as e:
+            raise UpstreamError(
+                f"{request.method} {request.target} failed: {e}", maybe_delivered=False
+            ) from e
+        self.task = None
+        self._run(self.conn.passed_on(raw, request.method == "HEAD", keep))
 
     async def forward(self, request: Request, *, timeout: float | None = None) -> Response:
         """Send `request` on this connection's upstream; return the whole response.  What

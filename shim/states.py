@@ -126,6 +126,7 @@ REQUEST: Mapping[tuple[Req, Ev], Req] = {
     (Req.IDLE, Ev.COLLECT): Req.COLLECTING,
     (Req.COLLECTING, Ev.COLLECTED): Req.INTERCEPTING,
     (Req.INTERCEPTING, Ev.ANSWERED): Req.IDLE,
+    (Req.INTERCEPTING, Ev.SEND): Req.SENT,  # passed on: its answer streams
     (Req.SENT, Ev.HIJACK): Req.RAW,
     (Req.STREAMING, Ev.HIJACK): Req.RAW,
     **_closing(Req),

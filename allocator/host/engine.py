@@ -66,6 +66,10 @@ class Engine:
     def inspect(self, container: str) -> dict[str, Any] | None:
         return self._get(f"inspect {container}", f"/containers/{quote(container, safe='')}/json")
 
+    def inspect_exec(self, exec_id: str) -> dict[str, Any] | None:
+        """GET /exec/ID/json: its ``ContainerID`` among the rest; None for no such exec."""
+        return self._get(f"inspect exec {exec_id}", f"/exec/{quote(exec_id, safe='')}/json")
+
     def update(self, container: str, config: dict[str, Any]) -> None:
         """POST /containers/ID/update with ``config``'s restart policy (the one setting
         gpu-alloc changes); a container gone is no error."""

@@ -1,6 +1,6 @@
-"""Exec and copies into a container, kept to its owner where it is owned
+"""Execs, attaches and copies into a container, kept to its owner where it is owned
 (`allocator.core.access.owned`): settled on the container as it is now, and, where the
-shim forwards an exec, pinned to that container's full id and marked with who asks.
+shim forwards one, pinned to that container's full id and marked with who asks.
 
 While the policy grants nobody anything (no ``policy.powers``, no
 ``policy.engine_socket_binds``, ``policy.privileged: refuse``) no container is owned,
@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any
 
 from allocator.core.access import access, owned, privileged
-from allocator.core.api.routes import Route, by_id
+from allocator.core.api.routes import Check, Route, by_id
 from allocator.core.judging.verdicts import ACCESS_READS, DoorCheck, Facts
 from allocator.host.engine import Engine
 from allocator.host.peers import Peer
@@ -23,7 +23,7 @@ from allocator.service.lookups import Lookups
 
 
 class Doors:
-    """``refusal`` of an exec or a copy into a container; `mark` of one the shim forwards."""
+    """``refusal`` of a way into a container; `mark` of one the shim forwards."""
 
     def __init__(self, engine: Engine | None, gather: Gatherer, lookups: Lookups):
         self.engine = engine
@@ -40,8 +40,9 @@ class Doors:
         """``target`` naming the container its reference names now by that container's
         full id, so no rename or removal before dockerd looks it up moves the call into
         another container (as the shim forwards a start it judged); as sent when no
-        container is owned, or the reference names none (dockerd says so)."""
-        if self.open_to_all() or self.engine is None:
+        container is owned, or the reference names none (dockerd says so).  An exec's
+        start names the exec, which dockerd finds by its full id alone: as sent."""
+        if self.open_to_all() or self.engine is None or route.check is Check.EXEC_START:
             return target
         found = self.lookups.target_of(route.name)
         return target if found is None else by_id(target, route, found.id)
@@ -60,7 +61,14 @@ class Doors:
         """Why ``check`` is refused on its container as it is now, or None."""
         if self.open_to_all() or self.engine is None:
             return None
-        info = self.engine.inspect(check.ref)
+        ref = check.ref
+        if check.door == owned.EXEC_START:
+            started = self.engine.inspect_exec(ref)
+            if started is None:
+                return None  # dockerd answers that there is no such exec
+            ref = str(started.get("ContainerID") or "")
+            check = replace(check, ref=ref)
+        info = self.engine.inspect(ref) if ref else None
         if info is None:
             return None  # dockerd answers that there is no such container
         fields = self.gather.decide(partial(_held, info), ACCESS_READS)

@@ -10,7 +10,10 @@ from __future__ import annotations
 import io
 import json
 import resource
+import subprocess
 import tarfile
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -188,6 +191,91 @@ def test_a_granted_containers_exec_is_its_owners_and_roots_alone_and_copies_nobo
     assert "gpu-alloc refused to copy files into" in said and "cat > PATH" in said
     real = clients.docker_cli(stack.engine_sock, "exec", cid, "true")  # nobody by name
     assert real.returncode != 0 and "gpu-alloc refused to exec into" in real.stderr, real.stderr
+
+
+ECHO = ["sh", "-c", "read line; echo got $line"]
+
+
+def attached(stack, cid: str, since: float) -> bool:
+    """dockerd has an attach to ``cid`` since ``since`` (its own event says so)."""
+    api = engine.engine_api(stack.engine_sock)
+    seen = api.events(since=int(since), until=int(time.time()) + 1, decode=True,
+                      filters={"container": cid, "event": "attach"})  # fmt: skip
+    return any(True for _ in seen)
+
+
+def test_a_granted_containers_input_is_its_owners_and_its_output_anyones(stack, owners):
+    """An attach that feeds stdin types into the main process, as an exec runs in it: an
+    owned container's is its owner's; one that only reads output is anyone's."""
+    typed = clients.docker_cli(stack.shim_sock, "run", "-i", "--cap-add", "SYS_TIME", IMAGE,
+                               *ECHO, input="hi\n", user=GRANTED)  # fmt: skip
+    assert typed.returncode == 0 and typed.stdout.strip() == "got hi", typed.stderr
+    made = clients.docker_cli(stack.shim_sock, "run", "-d", "-i", "--cap-add", "SYS_TIME", IMAGE,
+                              *ECHO, user=GRANTED)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    cid = made.stdout.strip()
+    for sock, user in ((stack.shim_sock, NOT_NAMED), (stack.engine_sock, None)):
+        other = clients.docker_cli(sock, "attach", cid, input="reboot\n", user=user)
+        # the CLI drops the body of an answer that is no upgrade: the reason is logged
+        assert other.returncode != 0, other.stdout
+        assert "unable to upgrade to tcp, received 403" in other.stderr, other.stderr
+    assert "gpu-alloc refused to attach to the input of" in stack.logs()
+    since = time.time() - 1
+    watched: list[subprocess.CompletedProcess] = []
+    watcher = threading.Thread(target=lambda: watched.append(clients.docker_cli(
+        stack.shim_sock, "attach", "--no-stdin", cid, user=NOT_NAMED)))  # fmt: skip
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not attached(stack, cid, since):
+            assert time.monotonic() < deadline and watcher.is_alive(), watched
+            time.sleep(0.2)
+        # (the CLI of 29 shows no output once its stdin has ended: the logs say what came)
+        owner = clients.docker_cli(stack.shim_sock, "attach", cid, input="hi\n", user=GRANTED)
+        assert owner.returncode == 0, owner.stderr
+        assert real(stack, "logs", cid).stdout.strip() == "got hi"
+        watcher.join(120)
+        assert watched[0].returncode == 0 and watched[0].stdout.strip() == "got hi", watched
+    finally:
+        real(stack, "rm", "-f", cid)
+
+
+def start_exec(sock: str, exec_id: str, user: str | None) -> str:
+    """``POST /exec/ID/start`` detached, as ``user``: the answer's status line and body."""
+    body = b'{"Detach":true}'
+    request = (b"POST /v1.41/exec/%s/start HTTP/1.1\r\nHost: docker\r\nContent-Type: "
+               b"application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+               % (exec_id.encode(), len(body), body))  # fmt: skip
+    code = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "s.connect(sys.argv[1])\n"
+        "s.sendall(sys.stdin.buffer.read())\n"
+        "got = b''\n"
+        "while chunk := s.recv(65536):\n"
+        "    got += chunk\n"
+        "sys.stdout.write(got.decode())\n"
+    )
+    ran = subprocess.run(["/usr/bin/python3", "-c", code, sock], input=request,
+                         capture_output=True, timeout=60, check=True, user=user)  # fmt: skip
+    return ran.stdout.decode()
+
+
+def test_an_owners_exec_is_started_by_them_alone(stack, owners):
+    """Whoever starts an exec gets its stream: reading an exec's id from ``ExecIDs`` in
+    an owned container's inspect gives nobody else its start."""
+    made = clients.docker_cli(stack.shim_sock, "run", "-d", "--cap-add", "SYS_TIME", IMAGE,
+                              "sleep", "300", user=GRANTED)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    cid = made.stdout.strip()
+    made_exec = engine.engine_api(stack.shim_sock).exec_create(cid, ["true"])  # root's, marked
+    for sock, user in ((stack.shim_sock, NOT_NAMED), (stack.engine_sock, None)):
+        answer = start_exec(sock, made_exec["Id"], user)
+        assert answer.startswith("HTTP/1.1 403 "), answer
+        assert "gpu-alloc refused to start an exec in" in answer, answer
+    started = start_exec(stack.shim_sock, made_exec["Id"], None)  # root, through the shim
+    assert started.startswith("HTTP/1.1 200 "), started
+    real(stack, "rm", "-f", cid)
 
 
 def test_a_plain_containers_doors_stay_open_to_everyone(stack, owners):

@@ -37,6 +37,7 @@ class FakeEngine:
         self.kills: list[tuple[str, str]] = []  # (container, signal)
         self.calls: list[str] = []
         self.inspected: list[str] = []  # every reference `inspect` was asked, in order
+        self.execs: dict[str, str] = {}  # an exec's id -> its container's
         self.down = False
         # The image event stream: what was asked of it, and the events the test feeds.
         self.stream_down = False
@@ -154,6 +155,12 @@ class FakeEngine:
         prefixed = [c for cid, c in self.by_id.items() if cid.startswith(container)]
         found = named or (prefixed if len(prefixed) == 1 else [])
         return found[0] if found else None
+
+    def inspect_exec(self, exec_id: str) -> dict[str, Any] | None:
+        """By the full id alone, as dockerd finds an exec."""
+        self._call("inspect_exec")
+        cid = self.execs.get(exec_id)
+        return None if cid is None else {"ID": exec_id, "ContainerID": cid, "Running": False}
 
     def service(self, ref: str) -> dict[str, Any] | None:
         """By full id, then name, then unique id prefix, as dockerd resolves a service."""

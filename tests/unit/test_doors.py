@@ -1,4 +1,4 @@
-"""Exec and copies into a container, settled by the service (allocator/service/doors.py):
+"""Execs, attaches and copies into a container, settled by the service (allocator/service/doors.py):
 no look at anything while the policy grants nobody anything; else the container as it
 is now, and whose gpu-alloc recorded it to be."""
 
@@ -72,3 +72,40 @@ def pinned(alloc: Allocator, target: str) -> str:
     route = decide.route_of("POST", target)
     assert not isinstance(route, decide.Deny)
     return alloc.doors.pinned(route, target)
+
+
+def test_an_execs_start_is_settled_on_the_container_the_exec_was_made_in(tmp_path):
+    """Whoever starts an exec gets its stream: an owned container's are its owner's."""
+    alloc, fake = make(tmp_path, GRANT)
+    cid = clock(fake)
+    alloc.lookups.creators.record(cid, 1000, "ann")
+    fake.execs["e" * 64] = cid
+    why = alloc.admission.resolve(owned.DoorCheck("e" * 64, owned.EXEC_START, "eve"))
+    assert isinstance(why, decide.Deny)
+    assert why.msg.startswith("gpu-alloc refused to start an exec in clock: it holds what")
+    ann = owned.DoorCheck("e" * 64, owned.EXEC_START, "ann")
+    assert alloc.admission.resolve(ann) == decide.ALLOW
+    fake.execs["f" * 64] = fake.add("plain")
+    assert alloc.admission.resolve(owned.DoorCheck("f" * 64, owned.EXEC_START, "")) == decide.ALLOW
+    gone = owned.DoorCheck("e" * 12, owned.EXEC_START, "eve")  # no exec by a prefix
+    assert alloc.admission.resolve(gone) == decide.ALLOW  # dockerd answers it has none
+
+
+def test_an_execs_start_goes_on_naming_the_exec(tmp_path):
+    alloc, fake = make(tmp_path, GRANT)
+    fake.execs["e" * 64] = clock(fake)
+    target = f"/v1.41/exec/{'e' * 64}/start"
+    assert pinned(alloc, target) == target
+
+
+def test_an_attach_to_an_owned_containers_input_is_its_owners(tmp_path):
+    alloc, fake = make(tmp_path, GRANT)
+    cid = clock(fake)
+    alloc.lookups.creators.record(cid, 1000, "ann")
+    why = alloc.admission.resolve(owned.DoorCheck("clock", owned.ATTACH, "eve"))
+    assert isinstance(why, decide.Deny)
+    assert why.msg.startswith("gpu-alloc refused to attach to the input of clock:")
+    assert why.msg.endswith("Its output is anyone's: docker attach --no-stdin, or docker logs -f")
+    assert alloc.admission.resolve(owned.DoorCheck("clock", owned.ATTACH, "ann")) == decide.ALLOW
+    target = "/v1.41/containers/clock/attach?stream=1&stdin=1"
+    assert pinned(alloc, target) == f"/v1.41/containers/{cid}/attach?stream=1&stdin=1"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from allocator.core.access import owned, socket_binds
 from allocator.core.access.grants import Access, Grant
 from allocator.core.judging import verdicts as decide
@@ -69,3 +71,74 @@ def test_an_exec_is_settled_on_its_container_with_the_asker_the_mark_names():
     assert got == owned.DoorCheck("dind", owned.EXEC, "ci")
     privileged = json.dumps({"Cmd": ["sh"], "Privileged": True}).encode()
     assert isinstance(decide.authz_request(route, "POST", EXEC_URI, privileged, FACTS), decide.Deny)
+
+
+ATTACHES = {
+    "docker attach": ("POST", "/v1.43/containers/dind/attach?stream=1&stdin=1&stdout=1", {}),
+    "stdin spelt as Go reads true": ("POST", "/containers/dind/attach?stdin=%20On%20", {}),
+    "a second stdin: any true value counts": (
+        "POST",
+        "/containers/dind/attach?stdin=0&stdin=1",
+        {},
+    ),
+    "a form body may set stdin": (
+        "POST",
+        "/containers/dind/attach?stdin=0",
+        {"Content-Type": "application/x-www-form-urlencoded"},
+    ),
+    "a multipart body may too": (
+        "POST",
+        "/containers/dind/attach",
+        {"content-type": "Multipart/Form-Data; boundary=x"},
+    ),
+    "a websocket before API 1.42 always feeds stdin": (
+        "GET",
+        "/v1.41/containers/dind/attach/ws?stdin=0",
+        {},
+    ),
+    "a websocket with no version may be served at 1.41": (
+        "GET",
+        "/containers/dind/attach/ws?stdin=0",
+        {},
+    ),
+    "a websocket from 1.42 reads stdin": ("GET", "/v1.42/containers/dind/attach/ws?stdin=1", {}),
+    "\\x1c is no space to Go: the value reads true": (
+        "POST",
+        "/containers/dind/attach?stdin=%1C0",
+        {},
+    ),
+}
+READERS = {
+    "docker attach --no-stdin": ("POST", "/containers/dind/attach?stream=1&stdout=1&stderr=1", {}),
+    "stdin off, as Go spells false": ("POST", "/containers/dind/attach?stdin=+NONE%09", {}),
+    "a JSON body sets no form value": (
+        "POST",
+        "/containers/dind/attach?stdin=no",
+        {"Content-Type": "application/json"},
+    ),
+    "a websocket from 1.42 without stdin": ("GET", "/v1.44/containers/dind/attach/ws?stdout=1", {}),
+}
+
+
+@pytest.mark.parametrize(("method", "uri", "headers"), ATTACHES.values(), ids=ATTACHES.keys())
+def test_an_attach_that_may_feed_stdin_is_settled_on_its_container(method, uri, headers):
+    route = decide.route_of(method, uri)
+    assert not isinstance(route, decide.Deny)
+    got = decide.authz_request(route, method, uri, b"", FACTS, headers, Signing(KEY))
+    assert got == owned.DoorCheck("dind", owned.ATTACH, "")
+
+
+@pytest.mark.parametrize(("method", "uri", "headers"), READERS.values(), ids=READERS.keys())
+def test_an_attach_that_only_reads_output_is_anyones(method, uri, headers):
+    route = decide.route_of(method, uri)
+    assert not isinstance(route, decide.Deny)
+    assert decide.authz_request(route, method, uri, b"", FACTS, headers) == decide.ALLOW
+
+
+def test_an_execs_start_is_settled_on_the_exec_it_names():
+    uri = "/v1.41/exec/" + "e" * 64 + "/start"
+    route = decide.route_of("POST", uri)
+    assert not isinstance(route, decide.Deny)
+    headers = {owned.HEADER: owned.mark(KEY, "POST", uri, "ci")}
+    got = decide.authz_request(route, "POST", uri, b"{}", FACTS, headers, Signing(KEY))
+    assert got == owned.DoorCheck("e" * 64, owned.EXEC_START, "ci")

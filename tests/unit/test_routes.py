@@ -5,7 +5,15 @@ import re
 import pytest
 
 from allocator.core.api import routes
-from allocator.core.api.routes import Check, Route, RouteError, api_version, classify, needs_check
+from allocator.core.api.routes import (
+    Check,
+    Route,
+    RouteError,
+    api_version,
+    classify,
+    needs_check,
+    spliced_door,
+)
 
 NAME = "a/b"  # names may hold slashes: routes are told apart by their fixed suffix
 WRITE_METHODS = ("POST", "PUT", "DELETE")
@@ -124,7 +132,36 @@ CLASSIFIED = {
     "rename": ("POST", "/containers/web/rename?name=db", Check.RENAME, None, "web"),
     "container prune": ("POST", "/v1.41/containers/prune", Check.PRUNE, (1, 41), ""),
     "exec create": ("POST", "/containers/web/exec", Check.EXEC, None, "web"),
-    "exec start is harmless": ("POST", "/exec/abc/start", Check.ALLOW, None, "abc"),
+    "exec start takes the exec's stream": (
+        "POST",
+        "/exec/abc/start",
+        Check.EXEC_START,
+        None,
+        "abc",
+    ),
+    "exec resize is harmless": ("POST", "/exec/abc/resize?h=1&w=2", Check.ALLOW, None, "abc"),
+    "attach": ("POST", "/v1.41/containers/web/attach?stdin=1", Check.ATTACH, (1, 41), "web"),
+    "websocket attach is the read that is a way in": (
+        "GET",
+        "/v1.44/containers/web/attach/ws",
+        Check.ATTACH,
+        (1, 44),
+        "web",
+    ),
+    "websocket attach spelt with an encoded slash": (
+        "GET",
+        "/containers/web/attach%2Fws",
+        Check.ATTACH,
+        None,
+        "web",
+    ),
+    "HEAD of a websocket attach: no route serves it": (
+        "HEAD",
+        "/containers/web/attach/ws",
+        Check.ALLOW,
+        None,
+        "",
+    ),
     "update": ("POST", "/containers/web/update", Check.UPDATE, None, "web"),
     "service update": ("POST", "/services/svc/update", Check.SERVICE, None, "svc"),
     "plugin set": (
@@ -258,7 +295,27 @@ def test_api_versions_compare_numerically_not_as_text() -> None:
         ("POST", "/services/create", True),
         ("POST", "/containers/web/frobnicate", True),
         ("POST", "/containers/%zz/start", True),  # unreadable: vetted, never waved through
+        ("POST", "/containers/web/attach?stdin=1", False),  # spliced unless owned: below
+        ("POST", "/exec/abc/start", False),
     ],
 )
 def test_needs_check(method: str, target: str, expected: bool) -> None:
     assert needs_check(method, target) is expected
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "expected"),
+    [
+        ("POST", "/v1.41/containers/web/attach?stream=1&stdin=1", True),
+        ("GET", "/containers/web/attach/ws?stdin=1", True),
+        ("POST", "/exec/abc/start", True),
+        ("POST", "/exec/abc/resize", False),
+        ("POST", "/containers/web/exec", False),  # exec create: needs_check has it
+        ("GET", "/containers/web/json", False),
+        ("GET", "/containers/%zz/attach/ws", False),  # unreadable: dockerd refuses it too
+    ],
+)
+def test_spliced_doors_are_the_attaches_and_the_exec_starts(
+    method: str, target: str, expected: bool
+) -> None:
+    assert spliced_door(method, target) is expected

@@ -6,6 +6,7 @@ upstream connection opened, the interceptor's answer) and the actions it must pr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -77,11 +78,15 @@ def shown(action: Action) -> tuple[Any, ...]:
 
 
 def run(
-    script: list[tuple[Any, ...]], *, live: bool = True, max_body: int = 1 << 20
+    script: list[tuple[Any, ...]],
+    *,
+    live: bool = True,
+    max_body: int = 1 << 20,
+    wants: Callable[[str, str], bool] = creates,
 ) -> tuple[Connection, list[tuple[Any, ...]]]:
     """Play `script` on a new connection (with an upstream open when `live`): the
     connection and its actions, a step's consecutive writes to one side joined."""
-    conn = Connection(creates, max_body)
+    conn = Connection(wants, max_body)
     if live:
         conn.engine_opened()
     out: list[tuple[Any, ...]] = []
@@ -349,6 +354,64 @@ def test_an_intercepted_request(
     script: list[tuple[Any, ...]], actions: list[tuple[Any, ...]]
 ) -> None:
     assert run(script, max_body=100)[1] == actions
+
+
+def attaches(method: str, target: str) -> bool:
+    return "/attach" in target
+
+
+MARKED = ATTACH.replace(b"Upgrade: tcp\r\n", b"Upgrade: tcp\r\nX-Gpu-Alloc-Asker: ann 0f\r\n")
+HELD = ("intercept", "POST /containers/x/attach?stream=1&stdin=1", b"", True)
+NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}"
+
+PASSED_ON = [
+    pytest.param(
+        [client(ATTACH + b"typed"), ("passed_on", MARKED, False, True), engine(UPGRADED + b"out")],
+        [HELD, ("engine", MARKED), ("client", UPGRADED + b"out"), ("pipe",), ("engine", b"typed")],
+        id="a request passed on is hijacked as a spliced one, the bytes held sent after it",
+    ),
+    pytest.param(
+        [
+            client(ATTACH),
+            ("passed_on", MARKED, False, True),
+            engine(UPGRADED),
+            client(b"in"),
+            engine(b"out"),
+        ],
+        [
+            HELD,
+            ("engine", MARKED),
+            ("client", UPGRADED),
+            ("pipe",),
+            ("engine", b"in"),
+            ("client", b"out"),
+        ],
+        id="then both sides are raw pipes",
+    ),
+    pytest.param(
+        [client(ATTACH + PING), ("passed_on", MARKED, False, True), engine(NOT_FOUND), engine(OK)],
+        [HELD, ("engine", MARKED), ("client", NOT_FOUND), ("engine", PING), ("client", OK)],
+        id="an answer that is no hijack ends the exchange and the next request goes up",
+    ),
+    pytest.param(
+        [client(ATTACH), CLIENT_EOF, ("passed_on", MARKED, False, True), engine(UPGRADED)],
+        [HELD, ("gone",), ("engine", MARKED), ("client", UPGRADED), ("pipe",), ("eof to engine",)],
+        id="a client that half-closed meanwhile has its EOF passed on once hijacked",
+    ),
+]
+
+
+@pytest.mark.parametrize(("script", "actions"), PASSED_ON)
+def test_a_request_the_interceptor_passes_on(
+    script: list[tuple[Any, ...]], actions: list[tuple[Any, ...]]
+) -> None:
+    assert run(script, wants=attaches)[1] == actions
+
+
+def test_a_request_passed_on_once_the_client_is_gone_sends_nothing() -> None:
+    conn, _ = run([client(ATTACH)], wants=attaches)
+    conn.close()
+    assert conn.passed_on(MARKED, False, True) == []
 
 
 REFUSED = [

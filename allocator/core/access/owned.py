@@ -12,7 +12,12 @@ Rules
    asks: it marks an exec with the asker (`mark`: an HMAC under the state directory's
    key, of the method, the URI and the name), and the plugin believes the name only with
    a good mark.  On dockerd's own socket nobody asks by name, so the exec is refused.
-3. ``docker cp`` into a container (``PUT /containers/{id}/archive``) can replace what it
+3. An attach that feeds the container's stdin (`feeds_stdin`: ``docker attach``,
+   ``docker run -i``, a websocket attach) types into its main process, and whoever
+   starts an exec (``POST /exec/{id}/start``) gets that exec's stream: both are kept as
+   an exec is.  The shim reads them whole, marks them, and passes them on to stream.
+   An attach that only reads output is anyone's, as ``docker logs`` is.
+4. ``docker cp`` into a container (``PUT /containers/{id}/archive``) can replace what it
    runs.  The shim passes a copy's tar stream on unread (it may be of any size), so it
    cannot say who asks: into an owned container every copy is refused, and its owner
    writes files by an exec instead.
@@ -28,22 +33,40 @@ from typing import Any
 
 from allocator.core.access import privileged, socket_binds
 from allocator.core.access.grants import Access
+from allocator.core.api import goform
+from allocator.core.api.routes import Route
 from allocator.core.rules.policy import UNKNOWN
 
 HEADER = "X-Gpu-Alloc-Asker"  # the shim's mark: "<user> <hmac>"
 ROOT = "root"  # root on the host: every door is theirs anyway
-EXEC, COPY = "exec", "copy"
-WHAT = {EXEC: ("exec into", "an exec"), COPY: ("copy files into", "a copy")}
+EXEC, COPY, ATTACH, EXEC_START = "exec", "copy", "attach", "exec-start"
+WHAT = {
+    EXEC: ("exec into", "an exec"),
+    COPY: ("copy files into", "a copy"),
+    ATTACH: ("attach to the input of", "an attach"),
+    EXEC_START: ("start an exec in", "starting it"),
+}
+WS_STDIN_ASKED = (1, 42)  # a websocket attach reads ``stdin`` from this API version on
 
 
 @dataclass(frozen=True)
 class DoorCheck:
-    """An exec or a copy into container ``ref`` (as the request names it), asked by
-    ``asker`` (the name the shim's mark vouches for; empty: nobody by name)."""
+    """An exec, an attach or a copy into container ``ref`` (as the request names it; an
+    exec's id for an exec's start), asked by ``asker`` (the name the shim's mark vouches
+    for; empty: nobody by name)."""
 
     ref: str
     door: str
     asker: str = ""
+
+
+def feeds_stdin(route: Route, method: str, uri: str, headers: Mapping[str, Any] | None) -> bool:
+    """Whether an attach may feed the container's stdin, as dockerd reads it: the
+    ``stdin`` value (`goform`), and on a websocket below API 1.42, always (a route with
+    no version prefix may be served at 1.41, 20.10's own)."""
+    if method == "GET" and (route.version is None or route.version < WS_STDIN_ASKED):
+        return True
+    return goform.bool_value(uri, headers, "stdin")
 
 
 def held(anyone: Access) -> tuple[str, ...]:
@@ -78,10 +101,13 @@ def refusal(check: DoorCheck, fields: tuple[str, ...], owner: str) -> str | None
     if check.asker == ROOT or (named and check.asker == owner):
         return None
     whose = f"{owner}'s" if owner else "its owner's"
-    return (
+    only = (
         f"{held}; only {whose} own requests through the gpu-alloc context "
         "(docker --context gpu-alloc ...), or root's, may"
     )
+    if check.door == ATTACH:
+        return f"{only}. Its output is anyone's: docker attach --no-stdin, or docker logs -f"
+    return only
 
 
 def mark(key: bytes, method: str, uri: str, user: str) -> str:

@@ -7,8 +7,9 @@ Rules
    same, so ``/v1.41/containers%2Fcreate`` is a create here as it is there.
 2. Container and image names are ``{name:.*}``: they may contain slashes, and a
    route is told apart by its fixed suffix.  Patterns below keep that shape.
-3. Reads (GET, HEAD) never change device access.  A write we cannot classify is
-   denied: the table below is the complete list of writes dockerd 20.10 to 29
+3. Reads (GET, HEAD) never change device access; one is still a way into a running
+   container, a websocket attach, whose stdin counts as an attach's.  A write we cannot
+   classify is denied: the table below is the complete list of writes dockerd 20.10 to 29
    serves, each with the check it needs (`Check`).
 
 The table is data: add a route by adding a row.
@@ -33,6 +34,8 @@ class Check(Enum):
     RENAME = "rename"  # allowed; it and REMOVE, PRUNE wait for a start they could redirect
     PRUNE = "prune"  # container prune: removals, as REMOVE
     EXEC = "exec"  # exec create: no privileged exec
+    ATTACH = "attach"  # an attach's stdin, like an exec, is a way into an owned container
+    EXEC_START = "exec-start"  # an exec's start takes its stream: its container's owner's
     SERVICE = "service"  # swarm services: tasks never pass the plugin
     PLUGIN_INSTALL = "plugin-install"  # plugin pull: privileges in the body, and its name
     PLUGIN_UPGRADE = "plugin-upgrade"  # privileges, and not the authorization plugin's
@@ -63,18 +66,16 @@ _WRITES: tuple[tuple[str, str, Check], ...] = (
     ("POST", f"/containers/{_N}/restart", Check.RESTART),
     ("POST", f"/containers/{_N}/update", Check.UPDATE),
     ("POST", f"/containers/{_N}/exec", Check.EXEC),
-    (
-        "POST",
-        f"/containers/{_N}/(?:kill|pause|unpause|stop|wait|resize|attach|copy)",
-        Check.ALLOW,
-    ),
+    ("POST", f"/containers/{_N}/(?:kill|pause|unpause|stop|wait|resize|copy)", Check.ALLOW),
+    ("POST", f"/containers/{_N}/attach", Check.ATTACH),
     ("POST", f"/containers/{_N}/rename", Check.RENAME),
     ("PUT", f"/containers/{_N}/archive", Check.ARCHIVE),
     ("POST", f"/containers/{_N}/checkpoints", Check.ALLOW),
     ("DELETE", f"/containers/{_N}/checkpoints/(?P<checkpoint>[^/]*)", Check.ALLOW),
     ("DELETE", f"/containers/{_N}", Check.REMOVE),
     ("POST", "/commit", Check.ALLOW),
-    ("POST", f"/exec/{_N}/(?:start|resize)", Check.ALLOW),
+    ("POST", f"/exec/{_N}/start", Check.EXEC_START),
+    ("POST", f"/exec/{_N}/resize", Check.ALLOW),
     ("POST", "/images/(?:create|load|prune)", Check.ALLOW),
     ("POST", f"/images/{_N}/(?:push|tag)", Check.ALLOW),
     ("DELETE", f"/images/{_N}", Check.ALLOW),
@@ -104,8 +105,10 @@ _WRITES: tuple[tuple[str, str, Check], ...] = (
     ("POST", "/(?:secrets|configs)/create", Check.ALLOW),
     ("DELETE", f"/(?:nodes|secrets|configs)/{_N}", Check.ALLOW),
 )
+# The one read that is a way in: a websocket attach carries the container's stdin.
+_READ_DOORS = (("GET", f"/containers/{_N}/attach/ws", Check.ATTACH),)
 _TABLE: dict[str, tuple[tuple[re.Pattern[str], Check], ...]] = {}
-for _method, _pattern, _check in _WRITES:
+for _method, _pattern, _check in (*_READ_DOORS, *_WRITES):
     _TABLE.setdefault(_method, ())
     _TABLE[_method] += ((re.compile(_pattern + r"\Z", re.DOTALL), _check),)
 
@@ -116,6 +119,9 @@ CLEARED = frozenset({Check.ALLOW, Check.REMOVE, Check.RENAME, Check.PRUNE})
 # splices them (a tar stream of any size, an upgrade to BuildKit's gRPC), and dockerd
 # asks the plugin about them as about every call on every socket.
 PLUGIN_JUDGED = frozenset({Check.ARCHIVE, Check.BUILDKIT})
+# Hijacked ways into a running container: spliced by the shim while no container can be
+# owned; else read whole, marked with who asks, and passed on to stream (shim/create.py).
+SPLICED_DOORS = frozenset({Check.ATTACH, Check.EXEC_START})
 
 _VERSION = re.compile(r"/v(?P<v>[0-9.]+)(?=/)")
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -161,12 +167,14 @@ def classify(method: str, target: str) -> Route:
     if m:
         version = api_version(m["v"])
         path = path[m.end() :]
-    if method in _READS:
+    if method in _READS and not (method == "GET" and path.endswith("/attach/ws")):
         return Route(Check.ALLOW, path, version)
     for pattern, check in _TABLE.get(method, ()):
         hit = pattern.match(path)
         if hit:
             return Route(check, path, version, hit.groupdict().get("name") or "")
+    if method in _READS:
+        return Route(Check.ALLOW, path, version)
     return Route(Check.UNKNOWN, path, version)
 
 
@@ -191,4 +199,12 @@ def needs_check(method: str, target: str) -> bool:
         check = classify(method, target).check
     except RouteError:
         return True
-    return check not in CLEARED and check not in PLUGIN_JUDGED
+    return check not in CLEARED and check not in PLUGIN_JUDGED and check not in SPLICED_DOORS
+
+
+def spliced_door(method: str, target: str) -> bool:
+    """Whether ``method target`` is an attach or an exec's start (`SPLICED_DOORS`)."""
+    try:
+        return classify(method, target).check in SPLICED_DOORS
+    except RouteError:
+        return False

@@ -119,6 +119,12 @@ def _exec(route: Route, method: str, uri: str, body: AnyBody, facts: Facts) -> D
     return ALLOW
 
 
+def _door(route: Route, method: str, uri: str, body: AnyBody, facts: Facts) -> Decision:
+    """An attach or an exec's start: nothing in the call itself to refuse; whose the
+    container is decides (`verdicts.DOORS`)."""
+    return ALLOW
+
+
 def service(
     route: Route,
     method: str,
@@ -258,6 +264,8 @@ CHECKS = {
     Check.RESTART: _restart,
     Check.UPDATE: _update,
     Check.EXEC: _exec,
+    Check.ATTACH: _door,
+    Check.EXEC_START: _door,
     Check.SERVICE: service,
     Check.PLUGIN_INSTALL: _plugin,
     Check.PLUGIN_UPGRADE: _plugin,
@@ -288,6 +296,8 @@ READS: dict[Check, frozenset[Fact]] = {
     Check.RESTART: NO_FACT,
     Check.UPDATE: NO_FACT,
     Check.EXEC: NO_FACT,
+    Check.ATTACH: NO_FACT,
+    Check.EXEC_START: NO_FACT,
     Check.SERVICE: ACCESS_READS | {Fact.SWARM_KIND},
     Check.PLUGIN_INSTALL: _A_PLUGIN,
     Check.PLUGIN_UPGRADE: _A_PLUGIN,

@@ -122,7 +122,12 @@ def reads_facts(route: Route) -> frozenset[Fact]:
 # What `shim_ask` reads: a create's grants, policy.privileged, and its owner's grants.
 SHIM_ASK_READS = READS[Check.CREATE] - {Fact.SHIM_SOCKET} | {Fact.PRIVILEGED_MODE}
 # The routes into a running container that an owned one keeps to its owner (`owned`).
-DOORS = {Check.EXEC: owned.EXEC, Check.ARCHIVE: owned.COPY}
+DOORS = {
+    Check.EXEC: owned.EXEC,
+    Check.ARCHIVE: owned.COPY,
+    Check.ATTACH: owned.ATTACH,
+    Check.EXEC_START: owned.EXEC_START,
+}
 # The checks whose verdict reads the shim's marks on a request (`authz_request`'s signing).
 SIGNED = frozenset({Check.CREATE, Check.SERVICE, *DOORS})
 
@@ -165,6 +170,8 @@ def authz_request(
     door = DOORS.get(route.check)
     if door is None or decision is not ALLOW:
         return decision
+    if door == owned.ATTACH and not owned.feeds_stdin(route, method, uri, headers):
+        return ALLOW  # it only reads the output, as `docker logs` does
     asker = owned.asker(headers, (signing or Signing()).key, method, uri)
     return DoorCheck(route.name, door, asker)  # settled on the container (`owned`)
 
