@@ -52,6 +52,7 @@ ENGINE_SUITES = (
     "tests/engine/test_toolkit_gpus_engine.py",  # the toolkit's hook as each Engine runs it
     "tests/engine/test_bypass_engine.py",  # plugin mounts, root powers, sockets, pause
     "tests/engine/test_go_reading.py",  # what each Engine's Go reader stores of a spelling
+    "tests/engine/test_go_forms.py",  # an attach's stdin as each Engine's Go reads it
     "tests/engine/test_protected_links_engine.py",  # links resolved in each dockerd's root
     "tests/engine/test_powers_engine.py",  # the allow-list of powers as each Engine stores them
     "tests/engine/test_sharing_engine.py",  # MPS shares, and the namespaces that reach them
