@@ -240,25 +240,57 @@ def test_a_granted_containers_input_is_its_owners_and_its_output_anyones(stack, 
         real(stack, "rm", "-f", cid)
 
 
+_FIRST_ANSWER = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(sys.stdin.buffer.read())
+got = b""
+while b"\\r\\n\\r\\n" not in got and (chunk := s.recv(65536)):
+    got += chunk
+head, _, body = got.partition(b"\\r\\n\\r\\n")
+length = [int(v) for k, _, v in (h.partition(b":") for h in head.split(b"\\r\\n"))
+          if k.strip().lower() == b"content-length"]
+while length and len(body) < length[0] and (chunk := s.recv(65536)):
+    body += chunk
+sys.stdout.write((head + b"\\r\\n\\r\\n" + body).decode())
+"""
+
+
+def first_answer(sock: str, request: bytes, user: str | None) -> str:
+    """The head and body of the first answer to ``request``, sent as ``user``; the
+    connection is closed then, a hijacked one too."""
+    ran = subprocess.run(["/usr/bin/python3", "-c", _FIRST_ANSWER, sock], input=request,
+                         capture_output=True, timeout=60, check=True, user=user)  # fmt: skip
+    return ran.stdout.decode()
+
+
 def start_exec(sock: str, exec_id: str, user: str | None) -> str:
     """``POST /exec/ID/start`` detached, as ``user``: the answer's status line and body."""
     body = b'{"Detach":true}'
     request = (b"POST /v1.41/exec/%s/start HTTP/1.1\r\nHost: docker\r\nContent-Type: "
                b"application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
                % (exec_id.encode(), len(body), body))  # fmt: skip
-    code = (
-        "import socket, sys\n"
-        "s = socket.socket(socket.AF_UNIX)\n"
-        "s.connect(sys.argv[1])\n"
-        "s.sendall(sys.stdin.buffer.read())\n"
-        "got = b''\n"
-        "while chunk := s.recv(65536):\n"
-        "    got += chunk\n"
-        "sys.stdout.write(got.decode())\n"
-    )
-    ran = subprocess.run(["/usr/bin/python3", "-c", code, sock], input=request,
-                         capture_output=True, timeout=60, check=True, user=user)  # fmt: skip
-    return ran.stdout.decode()
+    return first_answer(sock, request, user)
+
+
+def test_a_websocket_attach_is_kept_as_an_attach_is(stack, owners):
+    """Below API 1.42 a websocket attach always feeds stdin (dockerd's wsContainersAttach)."""
+    made = clients.docker_cli(stack.shim_sock, "run", "-d", "-i", "--cap-add", "SYS_TIME", IMAGE,
+                              "cat", user=GRANTED)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    cid = made.stdout.strip()
+    request = (b"GET /v1.41/containers/%s/attach/ws?stream=1&stdout=1 HTTP/1.1\r\n"
+               b"Host: docker\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+               b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+               b"Origin: http://docker\r\n\r\n" % cid.encode())  # fmt: skip
+    for sock, user in ((stack.shim_sock, NOT_NAMED), (stack.engine_sock, None)):
+        answer = first_answer(sock, request, user)
+        assert answer.startswith("HTTP/1.1 403 "), answer
+        assert "gpu-alloc refused to attach to the input of" in answer, answer
+    answer = first_answer(stack.shim_sock, request, GRANTED)
+    assert answer.startswith("HTTP/1.1 101 "), answer
+    real(stack, "rm", "-f", cid)
 
 
 def test_an_owners_exec_is_started_by_them_alone(stack, owners):
