@@ -17,7 +17,8 @@ import time
 from allocator.core.api import goform
 from tests.support.faults import IMAGE, real
 
-# name: (query, form body or None)
+FORM = "application/x-www-form-urlencoded"
+# name: (query, (Content-Type, body) or None)
 SPELLINGS = {
     "1": ("stdin=1", None),
     "true": ("stdin=true", None),
@@ -33,7 +34,11 @@ SPELLINGS = {
     "\\x1c is not Go's space": ("stdin=%1C0", None),
     "an encoded key": ("%73tdin=1", None),
     "another case is another key": ("STDIN=1", None),
-    "a form body over the query": ("stdin=0", "stdin=1"),
+    "a form body over the query": ("stdin=0", (FORM, "stdin=1")),
+    "a form type Go lower-cases from \u0130": (
+        "",
+        ("appl\u0130cation/x-www-form-urlencoded", "stdin=1"),
+    ),
     "first of two values": ("stdin=0&stdin=1", None),
 }
 # Where gpu-alloc says "may feed stdin" and dockerd does not (goform's rule 3, and a form
@@ -41,16 +46,16 @@ SPELLINGS = {
 READS_MORE = {"first of two values"}
 
 
-def _attach(sock: str, cid: str, query: str, form: str | None) -> socket.socket:
+def _attach(sock: str, cid: str, query: str, form: tuple[str, str] | None) -> socket.socket:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(30)
     conn.connect(sock)
-    body = (form or "").encode()
+    body = form[1].encode() if form else b""
     sep = "&" if query else ""
     head = (
         f"POST /containers/{cid}/attach?stream=1&stdout=1&{query}{sep}x=1 HTTP/1.1\r\n"
         "Host: docker\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n"
-        + ("Content-Type: application/x-www-form-urlencoded\r\n" if form else "")
+        + (f"Content-Type: {form[0]}\r\n" if form else "")
         + f"Content-Length: {len(body)}\r\n\r\n"
     )
     conn.sendall(head.encode() + body)
@@ -70,7 +75,7 @@ def test_dockerd_attaches_stdin_only_where_gpu_alloc_says_an_attach_may_feed_it(
     said = {
         name: goform.bool_value(
             f"/containers/{cid}/attach?{query}",
-            {"Content-Type": "application/x-www-form-urlencoded"} if form else {},
+            {"Content-Type": form[0]} if form else {},
             "stdin",
         )
         for name, (query, form) in SPELLINGS.items()

@@ -6,7 +6,9 @@ Rules
 1. ``r.FormValue(k)`` is the first value of ``k`` in ``r.Form``: the values of a body of
    type ``application/x-www-form-urlencoded`` (POST, PUT, PATCH) or
    ``multipart/form-data`` come before the query's.  No body is read here, so a request
-   whose body may hold form values is read as setting every key to true.
+   whose body may hold form values is read as setting every key to true.  Go lower-cases
+   the type rune by rune (``İ`` is ``i`` to it, ``i̇`` to Python), so a type that is not
+   ASCII is taken to be a form's.
 2. ``BoolValue``: true unless the value, trimmed of Unicode white space
    (``strings.TrimSpace``) and lower-cased, is "", "0", "no", "false" or "none".
 3. Go's ``url.ParseQuery`` skips a pair it cannot read (a ';', a bad %-escape), where
@@ -40,8 +42,11 @@ def bool_value(uri: str, headers: Mapping[str, Any] | None, key: str) -> bool:
 
 
 def body_may_hold_form(headers: Mapping[str, Any] | None) -> bool:
-    """A Content-Type under which Go's ParseForm or ParseMultipartForm reads the body."""
+    """A Content-Type under which Go's ParseForm or ParseMultipartForm may read the body."""
     return any(
-        str(k).lower() == "content-type" and any(t in str(v).lower() for t in _FORM_TYPES)
-        for k, v in (headers or {}).items()
+        str(k).lower() == "content-type" and _form_type(str(v)) for k, v in (headers or {}).items()
     )
+
+
+def _form_type(value: str) -> bool:
+    return not value.isascii() or any(t in value.lower() for t in _FORM_TYPES)
