@@ -158,7 +158,11 @@ class Dispatcher:
             return _deny(route.msg)
         if decide.cleared(route) and not self.inflight.guards(route):
             return _ALLOW
-        if route.check in SPLICED_DOORS and self.alloc.doors.open_to_all():
+        if (
+            route.check in SPLICED_DOORS
+            and not self.inflight.guards(route)
+            and self.alloc.doors.open_to_all()
+        ):
             return _ALLOW  # an attach, an exec's start: no container is owned
         call = _Call(route, method, uri, req)
         if (

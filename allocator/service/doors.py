@@ -58,19 +58,45 @@ class Doors:
         return owned.HEADER, owned.mark(key, method, target, self.lookups.owner_of(peer).user)
 
     def refusal(self, check: DoorCheck) -> str | None:
-        """Why ``check`` is refused on its container as it is now, or None."""
+        """Why ``check`` is refused on its container as it is now, or None: on each
+        container its reference could name (`owned` rule 5), or on the container of the
+        exec it starts."""
         if self.open_to_all() or self.engine is None:
             return None
-        ref = check.ref
         if check.door == owned.EXEC_START:
-            started = self.engine.inspect_exec(ref)
+            started = self.engine.inspect_exec(check.ref)
             if started is None:
                 return None  # dockerd answers that there is no such exec
             ref = str(started.get("ContainerID") or "")
-            check = replace(check, ref=ref)
-        info = self.engine.inspect(ref) if ref else None
-        if info is None:
-            return None  # dockerd answers that there is no such container
+            info = self.engine.inspect(ref) if ref else None
+            return None if info is None else self._on(replace(check, ref=ref), info)
+        named = self.engine.inspect(check.ref)
+        if named is None and not owned.may_be_prefix(check.ref):
+            return owned.unnamed(check)
+        for info in self._could_name(check.ref, named):
+            why = self._on(check, info)
+            if why is not None:
+                return why
+        return None
+
+    def _could_name(self, ref: str, named: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """``named`` (what ``ref`` names now), and, where ``ref`` reads as an id prefix,
+        every container whose id it begins: once ``named`` is renamed, dockerd reads it
+        as that prefix."""
+        found = [named] if named is not None else []
+        if not owned.may_be_prefix(ref) or self.engine is None:
+            return found
+        seen = {str(named["Id"])} if named is not None else set()
+        for listed in self.engine.containers(ids=[ref]):
+            cid = str(listed.get("Id") or "")
+            if cid.startswith(ref) and cid not in seen:
+                info = self.engine.inspect(cid)
+                if info is not None:
+                    found.append(info)
+        return found
+
+    def _on(self, check: DoorCheck, info: dict[str, Any]) -> str | None:
+        """Why ``check`` is refused on the container ``info`` inspects, or None."""
         fields = self.gather.decide(partial(_held, info), ACCESS_READS)
         if not fields:
             return None

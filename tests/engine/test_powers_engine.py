@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import docker
 import pytest
 
 from allocator.host import apparmor
@@ -308,6 +309,35 @@ def test_an_owners_exec_is_started_by_them_alone(stack, owners):
     started = start_exec(stack.shim_sock, made_exec["Id"], None)  # root, through the shim
     assert started.startswith("HTTP/1.1 200 "), started
     real(stack, "rm", "-f", cid)
+
+
+def test_an_owned_container_is_not_moved_under_a_reference_judged_on_another(stack, owners):
+    """dockerd looks a reference up again after the plugin judged it: renaming an owned
+    container is its owner's, a call that names nothing is refused, and a reference that
+    reads as an id prefix is judged on every container it could name."""
+    # created, not run: 29 renames a running container's endpoints, and the harness's
+    # dockerds run with no bridge network
+    made = clients.docker_cli(stack.shim_sock, "create", "--name", "ga41-owned", "--cap-add",
+                              "SYS_TIME", IMAGE, "sleep", "300", user=GRANTED)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    cid = made.stdout.strip()
+    for sock, user in ((stack.shim_sock, NOT_NAMED), (stack.engine_sock, None)):
+        moved = clients.docker_cli(sock, "rename", "ga41-owned", "vv1", user=user)
+        assert moved.returncode != 0, moved.stdout
+        assert "gpu-alloc refused to rename ga41-owned" in moved.stderr, moved.stderr
+    for name in ("ga41-mine", "ga41-owned"):  # its owner may, through the shim
+        renamed = clients.docker_cli(stack.shim_sock, "rename", cid, name, user=GRANTED)
+        assert renamed.returncode == 0, renamed.stderr
+    api = engine.engine_api(stack.engine_sock)
+    with pytest.raises(docker.errors.APIError, match="no container is vv1 now"):
+        api.exec_create("vv1", ["true"])
+    prefix = cid[:8]
+    real(stack, "run", "-d", "--name", prefix, IMAGE, "sleep", "300")  # named like its id
+    with pytest.raises(docker.errors.APIError, match=f"refused to exec into {prefix}"):
+        api.exec_create(prefix, ["true"])  # once renamed away, dockerd reads the prefix
+    ran = clients.docker_cli(stack.shim_sock, "exec", prefix, "true", user=NOT_NAMED)
+    assert ran.returncode == 0, ran.stderr  # through the shim: by the full id it names now
+    real(stack, "rm", "-f", cid, prefix)
 
 
 def test_a_plain_containers_doors_stay_open_to_everyone(stack, owners):

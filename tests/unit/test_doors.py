@@ -109,3 +109,46 @@ def test_an_attach_to_an_owned_containers_input_is_its_owners(tmp_path):
     assert alloc.admission.resolve(owned.DoorCheck("clock", owned.ATTACH, "ann")) == decide.ALLOW
     target = "/v1.41/containers/clock/attach?stream=1&stdin=1"
     assert pinned(alloc, target) == f"/v1.41/containers/{cid}/attach?stream=1&stdin=1"
+
+
+def test_a_call_that_names_no_container_is_refused_while_any_can_be_owned(tmp_path):
+    """A rename between the check and dockerd's own look-up could give it that name."""
+    alloc, _ = make(tmp_path, GRANT)
+    why = alloc.admission.resolve(owned.DoorCheck("vv1", owned.COPY, "eve"))
+    assert isinstance(why, decide.Deny)
+    assert why.msg.startswith("gpu-alloc refused to copy files into vv1: no container is vv1")
+    (tmp_path / "open").mkdir()
+    nobody, _ = make(tmp_path / "open", {})
+    assert nobody.admission.resolve(owned.DoorCheck("vv1", owned.COPY, "eve")) == decide.ALLOW
+
+
+def test_a_reference_that_reads_as_an_id_prefix_is_judged_on_each_container_it_could_name(
+    tmp_path,
+):
+    """A name wins over an id prefix only while it exists: once the container named like
+    the prefix is renamed, dockerd finds the owned container the prefix begins."""
+    alloc, fake = make(tmp_path, GRANT)
+    cid = fake.add("clock", cid="c10c" + "7" * 60)
+    fake.by_id[cid]["HostConfig"]["CapAdd"] = ["SYS_TIME"]
+    alloc.lookups.creators.record(cid, 1000, "ann")
+    fake.add(cid[:6])  # eve's own, named like the start of ann's id
+    why = alloc.admission.resolve(owned.DoorCheck(cid[:6], owned.ATTACH, "eve"))
+    assert isinstance(why, decide.Deny) and "grants ann alone" in why.msg
+    ann = owned.DoorCheck(cid[:6], owned.ATTACH, "ann")
+    assert alloc.admission.resolve(ann) == decide.ALLOW
+    fake.add("box", cid="f" * 64)  # nobody's in particular
+    fake.add("f" * 6)
+    assert alloc.admission.resolve(owned.DoorCheck("f" * 6, owned.EXEC, "eve")) == decide.ALLOW
+
+
+def test_renaming_an_owned_container_is_its_owners(tmp_path):
+    alloc, fake = make(tmp_path, GRANT)
+    cid = clock(fake)
+    alloc.lookups.creators.record(cid, 1000, "ann")
+    why = alloc.admission.resolve(owned.DoorCheck("clock", owned.RENAME, "eve"))
+    assert isinstance(why, decide.Deny)
+    assert why.msg.startswith("gpu-alloc refused to rename clock: it holds what the policy")
+    assert "a new name could carry into it a call judged on another container" in why.msg
+    assert alloc.admission.resolve(owned.DoorCheck("clock", owned.RENAME, "ann")) == decide.ALLOW
+    plain = fake.add("plain")
+    assert alloc.admission.resolve(owned.DoorCheck(plain, owned.RENAME, "eve")) == decide.ALLOW

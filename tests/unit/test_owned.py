@@ -142,3 +142,24 @@ def test_an_execs_start_is_settled_on_the_exec_it_names():
     headers = {owned.HEADER: owned.mark(KEY, "POST", uri, "ci")}
     got = decide.authz_request(route, "POST", uri, b"{}", FACTS, headers, Signing(KEY))
     assert got == owned.DoorCheck("e" * 64, owned.EXEC_START, "ci")
+
+
+def test_a_call_that_names_no_container_is_told_to_check_the_name():
+    why = owned.unnamed(owned.DoorCheck("vv1", owned.ATTACH, "eve"))
+    assert why.startswith("gpu-alloc refused to attach to the input of vv1: no container is vv1")
+    assert why.endswith("Check the name (docker ps -a); if it was just renamed, try again")
+
+
+def test_only_hex_short_of_a_full_id_may_be_read_as_an_id_prefix():
+    assert owned.may_be_prefix("c10c") and owned.may_be_prefix("a" * 63)
+    assert not owned.may_be_prefix("a" * 64)  # a full id is itself
+    assert not owned.may_be_prefix("dind") and not owned.may_be_prefix("ABC")
+
+
+def test_a_rename_is_settled_on_its_container_with_the_asker_the_mark_names():
+    uri = "/v1.41/containers/dind/rename?name=x"
+    route = decide.route_of("POST", uri)
+    assert not isinstance(route, decide.Deny)
+    headers = {owned.HEADER: owned.mark(KEY, "POST", uri, "ci")}
+    got = decide.authz_request(route, "POST", uri, b"", FACTS, headers, Signing(KEY))
+    assert got == owned.DoorCheck("dind", owned.RENAME, "ci")

@@ -310,12 +310,13 @@ def test_needs_check(method: str, target: str, expected: bool) -> None:
         ("GET", "/containers/web/attach/ws?stdin=1", True),
         ("POST", "/exec/abc/start", True),
         ("POST", "/exec/abc/resize", False),
+        ("POST", "/containers/web/rename?name=db", True),  # could move an owned container
         ("POST", "/containers/web/exec", False),  # exec create: needs_check has it
         ("GET", "/containers/web/json", False),
         ("GET", "/containers/%zz/attach/ws", False),  # unreadable: dockerd refuses it too
     ],
 )
-def test_spliced_doors_are_the_attaches_and_the_exec_starts(
+def test_spliced_doors_are_the_attaches_the_exec_starts_and_the_renames(
     method: str, target: str, expected: bool
 ) -> None:
     assert spliced_door(method, target) is expected

@@ -21,12 +21,19 @@ Rules
    runs.  The shim passes a copy's tar stream on unread (it may be of any size), so it
    cannot say who asks: into an owned container every copy is refused, and its owner
    writes files by an exec instead.
+5. Each of these is judged on the container its reference names when it is asked, and
+   dockerd looks the reference up again when it acts.  So nothing may move an owned
+   container under another reference in between: renaming it is its owner's and root's
+   alone (kept as an exec is), a call whose reference names no container is refused
+   (`unnamed`), and one that could be read as an id prefix is judged on every container
+   it could name (the service looks them up).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,13 +46,16 @@ from allocator.core.rules.policy import UNKNOWN
 
 HEADER = "X-Gpu-Alloc-Asker"  # the shim's mark: "<user> <hmac>"
 ROOT = "root"  # root on the host: every door is theirs anyway
-EXEC, COPY, ATTACH, EXEC_START = "exec", "copy", "attach", "exec-start"
+EXEC, COPY, ATTACH, EXEC_START, RENAME = "exec", "copy", "attach", "exec-start", "rename"
+# (what the call does to the container, why it is kept to the owner)
 WHAT = {
-    EXEC: ("exec into", "an exec"),
-    COPY: ("copy files into", "a copy"),
-    ATTACH: ("attach to the input of", "an attach"),
-    EXEC_START: ("start an exec in", "starting it"),
+    EXEC: ("exec into", "an exec would hand that to whoever asks"),
+    COPY: ("copy files into", "a copy would hand that to whoever asks"),
+    ATTACH: ("attach to the input of", "an attach would hand that to whoever asks"),
+    EXEC_START: ("start an exec in", "starting it would hand that to whoever asks"),
+    RENAME: ("rename", "a new name could carry into it a call judged on another container"),
 }
+_PREFIX = re.compile(r"[0-9a-f]{1,63}")  # ids are 64 hex digits
 WS_STDIN_ASKED = (1, 42)  # a websocket attach reads ``stdin`` from this API version on
 
 
@@ -85,11 +95,10 @@ def refusal(check: DoorCheck, fields: tuple[str, ...], owner: str) -> str | None
     None."""
     if not fields:
         return None
-    verb, noun = WHAT[check.door]
+    verb, why = WHAT[check.door]
     held = (
         f"gpu-alloc refused to {verb} {check.ref}: it holds what the policy grants "
-        f"{owner or 'its owner'} alone ({', '.join(fields)}), and {noun} would hand that "
-        "to whoever asks"
+        f"{owner or 'its owner'} alone ({', '.join(fields)}), and {why}"
     )
     if check.door == COPY:
         return (
@@ -108,6 +117,23 @@ def refusal(check: DoorCheck, fields: tuple[str, ...], owner: str) -> str | None
     if check.door == ATTACH:
         return f"{only}. Its output is anyone's: docker attach --no-stdin, or docker logs -f"
     return only
+
+
+def may_be_prefix(ref: str) -> bool:
+    """Whether dockerd could read ``ref`` as a prefix of an id other than its own (after
+    an exact name, which wins while it exists)."""
+    return _PREFIX.fullmatch(ref) is not None
+
+
+def unnamed(check: DoorCheck) -> str:
+    """Why ``check`` is refused when its reference names no container now."""
+    verb, _ = WHAT[check.door]
+    return (
+        f"gpu-alloc refused to {verb} {check.ref}: no container is {check.ref} now, and "
+        "while containers can be kept to their owners a call that names none could land "
+        "in one given that name in between. Check the name (docker ps -a); if it was just "
+        "renamed, try again"
+    )
 
 
 def mark(key: bytes, method: str, uri: str, user: str) -> str:

@@ -119,9 +119,11 @@ CLEARED = frozenset({Check.ALLOW, Check.REMOVE, Check.RENAME, Check.PRUNE})
 # splices them (a tar stream of any size, an upgrade to BuildKit's gRPC), and dockerd
 # asks the plugin about them as about every call on every socket.
 PLUGIN_JUDGED = frozenset({Check.ARCHIVE, Check.BUILDKIT})
-# Hijacked ways into a running container: spliced by the shim while no container can be
-# owned; else read whole, marked with who asks, and passed on to stream (shim/create.py).
-SPLICED_DOORS = frozenset({Check.ATTACH, Check.EXEC_START})
+# Calls kept to an owned container's owner that the shim splices unread while no
+# container can be owned, else reads whole, marks with who asks and passes on to stream
+# (shim/create.py): the hijacked ways in (an attach, an exec's start), and a rename, which
+# could move an owned container under a reference judged on another.
+SPLICED_DOORS = frozenset({Check.ATTACH, Check.EXEC_START, Check.RENAME})
 
 _VERSION = re.compile(r"/v(?P<v>[0-9.]+)(?=/)")
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -203,7 +205,7 @@ def needs_check(method: str, target: str) -> bool:
 
 
 def spliced_door(method: str, target: str) -> bool:
-    """Whether ``method target`` is an attach or an exec's start (`SPLICED_DOORS`)."""
+    """Whether ``method target`` is an attach, an exec's start or a rename (`SPLICED_DOORS`)."""
     try:
         return classify(method, target).check in SPLICED_DOORS
     except RouteError:
