@@ -1,17 +1,16 @@
 """One shim connection, sans I/O: both sides' HTTP, bytes in, actions out.
 
-h11's `Connection` is the model: the client's bytes go in through `receive_client`, the
-Engine's through `receive_engine`, what happens to the sockets through the other methods,
-and each returns the actions the transport must take, in order (shim/actions.py; the
-protocol in shim/splice.py runs them).  Nothing here touches a socket, a task or a clock.
-Spliced messages stream: their bytes go on unchanged as they arrive, cut only where
-llhttp ends a message (shim/parser.py), so the next pipelined one starts in the right
-place; only what the interceptor reads is whole (shim/collect.py).  Both sides' states
-change only through their tables, the rules between them in shim/states.py.  Hijacks
-(attach, exec) become two raw pipes with half-closes passed on; a client's EOF while its
-answer streams goes upstream as a write-EOF (Go's server then cancels the request); what
-is not HTTP/1.1 (HTTP/2's prior-knowledge preface among it) is answered 400 in the
-Engine's format before a byte of it goes upstream.  docs/design.md has the whole shape.
+As h11's `Connection`: the client's bytes go in through `receive_client`, the Engine's
+through `receive_engine`, socket events through the other methods, and each returns the
+actions the transport takes, in order (shim/actions.py, run by shim/splice.py); nothing
+here touches a socket, a task or a clock.  Spliced messages stream unchanged, cut only
+where llhttp ends one (shim/parser.py), so the next pipelined one starts in the right
+place; the interceptor's are read whole (shim/collect.py), then answered or passed on to
+stream.  States change only through their tables (shim/states.py).  Hijacks (attach,
+exec) become two raw pipes, half-closes passed on; a client's EOF while its answer
+streams goes up as a write-EOF (Go's server then cancels the request); what is not
+HTTP/1.1 (HTTP/2's prior-knowledge preface among it) is answered 400 in the Engine's
+format before a byte of it goes upstream.  docs/design.md has the whole shape.
 """
 
 from __future__ import annotations
@@ -28,11 +27,9 @@ from shim.states import Act, Answer, Conversation, Ev, Exchange, Pause, Req, Res
 
 log = logging.getLogger(__name__)
 
-
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
-# The members every call reads, read once: on Python 3.11 each `Req.X` runs EnumType's
-# Python-level __getattr__ hook.
+# Members every call reads, read once (on 3.11 each `Req.X` runs EnumType's __getattr__).
 IDLE, CONNECTING, STREAMING, COLLECTING, RAW, CLOSED = (
     Req.IDLE, Req.CONNECTING, Req.STREAMING, Req.COLLECTING, Req.RAW, Req.CLOSED,
 )  # fmt: skip
@@ -50,11 +47,9 @@ AHEAD, END, GO_ON = Pause.AHEAD, Act.CLOSE, Act.GO_ON
 
 
 class Connection:
-    """Both sides of one client connection and its upstream, with no I/O.
-
-    ``wants(method, target)`` says which requests the interceptor takes (cheap and
-    synchronous: it is asked of every head); their bodies are capped at ``max_body``.
-    """
+    """Both sides of one client connection and its upstream, with no I/O: ``wants(method,
+    target)`` (cheap, asked of every head) says which requests the interceptor takes, their
+    bodies capped at ``max_body``."""
 
     __slots__ = (
         "ahead", "buf", "client_eof", "collector", "eof_sent", "exchange", "held", "live",
@@ -119,8 +114,7 @@ class Connection:
         return out
 
     def answered(self, data: bytes, keep: bool) -> list[Action]:
-        """The interceptor's answer (wire bytes) to the request it was handed; `keep`: the
-        connection goes on after it."""
+        """The interceptor's answer (wire bytes); `keep`: the connection goes on after it."""
         if self.closed:
             return []
         out: list[Action] = [(TO_CLIENT, data)]
@@ -133,9 +127,8 @@ class Connection:
         return out
 
     def passed_on(self, request: bytes, head_req: bool, keep: bool) -> list[Action]:
-        """The interceptor's request (its wire bytes) goes up on the open upstream
-        connection as a spliced one: its answer streams, a hijack included; `keep`: the
-        client keeps the connection alive after it."""
+        """The interceptor's request (wire bytes) goes up on the open upstream as a spliced
+        one, its answer to stream (a hijack included); `keep` as for `answered`."""
         if self.closed:
             return []
         self.exchange = Exchange(head_req, keep)
@@ -230,8 +223,7 @@ class Connection:
         """Take the body's bytes from buf[pos:]: hand the request over once it is whole."""
         wanted = self.pending
         assert wanted is not None
-        buf = self.buf
-        self.buf = buf[wanted.feed(self.parser, buf, pos) :]
+        self.buf = self.buf[wanted.feed(self.parser, self.buf, pos) :]
         if self.parser.done:
             self.pending = None
             self.req.fire(Ev.COLLECTED)
@@ -301,8 +293,7 @@ class Connection:
         return out
 
     def forward(self, request: bytes, head_req: bool) -> list[Action]:
-        """`forward` sends a rewritten request (its wire bytes) on the open upstream
-        connection; its answer is read whole, then settled (SETTLE)."""
+        """`forward` sends a rewritten request upstream; its answer is read whole (SETTLE)."""
         self.collector = Collector(head_req)
         self.resp.fire(Ev.FORWARD)
         return [(TO_ENGINE, request)]
