@@ -163,7 +163,7 @@ class Dispatcher:
             and not self.inflight.guards(route)
             and self.alloc.doors.open_to_all()
         ):
-            return _ALLOW  # an attach, an exec's start: no container is owned
+            return _ALLOW  # an attach, an exec's start: no container can be owned
         call = _Call(route, method, uri, req)
         if (
             route.check is Check.CREATE

@@ -71,7 +71,7 @@ class CreateInterceptor:
     def wants(self, method: str, target: str) -> bool:
         if needs_check(method, target):
             return True
-        # an attach, an exec's start: spliced unread while no container can be owned
+        # an attach, an exec's start, a rename: spliced unread while no container can be owned
         return not self.alloc.doors.open_to_all() and spliced_door(method, target)
 
     def stop(self) -> None:
@@ -148,9 +148,9 @@ class CreateInterceptor:
         return replace(request, headers=headers, body=body)
 
     async def _door(self, route: Route, request: Request) -> Response | PassOn:
-        """An attach or an exec's start, read whole because a container can be owned:
-        marked with who asks, judged (unless the plugin judges every socket's), and passed
-        on to stream, a hijack and all."""
+        """An attach, an exec's start or a rename, read whole because a container can be
+        owned: marked with who asks, judged (unless the plugin judges every socket's), and
+        passed on to stream, a hijack and all."""
         marked = await asyncio.to_thread(self._asker_marked, route, request)
         if not self._plugin_judges():
             decision = await asyncio.to_thread(self._judge, route, marked)

@@ -40,8 +40,8 @@ class Doors:
         """``target`` naming the container its reference names now by that container's
         full id, so no rename or removal before dockerd looks it up moves the call into
         another container (as the shim forwards a start it judged); as sent when no
-        container is owned, or the reference names none (dockerd says so).  An exec's
-        start names the exec, which dockerd finds by its full id alone: as sent."""
+        container can be owned, or the reference names none (`refusal` judges that).  An
+        exec's start names the exec, which dockerd finds by its full id alone: as sent."""
         if self.open_to_all() or self.engine is None or route.check is Check.EXEC_START:
             return target
         found = self.lookups.target_of(route.name)
