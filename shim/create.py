@@ -169,7 +169,10 @@ class CreateInterceptor:
         return replace(request, target=target, headers=[*own, mark] if mark else own)
 
     def _judge(self, route: Route, request: Request) -> decide.Decision:
-        """The plugin's verdict, with facts read only where the check needs them."""
+        """The plugin's verdict on ``request`` as it goes on (its reference pinned to a
+        full id where the shim pinned it), with facts read only where the check needs them."""
+        again = decide.route_of(request.method, request.target)
+        route = route if isinstance(again, decide.Deny) else again
         signing = self.alloc.lookups.service_signing() if route.check in decide.SIGNED else None
         headers = dict(reversed(request.headers))  # a name sent twice: the first, as Go reads
         asked = partial(

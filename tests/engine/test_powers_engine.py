@@ -332,11 +332,12 @@ def test_an_owned_container_is_not_moved_under_a_reference_judged_on_another(sta
     with pytest.raises(docker.errors.APIError, match="no container is vv1 now"):
         api.exec_create("vv1", ["true"])
     prefix = cid[:8]
-    real(stack, "run", "-d", "--name", prefix, IMAGE, "sleep", "300")  # named like its id
+    plain = real(stack, "run", "-d", "--name", prefix, IMAGE, "sleep", "300")
+    assert plain.returncode == 0, plain.stderr  # named like the owned container's id
     with pytest.raises(docker.errors.APIError, match=f"refused to exec into {prefix}"):
         api.exec_create(prefix, ["true"])  # once renamed away, dockerd reads the prefix
     ran = clients.docker_cli(stack.shim_sock, "exec", prefix, "true", user=NOT_NAMED)
-    assert ran.returncode == 0, ran.stderr  # through the shim: by the full id it names now
+    assert ran.returncode == 0, ran.stderr  # pinned: judged on the full id it names now
     real(stack, "rm", "-f", cid, prefix)
 
 

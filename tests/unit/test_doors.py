@@ -4,6 +4,8 @@ is now, and whose gpu-alloc recorded it to be."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,8 @@ from allocator.core.access import owned
 from allocator.core.judging import verdicts as decide
 from allocator.host import config as configmod
 from allocator.service.wiring import Allocator
+from shim.create import CreateInterceptor
+from shim.framing import Request, Response
 from tests.support import engine as sim
 from tests.support.fake_engine import FakeEngine
 
@@ -152,3 +156,25 @@ def test_renaming_an_owned_container_is_its_owners(tmp_path):
     assert alloc.admission.resolve(owned.DoorCheck("clock", owned.RENAME, "ann")) == decide.ALLOW
     plain = fake.add("plain")
     assert alloc.admission.resolve(owned.DoorCheck(plain, owned.RENAME, "eve")) == decide.ALLOW
+
+
+def test_the_shim_judging_alone_judges_the_container_it_pinned(tmp_path, monkeypatch):
+    """Where dockerd runs no gpu-alloc plugin the shim judges an exec itself: on the full
+    id it forwards, not on a name that could read as another container's id prefix."""
+    alloc, fake = make(tmp_path, GRANT)
+    cid = fake.add("clock", cid="c10c" + "7" * 60)
+    fake.by_id[cid]["HostConfig"]["CapAdd"] = ["SYS_TIME"]
+    alloc.lookups.creators.record(cid, 1000, "ann")
+    plain = fake.add(cid[:6])  # named like the start of ann's id
+    monkeypatch.setattr(alloc.lookups, "plugin_judges", lambda: False)
+    sent: list[Request] = []
+
+    async def forward(request: Request) -> Response:
+        sent.append(request)
+        return Response(201, "Created", [], b'{"Id":"e"}')
+
+    body = json.dumps({"Cmd": ["true"]}).encode()
+    asked = Request("POST", f"/v1.41/containers/{cid[:6]}/exec", [], body)
+    answer = asyncio.run(CreateInterceptor(alloc).handle(asked, forward))
+    assert isinstance(answer, Response) and answer.status == 201, answer
+    assert [r.target for r in sent] == [f"/v1.41/containers/{plain}/exec"]
