@@ -38,6 +38,14 @@ def clock(fake: FakeEngine) -> str:
     return cid
 
 
+def anns_clock(tmp_path: Path) -> tuple[Allocator, FakeEngine, str]:
+    """A host whose policy grants ann SYS_TIME, and her container that holds it."""
+    alloc, fake = make(tmp_path, GRANT)
+    cid = clock(fake)
+    alloc.lookups.creators.record(cid, 1000, "ann")
+    return alloc, fake, cid
+
+
 def test_while_nobody_is_granted_anything_no_container_is_looked_at(tmp_path):
     alloc, fake = make(tmp_path, {})
     cid = clock(fake)  # made before any rule: nobody's in particular
@@ -48,9 +56,7 @@ def test_while_nobody_is_granted_anything_no_container_is_looked_at(tmp_path):
 
 @pytest.mark.parametrize("asker", ["eve", ""])
 def test_an_owned_containers_exec_is_refused_to_others(tmp_path, asker):
-    alloc, fake = make(tmp_path, GRANT)
-    cid = clock(fake)
-    alloc.lookups.creators.record(cid, 1000, "ann")
+    alloc, fake, cid = anns_clock(tmp_path)
     why = alloc.admission.resolve(owned.DoorCheck(cid, owned.EXEC, asker))
     assert isinstance(why, decide.Deny) and "grants ann alone (HostConfig.CapAdd)" in why.msg
     assert alloc.admission.resolve(owned.DoorCheck(cid, owned.EXEC, "ann")) == decide.ALLOW
@@ -80,9 +86,7 @@ def pinned(alloc: Allocator, target: str) -> str:
 
 def test_an_execs_start_is_settled_on_the_container_the_exec_was_made_in(tmp_path):
     """Whoever starts an exec gets its stream: an owned container's are its owner's."""
-    alloc, fake = make(tmp_path, GRANT)
-    cid = clock(fake)
-    alloc.lookups.creators.record(cid, 1000, "ann")
+    alloc, fake, cid = anns_clock(tmp_path)
     fake.execs["e" * 64] = cid
     why = alloc.admission.resolve(owned.DoorCheck("e" * 64, owned.EXEC_START, "eve"))
     assert isinstance(why, decide.Deny)
@@ -103,9 +107,7 @@ def test_an_execs_start_goes_on_naming_the_exec(tmp_path):
 
 
 def test_an_attach_to_an_owned_containers_input_is_its_owners(tmp_path):
-    alloc, fake = make(tmp_path, GRANT)
-    cid = clock(fake)
-    alloc.lookups.creators.record(cid, 1000, "ann")
+    alloc, _, cid = anns_clock(tmp_path)
     why = alloc.admission.resolve(owned.DoorCheck("clock", owned.ATTACH, "eve"))
     assert isinstance(why, decide.Deny)
     assert why.msg.startswith("gpu-alloc refused to attach to the input of clock:")
@@ -146,9 +148,7 @@ def test_a_reference_that_reads_as_an_id_prefix_is_judged_on_each_container_it_c
 
 
 def test_renaming_an_owned_container_is_its_owners(tmp_path):
-    alloc, fake = make(tmp_path, GRANT)
-    cid = clock(fake)
-    alloc.lookups.creators.record(cid, 1000, "ann")
+    alloc, fake, _ = anns_clock(tmp_path)
     why = alloc.admission.resolve(owned.DoorCheck("clock", owned.RENAME, "eve"))
     assert isinstance(why, decide.Deny)
     assert why.msg.startswith("gpu-alloc refused to rename clock: it holds what the policy")
