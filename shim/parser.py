@@ -156,7 +156,10 @@ class Parser:
 
     def skip_body(self) -> None:
         """The message has no body whatever its head says (the answer to a HEAD request):
-        a fresh llhttp takes the next message."""
+        a fresh llhttp takes the next message.  llhttp read a head with neither length nor
+        chunking as a body the Engine ends by closing, so not kept alive; without a body it
+        is kept as Go's client keeps it: by the version and the Connection header alone."""
+        self.keep_alive = _keeps_alive(self.llhttp.get_http_version(), self.headers)
         self.llhttp = (
             httptools.HttpResponseParser(self)
             if self.response
@@ -185,3 +188,18 @@ class Parser:
             raise BadMessage(what) from None
         if self.complete and self.begun > max(begun, 1):
             raise BadMessage("the message did not end where llhttp ended it")
+
+
+def _keeps_alive(version: str, headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a message of HTTP ``version`` with ``headers`` leaves the connection open,
+    its body aside: HTTP/1.1 unless a Connection header says close, HTTP/1.0 only where
+    one says keep-alive (llhttp's rule, less its test for a body ended by closing)."""
+    said = {
+        token.strip().lower()
+        for name, value in headers
+        if name.lower() == b"connection"
+        for token in value.split(b",")
+    }
+    if version == "1.0":
+        return b"keep-alive" in said
+    return b"close" not in said

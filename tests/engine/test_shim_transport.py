@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.client
+import io
 import json
 import os
 import shutil
 import socket
 import subprocess
+import tarfile
 import threading
 import time
 from collections.abc import Iterator
@@ -171,6 +173,38 @@ def test_many_requests_on_one_keep_alive_connection(shim: tuple[str, Recorder]) 
     assert conn.sock is first  # never reconnected
     conn.close()
     assert len(rec.seen) == 1
+
+
+def test_a_copy_goes_on_the_connection_its_stat_kept(shim: tuple[str, Recorder]) -> None:
+    """`docker cp` asks HEAD /containers/{id}/archive (the path's stat, whose answer has no
+    length) and sends its tar on the same connection: the answer must not end it."""
+    sock, _ = shim
+    out = cli(sock, "run", "-d", engine.BUSYBOX_TAG, "sleep", "30")
+    assert out.returncode == 0, out.stderr
+    cid = out.stdout.strip()
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as tar:
+        tar.addfile(tarfile.TarInfo("payload"), io.BytesIO(b""))
+    conn = UnixHTTPConnection(sock)
+    try:
+        conn.connect()
+        first = conn.sock
+        conn.request("HEAD", f"/v1.41/containers/{cid}/archive?path=%2Ftmp")
+        stat = conn.getresponse()
+        stat.read()
+        assert stat.status == 200 and stat.getheader("Content-Length") is None
+        assert stat.getheader("X-Docker-Container-Path-Stat")
+        conn.request(
+            "PUT", f"/v1.41/containers/{cid}/archive?path=%2Ftmp", data.getvalue(),
+            {"Content-Type": "application/x-tar"},
+        )  # fmt: skip
+        put = conn.getresponse()
+        put.read()
+        assert put.status == 200
+        assert conn.sock is first
+    finally:
+        conn.close()
+        cli(sock, "rm", "-f", cid)
 
 
 def test_docker_py_sdk_run(shim: tuple[str, Recorder]) -> None:

@@ -163,6 +163,33 @@ SPLICED = [
         id="an answer to HEAD has no body whatever its length says",
     ),
     pytest.param(
+        [
+            client(b"HEAD /containers/c/archive?path=%2Ftmp HTTP/1.1\r\n\r\n"),
+            engine(b"HTTP/1.1 200 OK\r\nX-Docker-Container-Path-Stat: e30=\r\n\r\n"),
+            client(PUT + b"0\r\n\r\n"),
+            engine(OK),
+        ],
+        [
+            ("engine", b"HEAD /containers/c/archive?path=%2Ftmp HTTP/1.1\r\n\r\n"),
+            ("client", b"HTTP/1.1 200 OK\r\nX-Docker-Container-Path-Stat: e30=\r\n\r\n"),
+            ("engine", PUT + b"0\r\n\r\n"),
+            ("client", OK),
+        ],
+        id="an answer to HEAD with no length keeps the connection, as docker cp reuses it",
+    ),
+    pytest.param(
+        [
+            client(b"HEAD /_ping HTTP/1.1\r\n\r\n"),
+            engine(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"),
+        ],
+        [
+            ("engine", b"HEAD /_ping HTTP/1.1\r\n\r\n"),
+            ("client", b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"),
+            ("close",),
+        ],
+        id="an answer to HEAD that says close ends the connection",
+    ),
+    pytest.param(
         [client(GET), engine(b"HTTP/1.1 100 Continue\r\n\r\n"), engine(OK)],
         [("engine", GET), ("client", b"HTTP/1.1 100 Continue\r\n\r\n"), ("client", OK)],
         id="an interim answer is passed on and the final one follows",
