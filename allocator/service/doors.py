@@ -70,30 +70,14 @@ class Doors:
             ref = str(started.get("ContainerID") or "")
             info = self.engine.inspect(ref) if ref else None
             return None if info is None else self._on(replace(check, ref=ref), info)
-        named = self.engine.inspect(check.ref)
-        if named is None and not owned.may_be_prefix(check.ref):
+        could = self.gather.could_name(check.ref)
+        if not could:
             return owned.unnamed(check)
-        for info in self._could_name(check.ref, named):
+        for info in could:
             why = self._on(check, info)
             if why is not None:
                 return why
         return None
-
-    def _could_name(self, ref: str, named: dict[str, Any] | None) -> list[dict[str, Any]]:
-        """``named`` (what ``ref`` names now), and, where ``ref`` reads as an id prefix,
-        every container whose id it begins: once ``named`` is renamed, dockerd reads it
-        as that prefix."""
-        found = [named] if named is not None else []
-        if not owned.may_be_prefix(ref) or self.engine is None:
-            return found
-        seen = {str(named["Id"])} if named is not None else set()
-        for listed in self.engine.containers(ids=[ref]):
-            cid = str(listed.get("Id") or "")
-            if cid.startswith(ref) and cid not in seen:
-                info = self.engine.inspect(cid)
-                if info is not None:
-                    found.append(info)
-        return found
 
     def _on(self, check: DoorCheck, info: dict[str, Any]) -> str | None:
         """Why ``check`` is refused on the container ``info`` inspects, or None."""

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from allocator.core.access.facts import EngineView, HostFacts, Need, NotAsked
+from allocator.core.api import refs
 from allocator.core.judging.decisions import EVERY_FACT, Fact, Unread
 from allocator.core.judging.verdicts import Facts, unread
 from allocator.core.machine import cpus
@@ -207,7 +208,7 @@ class Gatherer:
             inventory,
             view,
             host,
-            container_of=(unasked.container_of if unasked else self._container)
+            container_of=(unasked.container_of if unasked else self.could_name)
             if lookups
             else None,
             inventory_error="" if inventory is not None else str(found),
@@ -266,9 +267,26 @@ class Gatherer:
             return None
         return str(info.get("Driver") or "local"), dict(info.get("Options") or {})
 
-    def _container(self, container: str) -> dict[str, Any] | None:
-        """Another container as the Engine inspects it; None when it knows no such one."""
-        return self.engine.inspect(container) if self.engine else None
+    def could_name(self, ref: str) -> list[dict[str, Any]]:
+        """Each container dockerd could take ``ref`` for by the time it acts, as the
+        Engine inspects it (`access_ctx.ContainerOf`): the one ``ref`` names now, and
+        where ``ref`` reads as an id prefix (`refs`), every container whose id begins
+        with it, which a rename of the one it names would leave it naming.  Empty: it
+        names none now."""
+        if self.engine is None:
+            return []
+        named = self.engine.inspect(ref)
+        found = [named] if named is not None else []
+        if not refs.may_be_prefix(ref):
+            return found
+        seen = {str(named["Id"])} if named is not None else set()
+        for listed in self.engine.containers(ids=[ref]):  # a filter by pattern, not prefix
+            cid = str(listed.get("Id") or "")
+            if refs.may_name(ref, cid) and cid not in seen:
+                info = self.engine.inspect(cid)
+                if info is not None:
+                    found.append(info)
+        return found
 
     @property
     def policy(self) -> PolicyConfig:

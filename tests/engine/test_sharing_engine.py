@@ -170,6 +170,29 @@ def test_joining_a_shares_namespaces_is_reaching_its_gpu(stack):
         real(stack, "rm", "-f", "held", "plain")
 
 
+def test_a_join_is_judged_on_every_container_its_reference_could_name_by_then(stack):
+    """dockerd reads a reference as a full id, a name, then an id prefix, when it acts: a
+    join whose reference names a plain container now but begins the share's id is judged
+    on both (a rename of the plain one would leave it the share's), and one whose name no
+    container has is refused (dockerd would take whatever is given that name by then)."""
+    held = shim(stack, "run", "-d", "--name", "held", *SHARE, IMAGE, "sleep", "300")
+    assert held.returncode == 0, held.stderr
+    prefix = held.stdout.strip()[:12]
+    plain = real(stack, "run", "-d", "--name", prefix, IMAGE, "sleep", "300")
+    assert plain.returncode == 0, plain.stderr
+    try:
+        for args in (("--pid", f"container:{prefix}"), ("--volumes-from", prefix)):
+            made = real(stack, "create", *args, IMAGE, "true")
+            assert made.returncode != 0 and "authorization denied by plugin" in made.stderr, args
+            assert GPU[0] in made.stderr or "MPS" in made.stderr, made.stderr
+        for args in (("--network", "container:later"), ("--volumes-from", "later")):
+            made = real(stack, "create", *args, IMAGE, "true")
+            assert made.returncode != 0, made.stdout
+            assert "no container is 'later' now" in made.stderr, made.stderr
+    finally:
+        real(stack, "rm", "-f", "held", prefix)
+
+
 def test_shares_count_as_fractions_in_limits(stack):
     original = stack.config_path.read_text()
     set_policy(stack, limits={"default": {"gpus": 1}}, exempt=[])

@@ -35,9 +35,9 @@ def recording() -> Facts:
         INVENTORY,
         EngineView(version=(20, 10, 24), authz_plugins=("gpu-alloc",)),
         TableHost(),
-        container_of=lambda name: {
-            "Mounts": [{"Type": "bind", "Source": "/srv/data", "Destination": "/data"}]
-        },
+        container_of=lambda name: [
+            {"Mounts": [{"Type": "bind", "Source": "/srv/data", "Destination": "/data"}]}
+        ],
         volume_of=lambda name: ("local", {"type": "none", "o": "bind", "device": "/srv"}),
     )
 

@@ -10,6 +10,7 @@ import pytest
 from allocator.core.access import access, joined
 from allocator.core.access.facts import EngineView
 from allocator.core.access.grants import Refusal
+from allocator.core.api import refs
 from allocator.core.machine.inventory import GPU, Inventory
 from tests.support.table_host import TableHost
 
@@ -28,13 +29,20 @@ SHARE = {
     ],
 }
 PLAIN: dict[str, Any] = {"Config": {"Env": []}, "HostConfig": {}}
-CONTAINERS = {"share": SHARE, "plain": PLAIN,
+SHARE_ID, PLAIN_ID = "5ba2e" + "0" * 59, "5ba2f" + "0" * 59
+CONTAINERS = {"share": {**SHARE, "Id": SHARE_ID}, "plain": {**PLAIN, "Id": PLAIN_ID},
               "joiner": {"Config": {}, "HostConfig": {"PidMode": "container:share"}}}  # fmt: skip
+
+
+def could_name(ref: str) -> list[dict[str, Any]]:
+    """As the Gatherer looks a reference up: by name, and as an id prefix."""
+    named = [CONTAINERS[ref]] if ref in CONTAINERS else []
+    return named + [c for c in CONTAINERS.values() if refs.may_name(ref, c.get("Id", ""))]
 
 
 def create(**host_config: object):
     body = {"HostConfig": host_config}
-    return access.of_create(body, VIEW, INVENTORY, HOST, CONTAINERS.get)
+    return access.of_create(body, VIEW, INVENTORY, HOST, could_name)
 
 
 @pytest.mark.parametrize("mode", ["PidMode", "IpcMode", "NetworkMode"])
@@ -50,9 +58,26 @@ def test_a_namespace_joined_through_a_joiner_reaches_the_first_containers_gpu() 
     assert grant.gpus == frozenset({"GPU-1"})
 
 
-@pytest.mark.parametrize("mode", ["container:plain", "container:gone", ""])
+@pytest.mark.parametrize("mode", ["container:plain", ""])
 def test_joining_what_reaches_no_gpu_reaches_none(mode) -> None:
     assert create(PidMode=mode, IpcMode=mode, NetworkMode=mode).none
+
+
+@pytest.mark.parametrize("mode", ["PidMode", "IpcMode", "NetworkMode"])
+def test_a_create_that_joins_a_name_no_container_has_is_refused(mode) -> None:
+    """dockerd looks the name up again when it acts (a network join at every start): a
+    container renamed to it in between would be joined unjudged."""
+    with pytest.raises(Refusal, match=rf"HostConfig\.{mode}: .*no container is 'gone' now"):
+        create(**{mode: "container:gone"})
+
+
+def test_a_reference_that_reads_as_an_id_prefix_is_judged_on_each_container_it_may_name():
+    """'5ba2' names no container but begins the share's id and the plain one's: once a
+    container named 5ba2 is renamed, dockerd could read it as either (an ambiguous prefix
+    is its error; one left unique is not)."""
+    grants = create(PidMode="container:5ba2").grants
+    assert grants and all(g.gpus == frozenset({"GPU-1"}) for g in grants)
+    assert create(PidMode="container:5ba2f").none  # the plain one's alone
 
 
 @pytest.mark.parametrize("mode", ["host", "private"])

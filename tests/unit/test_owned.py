@@ -150,12 +150,6 @@ def test_a_call_that_names_no_container_is_told_to_check_the_name():
     assert why.endswith("Check the name (docker ps -a); if it was just renamed, try again")
 
 
-def test_only_hex_short_of_a_full_id_may_be_read_as_an_id_prefix():
-    assert owned.may_be_prefix("c10c") and owned.may_be_prefix("a" * 63)
-    assert not owned.may_be_prefix("a" * 64)  # a full id is itself
-    assert not owned.may_be_prefix("dind") and not owned.may_be_prefix("ABC")
-
-
 def test_a_rename_is_settled_on_its_container_with_the_asker_the_mark_names():
     uri = "/v1.41/containers/dind/rename?name=x"
     route = decide.route_of("POST", uri)

@@ -8,7 +8,7 @@ import them without importing the catalogue that imports the rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,10 @@ from allocator.core.access.grants import Demand, Grant, Refusal
 from allocator.core.machine.inventory import Inventory
 
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
-ContainerOf = Callable[[str], Mapping[str, Any] | None]  # a container -> its inspect
+# A reference to a container -> the inspect of each container dockerd could take it for
+# by the time it acts (`refs`: the one it names now, and those it may name as an id
+# prefix); empty: it names none.
+ContainerOf = Callable[[str], Sequence[Mapping[str, Any]]]
 VolumeOf = Callable[[str], tuple[str, Mapping[str, str]] | None]  # name -> (driver, options)
 
 
@@ -106,3 +109,15 @@ def resolve_ids(ctx: Ctx, fld: str, ids: Iterable[str]) -> set[str] | None:
                 return None  # an index or MIG id we can't place: fail closed
             # a departed UUID holds nothing that exists
     return uuids
+
+
+def names_none(fld: str, verb: str, name: str) -> str:
+    """Why a create that ``verb`` container ``name`` is refused when that names none now:
+    dockerd looks the name up again when it acts (``--network container:X`` at each
+    start), and would take whichever container has it then, unjudged."""
+    return (
+        f"{fld}: it {verb} container '{name}', and no container is '{name}' now; dockerd "
+        "would look it up again when it acts and take whichever container has that name "
+        "then, unjudged. Create and start that container first (docker ps -a lists the "
+        "names)"
+    )

@@ -13,7 +13,7 @@ import posixpath
 from collections.abc import Mapping
 
 from allocator.core.access import mounts, socket_binds
-from allocator.core.access.access_ctx import Ctx
+from allocator.core.access.access_ctx import Ctx, names_none
 from allocator.core.access.access_devices import device_node
 from allocator.core.access.grants import Demand, Refusal
 from allocator.core.access.mounts import exposure, within
@@ -94,10 +94,13 @@ def _volumes_from(ctx: Ctx) -> None:
         name = str(ref).split(":")[0]
         if ctx.container_of is None:
             raise Refusal(f"{fld}: the mounts of '{name}' cannot be checked here")
-        other = ctx.container_of(name) or {}  # none: no such container, dockerd says so
-        for m in other.get("Mounts") or ():
-            if m.get("Type") == "bind":
-                _mount(ctx, fld, str(m.get("Source") or ""), str(m.get("Destination") or ""))
+        could = ctx.container_of(name)
+        if not could and ctx.strict:
+            raise Refusal(names_none(fld, "copies the mounts of", name))
+        for other in could:
+            for m in other.get("Mounts") or ():
+                if m.get("Type") == "bind":
+                    _mount(ctx, fld, str(m.get("Source") or ""), str(m.get("Destination") or ""))
 
 
 def _mount(ctx: Ctx, fld: str, src: str, dst: str, read_only: bool = False) -> None:

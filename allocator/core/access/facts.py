@@ -6,7 +6,7 @@ as data, so the core reads nothing itself and tests hand in their own tables.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -207,10 +207,10 @@ class NotAsked:
         self._ask(HOST_POLICY)
         return False
 
-    def container_of(self, container: str) -> Mapping[str, Any] | None:
+    def container_of(self, container: str) -> Sequence[Mapping[str, Any]]:
         """`access_ctx.ContainerOf`, not asked."""
         self._ask(OTHER_CONTAINER)
-        return None
+        return ()
 
     def volume_of(self, name: str) -> tuple[str, Mapping[str, str]] | None:
         """`access_ctx.VolumeOf`, not asked."""

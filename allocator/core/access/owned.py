@@ -26,14 +26,13 @@ Rules
    container under another reference in between: renaming it is its owner's and root's
    alone (kept as an exec is), a call whose reference names no container is refused
    (`unnamed`), and one that could be read as an id prefix is judged on every container
-   it could name (the service looks them up).
+   it could name (`refs`; the service looks them up).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +54,6 @@ WHAT = {
     EXEC_START: ("start an exec in", "starting it would hand that to whoever asks"),
     RENAME: ("rename", "a new name could carry into it a call judged on another container"),
 }
-_PREFIX = re.compile(r"[0-9a-f]{1,63}")  # ids are 64 hex digits
 WS_STDIN_ASKED = (1, 42)  # a websocket attach reads ``stdin`` from this API version on
 
 
@@ -117,12 +115,6 @@ def refusal(check: DoorCheck, fields: tuple[str, ...], owner: str) -> str | None
     if check.door == ATTACH:
         return f"{only}. Its output is anyone's: docker attach --no-stdin, or docker logs -f"
     return only
-
-
-def may_be_prefix(ref: str) -> bool:
-    """Whether dockerd could read ``ref`` as a prefix of an id other than its own (after
-    an exact name, which wins while it exists)."""
-    return _PREFIX.fullmatch(ref) is not None
 
 
 def unnamed(check: DoorCheck) -> str:
