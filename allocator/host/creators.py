@@ -29,17 +29,8 @@ KEEP = 100_000  # records kept: far more containers than one dockerd holds at on
 class Creators:
     def __init__(self, state_dir: str | os.PathLike[str], lock_timeout: float = 5.0):
         self.path = Path(state_dir) / FILE
-        self._lock = store.Lock(Path(state_dir) / LOCK, lock_timeout)
+        self.lock = store.Lock(Path(state_dir) / LOCK, lock_timeout)
         self._known: tuple[bytes, dict[str, list]] = (b"", {})  # the file as last read
-
-    @property
-    def lock_timeout(self) -> float:
-        """Seconds a caller waits for the lock (``policy.lock_timeout``, which reloads)."""
-        return self._lock.timeout
-
-    @lock_timeout.setter
-    def lock_timeout(self, seconds: float) -> None:
-        self._lock.timeout = seconds
 
     def record(self, container: str, uid: int | None, user: str) -> None:
         """``container`` was created by ``user`` (uid ``uid``).  Raises `StateError`.
@@ -48,7 +39,7 @@ class Creators:
         bytes read back) is not decoded again, and a new record is appended to its bytes
         as `json.dumps` would write it, so a create pays for its own record, not for every
         live container's (1.8 ms a create with 1,000 of them, decoded and encoded whole)."""
-        with self._lock.held():
+        with self.lock.held():
             raw, known = self._load()
             kept = dict(known)
             kept.pop(container, None)  # the newest last: the oldest go first
@@ -65,7 +56,7 @@ class Creators:
         """``container`` is gone: its record too (no write when there is none)."""
         if container not in self._load()[1]:
             return
-        with self._lock.held():
+        with self.lock.held():
             kept = dict(self._load()[1])
             if kept.pop(container, None) is None:
                 return

@@ -102,7 +102,7 @@ class Ledger:
         self.binds = self.dir / journal.BINDS_DIR
         self.grants = self.dir / journal.GRANTS_DIR
         self.lock_path = self.dir / LOCK_FILE
-        self._lock = store.Lock(self.lock_path, lock_timeout)
+        self.lock = store.Lock(self.lock_path, lock_timeout)
         self._dir_ready = False
         # The last state this process read or wrote, with the file's bytes: a file that
         # reads back the same bytes is that state, so it is not decoded again.
@@ -114,15 +114,6 @@ class Ledger:
         # The last lay-over: (the file's bytes and the records' names and contents, the
         # state they make, the records folded in, live grants, live binds).
         self._laid: tuple[object, State, list[Path], int, int] | None = None
-
-    @property
-    def lock_timeout(self) -> float:
-        """Seconds a caller waits for the lock (``policy.lock_timeout``, which reloads)."""
-        return self._lock.timeout
-
-    @lock_timeout.setter
-    def lock_timeout(self, seconds: float) -> None:
-        self._lock.timeout = seconds
 
     def ensure_dir(self) -> None:
         if self._dir_ready:
@@ -262,7 +253,7 @@ class Ledger:
     def locked(self) -> Iterator[None]:
         """The ledger's lock (rule 1), for a transaction and for the stores kept under it."""
         self.ensure_dir()
-        with self._lock.held():
+        with self.lock.held():
             yield
 
     @contextlib.contextmanager

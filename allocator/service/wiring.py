@@ -134,8 +134,8 @@ class Allocator:
     def _policy_reloaded(self, policy: PolicyConfig) -> None:
         """``policy.lock_timeout`` reloads: the stores' locks wait that long from now on
         (every other policy key is read where it is used, from `Gatherer.policy`)."""
-        self.ledger.lock_timeout = policy.lock_timeout
-        self.lookups.creators.lock_timeout = policy.lock_timeout
+        self.ledger.lock.timeout = policy.lock_timeout
+        self.lookups.creators.lock.timeout = policy.lock_timeout
 
 
 def connect(config: Config) -> Allocator:

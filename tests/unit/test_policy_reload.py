@@ -66,8 +66,8 @@ def test_idle_after_reloads_into_every_view(host: Host) -> None:
 
 def test_lock_timeout_reloads_into_every_stores_lock(host: Host) -> None:
     host.reload(lock_timeout=0.5)
-    assert host.alloc.ledger.lock_timeout == 0.5
-    assert host.alloc.lookups.creators.lock_timeout == 0.5
+    assert host.alloc.ledger.lock.timeout == 0.5
+    assert host.alloc.lookups.creators.lock.timeout == 0.5
 
 
 def test_a_reload_logs_the_keys_it_changed(host: Host, caplog: pytest.LogCaptureFixture) -> None:
