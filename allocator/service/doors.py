@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any
 
 from allocator.core.access import access, owned, privileged
+from allocator.core.api import refs
 from allocator.core.api.routes import Check, Route, by_id
 from allocator.core.judging.verdicts import ACCESS_READS, DoorCheck, Facts
 from allocator.host.engine import Engine
@@ -70,6 +71,8 @@ class Doors:
             ref = str(started.get("ContainerID") or "")
             info = self.engine.inspect(ref) if ref else None
             return None if info is None else self._on(replace(check, ref=ref), info)
+        if refs.is_alias(check.ref):
+            return owned.aliased(check)
         could = self.gather.could_name(check.ref)
         if not could:
             return owned.unnamed(check)

@@ -275,6 +275,7 @@ class Gatherer:
         names none now."""
         if self.engine is None:
             return []
+        ref = ref.removeprefix("/")  # dockerd's own spelling of a name
         named = self.engine.inspect(ref)
         found = [named] if named is not None else []
         if not refs.may_be_prefix(ref):

@@ -104,7 +104,7 @@ class Restarts:
         def refusal(facts: Facts) -> str | None:
             return starts.refusal(
                 ref, info, ledger, facts.engine, facts.known_gpus, facts.host, old_info,
-                facts.volume_of, owner, facts.privileged_mode,
+                facts.volume_of, owner, facts.privileged_mode, facts.container_of,
             )  # fmt: skip
 
         return self.gather.decide(refusal, START_READS)

@@ -210,6 +210,36 @@ def test_a_create_answered_with_an_error_after_dockerd_made_it_keeps_its_lease(s
     assert_invariants(stack)
 
 
+def test_a_join_raced_onto_a_gpu_container_after_its_check_is_refused_at_its_start(stack):
+    """Another client renames a GPU container onto the name a create joins, after the
+    plugin judged the create on the plain container of that name and before dockerd looks
+    it up: dockerd joins the GPU container and stores its full id, so the start, judged on
+    that id, is refused on either socket."""
+    victim = ok(shim(stack, "run", "-d", "--name", "victim", "--gpus", "1", IMAGE, "sleep", "300"))
+    ok(real(stack, "run", "-d", "--name", "plain", IMAGE, "sleep", "300"))
+    api = engine.engine_api(stack.engine_sock)
+
+    def rename_onto_plain(req: dict) -> None:
+        if req.get("RequestUri", "").endswith("/containers/create"):
+            stack.proxy.between = None
+            api.rename("plain", "plain-was")
+            api.rename(victim, "plain")
+
+    stack.proxy.between = rename_onto_plain
+    try:
+        joiner = ok(real(stack, "create", "--pid", "container:plain", IMAGE, "sleep", "300"))
+    finally:
+        stack.proxy.between = None
+    assert api.inspect_container(joiner)["HostConfig"]["PidMode"] == f"container:{victim}"
+    for via in (real, shim):
+        started = via(stack, "start", joiner)
+        assert started.returncode != 0, started.stdout
+        assert "reaches GPUs without a gpu-alloc lease" in started.stderr, started.stderr
+        assert f"joins the PID namespace of container {victim}" in started.stderr
+    api.close()
+    remove_all(stack)
+
+
 # ----------------------------------------------------------------- state faults
 
 

@@ -20,7 +20,7 @@ import socketserver
 import subprocess
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -175,9 +175,13 @@ class _PluginProxyHandler(http.server.BaseHTTPRequestHandler):
         try:
             conn.request("POST", self.path, body, {"Content-Type": "application/json"})
             resp = conn.getresponse()
-            self._answer(resp.status, resp.read())
+            answer = resp.read()
         finally:
             conn.close()
+        between = self.server.between
+        if between is not None and self.path == "/AuthZPlugin.AuthZReq":
+            between(json.loads(body))
+        self._answer(resp.status, answer)
 
     def _answer(self, status: int, data: bytes) -> None:
         self.send_response(status)
@@ -201,6 +205,9 @@ class PluginProxy(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def __init__(self, path: str, upstream: str) -> None:
         self.upstream = upstream
         self.fail_create_responses = False
+        # Called with each AuthZReq once the plugin has answered it and before dockerd
+        # has the answer: what another client does between a check and dockerd's act.
+        self.between: Callable[[dict[str, Any]], None] | None = None
         super().__init__(path, _PluginProxyHandler)
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
         self.thread.start()

@@ -128,6 +128,18 @@ def test_a_call_that_names_no_container_is_refused_while_any_can_be_owned(tmp_pa
     assert nobody.admission.resolve(owned.DoorCheck("vv1", owned.COPY, "eve")) == decide.ALLOW
 
 
+def test_a_call_by_a_links_alias_is_refused_while_any_container_can_be_owned(tmp_path):
+    """Renaming the alias's parent (anyone's) moves ``parent/alias`` onto another
+    container between the check and dockerd's own look-up."""
+    alloc, _ = make(tmp_path, GRANT)
+    for ref in ("eves/al", "/eves/al"):
+        why = alloc.admission.resolve(owned.DoorCheck(ref, owned.ATTACH, "eve"))
+        assert isinstance(why, decide.Deny) and "by a link's alias" in why.msg, ref
+    (tmp_path / "open").mkdir()
+    nobody, _ = make(tmp_path / "open", {})
+    assert nobody.admission.resolve(owned.DoorCheck("eves/al", owned.EXEC, "eve")) == decide.ALLOW
+
+
 def test_a_reference_that_reads_as_an_id_prefix_is_judged_on_each_container_it_could_name(
     tmp_path,
 ):

@@ -95,3 +95,23 @@ def test_a_create_whose_joined_container_cannot_be_looked_up_is_refused() -> Non
 def test_only_a_container_mode_names_a_container() -> None:
     assert joined.target("container:abc") == "abc"
     assert joined.target("host") is None and joined.target("containerx") is None
+
+
+def test_an_existing_container_is_judged_on_the_namespaces_it_joined_where_they_are_asked():
+    """A start's judgment asks them (a create raced past its own check is caught at its
+    start); the stored reference is the full id dockerd resolved."""
+    joiner = {"Config": {"Env": []}, "HostConfig": {"PidMode": f"container:{SHARE_ID}"}}
+    assert access.of_container(joiner, VIEW, INVENTORY, HOST).none  # not asked: not judged
+    grants = access.of_container(joiner, VIEW, INVENTORY, HOST, container_of=could_name).grants
+    assert grants and grants[0].gpus == frozenset({"GPU-1"})
+
+
+def test_a_chain_of_joins_that_loops_is_judged_once_round():
+    """dockerd stores ``--network container:X`` by name where X did not exist yet, so two
+    containers may name each other."""
+    loop = {
+        "a": {"Id": "a" * 64, "Config": {"Env": []}, "HostConfig": {"NetworkMode": "container:b"}},
+        "b": {"Id": "b" * 64, "Config": {"Env": []}, "HostConfig": {"NetworkMode": "container:a"}},
+    }
+    look = lambda ref: [loop[ref]] if ref in loop else []  # noqa: E731
+    assert access.of_container(loop["a"], VIEW, INVENTORY, HOST, container_of=look).none

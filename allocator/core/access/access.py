@@ -339,9 +339,15 @@ def _joined(ctx: Ctx) -> None:
     """Another container's PID, IPC or network namespace, and with it its GPUs."""
 
     def reach(other: Mapping[str, Any]) -> Access:
-        view = _inspected(other)
-        return _analyse(view, ctx.engine, ctx.inventory, ctx.host, False, ctx.container_of,
-                        ctx.volume_of)  # fmt: skip
+        look, on_chain = ctx.container_of, other.get("Id")
+
+        def beyond(ref: str) -> list[Mapping[str, Any]]:
+            # A container already on the chain of joins is judged there (dockerd stores
+            # a join by name where its container did not exist yet, so chains may loop).
+            return [c for c in look(ref) if c.get("Id") != on_chain] if look else []
+
+        return _analyse(_inspected(other), ctx.engine, ctx.inventory, ctx.host, False,
+                        beyond if look else None, ctx.volume_of)  # fmt: skip
 
     joined.namespaces(ctx, reach)
 
@@ -404,10 +410,14 @@ def of_container(
     host: HostFacts,
     volume_of: VolumeOf | None = None,
     owner: str = "",
+    container_of: ContainerOf | None = None,
 ) -> Access:
     """``owner``: whose gpu-alloc recorded the container to be (its lease's, its
-    creator's), for `socket_binds`; never read from its labels, which an image sets."""
-    return _analyse(_inspected(inspect), engine, inventory, host, False, None, volume_of, owner)
+    creator's), for `socket_binds`; never read from its labels, which an image sets.
+    ``container_of``: where given, the namespaces it joins are judged, by the full ids
+    dockerd stored at its create (`joined`); a start's judgment needs them."""
+    view = _inspected(inspect)
+    return _analyse(view, engine, inventory, host, False, container_of, volume_of, owner)
 
 
 def _inspected(inspect: Mapping[str, Any]) -> View:

@@ -95,7 +95,7 @@ def _volumes_from(ctx: Ctx) -> None:
         if ctx.container_of is None:
             raise Refusal(f"{fld}: the mounts of '{name}' cannot be checked here")
         could = ctx.container_of(name)
-        if not could and ctx.strict:
+        if not could:
             raise Refusal(names_none(fld, "copies the mounts of", name))
         for other in could:
             for m in other.get("Mounts") or ():

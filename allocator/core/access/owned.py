@@ -25,8 +25,9 @@ Rules
    dockerd looks the reference up again when it acts.  So nothing may move an owned
    container under another reference in between: renaming it is its owner's and root's
    alone (kept as an exec is), a call whose reference names no container is refused
-   (`unnamed`), and one that could be read as an id prefix is judged on every container
-   it could name (`refs`; the service looks them up).
+   (`unnamed`), so is one by a link's alias (`aliased`: renaming its parent moves it),
+   and one that could be read as an id prefix is judged on every container it could
+   name (`refs`; the service looks them up).
 """
 
 from __future__ import annotations
@@ -125,6 +126,18 @@ def unnamed(check: DoorCheck) -> str:
         "while containers can be kept to their owners a call that names none could land "
         "in one given that name in between. Check the name (docker ps -a); if it was just "
         "renamed, try again"
+    )
+
+
+def aliased(check: DoorCheck) -> str:
+    """Why ``check`` is refused when its reference is a legacy link's alias: renaming the
+    alias's parent, which is anyone's, moves it onto another container."""
+    verb, _ = WHAT[check.door]
+    return (
+        f"gpu-alloc refused to {verb} {check.ref}: it names a container by a link's alias, "
+        "which moves to another container whenever its parent is renamed, and while "
+        "containers can be kept to their owners a call must name the container itself: "
+        "use its name or id (docker ps)"
     )
 
 

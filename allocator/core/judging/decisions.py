@@ -59,8 +59,9 @@ EVERY_FACT = frozenset(Fact)
 NO_FACT: frozenset[Fact] = frozenset()
 # What judging a spec's or a container's access reads (`access`, `starts`, `services`).
 ACCESS_READS = frozenset({Fact.INVENTORY, Fact.ENGINE, Fact.HOST, Fact.VOLUME_OF})
-# What `starts.refusal` reads: a container's access, and policy.privileged.
-START_READS = ACCESS_READS | {Fact.PRIVILEGED_MODE}
+# What `starts.refusal` reads: a container's access, the containers whose namespaces it
+# joins, and policy.privileged.
+START_READS = ACCESS_READS | {Fact.CONTAINER_OF, Fact.PRIVILEGED_MODE}
 
 
 class Unread(Exception):

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from allocator.core.access import access, privileged
-from allocator.core.access.access_ctx import VolumeOf
+from allocator.core.access.access_ctx import ContainerOf, VolumeOf
 from allocator.core.access.facts import EngineView, HostFacts
 from allocator.core.judging import compose
 from allocator.core.leases.leases import Phase, State
@@ -45,6 +45,7 @@ def refusal(
     volume_of: VolumeOf | None = None,
     owner: str = "",
     privileged_mode: str = privileged.REFUSE,
+    container_of: ContainerOf | None = None,
 ) -> str | None:
     """Why starting ``ref`` must be refused, or None.
 
@@ -55,11 +56,12 @@ def refusal(
     named volume's driver and options, looked up now.  ``owner``: whose gpu-alloc
     recorded the container to be (`access.of_container`).  ``privileged_mode``:
     ``policy.privileged`` now, which with the owner's ``policy.powers.privileged`` grant
-    says whether a privileged container may still start.
+    says whether a privileged container may still start.  ``container_of``: the
+    containers a reference could name now, for the namespaces it joins (`joined`).
     """
     if info is None:
         return None
-    grants = access.of_container(info, engine, inventory, host, volume_of, owner)
+    grants = access.of_container(info, engine, inventory, host, volume_of, owner, container_of)
     if grants.none:
         return None  # no GPU at all: starts whatever the ledger says
     what = f"gpu-alloc refused to start {ref}"
