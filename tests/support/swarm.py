@@ -45,12 +45,13 @@ _counter = itertools.count()
 # Inside the node's netns: a private mount and UTS namespace, the node's hostname, a
 # fresh sysfs (it must be mounted from inside the netns) with the host's cgroup tree
 # moved back on top, then dockerd with a clean env (`ip netns exec` remounts /sys and
-# loses /sys/fs/cgroup, so it cannot be used).
+# loses /sys/fs/cgroup, so it cannot be used) but for the node's own TMPDIR, where its
+# containerd writes a stack dump (`Dockerd.start`), so none is left in the host's /tmp.
 _WRAPPER = """
 d=$1; h=$2; shift 2; hostname "$h"
 mount --rbind /sys/fs/cgroup "$d/cg" && mount -t sysfs sysfs /sys &&
   mount --move "$d/cg" /sys/fs/cgroup || exit 1
-exec env -i PATH="$PATH" HOME=/root DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 "$@"
+exec env -i PATH="$PATH" HOME=/root TMPDIR="$TMPDIR" DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 "$@"
 """
 
 # The same inside a root Engine's Debian root (engine_root.py): the root bound on itself,
