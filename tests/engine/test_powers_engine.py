@@ -336,7 +336,12 @@ def test_an_owned_container_is_not_moved_under_a_reference_judged_on_another(sta
         api.exec_create(prefix, ["true"])  # once renamed away, dockerd reads the prefix
     ran = clients.docker_cli(stack.shim_sock, "exec", prefix, "true", user=NOT_NAMED)
     assert ran.returncode == 0, ran.stderr  # pinned: judged on the full id it names now
-    real(stack, "rm", "-f", cid, prefix)
+    # A link's alias names the owned container until its parent, anyone's, is renamed.
+    parent = real(stack, "create", "--name", "ga41-parent", "--link", f"{cid}:al", IMAGE, "true")
+    assert parent.returncode == 0, parent.stderr
+    with pytest.raises(docker.errors.APIError, match="by a link's alias"):
+        api.exec_create("ga41-parent/al", ["true"])
+    real(stack, "rm", "-f", cid, prefix, "ga41-parent")
 
 
 def test_a_plain_containers_doors_stay_open_to_everyone(stack, owners):
